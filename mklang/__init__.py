@@ -1,0 +1,34 @@
+"""mklang: LLM-driven agent state machines with budgeted, resumable runs.
+
+The public API is `load`, `run` and `resume`; they import the heavy parts of
+the package only when called, so `import mklang` stays cheap for the CLI.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.4.0"
+
+__all__ = ["__version__", "load", "run", "resume"]
+
+
+def load(path):
+    """Load a `.mk` (or YAML `.mkl`/`.yaml`) machine file into a `Machine`."""
+    from mklang.syntax import load_file
+
+    return load_file(path)
+
+
+def run(machine, context=None, **options):
+    """Run `machine` (a `Machine` or a path) and return a `RunResult`."""
+    from mklang.engine import run as engine_run
+
+    if not hasattr(machine, "states"):
+        machine = load(machine)
+    return engine_run(machine, context, **options)
+
+
+def resume(checkpoint, **options):
+    """Continue a suspended or crashed run from an envelope or a checkpoint path."""
+    from mklang.checkpoint import resume as checkpoint_resume
+
+    return checkpoint_resume(checkpoint, **options)

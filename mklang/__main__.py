@@ -1,0 +1,3 @@
+from mklang.cli import main
+
+main()

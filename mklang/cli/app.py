@@ -1,0 +1,126 @@
+"""The typer application: one module per group of commands registers on `app`.
+
+Command modules keep their heavy imports inside the command bodies. Every
+command runs inside `handle_errors`, which turns an `MklangError` into one
+line on stderr and the documented exit code; a traceback is shown only with
+MKLANG_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+import typer
+
+from mklang import exitcodes
+
+app = typer.Typer(
+    name="mklang",
+    help="Run, check and resume LLM agent state machines written in .mk files.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class OutputFormat(str, enum.Enum):
+    auto = "auto"
+    text = "text"
+    json = "json"
+
+
+def wants_json(fmt: OutputFormat) -> bool:
+    """`auto` means JSON when stdout is not a terminal."""
+    if fmt is OutputFormat.auto:
+        return not sys.stdout.isatty()
+    return fmt is OutputFormat.json
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("MKLANG_DEBUG") == "1"
+
+
+def fail(message: str, code: int = exitcodes.USAGE) -> "typer.Exit":
+    """Print one error line on stderr and return the Exit to raise."""
+    print(f"mklang: error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+@contextmanager
+def handle_errors() -> Iterator[None]:
+    """Map expected failures to one line and an exit code; re-raise in debug mode."""
+    from mklang.errors import CheckpointError, LoadError, MklangError
+
+    try:
+        yield
+    except (typer.Exit, typer.Abort, SystemExit):
+        raise
+    except LoadError as error:
+        if debug_enabled():
+            raise
+        from mklang.syntax.diagnostics import render_text
+
+        print(render_text(error.diagnostics), file=sys.stderr)
+        raise typer.Exit(exitcodes.USAGE)
+    except (CheckpointError, MklangError) as error:
+        if debug_enabled():
+            raise
+        raise fail(str(error))
+    except KeyboardInterrupt:
+        if debug_enabled():
+            raise
+        print("mklang: interrupted", file=sys.stderr)
+        raise typer.Exit(exitcodes.INTERRUPTED)
+    except Exception as error:  # noqa: BLE001 - the last line of defence
+        if debug_enabled():
+            raise
+        raise fail(f"internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)", 1)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        from mklang import __version__
+
+        print(f"mklang {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True, help="Print the version."),
+) -> None:
+    """Run, check and resume LLM agent state machines written in .mk files."""
+
+
+# Which module defines each command. Only the module of the command being run
+# is imported, which keeps start-up short; help imports them all.
+COMMAND_MODULES = {
+    "check": "syntax_cmds",
+    "fmt": "syntax_cmds",
+    "run": "run_cmds",
+    "test": "run_cmds",
+    "resume": "run_cmds",
+    "show": "run_cmds",
+    "config": "provider_cmds",
+    "graph": "authoring_cmds",
+    "lsp": "authoring_cmds",
+}
+
+
+def _register_commands(args: list[str]) -> None:
+    import importlib
+
+    command = next((a for a in args if not a.startswith("-")), None)
+    wanted = COMMAND_MODULES.get(command)
+    modules = [wanted] if wanted else sorted(set(COMMAND_MODULES.values()))
+    for name in modules:
+        importlib.import_module(f"mklang.cli.{name}")
+
+
+def run_app(args: list[str]) -> None:
+    _register_commands(args)
+    app(args=args, prog_name="mklang")

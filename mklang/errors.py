@@ -1,0 +1,55 @@
+"""One exception root, one subclass per stage, and the diagnostic record.
+
+Exceptions hold data only; `mklang.syntax.diagnostics` renders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding about a machine file, positioned at a 1-based line and column."""
+
+    file: str | None
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    severity: Literal["error", "warning"]
+    code: str
+    message: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class MklangError(Exception):
+    """Root of every error mklang raises on purpose."""
+
+
+class LoadError(MklangError):
+    """A machine could not be loaded: it carries the diagnostics that say why."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = diagnostics
+        first = diagnostics[0]
+        super().__init__(f"{first.file}:{first.line}:{first.col}: {first.message}")
+
+
+class MkSyntaxError(LoadError):
+    """The text is not valid `.mk` (or YAML machine) syntax."""
+
+
+class UsageError(MklangError):
+    """The host asked for something that cannot be done (bad option, missing file)."""
+
+
+class CheckpointError(MklangError):
+    """A checkpoint cannot be read, verified or resumed."""
+
+
+class ProviderError(MklangError):
+    """A model provider failed after its retries; the run halts `provider-error`."""

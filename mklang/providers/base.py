@@ -1,0 +1,92 @@
+"""The provider protocol of SPEC section 5 and the values it returns.
+
+Plain dataclasses, not pydantic: they are created on every model call in the
+engine's hot loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, Union
+
+NONE = "none"  # the judge's "none of the above"
+UNPARSEABLE = "unparseable"  # the judge's answer could not be read
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens (and dollars, when the model has a price) spent by one or more calls."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cost_usd + other.cost_usd,
+        )
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_json(self) -> dict:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> "Usage":
+        data = data or {}
+        return cls(
+            int(data.get("input_tokens", 0)),
+            int(data.get("output_tokens", 0)),
+            float(data.get("cost_usd", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What `produce` returns: the answer, the private reasoning, the spend."""
+
+    text: str
+    reasoning: str | None
+    usage: Usage
+
+
+Choice = Union[int, Literal["none", "unparseable"]]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `judge` returns: a 0-based index into the batch, NONE or UNPARSEABLE.
+
+    `parsed_by` says how the answer was read (`strict`, `bare`, `last`), for the trace.
+    """
+
+    choice: Choice
+    usage: Usage
+    parsed_by: str | None = None
+
+
+class Provider(Protocol):
+    """Answers the two kinds of model call the engine makes.
+
+    Both methods must be safe to call from several threads at once (fan-out
+    branches run concurrently). Failures raise `mklang.errors.ProviderError`.
+    """
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced: ...
+
+    def judge(
+        self,
+        conditions: list[str],
+        output: Any,
+        reasoning: str | None,
+        context: dict[str, Any],
+        tier: str,
+    ) -> Verdict: ...
