@@ -1,3 +1,52 @@
-"""Commands of this group register on `mklang.cli.app.app`."""
+"""Authoring commands: `graph` (the machine as a diagram) and `lsp` (the language server).
 
-from mklang.cli.app import app  # noqa: F401
+Both import their implementation inside the command body, so neither the
+graph code nor pygls is loaded by any other command.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+
+import typer
+
+from mklang import exitcodes
+from mklang.cli.app import app, fail, handle_errors
+
+
+class GraphFormat(str, enum.Enum):
+    mermaid = "mermaid"
+    dot = "dot"
+    svg = "svg"
+
+
+@app.command()
+def graph(
+    machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
+    fmt: GraphFormat = typer.Option(GraphFormat.mermaid, "--format", "-f", help="Diagram language."),
+    trace: Path | None = typer.Option(
+        None, "--trace", help="Highlight the path of a run: `mklang run --format json` output or a checkpoint."
+    ),
+) -> None:
+    """Print the machine as a Mermaid state diagram, Graphviz DOT or SVG."""
+    with handle_errors():
+        from mklang.graph import load_trace, render
+        from mklang.syntax import load_file
+
+        steps = load_trace(trace) if trace is not None else None
+        sys.stdout.write(render(load_file(machine), fmt.value, steps))
+
+
+@app.command()
+def lsp() -> None:
+    """Run the language server over stdio (needs the `mklang[lsp]` extra)."""
+    with handle_errors():
+        try:
+            from mklang.lsp.server import serve
+        except ImportError as error:
+            if getattr(error, "name", "") and error.name.split(".")[0] in ("pygls", "lsprotocol"):
+                raise fail("the language server needs pygls: pip install 'mklang[lsp]'", exitcodes.USAGE)
+            raise
+        serve()

@@ -1,0 +1,296 @@
+"""A machine as a diagram: Mermaid state diagram or Graphviz DOT.
+
+Both renderers walk one neutral description (`_Graph`) built from the model,
+so the two formats always show the same nodes, edges and labels and differ
+only in syntax and escaping. A run trace (or a checkpoint's root frame)
+overlays visit counts on the states and edges the run went through.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from mklang.errors import UsageError
+from mklang.model import END, Gate, Machine, State
+
+FORMATS = ("mermaid", "dot", "svg")
+INSTALL_GRAPHVIZ = (
+    "`--format svg` needs Graphviz's `dot` program: install Graphviz "
+    "(apt-get install graphviz, brew install graphviz, choco install graphviz) "
+    "or use `--format dot` and render elsewhere"
+)
+
+_START, _END, _FAIL = "start", "t_end", "t_fail"
+
+
+@dataclass(frozen=True)
+class _Node:
+    id: str
+    title: str
+    lines: tuple[str, ...] = ()
+    kind: str = "state"  # state | end | fail | machine
+    visits: int = 0
+
+
+@dataclass(frozen=True)
+class _Edge:
+    source: str
+    target: str
+    label: str
+    kind: str = "gate"  # gate | start | call
+    taken: int = 0
+
+
+@dataclass
+class _Graph:
+    name: str
+    nodes: list[_Node] = field(default_factory=list)
+    edges: list[_Edge] = field(default_factory=list)
+    traced: bool = False
+
+
+def _state_id(name: str) -> str:
+    """A node id safe in both formats; the `s_` prefix keeps states apart from terminals."""
+    return "s_" + re.sub(r"[^A-Za-z0-9_]", lambda m: f"_{ord(m.group()):x}_", name)
+
+
+def _machine_id(name: str) -> str:
+    return "m" + _state_id(name)[1:]
+
+
+def face_text(state: State) -> str:
+    """What produces the output: `generative`, `call NAME` or `tool NAME`."""
+    face = state.face
+    if face.kind == "call":
+        return f"call {face.machine}"
+    if face.kind == "tool":
+        return f"tool {face.tool}"
+    return "generative"
+
+
+def fan_out_text(state: State) -> str | None:
+    if state.sample is not None:
+        return f"sample {state.sample}"
+    if state.over is not None:
+        return f"over {state.over}"
+    return None
+
+
+def condition_text(gate: Gate) -> str:
+    """`otherwise`, the `when` text, or the `when` text plus the hook deciding it."""
+    if gate.when is None:
+        return "otherwise"
+    return f"{gate.when} · hook {gate.hook}" if gate.hook else gate.when
+
+
+def policy_text(gate: Gate) -> str | None:
+    """The policy as written, except `ok`, which is what an unlabelled arrow means."""
+    if gate.policy == "repair":
+        return f"repair {gate.repair}"
+    return None if gate.policy == "ok" else gate.policy
+
+
+def gate_label(gate: Gate) -> str:
+    return " · ".join(part for part in (condition_text(gate), policy_text(gate)) if part)
+
+
+def _gate_target(gate: Gate) -> str:
+    if gate.policy == "fail":
+        return _FAIL
+    return _END if gate.target == END else _state_id(gate.target or "")
+
+
+def _takes(step: dict, state: State, gate: Gate) -> bool:
+    """Whether a trace step went through this gate (its `gate` text disambiguates twins)."""
+    target = None if gate.policy == "fail" else gate.target
+    return (
+        step.get("state") == state.name
+        and step.get("policy") == gate.policy
+        and step.get("to") == target
+        and step.get("gate", gate.label) == gate.label
+    )
+
+
+def build(machine: Machine, trace: list[dict] | None = None) -> _Graph:
+    """The neutral graph of `machine`, with visit counts when a trace is given."""
+    steps = trace or []
+    visits = Counter(step.get("state") for step in steps)
+    graph = _Graph(machine.name, traced=trace is not None)
+    graph.edges.append(_Edge(_START, _state_id(machine.entry), "", "start"))
+    uses_end = uses_fail = False
+    called: list[str] = []
+    for state in machine.states:
+        lines = [face_text(state)]
+        lines += [text for text in (fan_out_text(state),) if text]
+        lines.append(f"output {state.output}")
+        graph.nodes.append(_Node(_state_id(state.name), state.name, tuple(lines), visits=visits[state.name]))
+        for gate in state.gates:
+            target = _gate_target(gate)
+            uses_end |= target == _END
+            uses_fail |= target == _FAIL
+            taken = sum(_takes(step, state, gate) for step in steps)
+            graph.edges.append(_Edge(_state_id(state.name), target, gate_label(gate), taken=taken))
+        if state.face.kind == "call":
+            if state.face.machine not in called:
+                called.append(state.face.machine)
+            graph.edges.append(_Edge(_state_id(state.name), _machine_id(state.face.machine), "calls", "call"))
+    graph.nodes += [_Node(_machine_id(name), name, ("machine",), "machine") for name in called]
+    if uses_end:
+        graph.nodes.append(_Node(_END, END, kind="end"))
+    if uses_fail:
+        graph.nodes.append(_Node(_FAIL, "fail", kind="fail"))
+    return graph
+
+
+# ---------------------------------------------------------------- Mermaid
+
+_MERMAID_ENTITIES = {
+    '"': "#quot;",
+    "#": "#35;",
+    ";": "#59;",
+    "<": "#lt;",
+    ">": "#gt;",
+    "{": "#123;",
+    "}": "#125;",
+    ":": "#58;",
+}
+
+
+def escape_mermaid(text: str) -> str:
+    """Mermaid label text: entity codes for the characters its grammar treats specially."""
+    text = " ".join(text.split())
+    return "".join(_MERMAID_ENTITIES.get(char, char) for char in text)
+
+
+def _with_count(text: str, count: int, traced: bool) -> str:
+    return f"{text} ({count}×)" if traced and count else text
+
+
+def to_mermaid(graph: _Graph) -> str:
+    out = ["stateDiagram-v2", f"    %% machine {escape_mermaid(graph.name)}"]
+    for node in graph.nodes:
+        out.append(f'    state "{escape_mermaid(node.title)}" as {node.id}')
+        for line in node.lines:
+            out.append(f"    {node.id} : {escape_mermaid(line)}")
+        if graph.traced and node.visits:
+            out.append(f"    {node.id} : visits {node.visits}")
+    for edge in graph.edges:
+        source = "[*]" if edge.source == _START else edge.source
+        label = _with_count(edge.label, edge.taken, graph.traced)
+        suffix = f" : {escape_mermaid(label)}" if label else ""
+        out.append(f"    {source} --> {edge.target}{suffix}")
+    out += [
+        "    classDef terminal fill:#e8f5e9,stroke:#2e7d32",
+        "    classDef failed fill:#ffebee,stroke:#c62828",
+        "    classDef machine fill:#eceff1,stroke:#455a64,stroke-dasharray:4",
+        "    classDef visited fill:#fff3c4,stroke:#b26a00,stroke-width:3px",
+    ]
+    classes = {"end": "terminal", "fail": "failed", "machine": "machine"}
+    for node in graph.nodes:
+        css = "visited" if graph.traced and node.visits else classes.get(node.kind)
+        if css:
+            out.append(f"    class {node.id} {css}")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- DOT
+
+
+def escape_dot(text: str) -> str:
+    """A DOT double-quoted string body: backslash and quote escaped, newlines as `\\n`."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _dot_attrs(**attrs: str) -> str:
+    return "[" + ", ".join(f'{key}="{escape_dot(value)}"' for key, value in attrs.items()) + "]"
+
+
+_DOT_NODE_STYLE = {
+    "state": {"shape": "box", "style": "rounded"},
+    "end": {"shape": "doublecircle", "style": "filled", "fillcolor": "#e8f5e9"},
+    "fail": {"shape": "octagon", "style": "filled", "fillcolor": "#ffebee", "color": "#c62828"},
+    "machine": {"shape": "component", "style": "dashed"},
+}
+
+
+def to_dot(graph: _Graph) -> str:
+    out = [
+        f'digraph "{escape_dot(graph.name)}" {{',
+        '    graph [rankdir="TB", fontname="Helvetica"];',
+        '    node [fontname="Helvetica"];',
+        '    edge [fontname="Helvetica", fontsize="10"];',
+        f'    {_START} [shape="point"];',
+    ]
+    for node in graph.nodes:
+        lines = list(node.lines) + ([f"visits {node.visits}"] if graph.traced and node.visits else [])
+        attrs = dict(_DOT_NODE_STYLE[node.kind], label="\n".join([node.title, *lines]))
+        if graph.traced and node.visits:
+            attrs.update(style="rounded,filled,bold", fillcolor="#fff3c4", penwidth="2")
+        out.append(f"    {node.id} {_dot_attrs(**attrs)};")
+    for edge in graph.edges:
+        attrs = {"label": _with_count(edge.label, edge.taken, graph.traced)} if edge.label else {}
+        if edge.kind == "call":
+            attrs.update(style="dashed", arrowhead="empty")
+        if graph.traced and edge.taken:
+            attrs.update(color="#b26a00", penwidth="2.5")
+        out.append(f"    {edge.source} -> {edge.target}" + (f" {_dot_attrs(**attrs)}" if attrs else "") + ";")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def dot_to_svg(dot_text: str) -> str:
+    """Render DOT through Graphviz's `dot`; a missing program is a usage error saying how to get it."""
+    program = shutil.which("dot")
+    if program is None:
+        raise UsageError(INSTALL_GRAPHVIZ)
+    done = subprocess.run([program, "-Tsvg"], input=dot_text, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise UsageError(f"dot failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+# ---------------------------------------------------------------- traces
+
+
+def trace_of(document: Any) -> list[dict]:
+    """The root trace of a run result (`trace`) or of a checkpoint (`frames[0].trace`)."""
+    if isinstance(document, dict):
+        if isinstance(document.get("trace"), list):
+            return document["trace"]
+        frames = document.get("frames")
+        if isinstance(frames, list) and frames and isinstance(frames[0], dict):
+            if isinstance(frames[0].get("trace"), list):
+                return frames[0]["trace"]
+    raise UsageError("not the JSON of a run (`trace`) or of a checkpoint (`frames`)")
+
+
+def load_trace(path: Path) -> list[dict]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read: {error.strerror}") from error
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from error
+    try:
+        return trace_of(document)
+    except UsageError as error:
+        raise UsageError(f"{path}: {error}") from error
+
+
+RENDERERS: dict[str, Callable[[_Graph], str]] = {
+    "mermaid": to_mermaid,
+    "dot": to_dot,
+    "svg": lambda graph: dot_to_svg(to_dot(graph)),
+}
+
+
+def render(machine: Machine, fmt: str = "mermaid", trace: list[dict] | None = None) -> str:
+    """The diagram of `machine` in `fmt` (one of FORMATS)."""
+    return RENDERERS[fmt](build(machine, trace))
