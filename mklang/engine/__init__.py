@@ -1,0 +1,103 @@
+"""Running machines: `run` starts a run, `continue_run` resumes a frame chain."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mklang.engine.frame import Frame
+from mklang.engine.runner import Caps, Control, Level, NullJournal, Runtime, run_frame
+from mklang.engine.signals import Halt, Interrupted, Suspend
+from mklang.host.machines import MachineLoader
+from mklang.host.registry import BUILTIN_TOOLS, Registry
+from mklang.model import Machine
+from mklang.providers.base import Usage
+
+__all__ = ["RunResult", "Control", "run", "continue_run", "make_runtime"]
+
+
+@dataclass
+class RunResult:
+    """The outcome of a run: done, halted or suspended (SPEC sections 4 and 7)."""
+
+    status: str  # "done" | "halted" | "suspended"
+    error: str | None
+    at: str | None
+    result: Any
+    context: dict[str, Any]
+    trace: list[dict[str, Any]]
+    usage: Usage
+    frames: list[Frame] = field(default_factory=list)  # root..innermost, when suspended
+    ask: str | None = None
+    reply_to: str | None = None
+    detail: str | None = None  # e.g. the provider error behind a suspension
+
+    @property
+    def reason(self) -> str | None:
+        return self.error if self.status == "suspended" else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "status": self.status,
+            "error": self.error,
+            "at": self.at,
+            "result": self.result,
+            "context": self.context,
+            "trace": self.trace,
+            "usage": self.usage.to_json(),
+        }
+        if self.status == "suspended":
+            data.update(reason=self.error, ask=self.ask, reply_to=self.reply_to,
+                        frames=[{"machine": f.machine.name, "state": f.state} for f in self.frames])
+            if self.detail:
+                data["detail"] = self.detail
+        return data
+
+
+def make_runtime(provider, *, tools=None, hooks=None, concurrency: int = 8, hitl: bool = False,
+                 control: Control | None = None, journal=None, loader: MachineLoader | None = None) -> Runtime:
+    """Assemble what every level of a run shares. Tools and hooks may be registries or maps."""
+    return Runtime(
+        provider=provider,
+        tools=tools if hasattr(tools, "get") and not isinstance(tools, dict) else Registry("mklang.tools", BUILTIN_TOOLS, tools),
+        hooks=hooks if hasattr(hooks, "get") and not isinstance(hooks, dict) else Registry("mklang.hooks", None, hooks),
+        load_machine=loader or MachineLoader(),
+        concurrency=max(1, int(concurrency)),
+        hitl=hitl,
+        control=control or Control(),
+        journal=journal or NullJournal(),
+    )
+
+
+def run(machine: Machine, context: dict[str, Any] | None = None, *, provider, tools=None, hooks=None,
+        max_tokens: int | None = None, max_cost: float | None = None, max_time: float | None = None,
+        concurrency: int = 8, suspendable: bool = False, hitl: bool = False,
+        control: Control | None = None, journal=None, loader: MachineLoader | None = None) -> RunResult:
+    """Run `machine` from its entry with host `context` (tainted) under the host budgets."""
+    loader = loader or MachineLoader()
+    loader.add(machine)
+    control = control or Control()
+    if max_time is not None:
+        control.deadline = time.monotonic() + max_time
+    rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=concurrency, hitl=hitl,
+                      control=control, journal=journal, loader=loader)
+    frame = Frame.start(machine, context or {})
+    return continue_run(rt, [frame], Caps(max_tokens, max_cost), suspendable)
+
+
+def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool) -> RunResult:
+    """Run (or resume) the chain `frames`, root first, and report the outcome."""
+    root = frames[0]
+    level = Level(root, 0, caps, suspendable, False, "r", [], [])
+    try:
+        run_frame(rt, level, frames[1:] or None)
+    except Halt as halt:
+        return RunResult("halted", halt.error, halt.at, None, root.context, root.trace, root.usage)
+    except Interrupted as interrupted:
+        return RunResult("halted", "interrupted", interrupted.args[0], None, root.context, root.trace, root.usage)
+    except Suspend as suspend:
+        innermost = suspend.frames[-1]
+        return RunResult("suspended", suspend.reason, innermost.state, None, root.context, root.trace,
+                         root.usage, suspend.frames, suspend.ask, suspend.reply_to, suspend.detail)
+    return RunResult("done", None, None, root.result(), root.context, root.trace, root.usage)

@@ -1,0 +1,140 @@
+"""The loop-top state of one run level, and the one rule that advances it.
+
+A `Frame` is everything a run level keeps between states (SPEC section 7:
+machine, state, context, steps, token totals, feedback, repair budgets,
+visits, taint, trace). `Frame.apply` is the only code that moves a frame from
+one loop-top to the next, from a step record; the live engine and crash
+recovery both go through it, so a replayed journal cannot drift from a run.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from mklang.engine.interpolate import assign, lookup, root_key
+from mklang.model import Machine, State
+from mklang.providers.base import Usage
+
+
+def step_output(step: dict[str, Any]) -> Any:
+    """The value a trace step deposited: its output, or the list of branch outputs."""
+    if "branches" in step:
+        return [branch["output"] for branch in step["branches"]]
+    return step.get("output")
+
+
+@dataclass
+class Frame:
+    machine: Machine
+    state: str
+    context: dict[str, Any]
+    tainted: set[str]
+    budget: int
+    steps: int = 0
+    usage: Usage = field(default_factory=Usage)
+    feedback: str | None = None
+    repair_left: dict[tuple[str, int], int] = field(default_factory=dict)
+    visits: dict[str, int] = field(default_factory=dict)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    last_output: Any = None
+
+    @classmethod
+    def start(cls, machine: Machine, inputs: dict[str, Any] | None = None,
+              tainted: set[str] | None = None) -> "Frame":
+        """A fresh run: the machine's context defaults overlaid with `inputs`.
+
+        `inputs` maps dotted paths (or top-level keys) to values.
+        """
+        context = copy.deepcopy(machine.context)
+        for path, value in (inputs or {}).items():
+            assign(context, path, value)
+        repair_left = {
+            (state.name, index): gate.repair
+            for state in machine.states
+            for index, gate in enumerate(state.gates)
+            if gate.policy == "repair"
+        }
+        return cls(
+            machine=machine,
+            state=machine.entry,
+            context=context,
+            tainted=set(tainted if tainted is not None else {root_key(p) for p in inputs or {}}),
+            budget=machine.budget,
+            repair_left=repair_left,
+        )
+
+    def apply(self, state: State, record: dict[str, Any]) -> None:
+        """Advance from this loop-top past `state`, as the step `record` says.
+
+        record: {"step": trace step, "charge": steps spent, "repair": gate index
+        or None, "feedback": feedback after the step}.
+        """
+        step = record["step"]
+        name = state.name
+        self.visits[name] = self.visits.get(name, 0) + 1
+        self.steps += record["charge"]
+        self.usage = self.usage + Usage.from_json(step.get("usage"))
+        if "output" in step or "branches" in step:
+            self.deposit(state, step_output(step))
+        if record.get("repair") is not None:
+            self.repair_left[(name, record["repair"])] -= 1
+        self.feedback = record.get("feedback")
+        self.trace.append(step)
+        if step.get("to") is not None:
+            self.state = step["to"]
+
+    def deposit(self, state: State, value: Any) -> None:
+        key = state.output
+        if state.accumulate:
+            current = lookup(self.context, key)
+            items = list(current) if isinstance(current, list) else ([] if current is None else [current])
+            items.append(value)
+            assign(self.context, key, items)
+        else:
+            assign(self.context, key, value)
+        self.tainted.add(root_key(key))
+        self.last_output = value
+
+    def result(self) -> Any:
+        """SPEC: `context[result]` when the machine names one, else the last deposit."""
+        if self.machine.result:
+            return lookup(self.context, self.machine.result)
+        return self.last_output
+
+    # --- serialization (checkpoint envelopes and journals) ---------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine.name,
+            "path": self.machine.path,
+            "state": self.state,
+            "context": self.context,
+            "tainted": sorted(self.tainted),
+            "steps": self.steps,
+            "budget": self.budget,
+            "usage": self.usage.to_json(),
+            "feedback": self.feedback,
+            "repair_left": [[s, i, n] for (s, i), n in sorted(self.repair_left.items())],
+            "visits": dict(sorted(self.visits.items())),
+            "trace": self.trace,
+            "last_output": self.last_output,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], machine: Machine) -> "Frame":
+        return cls(
+            machine=machine,
+            state=data["state"],
+            context=data["context"],
+            tainted=set(data.get("tainted", [])),
+            budget=int(data["budget"]),
+            steps=int(data["steps"]),
+            usage=Usage.from_json(data.get("usage")),
+            feedback=data.get("feedback"),
+            repair_left={(s, int(i)): int(n) for s, i, n in data.get("repair_left", [])},
+            visits={k: int(v) for k, v in data.get("visits", {}).items()},
+            trace=list(data.get("trace", [])),
+            last_output=data.get("last_output"),
+        )

@@ -1,0 +1,90 @@
+"""Gate selection (SPEC section 4): the one place that decides where a state goes.
+
+Eligible gates are all gates minus repair gates whose budget is spent. They
+are scanned in order: `otherwise` fires at once, a hook gate asks its host
+predicate, and each maximal run of consecutive prose gates is judged in one
+model call with a "none of the above" option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from mklang.engine.frame import Frame
+from mklang.engine.signals import Halt
+from mklang.model import Gate, State
+from mklang.providers.base import NONE, UNPARSEABLE, Usage
+
+if TYPE_CHECKING:
+    from mklang.engine.runner import Calls, Runtime
+
+
+@dataclass
+class Choice:
+    """The outcome of gate selection: a gate (by index into `state.gates`) or a halt kind."""
+
+    index: int | None = None
+    gate: Gate | None = None
+    usage: Usage = Usage()
+    fallback: bool = False
+    none_batches: int = 0
+    halt: str | None = None
+
+
+def _is_prose(gate: Gate) -> bool:
+    return gate.when is not None and gate.hook is None
+
+
+def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasoning: str | None,
+                context: Callable[[], dict], calls: "Calls") -> Choice:
+    """Pick the first true eligible gate. `context` builds the post-deposit context lazily."""
+    eligible = [
+        (index, gate)
+        for index, gate in enumerate(state.gates)
+        if gate.policy != "repair" or frame.repair_left[(state.name, index)] > 0
+    ]
+    usage = Usage()
+    none_batches = 0
+    position = 0
+    while position < len(eligible):
+        index, gate = eligible[position]
+        if gate.when is None:
+            return Choice(index, gate, usage, none_batches=none_batches)
+        if gate.hook is not None:
+            if _ask_hook(rt, state, gate, context(), output):
+                return Choice(index, gate, usage, none_batches=none_batches)
+            position += 1
+            continue
+        batch_end = position
+        while batch_end < len(eligible) and _is_prose(eligible[batch_end][1]):
+            batch_end += 1
+        batch = eligible[position:batch_end]
+        tier = state.tier or frame.machine.tier
+        verdict = rt.journal.call(
+            calls.next(), "judge",
+            lambda: rt.provider.judge([g.when for _, g in batch], output, reasoning, context(), tier),
+        )
+        usage = usage + verdict.usage
+        if verdict.choice == NONE:
+            none_batches += 1
+            position = batch_end
+            continue
+        if verdict.choice == UNPARSEABLE or not (0 <= verdict.choice < len(batch)):
+            for fallback_index, fallback in eligible:
+                if fallback.when is None:
+                    return Choice(fallback_index, fallback, usage, fallback=True, none_batches=none_batches)
+            return Choice(usage=usage, none_batches=none_batches, halt="judge-unparseable")
+        chosen_index, chosen = batch[verdict.choice]
+        return Choice(chosen_index, chosen, usage, none_batches=none_batches)
+    return Choice(usage=usage, none_batches=none_batches, halt="no-gate-matched")
+
+
+def _ask_hook(rt: "Runtime", state: State, gate: Gate, context: dict, output: Any) -> bool:
+    hook = rt.hooks.get(gate.hook)
+    if hook is None:
+        raise Halt(f"state-error: hook: unknown hook '{gate.hook}'", state.name)
+    try:
+        return bool(hook(context, output))
+    except Exception as error:  # a host predicate failed: halt, do not crash
+        raise Halt(f"state-error: hook: {gate.hook}: {error}", state.name) from None

@@ -1,0 +1,156 @@
+"""`{{path}}` interpolation, context paths and untrusted-data fencing (SPEC section 4).
+
+Taint is tracked per top-level context key: a placeholder is tainted when the
+first segment of its path names a tainted key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any, Callable
+
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][\w-]*(?:\.[\w-]+)*)\s*\}\}")
+_MISSING = object()
+
+
+def lookup(context: dict[str, Any], path: str, default: Any = None) -> Any:
+    """Read a dotted path (`a.b.0`) from the context; `default` when absent."""
+    value: Any = context
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part, _MISSING)
+        elif isinstance(value, list) and part.lstrip("-").isdigit():
+            index = int(part)
+            value = value[index] if -len(value) <= index < len(value) else _MISSING
+        else:
+            value = _MISSING
+        if value is _MISSING:
+            return default
+    return value
+
+
+def assign(context: dict[str, Any], path: str, value: Any) -> None:
+    """Write `value` at a dotted path, creating maps on the way."""
+    parts = path.split(".")
+    target = context
+    for part in parts[:-1]:
+        child = target.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            target[part] = child
+        target = child
+    target[parts[-1]] = value
+
+
+def root_key(path: str) -> str:
+    return path.split(".", 1)[0]
+
+
+def render_value(value: Any) -> str:
+    """Lists render as numbered lines, maps as JSON, scalars as text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(f"{i}. {render_value(item)}" for i, item in enumerate(value, 1))
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value)
+
+
+class Scope:
+    """What a template can read: the context, its tainted keys, and branch locals.
+
+    Branch locals (`index`, `item`) shadow context keys of the same name.
+    """
+
+    __slots__ = ("context", "tainted", "locals", "tainted_locals")
+
+    def __init__(
+        self,
+        context: dict[str, Any],
+        tainted: set[str] | frozenset[str],
+        locals_: dict[str, Any] | None = None,
+        tainted_locals: frozenset[str] = frozenset(),
+    ):
+        self.context = context
+        self.tainted = tainted
+        self.locals = locals_ or {}
+        self.tainted_locals = tainted_locals
+
+    def get(self, path: str) -> Any:
+        head = root_key(path)
+        if head in self.locals:
+            base = self.locals[head]
+            return base if head == path else lookup({head: base}, path)
+        return lookup(self.context, path)
+
+    def is_tainted(self, path: str) -> bool:
+        head = root_key(path)
+        if head in self.locals:
+            return head in self.tainted_locals
+        return head in self.tainted
+
+
+def render(template: str, scope: Scope, fence: Callable[[str], str] | None = None) -> str:
+    """Render a template to text; tainted values go through `fence` when given."""
+
+    def replace(match: re.Match[str]) -> str:
+        path = match.group(1)
+        text = render_value(scope.get(path))
+        if fence is not None and scope.is_tainted(path):
+            return fence(text)
+        return text
+
+    return PLACEHOLDER.sub(replace, template)
+
+
+def uses_taint(template: str, scope: Scope) -> bool:
+    return any(scope.is_tainted(m.group(1)) for m in PLACEHOLDER.finditer(template))
+
+
+def resolve_input(value: Any, scope: Scope) -> Any:
+    """Resolve an `input` map: a lone placeholder passes the raw value through."""
+    if isinstance(value, str):
+        match = PLACEHOLDER.fullmatch(value.strip())
+        if match:
+            return scope.get(match.group(1))
+        return render(value, scope)
+    if isinstance(value, dict):
+        return {key: resolve_input(item, scope) for key, item in value.items()}
+    if isinstance(value, list):
+        return [resolve_input(item, scope) for item in value]
+    return value
+
+
+def input_taint(value: Any, scope: Scope) -> bool:
+    """An input value is tainted iff it interpolates a tainted value."""
+    if isinstance(value, str):
+        return uses_taint(value, scope)
+    if isinstance(value, dict):
+        return any(input_taint(item, scope) for item in value.values())
+    if isinstance(value, list):
+        return any(input_taint(item, scope) for item in value)
+    return False
+
+
+def render_prompt(template: str, scope: Scope) -> tuple[str, bool]:
+    """Render a produce prompt, fencing tainted values; returns (text, fenced?).
+
+    The nonce is fresh per call and re-rolled while it occurs in any fenced
+    value, so data can never close its own fence.
+    """
+    tainted = [
+        render_value(scope.get(m.group(1)))
+        for m in PLACEHOLDER.finditer(template)
+        if scope.is_tainted(m.group(1))
+    ]
+    if not tainted:
+        return render(template, scope), False
+    nonce = secrets.token_hex(6)
+    while any(nonce in value for value in tainted):
+        nonce = secrets.token_hex(6)
+    return render(template, scope, lambda text: f"<data-{nonce}>\n{text}\n</data-{nonce}>"), True

@@ -1,0 +1,31 @@
+"""How a run level stops early: halts, suspensions and hard interrupts."""
+
+from __future__ import annotations
+
+from mklang.engine.frame import Frame
+
+
+class Halt(Exception):
+    """The run stops for good: `error` is the halt kind (with detail), `at` the state."""
+
+    def __init__(self, error: str, at: str | None):
+        super().__init__(error)
+        self.error = error
+        self.at = at
+
+
+class Suspend(Exception):
+    """The run parks at a loop-top; `frames` runs root..innermost once fully raised."""
+
+    def __init__(self, frame: Frame, reason: str, ask: str | None = None,
+                 reply_to: str | None = None, detail: str | None = None):
+        super().__init__(reason)
+        self.frames = [frame]
+        self.reason = reason
+        self.ask = ask
+        self.reply_to = reply_to
+        self.detail = detail
+
+
+class Interrupted(Exception):
+    """An interrupt reached a run that cannot suspend: it ends at once (exit 130)."""

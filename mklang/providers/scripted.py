@@ -1,0 +1,144 @@
+"""The scripted provider of SPEC section 5: canned answers for tests and demos.
+
+Every scripted source (produce, judge, each hook, each tool) is an `Answers`:
+a list consumed in call order whose last entry repeats, or a map whose first
+key found in the request text wins. Its position can be saved and restored,
+so a suspended scripted run resumes answering exactly as the uninterrupted
+run would (`position()` / `restore()`), and `skip()` lets a crash-resume
+consume an answer it replays from the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Callable
+
+from mklang.errors import ProviderError, UsageError
+from mklang.providers.base import NONE, UNPARSEABLE, Produced, Usage, Verdict
+
+
+class Answers:
+    """One scripted source: a list (in order, last repeats) or a substring map."""
+
+    def __init__(self, what: str, spec: Any):
+        if isinstance(spec, (str, int, bool)) or spec is None:
+            spec = [spec]
+        if not isinstance(spec, (list, dict)) or not spec:
+            raise UsageError(f"scripted {what}: expected a non-empty list or map")
+        self.what = what
+        self.spec = spec
+        self.position = 0
+
+    def next(self, request: str) -> Any:
+        """The answer for this call; `request` is searched by map keys."""
+        if isinstance(self.spec, dict):
+            for key, answer in self.spec.items():
+                if str(key) in request:
+                    return answer
+            raise ProviderError(f"scripted {self.what}: no scripted answer matches the request {request[:80]!r}")
+        answer = self.spec[min(self.position, len(self.spec) - 1)]
+        self.position += 1
+        return answer
+
+    def skip(self) -> None:
+        self.position += 1
+
+
+def _as_text(answer: Any) -> str:
+    """Scripts may give structured answers (for `parse json`/`list`); send them as JSON."""
+    return answer if isinstance(answer, str) else json.dumps(answer)
+
+
+class ScriptedProvider:
+    """A Provider whose answers come from a scenario's `llm` section."""
+
+    def __init__(self, llm: dict[str, Any] | None = None):
+        llm = dict(llm or {})
+        self._lock = threading.Lock()
+        self.produce_answers = Answers("produce", llm.pop("produce", [""]))
+        self.judge_answers = Answers("judge", llm.pop("judge", [0]))
+        tokens = llm.pop("tokens", [0, 0])
+        if not (isinstance(tokens, list) and len(tokens) == 2 and all(isinstance(t, int) for t in tokens)):
+            raise UsageError("scripted llm.tokens: expected [input, output] integers")
+        self.tokens = Usage(tokens[0], tokens[1])
+        self.delay = float(llm.pop("delay_ms", 0)) / 1000.0
+        if llm:
+            raise UsageError(f"scripted llm: unknown keys {sorted(llm)}")
+        self.calls = {"produce": 0, "judge": 0}
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
+        with self._lock:
+            answer = self.produce_answers.next(user)
+            self.calls["produce"] += 1
+        if self.delay:
+            time.sleep(self.delay)
+        reasoning = None
+        if isinstance(answer, dict) and "text" in answer:
+            reasoning = answer.get("reasoning")
+            answer = answer["text"]
+        return Produced(_as_text(answer), reasoning if reason else None, self.tokens)
+
+    def judge(self, conditions, output, reasoning, context, tier) -> Verdict:
+        with self._lock:
+            answer = self.judge_answers.next("\n".join(conditions))
+            self.calls["judge"] += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if answer in (NONE, UNPARSEABLE):
+            return Verdict(answer, Usage())
+        if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(conditions):
+            return Verdict(answer, Usage())
+        # Out of range answers are never clamped (SPEC section 4).
+        return Verdict(UNPARSEABLE, Usage())
+
+    def skip(self, kind: str) -> None:
+        """Consume one answer without answering (its reply comes from a journal)."""
+        with self._lock:
+            (self.produce_answers if kind == "produce" else self.judge_answers).skip()
+
+    def position(self) -> dict[str, int]:
+        return {"produce": self.produce_answers.position, "judge": self.judge_answers.position}
+
+    def restore(self, position: dict[str, int]) -> None:
+        self.produce_answers.position = int(position.get("produce", 0))
+        self.judge_answers.position = int(position.get("judge", 0))
+
+
+class ScriptedCallables:
+    """Scripted hooks (`{name: [bool, ...]}`) or tools (`{name: [str, ...] | {substring: str}}`)."""
+
+    def __init__(self, kind: str, spec: dict[str, Any] | None):
+        if spec is not None and not isinstance(spec, dict):
+            raise UsageError(f"scripted {kind}s: expected a map of name to answers")
+        self.kind = kind
+        self._lock = threading.Lock()
+        self.sources = {name: Answers(f"{kind} {name}", answers) for name, answers in (spec or {}).items()}
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """Host callables answering from the script: tools take the input map,
+        hooks take (context, output); map keys are searched in their JSON."""
+        return {name: self._function(name) for name in self.sources}
+
+    def _function(self, name: str) -> Callable[..., Any]:
+        source = self.sources[name]
+
+        def answer(*args: Any) -> Any:
+            request = json.dumps(args[-1] if self.kind == "hook" else args[0], ensure_ascii=False, default=str)
+            with self._lock:
+                return source.next(request)
+
+        return answer
+
+    def skip(self, name: str) -> None:
+        with self._lock:
+            self.sources[name].skip()
+
+    def position(self) -> dict[str, int]:
+        return {name: source.position for name, source in self.sources.items()}
+
+    def restore(self, position: dict[str, int]) -> None:
+        for name, value in position.items():
+            if name in self.sources:
+                self.sources[name].position = int(value)
