@@ -23,7 +23,7 @@ LANGUAGE_VERSION = "0.4"
 class Span(BaseModel):
     """Where a node came from: 1-based line and column, end inclusive-exclusive."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     file: str | None = None
     line: int = 1
@@ -32,16 +32,39 @@ class Span(BaseModel):
     end_col: int = 1
 
 
-class Node(BaseModel):
-    """Base of every model node; span and comments never take part in equality."""
+class FieldComments(BaseModel):
+    """Comments around a one-line statement that sets a field (`entry x`, `output y`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True)
+
+    before: list[str] = Field(default_factory=list)  # own-line comments above it
+    after: str | None = None  # the comment at the end of its line
+
+
+class Node(BaseModel):
+    """Base of every model node; span and comments never take part in equality.
+
+    Schemas are built on first validation (`defer_build`), not at import: the
+    front end builds nodes with `model_construct`, so `mklang check` never pays
+    for pydantic's schema generation.
+    """
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     # Fields that describe presentation, not meaning: skipped by equality.
-    _presentation: ClassVar[frozenset[str]] = frozenset({"span", "comments"})
+    _presentation: ClassVar[frozenset[str]] = frozenset(
+        {"span", "comments", "line_comment", "trailing_comments", "field_spans", "field_comments"}
+    )
 
     span: Span | None = Field(default=None, exclude=True, repr=False)
     comments: list[str] = Field(default_factory=list, exclude=True, repr=False)
+    # The comment at the end of the node's first line (`state x {  # why`).
+    line_comment: str | None = Field(default=None, exclude=True, repr=False)
+    # Comments after the node's last child (before a state's `}`, at the end of a file).
+    trailing_comments: list[str] = Field(default_factory=list, exclude=True, repr=False)
+    # Where each field was set, by field name (`budget`, `sample`, `prompt`...).
+    field_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
+    field_comments: dict[str, FieldComments] = Field(default_factory=dict, exclude=True, repr=False)
 
     def __eq__(self, other: object) -> bool:
         if type(self) is not type(other):
@@ -149,10 +172,8 @@ class Machine(Node):
     states: list[State]
     # Where the machine was loaded from; set by the loader, not part of meaning.
     path: str | None = Field(default=None, exclude=True, repr=False)
-    # Comments after the last node of the file, kept by `fmt`.
-    trailing_comments: list[str] = Field(default_factory=list, exclude=True, repr=False)
 
-    _presentation: ClassVar[frozenset[str]] = Node._presentation | {"path", "trailing_comments"}
+    _presentation: ClassVar[frozenset[str]] = Node._presentation | {"path"}
 
     def state(self, name: str) -> State | None:
         """The state called `name`, or None."""
