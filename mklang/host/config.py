@@ -1,0 +1,320 @@
+"""Host configuration: which provider and model answers each tier, and at what price.
+
+A `.mk` file names only tiers (`fast`, `balanced`, `reasoning`); this module
+maps them to `provider:model` pairs. The config is TOML, found in this order:
+`--config PATH`, `$MKLANG_CONFIG`, `./mklang.toml`, then the user config
+folder (`$XDG_CONFIG_HOME/mklang/config.toml` or `~/.config/mklang/config.toml`).
+`--provider` and `--model` override every tier's provider and model, so a
+run needs no file at all: the built-in providers `openai`, `anthropic` and
+`ollama` honour the usual environment variables.
+
+The config holds the *name* of the variable that holds an API key, never
+the key itself; the key is read from the environment only when a client is
+built.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from mklang.errors import UsageError
+
+TIERS = ("fast", "balanced", "reasoning")
+KINDS = ("openai", "anthropic")
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """One model endpoint and how to talk to it.
+
+    `base_url` follows each vendor's SDK convention: OpenAI-compatible URLs
+    include `/v1` (requests go to `{base_url}/chat/completions`), Anthropic
+    URLs do not (requests go to `{base_url}/v1/messages`).
+    """
+
+    name: str
+    kind: Literal["openai", "anthropic"]
+    base_url: str
+    api_key_env: str | None = None
+    timeout: float = 120.0  # seconds to wait for a response
+    connect_timeout: float = 10.0
+    retries: int = 3  # extra attempts after the first, on 429, 5xx and connection errors
+    backoff: float = 1.0  # first retry delay in seconds; doubles per attempt, with jitter
+    max_backoff: float = 30.0  # ceiling for one delay, Retry-After included
+    max_in_flight: int = 8  # requests in flight at once against this provider
+    max_tokens: int = 4096  # answer length cap (required by Anthropic)
+    reasoning: Literal["native", "scratchpad"] = "scratchpad"
+    thinking_budget: int = 2048  # Anthropic `thinking.budget_tokens` for `reason` states
+    params: dict[str, Any] = field(default_factory=dict)  # extra request body fields
+
+    def api_key(self) -> str | None:
+        """The key from the environment, or None (a local server needs none)."""
+        if not self.api_key_env:
+            return None
+        return os.environ.get(self.api_key_env) or None
+
+    def describe(self) -> dict[str, Any]:
+        """Everything about this provider that is safe to print: no key, only whether it is set."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["api_key_set"] = self.api_key() is not None
+        return data
+
+
+@dataclass(frozen=True)
+class Route:
+    """The provider and model that answer one tier."""
+
+    provider: str
+    model: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> "Route":
+        provider, sep, model = text.partition(":")
+        if not sep or not provider or not model:
+            raise UsageError(f"{where}: expected 'provider:model', got {text!r}")
+        return cls(provider, model)
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million input and output tokens."""
+
+    input: float
+    output: float
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
+
+
+def builtin_providers() -> dict[str, ProviderConfig]:
+    """Providers usable with no config file, read from the environment at call time."""
+    return {
+        "openai": ProviderConfig(
+            name="openai",
+            kind="openai",
+            base_url=os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1",
+            api_key_env="OPENAI_API_KEY",
+        ),
+        "anthropic": ProviderConfig(
+            name="anthropic",
+            kind="anthropic",
+            base_url=os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com",
+            api_key_env="ANTHROPIC_API_KEY",
+            reasoning="native",
+        ),
+        "ollama": ProviderConfig(name="ollama", kind="openai", base_url="http://localhost:11434/v1"),
+    }
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """The resolved config: providers by name, tier routes, prices by `provider:model`."""
+
+    source: Path | None
+    providers: dict[str, ProviderConfig]
+    tiers: dict[str, Route]
+    prices: dict[str, Price]
+
+    def route(self, tier: str) -> Route | None:
+        return self.tiers.get(tier) or self.tiers.get("default")
+
+    def provider(self, name: str) -> ProviderConfig:
+        found = self.providers.get(name) or builtin_providers().get(name)
+        if found is None:
+            known = sorted(set(self.providers) | set(builtin_providers()))
+            raise UsageError(f"unknown provider {name!r} (known: {', '.join(known)})")
+        return found
+
+    def price(self, route: Route) -> Price | None:
+        return self.prices.get(route.key)
+
+    def with_overrides(self, provider: str | None, model: str | None) -> "HostConfig":
+        """Apply `--provider` / `--model`: each replaces that half of every tier's route."""
+        if provider is None and model is None:
+            return self
+        tiers = dict(self.tiers)
+        for tier in TIERS:
+            base = self.route(tier)
+            new_provider = provider or (base.provider if base else None)
+            new_model = model or (base.model if base else None)
+            if new_provider is None and len(self.providers) == 1:
+                new_provider = next(iter(self.providers))
+            if new_provider is None:
+                raise UsageError("--model needs --provider (or a config that maps tiers or defines one provider)")
+            if new_model is None:
+                raise UsageError(f"--provider {provider} needs --model (or a config that maps tier {tier!r})")
+            tiers[tier] = Route(new_provider, new_model)
+        tiers.pop("default", None)
+        self.provider(tiers[TIERS[0]].provider)  # fail early on an unknown name
+        return replace(self, tiers=tiers)
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved config as JSON-ready data, for `mklang config`."""
+        used = {route.provider for route in self.tiers.values()} | set(self.providers)
+        return {
+            "source": str(self.source) if self.source else None,
+            "tiers": {tier: route.key for tier, route in self.tiers.items()},
+            "providers": {name: self.provider(name).describe() for name in sorted(used)},
+            "prices": {key: {"input": p.input, "output": p.output} for key, p in sorted(self.prices.items())},
+        }
+
+
+def search_paths() -> list[Path]:
+    """Where a config is looked for when no `--config` is given, in order."""
+    paths = []
+    if os.environ.get("MKLANG_CONFIG"):
+        paths.append(Path(os.environ["MKLANG_CONFIG"]))
+    paths.append(Path("mklang.toml"))
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    paths.append(Path(config_home) / "mklang" / "config.toml")
+    return paths
+
+
+def find_config(config_path: str | os.PathLike | None = None) -> Path | None:
+    """The config file to use, or None. An explicit path (or $MKLANG_CONFIG) must exist."""
+    if config_path is not None:
+        path = Path(config_path)
+        if not path.is_file():
+            raise UsageError(f"config file not found: {path}")
+        return path
+    for index, path in enumerate(search_paths()):
+        explicit = index == 0 and bool(os.environ.get("MKLANG_CONFIG"))
+        if path.is_file():
+            return path
+        if explicit:
+            raise UsageError(f"config file not found: {path} (from MKLANG_CONFIG)")
+    return None
+
+
+def load_config(
+    config_path: str | os.PathLike | None = None,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
+) -> HostConfig:
+    """Find, read and validate the config, then apply `--provider` / `--model`."""
+    path = find_config(config_path)
+    config = HostConfig(None, {}, {}, {}) if path is None else _read(path)
+    return config.with_overrides(provider, model)
+
+
+def _read(path: Path) -> HostConfig:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UsageError(f"cannot read config {path}: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{path}: invalid TOML: {error}") from None
+    where = str(path)
+    _only_keys(data, {"tiers", "providers", "prices"}, where)
+    providers: dict[str, ProviderConfig] = {}
+    prices: dict[str, Price] = {}
+    for name, table in _table(data, "providers", where).items():
+        providers[name] = _provider(name, _as_table(table, f"{where}: [providers.{name}]"), where, prices)
+    for key, table in _table(data, "prices", where).items():
+        prices[key] = _price(table, f"{where}: [prices.{key!r}]")
+        Route.parse(key, f"{where}: [prices]")
+    tiers = {}
+    for tier, text in _table(data, "tiers", where).items():
+        if tier not in (*TIERS, "default"):
+            raise UsageError(f"{where}: [tiers] unknown tier {tier!r} (expected one of {', '.join(TIERS)} or default)")
+        if not isinstance(text, str):
+            raise UsageError(f"{where}: [tiers] {tier} must be a string 'provider:model'")
+        tiers[tier] = Route.parse(text, f"{where}: [tiers] {tier}")
+    config = HostConfig(path, providers, tiers, prices)
+    for tier, route in tiers.items():
+        try:
+            config.provider(route.provider)
+        except UsageError as error:
+            raise UsageError(f"{where}: [tiers] {tier}: {error}") from None
+    return config
+
+
+_PROVIDER_FIELDS = {f.name: f for f in fields(ProviderConfig) if f.name != "name"}
+
+
+def _provider(name: str, table: dict, where: str, prices: dict[str, Price]) -> ProviderConfig:
+    label = f"{where}: [providers.{name}]"
+    _only_keys(table, set(_PROVIDER_FIELDS) | {"prices"}, label)
+    for model, price in _as_table(table.get("prices", {}), f"{label} prices").items():
+        prices[f"{name}:{model}"] = _price(price, f"{label} prices.{model}")
+    values = {key: value for key, value in table.items() if key != "prices"}
+    base = builtin_providers().get(name)
+    if base is None:
+        for required in ("kind", "base_url"):
+            if required not in values:
+                raise UsageError(f"{label}: missing {required!r}")
+    if values.get("kind", base.kind if base else None) not in KINDS:
+        raise UsageError(f"{label}: kind must be one of {', '.join(KINDS)}")
+    if "reasoning" in values and values["reasoning"] not in ("native", "scratchpad"):
+        raise UsageError(f"{label}: reasoning must be 'native' or 'scratchpad'")
+    if "kind" in values and "reasoning" not in values:
+        values["reasoning"] = "native" if values["kind"] == "anthropic" else "scratchpad"
+    for key, value in values.items():
+        _check_type(key, value, label)
+    if base is not None:
+        return replace(base, **values)
+    return ProviderConfig(name=name, **values)
+
+
+_TYPES = {
+    "kind": str,
+    "base_url": str,
+    "api_key_env": str,
+    "timeout": (int, float),
+    "connect_timeout": (int, float),
+    "retries": int,
+    "backoff": (int, float),
+    "max_backoff": (int, float),
+    "max_in_flight": int,
+    "max_tokens": int,
+    "reasoning": str,
+    "thinking_budget": int,
+    "params": dict,
+}
+
+
+def _check_type(key: str, value: Any, label: str) -> None:
+    expected = _TYPES[key]
+    if isinstance(value, bool) or not isinstance(value, expected):
+        raise UsageError(f"{label}: {key} has the wrong type ({type(value).__name__})")
+    if key in ("max_in_flight", "timeout", "connect_timeout") and value <= 0:
+        raise UsageError(f"{label}: {key} must be positive")
+    if key in ("retries", "backoff", "max_backoff", "max_tokens", "thinking_budget") and value < 0:
+        raise UsageError(f"{label}: {key} must not be negative")
+
+
+def _price(table: Any, label: str) -> Price:
+    table = _as_table(table, label)
+    _only_keys(table, {"input", "output"}, label)
+    try:
+        price = Price(float(table["input"]), float(table["output"]))
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"{label}: needs numbers 'input' and 'output' (USD per million tokens)") from None
+    if price.input < 0 or price.output < 0:
+        raise UsageError(f"{label}: prices must not be negative")
+    return price
+
+
+def _table(data: dict, key: str, where: str) -> dict:
+    return _as_table(data.get(key, {}), f"{where}: [{key}]")
+
+
+def _as_table(value: Any, label: str) -> dict:
+    if not isinstance(value, dict):
+        raise UsageError(f"{label} must be a table")
+    return value
+
+
+def _only_keys(table: dict, allowed: set[str], label: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise UsageError(f"{label}: unknown key {unknown[0]!r} (expected one of {', '.join(sorted(allowed))})")

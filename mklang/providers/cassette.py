@@ -1,0 +1,215 @@
+"""Record and replay provider exchanges as a readable YAML cassette.
+
+A cassette is a list of exchanges. Each holds the request as readable
+fields (kind, tier, and either system/user/reason or
+conditions/output/reasoning/context), its fingerprint (sha256 of the
+canonical JSON of those fields; the judge's random fence nonce is not part
+of it), and the response (text, reasoning, usage, or the verdict). Nothing
+else is written: no URL, header or key.
+
+Replay answers each request from the exchanges with the same fingerprint,
+in recorded order (the last one repeats once they run out). Fingerprints
+are recomputed from the readable fields on load, so a hand-edited request
+matches what it now says. A request it
+does not hold raises `ProviderError` naming the closest recorded request
+and a short diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mklang.errors import ProviderError, UsageError
+from mklang.providers.base import Produced, Provider, Usage, Verdict
+
+FORMAT = 1
+DIFF_LINES = 12
+
+
+def produce_request(system: str, user: str, tier: str, reason: bool) -> dict[str, Any]:
+    return {"kind": "produce", "tier": tier, "system": system, "user": user, "reason": reason}
+
+
+def judge_request(
+    conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
+) -> dict[str, Any]:
+    return {
+        "kind": "judge",
+        "tier": tier,
+        "conditions": list(conditions),
+        "output": _plain(output),
+        "reasoning": reasoning,
+        "context": _plain(context),
+    }
+
+
+def fingerprint(request: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(request).encode("utf-8")).hexdigest()
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _plain(value: Any) -> Any:
+    """The JSON-shaped copy of a value, so YAML can store it and fingerprints stay stable."""
+    return json.loads(_canonical(value))
+
+
+class RecordingProvider:
+    """Wraps a real provider and writes each completed exchange to the cassette at once."""
+
+    def __init__(self, inner: Provider, path: str | os.PathLike):
+        self._inner = inner
+        self._path = Path(path)
+        self._exchanges: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.flush()
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
+        produced = self._inner.produce(system, user, tier, reason)
+        response = {"text": produced.text, "reasoning": produced.reasoning, "usage": produced.usage.to_json()}
+        self._add(produce_request(system, user, tier, reason), response)
+        return produced
+
+    def judge(
+        self, conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
+    ) -> Verdict:
+        verdict = self._inner.judge(conditions, output, reasoning, context, tier)
+        response = {"choice": verdict.choice, "parsed_by": verdict.parsed_by, "usage": verdict.usage.to_json()}
+        self._add(judge_request(conditions, output, reasoning, context, tier), response)
+        return verdict
+
+    def close(self) -> None:
+        self.flush()
+        close = getattr(self._inner, "close", None)
+        if close:
+            close()
+
+    def _add(self, request: dict[str, Any], response: dict[str, Any]) -> None:
+        with self._lock:
+            self._exchanges.append({"fingerprint": fingerprint(request), "request": request, "response": response})
+            self._write()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
+        """Replace the file atomically, so a crash leaves the previous complete cassette."""
+        text = dump({"mklang_cassette": FORMAT, "exchanges": self._exchanges})
+        directory = self._path.parent if str(self._path.parent) else Path(".")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{self._path.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(temp, self._path)
+        except OSError as error:
+            raise UsageError(f"cannot write cassette {self._path}: {error.strerror}") from None
+
+
+class ReplayProvider:
+    """Answers from a cassette with no network; thread-safe."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._path = Path(path)
+        self._exchanges = load(self._path)
+        self._queues: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for exchange in self._exchanges:
+            self._queues[fingerprint(exchange["request"])].append(exchange["response"])
+        self._used: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
+        response = self._answer(produce_request(system, user, tier, reason))
+        return Produced(response["text"], response.get("reasoning"), Usage.from_json(response.get("usage")))
+
+    def judge(
+        self, conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
+    ) -> Verdict:
+        response = self._answer(judge_request(conditions, output, reasoning, context, tier))
+        return Verdict(response["choice"], Usage.from_json(response.get("usage")), response.get("parsed_by"))
+
+    def close(self) -> None:
+        """Nothing to release; present so hosts can close any provider alike."""
+
+    def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        key = fingerprint(request)
+        with self._lock:
+            queue = self._queues.get(key)
+            if not queue:
+                raise ProviderError(self._miss(request))
+            index = min(self._used[key], len(queue) - 1)
+            self._used[key] += 1
+            return queue[index]
+
+    def _miss(self, request: dict[str, Any]) -> str:
+        head = f"replay: cassette {self._path.name} holds no {request['kind']} request like this one (tier {request['tier']})"
+        wanted = _lines(request)
+        candidates = [e for e in self._exchanges if e["request"].get("kind") == request["kind"]] or self._exchanges
+        if not candidates:
+            return f"{head}; the cassette is empty"
+        scored = [(difflib.SequenceMatcher(None, _lines(e["request"]), wanted).ratio(), i, e) for i, e in enumerate(candidates)]
+        _, _, closest = max(scored, key=lambda item: (item[0], -item[1]))
+        number = self._exchanges.index(closest) + 1
+        diff = [
+            line.rstrip("\n")
+            for line in difflib.unified_diff(_lines(closest["request"]), wanted, "recorded", "requested", n=1, lineterm="")
+        ]
+        shown = diff[2:][:DIFF_LINES]
+        more = ["  ..."] if len(diff) - 2 > DIFF_LINES else []
+        return "\n".join([f"{head}; closest is exchange {number}:", *shown, *more])
+
+
+def _lines(request: dict[str, Any]) -> list[str]:
+    """The request as short readable lines, for matching and diffs."""
+    return yaml.safe_dump(request, sort_keys=True, allow_unicode=True, width=100).splitlines()
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    """The exchanges of a cassette file; `UsageError` when it cannot be used."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"cassette not found: {path}") from None
+    except OSError as error:
+        raise UsageError(f"cannot read cassette {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"{path}: not a valid YAML cassette: {error}") from None
+    if not isinstance(data, dict) or data.get("mklang_cassette") != FORMAT or not isinstance(data.get("exchanges"), list):
+        raise UsageError(f"{path}: not an mklang cassette (expected 'mklang_cassette: {FORMAT}' and 'exchanges')")
+    for number, exchange in enumerate(data["exchanges"], 1):
+        if not (
+            isinstance(exchange, dict)
+            and isinstance(exchange.get("request"), dict)
+            and isinstance(exchange.get("response"), dict)
+        ):
+            raise UsageError(f"{path}: exchange {number} needs a request and a response")
+    return data["exchanges"]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings as `|` blocks, so prompts read as they were sent."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(data: dict[str, Any]) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)

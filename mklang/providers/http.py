@@ -1,0 +1,185 @@
+"""The HTTP plumbing both wire formats share: one pooled client, a request limit, retries.
+
+Retries follow one rule: 429, 408, 5xx, timeouts and connection errors are
+tried again after an exponential, jittered delay (or the server's
+`Retry-After`, capped at `max_backoff`); any other status fails at once.
+After the last attempt a `ProviderError("<provider> <status>: <reason>")`
+is raised. The API key is scrubbed from every message this module builds.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+
+from mklang.errors import ProviderError
+from mklang.host.config import ProviderConfig
+
+RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
+REASON_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One chat completion, reduced to what the engine needs."""
+
+    text: str
+    reasoning: str | None
+    input_tokens: int
+    output_tokens: int
+
+
+class HttpTransport:
+    """POSTs JSON to one provider with pooling, a semaphore of `max_in_flight`, and retries.
+
+    Thread-safe: fan-out branches share it. `sleep` is injectable so tests
+    can observe the delays without waiting for them.
+    """
+
+    def __init__(
+        self,
+        config: ProviderConfig,
+        headers: dict[str, str],
+        *,
+        secret: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.config = config
+        self._secret = secret
+        self._sleep = sleep
+        self._slots = threading.BoundedSemaphore(config.max_in_flight)
+        limits = httpx.Limits(max_connections=config.max_in_flight, max_keepalive_connections=config.max_in_flight)
+        self._client = httpx.Client(
+            base_url=config.base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(config.timeout, connect=config.connect_timeout),
+            limits=limits,
+            trust_env=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"HttpTransport({self.config.name!r}, {self.config.base_url!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST `body` and return the decoded JSON object, retrying what can be retried."""
+        name = self.config.name
+        attempts = self.config.retries + 1
+        for attempt in range(attempts):
+            try:
+                with self._slots:
+                    response = self._client.post(path, json=body)
+            except httpx.TimeoutException:
+                failure, delay = f"timeout: no answer within {self.config.timeout:g}s", None
+            except httpx.TransportError as error:
+                failure, delay = f"connection-error: {self._clean(str(error) or type(error).__name__)}", None
+            else:
+                if response.status_code == 200:
+                    return self._decode(response)
+                failure = f"{response.status_code}: {self._reason(response)}"
+                if response.status_code not in RETRYABLE_STATUS:
+                    raise ProviderError(f"{name} {failure}{self._key_hint(response.status_code)}")
+                delay = retry_after(response.headers.get("retry-after"))
+            if attempt + 1 == attempts:
+                break
+            self._sleep(self._delay(attempt, delay))
+        raise ProviderError(f"{name} {failure} (after {attempts} attempt{'s' if attempts > 1 else ''})")
+
+    def _delay(self, attempt: int, retry_after_seconds: float | None) -> float:
+        """The server's Retry-After when it gave one, else exponential backoff with jitter."""
+        if retry_after_seconds is not None:
+            return min(retry_after_seconds, self.config.max_backoff)
+        ceiling = min(self.config.max_backoff, self.config.backoff * 2**attempt)
+        return ceiling * random.uniform(0.5, 1.0)
+
+    def _decode(self, response: httpx.Response) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ProviderError(f"{self.config.name} 200: response is not JSON: {self._snippet(response.text)}") from None
+        if not isinstance(data, dict):
+            raise ProviderError(f"{self.config.name} 200: response is not a JSON object")
+        return data
+
+    def _reason(self, response: httpx.Response) -> str:
+        """The server's own error message when it sent one, else the HTTP reason phrase."""
+        try:
+            error = response.json().get("error")
+            message = error.get("message") if isinstance(error, dict) else error
+        except (ValueError, AttributeError):
+            message = None
+        return self._snippet(message if isinstance(message, str) and message else response.reason_phrase)
+
+    def _key_hint(self, status: int) -> str:
+        if status in (401, 403) and self.config.api_key_env and self._secret is None:
+            return f" ({self.config.api_key_env} is not set)"
+        return ""
+
+    def _snippet(self, text: str) -> str:
+        text = " ".join(self._clean(text).split())
+        return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 3] + "..."
+
+    def _clean(self, text: str) -> str:
+        return redact(text, self._secret)
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Replace every occurrence of the secret (when there is one) with `***`."""
+    return text.replace(secret, "***") if secret else text
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a `Retry-After` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class ProviderClient:
+    """Base of the wire-format clients: owns the transport, shapes errors, checks answers."""
+
+    path: str
+
+    def __init__(self, config: ProviderConfig, *, sleep: Callable[[float], None] = time.sleep):
+        self.config = config
+        key = config.api_key()
+        self._transport = HttpTransport(config, self.headers(key), secret=key, sleep=sleep)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config.name!r})"
+
+    def headers(self, key: str | None) -> dict[str, str]:
+        raise NotImplementedError
+
+    def chat(self, model: str, system: str, user: str, *, reason: bool) -> Reply:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._transport.post(self.path, {**self.config.params, **body})
+
+    def _fail(self, model: str, what: str) -> ProviderError:
+        return ProviderError(f"{self.config.name} {model}: {what}")
+
+    def _shape_error(self, model: str, missing: str) -> ProviderError:
+        return self._fail(model, f"unexpected response shape: no {missing}")

@@ -1,0 +1,245 @@
+"""A scriptable model server on 127.0.0.1 for tests: OpenAI and Anthropic wire formats.
+
+It is a real HTTP server (stdlib `ThreadingHTTPServer`) in a background
+thread, so the code under test goes through httpx, sockets, timeouts and
+retries exactly as in production. Usage::
+
+    from fakeserver import FakeServer, answer, error, raw, refusal
+
+    with FakeServer() as server:
+        server.add(error(429, retry_after="0"), answer("hello", input_tokens=7, output_tokens=3))
+        # OpenAI clients use server.openai_url    (POST .../v1/chat/completions)
+        # Anthropic clients use server.anthropic_url (POST .../v1/messages)
+        ...
+        assert server.count == 2
+        assert server.requests[-1].body["model"] == "m"
+
+Each request takes the next scripted reply from the queue (`add`); when the
+queue is empty it gets `server.fallback` (default: a 500 saying the script
+ran out, so a test that under-scripts fails loudly). Set `server.handler`
+to a function `(Request) -> Reply` to decide per request instead (it wins
+over the queue). A reply is format-neutral: the server renders it in the
+wire format of the path that was called. Every request is recorded
+(`requests`, `count`) with its path, lower-cased headers and parsed body.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+OPENAI_PATH = "/v1/chat/completions"
+ANTHROPIC_PATH = "/v1/messages"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server sends for one request. Build it with `answer`, `refusal`, `error` or `raw`."""
+
+    text: str = ""
+    reasoning: str | None = None
+    input_tokens: int = 10
+    output_tokens: int = 5
+    status: int = 200
+    refuse: str | None = None  # a refusal message: OpenAI `refusal`, Anthropic `stop_reason: refusal`
+    finish_reason: str | None = None  # OpenAI `finish_reason` / Anthropic `stop_reason` override
+    body: str | None = None  # sent verbatim instead of a rendered body
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds to wait before answering
+
+
+def answer(text: str, *, reasoning: str | None = None, input_tokens: int = 10, output_tokens: int = 5,
+           finish_reason: str | None = None, delay: float = 0.0) -> Reply:
+    """A successful completion; `reasoning` goes to `reasoning_content` / a `thinking` block."""
+    return Reply(text=text, reasoning=reasoning, input_tokens=input_tokens, output_tokens=output_tokens,
+                 finish_reason=finish_reason, delay=delay)
+
+
+def refusal(message: str = "I can't help with that.") -> Reply:
+    return Reply(refuse=message)
+
+
+def error(status: int, message: str = "scripted failure", *, retry_after: str | None = None,
+          delay: float = 0.0) -> Reply:
+    """An error status with the API's JSON error body and an optional `Retry-After` header."""
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return Reply(status=status, text=message, headers=headers, delay=delay)
+
+
+def raw(body: str, *, status: int = 200, headers: dict[str, str] | None = None, delay: float = 0.0) -> Reply:
+    """Exactly `body` (for malformed responses)."""
+    return Reply(status=status, body=body, headers=dict(headers or {}), delay=delay)
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: Any  # parsed JSON, or the raw text when it was not JSON
+
+    @property
+    def wire(self) -> str:
+        return "anthropic" if self.path == ANTHROPIC_PATH else "openai"
+
+    @property
+    def user(self) -> str:
+        """The last user message's text, in either wire format."""
+        return self.body["messages"][-1]["content"]
+
+    @property
+    def system(self) -> str:
+        if self.wire == "anthropic":
+            return self.body.get("system", "")
+        first = self.body["messages"][0]
+        return first["content"] if first["role"] == "system" else ""
+
+
+class FakeServer:
+    """See the module docstring. Start with `with FakeServer() as server:` (or `start()`/`stop()`)."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.fallback: Reply = error(500, "fake server: no scripted reply left")
+        self.handler: Callable[[Request], Reply] | None = None
+        self._queue: list[Reply] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="fakeserver", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI-style base URL (it includes `/v1`)."""
+        return f"{self.url}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        """The Anthropic-style base URL (without `/v1`)."""
+        return self.url
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    def add(self, *replies: Reply) -> "FakeServer":
+        """Queue replies, answered in order."""
+        with self._lock:
+            self._queue.extend(replies)
+        return self
+
+    def start(self) -> "FakeServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes delayed replies
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _next(self, request: Request) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if self.handler is None:
+                return self._queue.pop(0) if self._queue else self.fallback
+        return self.handler(request)
+
+
+def render(reply: Reply, path: str, model: str) -> dict[str, Any]:
+    """The JSON body of `reply` in the wire format of `path`."""
+    anthropic = path == ANTHROPIC_PATH
+    if reply.status != 200:
+        if anthropic:
+            return {"type": "error", "error": {"type": "api_error", "message": reply.text}}
+        return {"error": {"message": reply.text, "type": "server_error", "code": None}}
+    if anthropic:
+        content = []
+        if reply.reasoning is not None:
+            content.append({"type": "thinking", "thinking": reply.reasoning, "signature": "sig"})
+        if reply.refuse is None:
+            content.append({"type": "text", "text": reply.text})
+        return {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": "refusal" if reply.refuse is not None else reply.finish_reason or "end_turn",
+            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+        }
+    message: dict[str, Any] = {"role": "assistant", "content": None if reply.refuse else reply.text}
+    if reply.refuse is not None:
+        message["refusal"] = reply.refuse
+    if reply.reasoning is not None:
+        message["reasoning_content"] = reply.reasoning
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason or "stop"}],
+        "usage": {
+            "prompt_tokens": reply.input_tokens,
+            "completion_tokens": reply.output_tokens,
+            "total_tokens": reply.input_tokens + reply.output_tokens,
+        },
+    }
+
+
+def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            length = int(self.headers.get("Content-Length") or 0)
+            text = self.rfile.read(length).decode("utf-8")
+            try:
+                body: Any = json.loads(text)
+            except ValueError:
+                body = text
+            headers = {key.lower(): value for key, value in self.headers.items()}
+            request = Request(self.path, headers, body)
+            if self.path not in (OPENAI_PATH, ANTHROPIC_PATH):
+                self._send(Reply(status=404, text=f"no route {self.path}"), request)
+                return
+            reply = server._next(request)
+            if reply.delay and server._stopping.wait(reply.delay):
+                return
+            self._send(reply, request)
+
+        def _send(self, reply: Reply, request: Request) -> None:
+            model = request.body.get("model", "") if isinstance(request.body, dict) else ""
+            payload = reply.body if reply.body is not None else json.dumps(render(reply, request.path, model))
+            data = payload.encode("utf-8")
+            try:
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a timeout test)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            pass
+
+    return Handler
