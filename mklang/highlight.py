@@ -52,7 +52,7 @@ class MkLexer(RegexLexer):
 
     tokens = {
         "root": [
-            (r"[ \t]+", Whitespace),
+            (r"[ \t\f]+", Whitespace),
             (r"\r?\n", Whitespace),
             (r"#.*$", Comment.Single),
             (r'"""', String.Double, "block"),

@@ -1,0 +1,1 @@
+"""The mklang language server (`mklang lsp`, extra `mklang[lsp]`)."""
