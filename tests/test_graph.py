@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,7 @@ def test_cli_trace_and_errors(tmp_path):
         {"state": "ask", "policy": "ok", "to": "END", "gate": "otherwise"},
     ]}))
     done = subprocess.run(
-        ["python", "-m", "mklang", "graph", str(source), "--trace", str(run)], capture_output=True, text=True
+        [sys.executable, "-m", "mklang", "graph", str(source), "--trace", str(run)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert "s_ask : visits 2" in done.stdout
@@ -246,8 +247,19 @@ def test_cli_trace_and_errors(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     done = subprocess.run(
-        ["python", "-m", "mklang", "graph", str(source), "--trace", str(bad)], capture_output=True, text=True
+        [sys.executable, "-m", "mklang", "graph", str(source), "--trace", str(bad)], capture_output=True, text=True
     )
     assert done.returncode == 2
     assert done.stderr.startswith(f"mklang: error: {bad}:1:2: invalid JSON")
     assert "Traceback" not in done.stderr
+
+
+def test_authoring_commands_import_their_code_lazily():
+    """Registering `graph` and `lsp` loads neither the graph code, the lexer nor pygls."""
+    probe = (
+        "import sys, mklang.cli.authoring_cmds; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'pygments', 'lsprotocol') "
+        "or m.startswith(('mklang.graph', 'mklang.lsp', 'mklang.highlight'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
