@@ -3,8 +3,8 @@
 A cassette is a list of exchanges. Each holds the request as readable
 fields (kind, tier, and either system/user/reason or
 conditions/output/reasoning/context), its fingerprint (sha256 of the
-canonical JSON of those fields; the judge's random fence nonce is not part
-of it), and the response (text, reasoning, usage, or the verdict). Nothing
+canonical JSON of those fields; the random nonces of data fences are
+written as `NONCE`, so they do not break matching), and the response (text, reasoning, usage, or the verdict). Nothing
 else is written: no URL, header or key.
 
 Replay answers each request from the exchanges with the same fingerprint,
@@ -21,6 +21,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import tempfile
 import threading
 from collections import defaultdict
@@ -36,8 +37,22 @@ FORMAT = 1
 DIFF_LINES = 12
 
 
+_NONCE = re.compile(r"(</?data-)[0-9a-f]+>")
+
+
+def _without_nonces(text: str) -> str:
+    """Data fences carry a fresh random nonce per call; a cassette stores them as `NONCE`."""
+    return _NONCE.sub(r"\1NONCE>", text)
+
+
 def produce_request(system: str, user: str, tier: str, reason: bool) -> dict[str, Any]:
-    return {"kind": "produce", "tier": tier, "system": system, "user": user, "reason": reason}
+    return {
+        "kind": "produce",
+        "tier": tier,
+        "system": _without_nonces(system),
+        "user": _without_nonces(user),
+        "reason": reason,
+    }
 
 
 def judge_request(
@@ -174,7 +189,7 @@ class ReplayProvider:
 
 def _lines(request: dict[str, Any]) -> list[str]:
     """The request as short readable lines, for matching and diffs."""
-    return yaml.safe_dump(request, sort_keys=True, allow_unicode=True, width=100).splitlines()
+    return dump(request).splitlines()
 
 
 def load(path: Path) -> list[dict[str, Any]]:
