@@ -1,0 +1,328 @@
+"""Parse tree to model: one method per grammar rule, named like the rule.
+
+Rules return small `_Item`s (a statement with its span); `start` and `state`
+assemble them into the model. Problems that make a model impossible (a
+missing `entry`, a state with two faces, `budget 2.5`) are collected as
+diagnostics and raised together as one `MkSyntaxError`; every other rule of
+SPEC section 3 belongs to `mklang.check`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mklang.errors import Diagnostic, MkSyntaxError
+from mklang.model import TIERS, Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
+from mklang.syntax._parser import Token, Transformer, v_args
+from mklang.syntax.text import decode_block, decode_string
+
+PRODUCE_FIELDS = ("structure", "execution", "prompt", "reason", "parse")
+FACE_WORDS = {"produce": "a prompt", "call": "a call", "tool": "a tool"}
+PARSE_MODES = ("list", "json")
+
+
+@dataclass
+class _Item:
+    """One statement of the file or of a state body."""
+
+    key: str
+    value: Any
+    span: Span
+
+
+def _token_span(token: Token, file: str | None) -> Span:
+    return Span.model_construct(
+        file=file, line=token.line, col=token.column, end_line=token.end_line, end_col=token.end_column
+    )
+
+
+@v_args(meta=True, inline=True)
+class Builder(Transformer):
+    """Turns one parse tree into a `Machine`; collects what makes that impossible."""
+
+    def __init__(self, file: str | None):
+        super().__init__()
+        self.file = file
+        self.diagnostics: list[Diagnostic] = []
+
+    # -- helpers -------------------------------------------------------------
+
+    def _span(self, meta) -> Span:
+        return Span.model_construct(
+            file=self.file, line=meta.line, col=meta.column, end_line=meta.end_line, end_col=meta.end_column
+        )
+
+    def _error(self, span: Span, code: str, message: str) -> None:
+        self.diagnostics.append(
+            Diagnostic(self.file, span.line, span.col, span.end_line, span.end_col, "error", code, message)
+        )
+
+    def _plain(self, token: Token, what: str) -> str:
+        """A name that must not be a dotted path (states, keys, tools...)."""
+        if "." in token:
+            self._error(_token_span(token, self.file), "invalid-name", f'{what} "{token}" cannot contain "."')
+        return str(token)
+
+    def _whole(self, token: Token, what: str) -> int:
+        if not token.isdigit():
+            self._error(
+                _token_span(token, self.file), "invalid-number", f'{what} must be a whole number, not "{token}"'
+            )
+            return 0
+        return int(token)
+
+    def _choice(self, token: Token, allowed: tuple[str, ...], what: str) -> str | None:
+        if token not in allowed:
+            words = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+            self._error(_token_span(token, self.file), "invalid-value", f'{what} must be {words}, not "{token}"')
+            return None
+        return str(token)
+
+    def _fields(self, items: list[_Item], owner: str) -> dict[str, _Item]:
+        """One item per key; a repeated key is reported at its second occurrence."""
+        fields: dict[str, _Item] = {}
+        for item in items:
+            if item.key in fields:
+                first = fields[item.key].span.line
+                self._error(item.span, "duplicate-field", f'{owner} sets "{item.key}" twice (first at line {first})')
+            else:
+                fields[item.key] = item
+        return fields
+
+    # -- terminals -----------------------------------------------------------
+
+    def STRING(self, token: Token) -> str:
+        try:
+            return decode_string(token)
+        except ValueError:
+            self._error(_token_span(token, self.file), "invalid-string", "invalid escape sequence in string")
+            return ""
+
+    def TRIPLE_STRING(self, token: Token) -> str:
+        return decode_block(token)
+
+    def NUMBER(self, token: Token) -> Token:
+        return token  # cast where the rule knows whether it wants a whole number
+
+    def TRUE(self, _token: Token) -> bool:
+        return True
+
+    def FALSE(self, _token: Token) -> bool:
+        return False
+
+    def NULL(self, _token: Token) -> None:
+        return None
+
+    # -- values --------------------------------------------------------------
+
+    def map(self, _meta, *pairs) -> dict[str, Any]:
+        return dict(pairs)
+
+    def pair(self, _meta, key, value) -> tuple[str, Any]:
+        return str(key), _number(value)
+
+    def list(self, _meta, *values) -> list[Any]:
+        return [_number(value) for value in values]
+
+    # -- header lines --------------------------------------------------------
+
+    def version(self, meta, number) -> _Item:
+        return _Item("version", str(number), self._span(meta))
+
+    def machine_name(self, meta, name) -> _Item:
+        return _Item("name", self._plain(name, "a machine name"), self._span(meta))
+
+    def entry(self, meta, name) -> _Item:
+        return _Item("entry", self._plain(name, "a state name"), self._span(meta))
+
+    def budget(self, meta, number) -> _Item:
+        return _Item("budget", self._whole(number, "budget"), self._span(meta))
+
+    def tier(self, meta, name) -> _Item:
+        return _Item("tier", self._choice(name, TIERS, "tier"), self._span(meta))
+
+    def result(self, meta, name) -> _Item:
+        return _Item("result", str(name), self._span(meta))
+
+    def context(self, meta, value) -> _Item:
+        return _Item("context", value, self._span(meta))
+
+    def tool_decl(self, meta, name, description) -> _Item:
+        return self._declaration("tools", meta, name, description)
+
+    def hook_decl(self, meta, name, description) -> _Item:
+        return self._declaration("hooks", meta, name, description)
+
+    def _declaration(self, key: str, meta, name: Token, description: str | None) -> _Item:
+        span = self._span(meta)
+        node = Declaration.model_construct(
+            name=self._plain(name, f"a {key[:-1]} name"), description=description or "", span=span
+        )
+        return _Item(key, node, span)
+
+    # -- state statements ----------------------------------------------------
+
+    def prompt(self, meta, text) -> _Item:
+        return _Item("prompt", text, self._span(meta))
+
+    def structure(self, meta, text) -> _Item:
+        return _Item("structure", text, self._span(meta))
+
+    def execution(self, meta, text) -> _Item:
+        return _Item("execution", text, self._span(meta))
+
+    def reason(self, meta) -> _Item:
+        return _Item("reason", True, self._span(meta))
+
+    def parse(self, meta, mode) -> _Item:
+        return _Item("parse", self._choice(mode, PARSE_MODES, "parse"), self._span(meta))
+
+    def call(self, meta, name, inputs) -> _Item:
+        span = self._span(meta)
+        face = Call.model_construct(machine=self._plain(name, "a machine name"), input=inputs, span=span)
+        return _Item("call", face, span)
+
+    def tool_use(self, meta, name, inputs) -> _Item:
+        span = self._span(meta)
+        return _Item("tool", ToolUse.model_construct(tool=self._plain(name, "a tool name"), input=inputs, span=span), span)
+
+    def output(self, meta, name) -> _Item:
+        return _Item("output", self._plain(name, "an output key"), self._span(meta))
+
+    def accumulate(self, meta) -> _Item:
+        return _Item("accumulate", True, self._span(meta))
+
+    def sample(self, meta, number) -> _Item:
+        return _Item("sample", self._whole(number, "sample"), self._span(meta))
+
+    def over(self, meta, path) -> _Item:
+        return _Item("over", str(path), self._span(meta))
+
+    def max_visits(self, meta, number) -> _Item:
+        return _Item("max_visits", self._whole(number, "max_visits"), self._span(meta))
+
+    # -- gates ---------------------------------------------------------------
+
+    def gate(self, meta, condition: dict, policy: dict) -> _Item:
+        span = self._span(meta)
+        return _Item("gate", Gate.model_construct(**condition, **policy, span=span), span)
+
+    def when(self, _meta, text, hook) -> dict:
+        return {"when": text, "hook": self._plain(hook, "a hook name") if hook is not None else None}
+
+    def otherwise(self, _meta) -> dict:
+        return {"when": None, "hook": None}
+
+    def ok(self, _meta, target) -> dict:
+        return {"policy": "ok", "target": self._plain(target, "a state name")}
+
+    def repair(self, _meta, number, target) -> dict:
+        return {
+            "policy": "repair",
+            "repair": self._whole(number, "a repair budget"),
+            "target": self._plain(target, "a state name"),
+        }
+
+    def escalate(self, _meta, target, ask, reply_to) -> dict:
+        return {
+            "policy": "escalate",
+            "target": self._plain(target, "a state name"),
+            "ask": ask,
+            "reply_to": None if reply_to is None else str(reply_to),
+        }
+
+    def fail(self, _meta) -> dict:
+        return {"policy": "fail", "target": None}
+
+    # -- assembly ------------------------------------------------------------
+
+    def state(self, meta, name, *items: _Item) -> _Item:
+        span = self._span(meta)
+        state_name = self._plain(name, "a state name")
+        owner = f'state "{state_name}"'
+        gates = [item.value for item in items if item.key == "gate"]
+        fields = self._fields([item for item in items if item.key != "gate"], owner)
+        face = self._face(fields, owner, _token_span(name, self.file))
+        if "output" not in fields:
+            self._error(span, "no-output", f"{owner} has no output: add `output <key>`")
+        if face is None or "output" not in fields:
+            return _Item("state", None, span)
+        node = State.model_construct(
+            name=state_name,
+            face=face,
+            gates=gates,
+            span=span,
+            field_spans={key: item.span for key, item in fields.items()},
+            **{key: fields[key].value for key in ("tier", "output", "accumulate", "sample", "over", "max_visits") if key in fields},
+        )
+        return _Item("state", node, span)
+
+    def _face(self, fields: dict[str, _Item], owner: str, name_span: Span):
+        """The one face of a state, or None after reporting why there is not exactly one."""
+        kinds: dict[str, _Item] = {}
+        for key, item in fields.items():
+            kind = "produce" if key in PRODUCE_FIELDS else key if key in ("call", "tool") else None
+            if kind and kind not in kinds:
+                kinds[kind] = item
+        if not kinds:
+            self._error(name_span, "no-face", f"{owner} has no face: give it a prompt and a structure, a call, or a tool")
+            return None
+        if len(kinds) > 1:
+            (first, _), (second, item) = list(kinds.items())[:2]
+            self._error(
+                item.span,
+                "two-faces",
+                f"{owner} has both {FACE_WORDS[first]} and {FACE_WORDS[second]}: a state has exactly one face",
+            )
+            return None
+        kind, item = next(iter(kinds.items()))
+        if kind != "produce":
+            return item.value
+        missing = [key for key in ("prompt", "structure") if key not in fields]
+        for key in missing:
+            self._error(item.span, "missing-field", f"{owner} has no {key}: a generative state needs a prompt and a structure")
+        if missing:
+            return None
+        values = {key: fields[key].value for key in PRODUCE_FIELDS if key in fields}
+        return Produce.model_construct(**values, span=item.span)
+
+    def start(self, _meta, *items: _Item) -> Machine | None:
+        declarations = {"tools": [], "hooks": [], "state": []}
+        singles = []
+        for item in items:
+            (declarations[item.key] if item.key in declarations else singles).append(item)
+        fields = self._fields(singles, "the machine")
+        for key, word in (("name", "machine <name>"), ("entry", "entry <state>"), ("budget", "budget <steps>")):
+            if key not in fields:
+                self.diagnostics.append(
+                    Diagnostic(self.file, 1, 1, 1, 1, "error", "missing-field", f"the file has no `{word}` line")
+                )
+        states = [item.value for item in declarations["state"] if item.value is not None]
+        if self.diagnostics:
+            return None
+        return Machine.model_construct(
+            tools=[item.value for item in declarations["tools"]],
+            hooks=[item.value for item in declarations["hooks"]],
+            states=states,
+            span=Span.model_construct(file=self.file),
+            field_spans={key: item.span for key, item in fields.items()},
+            **{key: item.value for key, item in fields.items()},
+        )
+
+
+def _number(value: Any) -> Any:
+    """A NUMBER token inside a value becomes an int or a float, as in JSON."""
+    if isinstance(value, Token) and value.type == "NUMBER":
+        return json.loads(value)
+    return value
+
+
+def build(tree, file: str | None) -> Machine:
+    """The machine of a parse tree; raises MkSyntaxError with every problem found."""
+    builder = Builder(file)
+    machine = builder.transform(tree)
+    if builder.diagnostics:
+        raise MkSyntaxError(sorted(builder.diagnostics, key=lambda d: (d.line, d.col)))
+    return machine

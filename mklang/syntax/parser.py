@@ -1,0 +1,44 @@
+"""The parser facade: text in, `Machine` out, or an `MkSyntaxError`. No Lark type leaks.
+
+The LALR parser is Lark's standalone module generated from the grammar
+(`_parser.py`), built once per process on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mklang.errors import Diagnostic, MkSyntaxError
+from mklang.model import Machine
+
+
+@functools.cache
+def _parser():
+    from mklang.syntax._parser import Lark_StandAlone
+
+    return Lark_StandAlone()
+
+
+def parse(text: str, filename: str | None = None) -> Machine:
+    """Parse `.mk` text; raise MkSyntaxError with diagnostics in words."""
+    from mklang.syntax._parser import UnexpectedInput
+    from mklang.syntax.build import build
+    from mklang.syntax.comments import attach
+    from mklang.syntax.lexemes import comments
+    from mklang.syntax.syntax_errors import diagnostic
+
+    source = text.replace("\r\n", "\n")
+    if not source.endswith("\n"):
+        source += "\n"
+    parser = _parser()
+    try:
+        tree = parser.parse(source)
+        machine = build(tree, filename)
+    except UnexpectedInput as error:
+        raise MkSyntaxError([diagnostic(error, source, filename, parser.parse)]) from None
+    except RecursionError:
+        raise MkSyntaxError(
+            [Diagnostic(filename, 1, 1, 1, 1, "error", "syntax", "values are nested too deeply")]
+        ) from None
+    attach(machine, comments(source))
+    return machine

@@ -1,0 +1,186 @@
+"""Lark's parse errors, said in words.
+
+One table maps terminal names to words; a few groups of terminals collapse
+into one phrase; the word before the mistake names the place ("after
+\"->\""); an open block is pointed out when its `}` is what is missing; and
+labelled snippets of common mistakes give a tailored sentence when the
+parser fails in the same state on the same kind of token.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mklang.errors import Diagnostic
+from mklang.syntax import lexemes
+from mklang.syntax._parser import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+WORDS = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "STRING": 'a "string"',
+    "TRIPLE_STRING": 'a """block"""',
+    "_NL": "a line break",
+    "$END": "the end of the file",
+    "END": "END",
+    "TRUE": "true",
+    "FALSE": "false",
+    "NULL": "null",
+    "_ARROW": '"->"',
+    "_LBRACE": '"{"',
+    "_RBRACE": '"}"',
+    "_LBRACKET": '"["',
+    "_RBRACKET": '"]"',
+    "_COLON": '":"',
+    "_COMMA": '","',
+}
+# The other keywords (`_MACHINE`, `_REPLY_TO`, ...) read as themselves.
+
+# What a NAME stands for, by the word before it.
+NAME_AFTER = {
+    "->": "a state name",
+    "state": "a state name",
+    "entry": "a state name",
+    "machine": "a machine name",
+    "call": "a machine name",
+    "tool": "a tool name",
+    "hook": "a hook name",
+    "output": "an output key",
+    "result": "a context key",
+    "over": "a context path",
+    "reply_to": "a context path",
+    "tier": "a tier (fast, balanced or reasoning)",
+    "parse": "list or json",
+}
+
+# Sets of terminals that read better as one phrase: when the core set is
+# expected, the phrase replaces every member.
+_HEADER = {"_MKLANG", "_MACHINE", "_ENTRY", "_BUDGET", "_TIER", "_RESULT", "_CONTEXT", "_TOOL", "_HOOK", "_STATE"}
+_STATEMENT = {
+    "_PROMPT", "_STRUCTURE", "_EXECUTION", "_REASON", "_PARSE", "_CALL", "_TOOL", "_TIER", "_OUTPUT",
+    "_ACCUMULATE", "_SAMPLE", "_OVER", "_MAX_VISITS", "_WHEN", "_OTHERWISE",
+}  # fmt: skip
+GROUPS = (
+    ({"_MACHINE", "_ENTRY", "_STATE"}, _HEADER, "a header line (machine, entry, budget, ...) or a state"),
+    ({"_PROMPT", "_OUTPUT", "_WHEN"}, _STATEMENT, "a state statement (prompt, output, when, otherwise, ...)"),
+    ({"_ARROW", "_REPAIR"}, {"_ARROW", "_REPAIR", "_ESCALATE", "_FAIL"}, 'a policy ("->", repair, escalate or fail)'),
+    ({"STRING", "NUMBER", "_LBRACE"}, {"STRING", "TRIPLE_STRING", "NUMBER", "TRUE", "FALSE", "NULL", "_LBRACE", "_LBRACKET"}, "a value"),
+)
+
+# Labelled snippets of common mistakes: the parser state and token type where
+# each fails map to its sentence.
+EXAMPLES = {
+    'header and state lines take no ":" (write `entry classify`, `output draft`)': [
+        "machine: x\n",
+        "entry: x\n",
+        "budget: 5\n",
+        "tier: fast\n",
+        "result: x\n",
+        "state a {\n output: x\n}\n",
+        'state a {\n prompt: "x"\n}\n',
+        'state a {\n structure: "x"\n}\n',
+        "state a {\n sample: 3\n}\n",
+        "state a {\n over: x\n}\n",
+        "state a {\n max_visits: 3\n}\n",
+    ],
+    'prose goes in quotes: "..." on one line, """...""" for several': [
+        "state a {\n prompt Write it\n}\n",
+        "state a {\n structure One line\n}\n",
+        "state a {\n execution Be brief\n}\n",
+    ],
+    'a condition is prose in quotes: when "the reply is complete" -> END': [
+        "state a {\n when the reply is good -> END\n}\n",
+    ],
+    'map entries are written `key: value`': ["context { a = 1 }\n", "context {\n a 1\n}\n"],
+    'the "{" of a state goes on the same line as its name: state classify {': ["state a\n", "state a\n{\n"],
+    "a state's statements start on the line after its \"{\"": ['state a { output x }\n'],
+    "repair needs a number of attempts: repair 2 -> target": ["state a {\n otherwise repair -> a\n}\n"],
+    'a gate needs a policy before its target: "-> target"': [
+        "state a {\n otherwise END\n}\n",
+        "state a {\n otherwise a\n}\n",
+        'state a {\n when "x" END\n}\n',
+    ],
+}
+
+
+def _key(error: UnexpectedInput) -> tuple:
+    """Where the parser failed, and on what: the LALR state and the token type or character."""
+    state = getattr(error.state, "position", error.state)
+    if isinstance(error, UnexpectedToken):
+        return state, error.token.type
+    return state, error.char
+
+
+@functools.cache
+def _example_index(parse) -> dict[tuple, str]:
+    """`_key` -> label: Lark's `match_examples`, but exact on the token type as well as the state."""
+    index: dict[tuple, str] = {}
+    for label, snippets in EXAMPLES.items():
+        for snippet in snippets:
+            try:
+                parse(snippet)
+            except UnexpectedInput as error:
+                index.setdefault(_key(error), label)
+    return index
+
+
+def _describe(expected: set[str], previous: str | None) -> str:
+    words = []
+    rest = set(expected) - {"WS"}
+    for core, members, phrase in GROUPS:
+        if core <= rest:
+            words.append(phrase)
+            rest -= members
+    if len(rest) + len(words) > 3:
+        rest.discard("_NL")  # a line break is rarely the point when much else would do
+    for name in sorted(rest, key=lambda n: (n in ("_NL", "$END"), n != "NAME", n)):
+        if name == "NAME" and previous in NAME_AFTER:
+            words.append(NAME_AFTER[previous])
+        else:
+            words.append(WORDS.get(name, f'"{name.lstrip("_").lower()}"'))
+    if not words:
+        return "nothing more"
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" or {words[-1]}"
+
+
+def _quote(text: str) -> str:
+    """A token as the message shows it: quoted once, cut when long."""
+    text = text.split("\n")[0]
+    text = text if len(text) <= 24 else text[:21] + "..."
+    return text if text.startswith('"') else f'"{text}"'
+
+
+def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> Diagnostic:
+    """One diagnostic, in words, for a Lark parse error on `source`."""
+    offset = min(error.pos_in_stream or 0, len(source))
+    line, col = error.line if error.line > 0 else 1, error.column if error.column > 0 else 1
+    previous, opened = lexemes.before(source, offset)
+    where = f"after {_quote(previous.text)}" if previous else "at the start of the file"
+    end_col = col + 1
+    label = _example_index(parse).get(_key(error))
+    if label:
+        message = label
+    elif isinstance(error, UnexpectedCharacters):
+        char = error.char
+        if char == '"':
+            block = source.startswith('"""', offset) or source[max(0, offset - 2) : offset] == '""'
+            if not source.startswith('"""', offset) and block:
+                col -= 2  # point at the opening quotes, not at the third one
+            message = 'this """ block is never closed' if block else 'this string is not closed on its line (use """ for several lines)'
+        elif char == "'":
+            message = 'strings use double quotes: "..."'
+        else:
+            message = f"expected {_describe(error.allowed or set(), previous and previous.text)} {where}, not {_quote(char)}"
+    else:
+        token = error.token
+        expected = error.accepts or error.expected
+        message = f"expected {_describe(expected, previous and previous.text)} {where}"
+        if token.type == "$END":
+            message += ", but the file ends"
+        elif token.type != "_NL":
+            message += f", not {_quote(str(token))}"
+            end_col = col + max(1, len(str(token).split("\n")[0]))
+        if opened and (token.type == "$END" or {"_RBRACE", "_RBRACKET"} & set(expected)):
+            block = opened[-1]
+            message += f' (the "{block.text}" at line {block.line} is still open)'
+    return Diagnostic(file, line, col, line, end_col, "error", "syntax", message)
