@@ -1,3 +1,342 @@
-"""Commands of this group register on `mklang.cli.app.app`."""
+"""`mklang run`, `test`, `resume` and `show`."""
 
-from mklang.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import typer
+
+from mklang import exitcodes
+from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
+
+EXIT_BY_STATUS = {"done": exitcodes.OK, "halted": exitcodes.HALT, "suspended": exitcodes.SUSPENDED}
+
+# Options shared by `run` and `resume` (typer needs them spelled out per command).
+SetOpt = typer.Option(None, "--set", metavar="K.PATH=VALUE",
+                      help="Set a context value (JSON when it parses, else text). Repeatable.")
+FormatOpt = typer.Option(OutputFormat.auto, "--format", help="auto: rich on a terminal, JSON when piped.")
+MaxTokensOpt = typer.Option(None, "--max-tokens", min=0, help="Token budget of the whole run (a new total on resume).")
+MaxCostOpt = typer.Option(None, "--max-cost", min=0.0, help="Dollar budget of the whole run (needs prices).")
+MaxTimeOpt = typer.Option(None, "--max-time", metavar="DURATION", help="Wall-clock budget of this process: 90s, 10m, 1h30m.")
+ProviderOpt = typer.Option(None, "--provider", help="openai, anthropic or ollama (else from the config).")
+ModelOpt = typer.Option(None, "--model", help="Model used for every tier.")
+ConfigOpt = typer.Option(None, "--config", help="Host config TOML (tiers, providers, prices).")
+ScriptOpt = typer.Option(None, "--script", help="Scenario script: answer from a scripted model, offline.")
+ScenarioOpt = typer.Option(None, "--scenario", help="Scenario of --script to use.")
+ReplayOpt = typer.Option(None, "--replay", help="Answer from a recorded cassette, offline.")
+RecordOpt = typer.Option(None, "--record", help="Record every provider exchange into a cassette.")
+ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Fan-out branches in flight (default 8).")
+HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend for a human reply.")
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, Any]:
+    """`k.path=value` pairs; the value is JSON when it parses, else text."""
+    values: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
+            raise fail(f"--set expects K.PATH=VALUE, got {item!r}")
+        try:
+            values[key] = json.loads(raw)
+        except ValueError:
+            values[key] = raw
+    return values
+
+
+def parse_duration(text: str | None) -> float | None:
+    """`90`, `90s`, `10m`, `1h30m` -> seconds."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not match or not any(match.groups()):
+        raise fail(f"--max-time expects a duration such as 90s, 10m or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(group or 0) for group in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+class Host:
+    """Provider, tools and hooks of a run: scripted from a scenario, or real."""
+
+    def __init__(self, *, script=None, scenario=None, provider=None, model=None, config=None,
+                 replay=None, record=None, max_cost=None):
+        from mklang.checkpoint.envelope import HostSettings
+
+        self.scenario = None
+        self.scripted = None
+        if script is not None:
+            if provider or model or replay or record:
+                raise fail("--script answers offline: it cannot be combined with --provider, --model, --replay or --record")
+            from mklang.scenarios import ScriptedHost, find_scenario, load_script
+
+            self.scenario = find_scenario(load_script(script), scenario, str(script))
+            self.scripted = ScriptedHost(self.scenario)
+            self.provider = self.scripted.provider
+            self.tools = self.scripted.tools.functions()
+            self.hooks = self.scripted.hooks.functions()
+        else:
+            if scenario is not None:
+                raise fail("--scenario needs --script")
+            from mklang.providers.factory import make_provider
+
+            self.provider = make_provider(provider=provider, model=model, config_path=config,
+                                          record=record, replay=replay, max_cost=max_cost)
+            self.tools = None
+            self.hooks = None
+        self.settings = HostSettings(
+            script=str(Path(script).resolve()) if script else None,
+            scenario=self.scenario.name if self.scenario else None,
+            provider=provider, model=model,
+            config=str(Path(config).resolve()) if config else None,
+            replay=str(replay) if replay else None, record=str(record) if record else None,
+        )
+
+    def run_setting(self, key: str, given: Any, default: Any = None) -> Any:
+        """A CLI flag wins over the scenario's `run:` setting, which wins over the default."""
+        if given is not None:
+            return given
+        if self.scenario is not None and self.scenario.run.get(key) is not None:
+            return self.scenario.run[key]
+        return default
+
+    def close(self) -> None:
+        closer = getattr(self.provider, "close", None)
+        if closer is not None:
+            closer()
+
+
+@contextmanager
+def interrupts(control) -> Iterator[None]:
+    """First SIGINT/SIGTERM: suspend (or stop) at the next loop-top. Second: exit now."""
+
+    def handler(signum, frame):
+        if control.interrupted.is_set():
+            print("mklang: interrupted again: exiting now; the last durable checkpoint stays", file=sys.stderr)
+            os._exit(exitcodes.INTERRUPTED)
+        control.interrupted.set()
+        print("mklang: interrupt received: stopping at the next state boundary (again to exit now)",
+              file=sys.stderr)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def live_view(as_json: bool, max_tokens: int | None) -> Iterator[Any]:
+    """A live line of state and spend on a terminal; nothing otherwise."""
+    if as_json or not sys.stderr.isatty():
+        yield None
+        return
+    from mklang.cli.render import LiveView
+
+    with LiveView(max_tokens) as view:
+        yield view
+
+
+def report(result, as_json: bool, checkpoint: Path | None = None) -> None:
+    """Print the result and exit with its code (SPEC section 7)."""
+    from mklang.cli.render import print_json, render_result, stderr
+
+    if as_json:
+        print_json(result.to_json())
+    else:
+        render_result(result)
+    if result.status == "suspended" and checkpoint is not None:
+        stderr.print(f"checkpoint: {checkpoint}  (continue with: mklang resume {checkpoint})")
+    if result.status == "halted" and result.error == "interrupted":
+        raise typer.Exit(exitcodes.INTERRUPTED)
+    raise typer.Exit(EXIT_BY_STATUS[result.status])
+
+
+@app.command()
+def run(
+    machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
+    set_: Optional[list[str]] = SetOpt,
+    input_file: Optional[Path] = typer.Option(None, "--input", help="JSON map merged into the context."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Persist the run here; suspend instead of halting on budgets."),
+    hitl: Optional[bool] = HitlOpt,
+    max_tokens: Optional[int] = MaxTokensOpt,
+    max_cost: Optional[float] = MaxCostOpt,
+    max_time: Optional[str] = MaxTimeOpt,
+    provider: Optional[str] = ProviderOpt,
+    model: Optional[str] = ModelOpt,
+    config: Optional[Path] = ConfigOpt,
+    script: Optional[Path] = ScriptOpt,
+    scenario: Optional[str] = ScenarioOpt,
+    replay: Optional[Path] = ReplayOpt,
+    record: Optional[Path] = RecordOpt,
+    concurrency: Optional[int] = ConcurrencyOpt,
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Run a machine."""
+    with handle_errors():
+        from mklang.engine import Control
+        from mklang.syntax import load_file
+
+        as_json = wants_json(format)
+        loaded = load_file(machine)
+        context: dict[str, Any] = {}
+        if input_file is not None:
+            context.update(_read_input(input_file))
+        context.update(parse_assignments(set_))
+        seconds = parse_duration(max_time)
+        host = Host(script=script, scenario=scenario, provider=provider, model=model, config=config,
+                    replay=replay, record=record, max_cost=max_cost)
+        if host.scenario is not None:
+            context = {**host.scenario.input, **context}
+        options = dict(
+            provider=host.provider, tools=host.tools, hooks=host.hooks,
+            max_tokens=host.run_setting("max_tokens", max_tokens),
+            max_cost=host.run_setting("max_cost", max_cost),
+            max_time=seconds,
+            concurrency=host.run_setting("concurrency", concurrency, 1 if host.scripted else 8),
+            hitl=bool(host.run_setting("hitl", hitl, False)),
+        )
+        control = Control()
+        try:
+            with interrupts(control), live_view(as_json, options["max_tokens"]) as view:
+                if checkpoint is not None:
+                    from mklang.checkpoint import start
+
+                    result = start(loaded, context, checkpoint=checkpoint, host=host.settings,
+                                   scripted=host.scripted, control=control, observer=view, **options)
+                else:
+                    from mklang.engine import run as engine_run
+
+                    result = engine_run(loaded, context, control=control, observer=view, **options)
+        finally:
+            host.close()
+        report(result, as_json, checkpoint)
+
+
+def _read_input(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise fail(f"{path}: cannot read --input: {error.strerror}")
+    except ValueError as error:
+        raise fail(f"{path}: --input is not valid JSON: {error}")
+    if not isinstance(data, dict):
+        raise fail(f"{path}: --input must hold a JSON object")
+    return data
+
+
+@app.command()
+def resume(
+    checkpoint: Path = typer.Argument(..., help="The checkpoint file of a suspended or crashed run."),
+    set_: Optional[list[str]] = SetOpt,
+    max_tokens: Optional[int] = MaxTokensOpt,
+    max_cost: Optional[float] = MaxCostOpt,
+    max_time: Optional[str] = MaxTimeOpt,
+    budget: Optional[int] = typer.Option(None, "--budget", min=0, help="New step budget of the innermost frame."),
+    force: bool = typer.Option(False, "--force", help="Resume even if a machine file changed."),
+    machine: Optional[Path] = typer.Option(None, "--machine", help="Where the root machine file is now."),
+    out: Optional[Path] = typer.Option(None, "--checkpoint", help="Write a re-suspension here (default: the same file)."),
+    hitl: Optional[bool] = HitlOpt,
+    provider: Optional[str] = ProviderOpt,
+    model: Optional[str] = ModelOpt,
+    config: Optional[Path] = ConfigOpt,
+    script: Optional[Path] = ScriptOpt,
+    scenario: Optional[str] = ScenarioOpt,
+    replay: Optional[Path] = ReplayOpt,
+    record: Optional[Path] = RecordOpt,
+    concurrency: Optional[int] = ConcurrencyOpt,
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Continue a suspended, interrupted or crashed run."""
+    with handle_errors():
+        from mklang.checkpoint import continue_checkpoint, open_checkpoint
+        from mklang.engine import Control
+
+        as_json = wants_json(format)
+        values = parse_assignments(set_)
+        seconds = parse_duration(max_time)
+        # Verify every recorded hash before any provider is set up.
+        resumable = open_checkpoint(checkpoint, force=force, machine_path=str(machine) if machine else None)
+        saved = resumable.envelope.host
+        if script is None and provider is None and model is None and replay is None and saved.script:
+            script, scenario = Path(saved.script), scenario or saved.scenario
+        elif script is None and provider is None and model is None and replay is None:
+            provider, model, config = saved.provider, saved.model, config or saved.config
+        host = Host(script=script, scenario=scenario, provider=provider, model=model, config=config,
+                    replay=replay, record=record, max_cost=max_cost or resumable.envelope.budgets.max_cost)
+        control = Control()
+        budgets = resumable.envelope.budgets
+        try:
+            with interrupts(control), live_view(as_json, max_tokens or budgets.max_tokens) as view:
+                result = continue_checkpoint(
+                    resumable, provider=host.provider, tools=host.tools, hooks=host.hooks,
+                    set_values=values, max_tokens=max_tokens, max_cost=max_cost, budget=budget,
+                    max_time=seconds, hitl=hitl, concurrency=concurrency, checkpoint=out,
+                    scripted=host.scripted, control=control, observer=view,
+                )
+        finally:
+            host.close()
+        report(result, as_json, out or checkpoint)
+
+
+@app.command()
+def show(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint file."),
+    last: int = typer.Option(5, "--last", min=0, help="How many of the last steps to show."),
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Status, reason, frame chain, spend against budgets, last steps and pending ask of a checkpoint."""
+    with handle_errors():
+        from mklang.checkpoint.inspect import describe
+        from mklang.cli.render import print_json, render_checkpoint
+
+        summary = describe(checkpoint, last=last)
+        if wants_json(format):
+            print_json(summary)
+        else:
+            render_checkpoint(summary)
+
+
+@app.command()
+def test(
+    machine: Path = typer.Argument(..., help="The machine file."),
+    script: Path = typer.Option(..., "--script", help="The scenario script (YAML)."),
+    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help="Only these scenarios."),
+    format: OutputFormat = typer.Option(OutputFormat.text, "--format"),
+) -> None:
+    """Run the named scenarios of a script and compare them with their expectations."""
+    with handle_errors():
+        from mklang.cli.render import print_json, stdout
+        from mklang.scenarios import compare, load_script, run_scenario
+        from mklang.syntax import load_file
+
+        loaded = load_file(machine)
+        scenarios = load_script(script)
+        if scenario:
+            missing = sorted(set(scenario) - {s.name for s in scenarios})
+            if missing:
+                raise fail(f"{script}: no scenarios named {missing}")
+            scenarios = [s for s in scenarios if s.name in scenario]
+        outcomes = []
+        for item in scenarios:
+            result = run_scenario(loaded, item)
+            outcomes.append((item, result, compare(item.expect, result)))
+        if wants_json(format):
+            print_json([{"name": item.name, "passed": not problems, "problems": problems,
+                         "status": result.status, "error": result.error}
+                        for item, result, problems in outcomes])
+        else:
+            for item, result, problems in outcomes:
+                mark = "[green]PASS[/green]" if not problems else "[red]FAIL[/red]"
+                stdout.print(f"{mark} {item.name}", highlight=False)
+                for problem in problems:
+                    stdout.print(f"     {problem}", markup=False, highlight=False)
+            failed = sum(1 for _, _, problems in outcomes if problems)
+            stdout.print(f"{len(outcomes) - failed} passed, {failed} failed")
+        raise typer.Exit(exitcodes.HALT if any(problems for _, _, problems in outcomes) else exitcodes.OK)

@@ -56,7 +56,8 @@ class RunResult:
 
 
 def make_runtime(provider, *, tools=None, hooks=None, concurrency: int = 8, hitl: bool = False,
-                 control: Control | None = None, journal=None, loader: MachineLoader | None = None) -> Runtime:
+                 control: Control | None = None, journal=None, loader: MachineLoader | None = None,
+                 observer=None) -> Runtime:
     """Assemble what every level of a run shares. Tools and hooks may be registries or maps."""
     return Runtime(
         provider=provider,
@@ -67,13 +68,15 @@ def make_runtime(provider, *, tools=None, hooks=None, concurrency: int = 8, hitl
         hitl=hitl,
         control=control or Control(),
         journal=journal or NullJournal(),
+        observer=observer,
     )
 
 
 def run(machine: Machine, context: dict[str, Any] | None = None, *, provider, tools=None, hooks=None,
         max_tokens: int | None = None, max_cost: float | None = None, max_time: float | None = None,
         concurrency: int = 8, suspendable: bool = False, hitl: bool = False,
-        control: Control | None = None, journal=None, loader: MachineLoader | None = None) -> RunResult:
+        control: Control | None = None, journal=None, loader: MachineLoader | None = None,
+        observer=None) -> RunResult:
     """Run `machine` from its entry with host `context` (tainted) under the host budgets."""
     loader = loader or MachineLoader()
     loader.add(machine)
@@ -81,7 +84,7 @@ def run(machine: Machine, context: dict[str, Any] | None = None, *, provider, to
     if max_time is not None:
         control.deadline = time.monotonic() + max_time
     rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=concurrency, hitl=hitl,
-                      control=control, journal=journal, loader=loader)
+                      control=control, journal=journal, loader=loader, observer=observer)
     frame = Frame.start(machine, context or {})
     return continue_run(rt, [frame], Caps(max_tokens, max_cost), suspendable)
 

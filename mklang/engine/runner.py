@@ -67,7 +67,13 @@ class NullJournal:
     def loop_top(self, chain: list[Frame], scopes: list[str]) -> None:
         pass
 
-    def call(self, key: str, kind: str, live: Callable[[], Any]) -> Any:
+    def enter(self, depth: int, frame: Frame) -> None:
+        pass
+
+    def step(self, depth: int, record: dict[str, Any]) -> None:
+        pass
+
+    def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
         return live()
 
 
@@ -83,6 +89,7 @@ class Runtime:
     hitl: bool = False
     control: Control = field(default_factory=Control)
     journal: Any = field(default_factory=NullJournal)
+    observer: Callable[[list[Frame], list[str]], None] | None = None  # e.g. a live view
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
 
     def states(self, machine: Machine) -> dict[str, State]:
@@ -135,6 +142,8 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
     while True:
         if not level.branch:
             rt.journal.loop_top(level.chain, level.scopes)
+            if rt.observer is not None:
+                rt.observer(level.chain, level.scopes)
         reason = _loop_top_reason(rt, level)
         if reason:
             if level.suspendable:
@@ -157,6 +166,8 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             raise
         resume = None
         frame.apply(state, record)
+        if not level.branch:
+            rt.journal.step(level.depth, record)
         if halt:
             raise Halt(halt, state.name)
         gate_policy = record["step"]["policy"]
@@ -325,7 +336,7 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
         return tool(arguments)
 
     try:
-        observation = rt.journal.call(key, "tool", live)
+        observation = rt.journal.call(key, "tool", live, face.tool)
     except (Halt, Suspend, ProviderError):
         raise
     except Exception as error:  # a host tool failed: the run halts, it does not crash
@@ -354,6 +365,8 @@ def _call(rt: Runtime, level: Level, state: State, face: Call, scope: Scope,
             {key for key, value in inputs.items() if input_taint(value, scope)},
         )
         below = None
+        if not (level.branch or branch):
+            rt.journal.enter(level.depth + 1, child_frame)
     child = Level(child_frame, level.depth + 1, caps, level.suspendable, level.branch or branch,
                   child_scope, level.chain, level.scopes)
     try:

@@ -1,0 +1,181 @@
+"""Suspend, persist and resume runs (SPEC section 7).
+
+`start` runs a machine with a checkpoint file; `open_checkpoint` reads and
+verifies one *before* any provider exists; `continue_checkpoint` resumes it.
+`resume` is the one-call Python API over the last two.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mklang import __version__
+from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load
+from mklang.checkpoint.journal import FileJournal, read_journal, recover
+from mklang.engine import Control, RunResult, continue_run, make_runtime
+from mklang.engine.frame import Frame
+from mklang.engine.interpolate import assign, root_key
+from mklang.engine.runner import Caps
+from mklang.errors import CheckpointError, LoadError
+from mklang.host.machines import MachineLoader, file_sha256
+from mklang.model import Machine
+
+__all__ = ["start", "open_checkpoint", "continue_checkpoint", "resume", "Resumable"]
+
+
+def start(machine: Machine, context: dict[str, Any] | None, *, checkpoint: str | Path, provider,
+          tools=None, hooks=None, max_tokens: int | None = None, max_cost: float | None = None,
+          max_time: float | None = None, concurrency: int = 8, hitl: bool = False,
+          host: HostSettings | None = None, scripted=None, control: Control | None = None,
+          observer=None) -> RunResult:
+    """Run `machine` durably: a resumable checkpoint exists from the first loop-top on.
+
+    `scripted` (a `ScriptedHost`) lets the checkpoint save which scripted
+    answers were consumed.
+    """
+    loader = MachineLoader()
+    loader.add(machine)
+    envelope = Envelope(
+        mklang_version=__version__,
+        run_id=uuid.uuid4().hex,
+        status="running",
+        machine=MachineRef(name=machine.name, path=machine.path, sha256=loader.hashes.get(machine.path or "")),
+        frames=[],
+        budgets=Budgets(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time),
+        hitl=hitl,
+        concurrency=concurrency,
+        host=host or HostSettings(),
+    )
+    frame = Frame.start(machine, context or {})
+    return _execute(envelope, [frame], {}, loader, checkpoint, provider=provider, tools=tools, hooks=hooks,
+                    scripted=scripted, control=control, observer=observer)
+
+
+@dataclass
+class Resumable:
+    """A verified checkpoint, rebuilt into frames, ready for a provider."""
+
+    path: Path
+    envelope: Envelope
+    chain: list[Frame]
+    replay: dict[str, dict[str, Any]] = field(default_factory=dict)
+    position: dict[str, Any] | None = None
+    loader: MachineLoader = field(default_factory=MachineLoader)
+    crashed: bool = False
+
+
+def open_checkpoint(path: str | Path, *, force: bool = False, machine_path: str | None = None) -> Resumable:
+    """Load and verify a checkpoint. Raises CheckpointError for anything unresumable."""
+    path = Path(path)
+    envelope = load(path)
+    if envelope.status in ("done", "halted"):
+        what = "finished" if envelope.status == "done" else f"halted ({envelope.error})"
+        raise CheckpointError(f"{path}: the run already {what}; a finished run cannot be resumed")
+    root_path = envelope.machine.path
+    moved = {root_path: str(Path(machine_path).resolve())} if machine_path and root_path else {}
+    if not force:
+        for recorded, digest in sorted(envelope.machines.items()):
+            actual = moved.get(recorded, recorded)
+            try:
+                current = file_sha256(actual)
+            except OSError:
+                raise CheckpointError(f"{actual}: machine file of the checkpoint is missing "
+                                      f"(use --machine PATH if the root moved, or --force)") from None
+            if current != digest:
+                raise CheckpointError(f"{actual}: machine file changed since the checkpoint was written "
+                                      f"(resume with --force to accept the change)")
+    loader = MachineLoader()
+
+    def machine_for(frame: dict[str, Any]) -> Machine:
+        if not frame.get("path"):
+            raise CheckpointError(f"{path}: frame of machine '{frame.get('machine')}' has no file path")
+        try:
+            return loader.load_path(moved.get(frame["path"], frame["path"]))
+        except LoadError as error:
+            raise CheckpointError(f"{path}: cannot load machine {frame['path']}: {error}") from None
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot read machine {frame['path']}: {error.strerror}") from None
+
+    chain = [Frame.from_json(frame, machine_for(frame)) for frame in envelope.frames]
+    if not chain:
+        raise CheckpointError(f"{path}: the checkpoint holds no frames")
+    resumable = Resumable(path, envelope, chain, loader=loader, position=envelope.host.position)
+    if envelope.status == "running":  # the process died: replay its journal
+        records = read_journal(path, envelope.generation)
+        resumable.chain, resumable.replay, position = recover(chain, records, machine_for)
+        resumable.position = position or resumable.position
+        resumable.crashed = True
+    return resumable
+
+
+def continue_checkpoint(resumable: Resumable, *, provider, tools=None, hooks=None,
+                        set_values: dict[str, Any] | None = None, max_tokens: int | None = None,
+                        max_cost: float | None = None, budget: int | None = None,
+                        max_time: float | None = None, hitl: bool | None = None,
+                        concurrency: int | None = None, checkpoint: str | Path | None = None,
+                        scripted=None, control: Control | None = None, observer=None) -> RunResult:
+    """Resume a verified checkpoint; raised budgets are new totals, spend included."""
+    envelope = resumable.envelope
+    budgets = envelope.budgets.model_copy(update={
+        key: value for key, value in (("max_tokens", max_tokens), ("max_cost", max_cost), ("max_time", max_time))
+        if value is not None
+    })
+    chain = resumable.chain
+    innermost = chain[-1]
+    if budget is not None:
+        innermost.budget = budget
+    for dotted, value in (set_values or {}).items():
+        assign(innermost.context, dotted, value)
+        innermost.tainted.add(root_key(dotted))
+    if scripted is not None and resumable.position:
+        scripted.restore(resumable.position)
+    envelope = envelope.model_copy(update=dict(
+        budgets=budgets,
+        hitl=envelope.hitl if hitl is None else hitl,
+        concurrency=concurrency or envelope.concurrency,
+        reason=None, ask=None, reply_to=None, detail=None,
+    ))
+    return _execute(envelope, chain, resumable.replay, resumable.loader, checkpoint or resumable.path,
+                    provider=provider, tools=tools, hooks=hooks, scripted=scripted, control=control,
+                    observer=observer)
+
+
+def resume(checkpoint: str | Path, *, provider, force: bool = False, machine_path: str | None = None,
+           **options: Any) -> RunResult:
+    """Python API: verify and resume a checkpoint file in one call."""
+    return continue_checkpoint(open_checkpoint(checkpoint, force=force, machine_path=machine_path),
+                               provider=provider, **options)
+
+
+def _execute(envelope: Envelope, chain: list[Frame], replay: dict, loader: MachineLoader,
+             checkpoint: str | Path, *, provider, tools, hooks, scripted, control, observer) -> RunResult:
+    budgets = envelope.budgets
+    control = control or Control()
+    if budgets.max_time is not None:
+        control.deadline = time.monotonic() + budgets.max_time
+    journal = FileJournal(
+        checkpoint, envelope, hashes=loader.hashes,
+        position=scripted.position if scripted is not None else None,
+        skip=scripted.skip if scripted is not None else None,
+        replay=replay,
+    )
+    journal.snapshot(chain, status="running")
+    rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=envelope.concurrency,
+                      hitl=envelope.hitl, control=control, journal=journal, loader=loader,
+                      observer=observer)
+    try:
+        result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
+    finally:
+        journal.close()
+    usage = result.usage.to_json()
+    if result.status == "suspended":
+        journal.finish(chain=result.frames, status="suspended", reason=result.error, detail=result.detail,
+                       ask=result.ask, reply_to=result.reply_to, at=result.at, usage=usage)
+    else:
+        journal.finish(chain=[chain[0]], status=result.status, error=result.error, at=result.at,
+                       result=result.result, usage=usage)
+    return result

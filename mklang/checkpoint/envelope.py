@@ -1,0 +1,167 @@
+"""The checkpoint envelope (SPEC section 7): a versioned pydantic model, and its file.
+
+Files are written atomically (temp file in the same folder, fsync, rename,
+fsync of the folder) and owner-only, so a reader sees the previous or the new
+version, never a torn one. Older formats are migrated forward on load by the
+functions in `MIGRATIONS`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mklang.errors import CheckpointError
+
+FORMAT = 1
+Status = Literal["running", "suspended", "done", "halted"]
+
+
+class Budgets(BaseModel):
+    """The host budgets of the run; `max_time` restarts with every process."""
+
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    max_time: float | None = None
+
+
+class MachineRef(BaseModel):
+    name: str
+    path: str | None
+    sha256: str | None
+
+
+class HostSettings(BaseModel):
+    """How the run was hosted, so `resume` can rebuild the same host without secrets."""
+
+    model_config = ConfigDict(extra="allow")
+
+    script: str | None = None  # scenario script of a scripted run
+    scenario: str | None = None
+    position: dict[str, Any] | None = None  # the scripted answers consumed so far
+    provider: str | None = None
+    model: str | None = None
+    config: str | None = None
+    replay: str | None = None
+    record: str | None = None
+
+
+class Envelope(BaseModel):
+    """Everything needed to continue a run, as one JSON document."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1] = FORMAT
+    mklang_version: str
+    run_id: str
+    status: Status
+    reason: str | None = None  # why a suspended run stopped
+    detail: str | None = None
+    error: str | None = None  # the halt of a halted run
+    at: str | None = None
+    machine: MachineRef
+    machines: dict[str, str] = Field(default_factory=dict)  # path -> sha256 of every machine loaded
+    frames: list[dict[str, Any]]  # root..innermost (mklang.engine.frame.Frame.to_json)
+    budgets: Budgets = Field(default_factory=Budgets)
+    usage: dict[str, Any] = Field(default_factory=dict)
+    hitl: bool = False
+    ask: str | None = None
+    reply_to: str | None = None
+    concurrency: int = 8
+    host: HostSettings = Field(default_factory=HostSettings)
+    result: Any = None
+    generation: int = 0  # which journal generation continues this envelope
+
+
+# format -> function that turns a document of that format into the next one.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    version = data.get("format")
+    if not isinstance(version, int):
+        raise CheckpointError("not a mklang checkpoint (no 'format' field)")
+    while version < FORMAT:
+        if version not in MIGRATIONS:
+            raise CheckpointError(f"checkpoint format {version} is too old to migrate")
+        data = MIGRATIONS[version](data)
+        version = data["format"]
+    if version > FORMAT:
+        raise CheckpointError(f"checkpoint format {version} is newer than this mklang understands ({FORMAT})")
+    return data
+
+
+def write_atomic(path: str | Path, payload: bytes) -> None:
+    """Replace `path` with `payload` so that a crash leaves the old or the new file."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        os.fchmod(descriptor, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_folder(folder)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def dump(envelope: Envelope) -> bytes:
+    return json.dumps(envelope.model_dump(mode="json"), ensure_ascii=False,
+                      separators=(",", ":")).encode("utf-8")
+
+
+def save(path: str | Path, envelope: Envelope) -> None:
+    write_atomic(path, dump(envelope))
+
+
+def load(path: str | Path) -> Envelope:
+    """Read a checkpoint; every way it can be unusable is one CheckpointError line."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint file") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read the checkpoint: {error.strerror}") from None
+    if not raw.strip():
+        raise CheckpointError(f"{path}: the checkpoint is empty")
+    try:
+        data = json.loads(raw)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a mklang checkpoint (expected a JSON object)")
+    try:
+        return Envelope.model_validate(migrate(data))
+    except CheckpointError as error:
+        raise CheckpointError(f"{path}: {error}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise CheckpointError(f"{path}: not a valid mklang checkpoint: {where}: {first['msg']}") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The published JSON schema of the envelope (docs/checkpoint.schema.json)."""
+    return Envelope.model_json_schema()

@@ -1,0 +1,57 @@
+"""What `mklang show` tells about a checkpoint, as plain data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mklang.checkpoint.envelope import load
+from mklang.checkpoint.journal import read_journal
+
+
+def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
+    """Status, reason, frame chain, spend against budgets, last steps, pending ask.
+
+    A `running` checkpoint belongs to a process that is still going or that
+    died; its journal says how far it got.
+    """
+    envelope = load(path)
+    frames = envelope.frames
+    records = read_journal(path, envelope.generation) if envelope.status == "running" else []
+    steps_after = sum(1 for record in records if record.get("k") == "step")
+    root = frames[0] if frames else {}
+    tokens = envelope.usage.get("input_tokens", 0) + envelope.usage.get("output_tokens", 0)
+    cost = envelope.usage.get("cost_usd", 0.0)
+    budgets = envelope.budgets
+
+    def remaining(limit, spent):
+        return None if limit is None else max(0, limit - spent)
+
+    summary = {
+        "path": str(path),
+        "status": envelope.status,
+        "reason": envelope.reason,
+        "detail": envelope.detail,
+        "error": envelope.error,
+        "at": envelope.at,
+        "run_id": envelope.run_id,
+        "machine": envelope.machine.model_dump(),
+        "frames": [
+            {"machine": f["machine"], "state": f["state"], "steps": f["steps"], "budget": f["budget"],
+             "remaining": max(0, f["budget"] - f["steps"])}
+            for f in frames
+        ],
+        "tokens": {"spent": tokens, "budget": budgets.max_tokens, "remaining": remaining(budgets.max_tokens, tokens)},
+        "cost_usd": {"spent": cost, "budget": budgets.max_cost, "remaining": remaining(budgets.max_cost, cost)},
+        "max_time": budgets.max_time,
+        "last_steps": (root.get("trace") or [])[-last:] if last else [],
+        "ask": envelope.ask,
+        "reply_to": envelope.reply_to,
+        "resumable": envelope.status in ("running", "suspended"),
+    }
+    if envelope.status == "running":
+        summary["interrupted"] = (
+            f"the run was interrupted (killed or still running) after {steps_after} journaled step(s) "
+            f"past the snapshot; resume continues from its last durable loop-top"
+        )
+    return summary

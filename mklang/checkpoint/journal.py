@@ -1,0 +1,212 @@
+"""Crash-safe persistence of a run: the envelope plus an append-only journal.
+
+The durable state at any loop-top is the last envelope (a full snapshot)
+followed by the journal lines of the same generation:
+
+- `step`: a run level applied a step (the `Frame.apply` record);
+- `enter`: a call state started a child level;
+- `call`: a provider or tool call of the step in flight completed (its
+  answer), written and fsynced before the engine uses the answer.
+
+Every line costs the same whatever the length of the run; the envelope is
+rewritten only when the journal has grown as large as it (compaction), so
+the checkpoint work per step stays flat (ADR 0009). A torn last line, the
+only thing a crash can leave, is dropped on recovery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from mklang.checkpoint.envelope import Envelope, dump, save, write_atomic
+from mklang.engine.frame import Frame
+from mklang.providers.base import Produced, Usage, Verdict
+
+MIN_COMPACT_BYTES = 256 * 1024
+
+
+def journal_path(checkpoint: str | Path) -> Path:
+    return Path(f"{checkpoint}.journal")
+
+
+def encode_answer(kind: str, value: Any) -> Any:
+    if kind == "produce":
+        return {"text": value.text, "reasoning": value.reasoning, "usage": value.usage.to_json()}
+    if kind == "judge":
+        return {"choice": value.choice, "usage": value.usage.to_json(), "parsed_by": value.parsed_by}
+    return value
+
+
+def decode_answer(kind: str, data: Any) -> Any:
+    if kind == "produce":
+        return Produced(data["text"], data.get("reasoning"), Usage.from_json(data.get("usage")))
+    if kind == "judge":
+        return Verdict(data["choice"], Usage.from_json(data.get("usage")), data.get("parsed_by"))
+    return data
+
+
+class FileJournal:
+    """The engine's persistence port for runs started with `--checkpoint`."""
+
+    def __init__(self, path: str | Path, envelope: Envelope, *,
+                 position: Callable[[], dict] | None = None,
+                 skip: Callable[[str, str | None], None] | None = None,
+                 replay: dict[str, dict[str, Any]] | None = None,
+                 hashes: dict[str, str] | None = None):
+        self.path = Path(path)
+        self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
+        self.journal = journal_path(path)
+        self.envelope = envelope  # the template every snapshot is written from
+        self.position = position
+        self.skip = skip
+        self.replay = dict(replay or {})
+        self._lock = threading.Lock()
+        self._handle = None
+        self._written = 0
+        self._threshold = MIN_COMPACT_BYTES
+        self.chain: list[Frame] = []
+
+    # --- snapshots --------------------------------------------------------
+
+    def snapshot(self, chain: list[Frame], **fields: Any) -> None:
+        """Write a full envelope of `chain` and start a fresh journal generation."""
+        self.chain = chain
+        generation = self.envelope.generation + 1
+        envelope = self.envelope.model_copy(update=dict(
+            frames=[frame.to_json() for frame in chain],
+            usage=chain[0].usage.to_json(),
+            generation=generation,
+            **self._host_update(),
+            **fields,
+        ))
+        payload = dump(envelope)
+        write_atomic(self.path, payload)
+        self.envelope = envelope
+        self._open_generation(generation)
+        self._threshold = max(MIN_COMPACT_BYTES, len(payload))
+
+    def _host_update(self) -> dict[str, Any]:
+        """Fields that change as the run goes: machines loaded, scripted position."""
+        update: dict[str, Any] = {"machines": dict(self.hashes)}
+        if self.position is not None:
+            update["host"] = self.envelope.host.model_copy(update={"position": self.position()})
+        return update
+
+    def _open_generation(self, generation: int) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        lines = [{"k": "gen", "g": generation}]
+        # Answers not yet replayed must survive a second crash.
+        lines += [{"k": "call", "key": key, **entry} for key, entry in self.replay.items()]
+        write_atomic(self.journal, b"".join(_line(line) for line in lines))
+        self._handle = open(self.journal, "ab")
+        self._written = 0
+
+    def _append(self, record: dict[str, Any]) -> None:
+        data = _line(record)
+        with self._lock:
+            self._handle.write(data)
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._written += len(data)
+
+    # --- the engine's port --------------------------------------------------
+
+    def loop_top(self, chain: list[Frame], scopes: list[str]) -> None:
+        self.chain = chain
+        if self._written >= self._threshold:
+            self.snapshot(chain, status="running")
+
+    def enter(self, depth: int, frame: Frame) -> None:
+        self._append({"k": "enter", "d": depth, "f": frame.to_json()})
+
+    def step(self, depth: int, record: dict[str, Any]) -> None:
+        line = {"k": "step", "d": depth, "r": record}
+        if self.position is not None:
+            line["p"] = self.position()
+        self._append(line)
+
+    def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
+        entry = self.replay.pop(key, None) if self.replay else None
+        if entry is not None and entry["kind"] == kind:
+            if self.skip is not None:
+                self.skip(kind, name)
+            return decode_answer(kind, entry["v"])
+        value = live()
+        self._append({"k": "call", "key": key, "kind": kind, "v": encode_answer(kind, value)})
+        return value
+
+    def finish(self, **fields: Any) -> None:
+        """Record a terminal or suspended status as a full envelope; drop the journal."""
+        chain = fields.pop("chain", None) or self.chain
+        envelope = self.envelope.model_copy(update=dict(
+            frames=[frame.to_json() for frame in chain],
+            **self._host_update(),
+            **fields,
+        ))
+        save(self.path, envelope)
+        self.envelope = envelope
+        self.close()
+        try:
+            self.journal.unlink()
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def read_journal(checkpoint: str | Path, generation: int) -> list[dict[str, Any]]:
+    """The intact records of the journal that continues envelope `generation`."""
+    path = journal_path(checkpoint)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in raw.split(b"\n")[:-1]:  # the part after the last newline is torn
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break
+    if not records or records[0].get("k") != "gen" or records[0].get("g") != generation:
+        return []  # a stale journal: the envelope already holds everything
+    return records[1:]
+
+
+def recover(chain: list[Frame], records: list[dict[str, Any]],
+            machine_for: Callable[[dict[str, Any]], Any]) -> tuple[list[Frame], dict, dict | None]:
+    """Replay journal records onto the envelope's frames.
+
+    Returns the frame chain at the last durable loop-top, the completed calls
+    of the step in flight (by key), and the scripted position to restore.
+    `machine_for(frame_json)` loads the machine a frame runs.
+    """
+    chain = list(chain)
+    calls: dict[str, dict[str, Any]] = {}
+    position = None
+    for record in records:
+        kind = record.get("k")
+        if kind == "enter":
+            depth = record["d"]
+            chain = chain[:depth] + [Frame.from_json(record["f"], machine_for(record["f"]))]
+        elif kind == "step":
+            depth = record["d"]
+            chain = chain[: depth + 1]
+            frame = chain[depth]
+            frame.apply(frame.machine.state(record["r"]["step"]["state"]), record["r"])
+            calls = {}  # the calls of a completed step are folded into it
+            position = record.get("p", position)
+        elif kind == "call":
+            calls[record["key"]] = {"kind": record["kind"], "v": record["v"]}
+    return chain, calls, position

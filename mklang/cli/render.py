@@ -1,0 +1,133 @@
+"""Rich rendering of run results for people; JSON for scripts.
+
+Results go to stdout, progress and diagnostics to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+from rich.tree import Tree
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False)
+
+_STATUS_STYLE = {"done": "bold green", "halted": "bold red", "suspended": "bold yellow"}
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def _short(value: Any, width: int = 70) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _add_steps(tree: Tree, trace: list[dict[str, Any]]) -> None:
+    for step in trace:
+        target = step.get("to") or "■"
+        label = Text()
+        label.append(f"{step['step']:>3} ", style="dim")
+        label.append(step["state"], style="bold cyan")
+        label.append(f" ─{step['policy']}→ ", style="magenta" if step["policy"] != "ok" else "dim")
+        label.append(str(target), style="cyan")
+        if step.get("gate"):
+            label.append(f"  [{step.get('gate_via')}] {_short(step['gate'], 40)}", style="dim")
+        node = tree.add(label)
+        if "branches" in step:
+            for index, branch in enumerate(step["branches"]):
+                node.add(Text(f"[{index}] {_short(branch.get('output'))}", style="green"))
+        elif "output" in step:
+            node.add(Text(_short(step["output"]), style="green"))
+        if step.get("sub_trace"):
+            _add_steps(node.add(Text("call", style="dim")), step["sub_trace"])
+
+
+def render_result(result, console: Console = stdout) -> None:
+    """A readable summary and the trace as a tree."""
+    data = result.to_json()
+    head = Text()
+    head.append(result.status, style=_STATUS_STYLE.get(result.status, "bold"))
+    if result.error:
+        head.append(f"  {result.error}", style="red" if result.status == "halted" else "yellow")
+    if result.at:
+        head.append(f"  at {result.at}")
+    console.print(head)
+    tree = Tree(Text("trace", style="bold"))
+    _add_steps(tree, result.trace)
+    console.print(tree)
+    usage = data["usage"]
+    console.print(
+        f"usage: {usage['input_tokens']} in + {usage['output_tokens']} out tokens"
+        + (f", ${usage['cost_usd']:.4f}" if usage["cost_usd"] else "")
+    )
+    if result.status == "done":
+        console.print(Text("result: ", style="bold") + Text(_short(result.result, 2000)))
+    if result.status == "suspended" and result.ask:
+        console.print(Text("ask: ", style="bold yellow") + Text(result.ask)
+                      + Text(f"  (reply with --set {result.reply_to}=...)", style="dim"))
+
+
+class LiveView:
+    """The current state, steps and tokens against their budgets, on a terminal."""
+
+    def __init__(self, max_tokens: int | None):
+        self.max_tokens = max_tokens
+        self.live = Live(Text(""), console=stderr, transient=True, refresh_per_second=8)
+
+    def __enter__(self) -> "LiveView":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.__exit__(*exc)
+
+    def __call__(self, chain: list, scopes: list[str]) -> None:
+        frame = chain[-1]
+        path = " › ".join(f"{f.machine.name}:{f.state}" for f in chain)
+        tokens = sum(f.usage.tokens for f in chain)
+        budget = f"/{self.max_tokens}" if self.max_tokens else ""
+        self.live.update(Text(f"▶ {path}   steps {frame.steps}/{frame.budget}   tokens {tokens}{budget}"))
+
+
+def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> None:
+    """`mklang show` for people."""
+    head = Text()
+    head.append(summary["status"], style=_STATUS_STYLE.get(summary["status"], "bold yellow"))
+    for key in ("reason", "error"):
+        if summary.get(key):
+            head.append(f"  {summary[key]}")
+    if summary.get("at"):
+        head.append(f"  at {summary['at']}")
+    console.print(head)
+    if summary.get("detail"):
+        console.print(Text(summary["detail"], style="dim"))
+    if summary.get("interrupted"):
+        console.print(Text(summary["interrupted"], style="yellow"))
+    chain = Tree(Text(f"frames of {summary['machine']['name']}", style="bold"))
+    node = chain
+    for frame in summary["frames"]:
+        node = node.add(Text(f"{frame['machine']} at {frame['state']}   steps {frame['steps']}/{frame['budget']}"
+                             f" ({frame['remaining']} left)"))
+    console.print(chain)
+    for label, key in (("tokens", "tokens"), ("dollars", "cost_usd")):
+        spend = summary[key]
+        limit = "no budget" if spend["budget"] is None else f"of {spend['budget']} ({spend['remaining']} left)"
+        console.print(f"{label}: {spend['spent']} {limit}")
+    if summary["last_steps"]:
+        tree = Tree(Text("last steps", style="bold"))
+        _add_steps(tree, summary["last_steps"])
+        console.print(tree)
+    if summary.get("ask"):
+        console.print(Text("ask: ", style="bold yellow") + Text(summary["ask"])
+                      + Text(f"  (reply with: mklang resume {summary['path']} --set {summary['reply_to']}=...)",
+                             style="dim"))
+    if not summary["resumable"]:
+        console.print(Text("this run has finished and cannot be resumed", style="dim"))
