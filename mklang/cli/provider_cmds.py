@@ -1,3 +1,57 @@
-"""Commands of this group register on `mklang.cli.app.app`."""
+"""`mklang config`: the resolved host config, which keys are set (never their values)."""
 
-from mklang.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from mklang.cli.app import OutputFormat, app, handle_errors, wants_json
+
+
+@app.command()
+def config(
+    config_path: Path | None = typer.Option(None, "--config", help="The config file (default: search, see below)."),
+    provider: str | None = typer.Option(None, "--provider", help="Send every tier to this provider."),
+    model: str | None = typer.Option(None, "--model", help="Use this model for every tier."),
+    fmt: OutputFormat = typer.Option(OutputFormat.auto, "--format", help="text, json, or auto (json when piped)."),
+) -> None:
+    """Show the resolved provider config: tiers, providers, prices, and whether each API key is set.
+
+    The config is `--config`, else $MKLANG_CONFIG, else ./mklang.toml, else
+    $XDG_CONFIG_HOME/mklang/config.toml (~/.config/mklang/config.toml).
+    """
+    with handle_errors():
+        from mklang.host.config import load_config, search_paths
+
+        data = load_config(config_path, provider=provider, model=model).describe()
+        data["searched"] = [str(path) for path in search_paths()] if config_path is None else [str(config_path)]
+        if wants_json(fmt):
+            print(json.dumps(data, indent=2))
+        else:
+            print(render_text(data))
+
+
+def render_text(data: dict[str, Any]) -> str:
+    lines = [f"config: {data['source'] or 'none found (searched ' + ', '.join(data['searched']) + ')'}"]
+    lines.append("tiers:")
+    for tier, key in data["tiers"].items():
+        price = data["prices"].get(key)
+        cost = f"${price['input']:g} in / ${price['output']:g} out per million tokens" if price else "no price"
+        lines.append(f"  {tier:<10} {key}  ({cost})")
+    if not data["tiers"]:
+        lines.append("  (none: pass --provider and --model, or map tiers in the config)")
+    lines.append("providers:")
+    for name, p in data["providers"].items():
+        key = f"{p['api_key_env']} {'set' if p['api_key_set'] else 'not set'}" if p["api_key_env"] else "no key"
+        lines.append(f"  {name}: {p['kind']} {p['base_url']} (key: {key})")
+        lines.append(
+            f"    timeout {p['timeout']:g}s, connect {p['connect_timeout']:g}s, retries {p['retries']}, "
+            f"backoff {p['backoff']:g}s..{p['max_backoff']:g}s, max_in_flight {p['max_in_flight']}, "
+            f"max_tokens {p['max_tokens']}, reasoning {p['reasoning']}"
+        )
+        if p["params"]:
+            lines.append(f"    params {json.dumps(p['params'], sort_keys=True)}")
+    return "\n".join(lines)

@@ -184,11 +184,11 @@ def find_config(config_path: str | os.PathLike | None = None) -> Path | None:
         path = Path(config_path)
         if not path.is_file():
             raise UsageError(f"config file not found: {path}")
-        return path
+        return path.absolute()
     for index, path in enumerate(search_paths()):
         explicit = index == 0 and bool(os.environ.get("MKLANG_CONFIG"))
         if path.is_file():
-            return path
+            return path.absolute()
         if explicit:
             raise UsageError(f"config file not found: {path} (from MKLANG_CONFIG)")
     return None
