@@ -1,0 +1,107 @@
+"""Round-trip identity (SPEC section 7): suspend at every loop-top, resume, same run.
+
+For every golden scenario of the examples and the standard library, the run
+is suspended at each loop-top it passes (root and nested levels alike) and
+resumed from its checkpoint file; trace, usage, context, result and final
+status must equal the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_golden import _scripted_machines
+
+from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
+from mklang.checkpoint.envelope import load
+from mklang.engine import Control
+from mklang.scenarios import ScriptedHost, load_script
+from mklang.syntax import load_file
+
+
+def _options(scenario):
+    settings = scenario.run
+    return dict(max_tokens=settings.get("max_tokens"), max_cost=settings.get("max_cost"),
+                concurrency=settings.get("concurrency", 1), hitl=bool(settings.get("hitl", False)))
+
+
+def _start(machine, scenario, checkpoint, observer=None, control=None):
+    host = ScriptedHost(scenario)
+    return start(machine, dict(scenario.input), checkpoint=checkpoint, provider=host.provider,
+                 tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host,
+                 observer=observer, control=control, **_options(scenario))
+
+
+def _resume(scenario, checkpoint, **options):
+    host = ScriptedHost(scenario)
+    return continue_checkpoint(open_checkpoint(checkpoint), provider=host.provider,
+                               tools=host.tools.functions(), hooks=host.hooks.functions(),
+                               scripted=host, **options)
+
+
+def _outcome(result):
+    return json.loads(json.dumps({
+        "status": result.status, "error": result.error, "at": result.at, "result": result.result,
+        "context": result.context, "trace": result.trace, "usage": result.usage.to_json(),
+    }))
+
+
+def _cases():
+    for machine, script in _scripted_machines():
+        for scenario in load_script(script):
+            if scenario.run.get("budget") is None:
+                yield pytest.param(machine, scenario, id=f"{machine.parent.name}/{machine.stem}:{scenario.name}")
+
+
+class InterruptAt:
+    """An observer that requests an interrupt at the n-th loop-top it sees."""
+
+    def __init__(self, control: Control, n: int):
+        self.control, self.n, self.seen = control, n, 0
+
+    def __call__(self, chain, scopes):
+        self.seen += 1
+        if self.seen == self.n:
+            self.control.interrupted.set()
+
+
+@pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))
+def test_suspending_at_every_loop_top_and_resuming_changes_nothing(machine_path, scenario, tmp_path):
+    machine = load_file(machine_path)
+    counter = InterruptAt(Control(), 0)
+    reference = _outcome(_start(machine, scenario, tmp_path / "ref.json", observer=counter))
+    loop_tops = counter.seen
+    assert loop_tops >= 1
+    for n in range(1, loop_tops + 1):
+        checkpoint = tmp_path / f"cp{n}.json"
+        control = Control()
+        first = _start(machine, scenario, checkpoint, observer=InterruptAt(control, n), control=control)
+        if n == loop_tops and first.error != "interrupted":
+            # The reference itself stops at its last loop-top (a budget), which wins over the interrupt.
+            assert _outcome(first) == reference
+            continue
+        assert (first.status, first.error) == ("suspended", "interrupted"), f"loop-top {n}"
+        resumed = _resume(scenario, checkpoint)
+        assert _outcome(resumed) == reference, f"resumed from loop-top {n} of {loop_tops}"
+
+
+def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_path):
+    root = _scripted_machines()[0][0].parent.parent  # examples/
+    machine = load_file(root / "nested" / "brief.mk")
+    scenario = load_script(root / "nested" / "scenarios.yaml")[0]
+    checkpoint = tmp_path / "cp.json"
+    control = Control()
+    first = _start(machine, scenario, checkpoint, observer=InterruptAt(control, 3), control=control)
+    assert first.status == "suspended"
+    assert len(first.frames) >= 2  # suspended inside a nested call
+    before = load(checkpoint)
+    # Lower the innermost step budget to what it has spent: resuming re-suspends at once.
+    spent = before.frames[-1]["steps"]
+    again = _resume(scenario, checkpoint, budget=spent)
+    assert (again.status, again.error, again.at) == ("suspended", "budget-exhausted", first.at)
+    frames_after = load(checkpoint).frames
+    again2 = _resume(scenario, checkpoint)
+    assert (again2.status, again2.error) == ("suspended", "budget-exhausted")
+    assert load(checkpoint).frames == frames_after  # idempotent: the same frames every time
+    assert [f["state"] for f in frames_after] == [f["state"] for f in before.frames]
