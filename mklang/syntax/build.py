@@ -59,24 +59,25 @@ class Builder(Transformer):
             Diagnostic(self.file, span.line, span.col, span.end_line, span.end_col, "error", code, message)
         )
 
-    def _plain(self, token: Token, what: str) -> str:
+    def _where(self, token: Token, span: Span | None) -> Span:
+        return span if span is not None else _token_span(token, self.file)
+
+    def _plain(self, token, what: str, span: Span | None = None) -> str:
         """A name that must not be a dotted path (states, keys, tools...)."""
-        if "." in token:
-            self._error(_token_span(token, self.file), "invalid-name", f'{what} "{token}" cannot contain "."')
+        if "." in str(token):
+            self._error(self._where(token, span), "invalid-name", f'{what} "{token}" cannot contain "."')
         return str(token)
 
-    def _whole(self, token: Token, what: str) -> int:
-        if not token.isdigit():
-            self._error(
-                _token_span(token, self.file), "invalid-number", f'{what} must be a whole number, not "{token}"'
-            )
+    def _whole(self, token, what: str, span: Span | None = None) -> int:
+        if not str(token).isdigit():
+            self._error(self._where(token, span), "invalid-number", f'{what} must be a whole number, not "{token}"')
             return 0
         return int(token)
 
-    def _choice(self, token: Token, allowed: tuple[str, ...], what: str) -> str | None:
+    def _choice(self, token, allowed: tuple[str, ...], what: str, span: Span | None = None) -> str | None:
         if token not in allowed:
             words = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
-            self._error(_token_span(token, self.file), "invalid-value", f'{what} must be {words}, not "{token}"')
+            self._error(self._where(token, span), "invalid-value", f'{what} must be {words}, not "{token}"')
             return None
         return str(token)
 
@@ -239,12 +240,14 @@ class Builder(Transformer):
     # -- assembly ------------------------------------------------------------
 
     def state(self, meta, name, *items: _Item) -> _Item:
-        span = self._span(meta)
-        state_name = self._plain(name, "a state name")
+        return self.assemble_state(self._plain(name, "a state name"), _token_span(name, self.file), self._span(meta), items)
+
+    def assemble_state(self, state_name: str, name_span: Span, span: Span, items) -> _Item:
+        """A state from its statements (shared with the YAML front end)."""
         owner = f'state "{state_name}"'
         gates = [item.value for item in items if item.key == "gate"]
         fields = self._fields([item for item in items if item.key != "gate"], owner)
-        face = self._face(fields, owner, _token_span(name, self.file))
+        face = self._face(fields, owner, name_span)
         if "output" not in fields:
             self._error(span, "no-output", f"{owner} has no output: add `output <key>`")
         if face is None or "output" not in fields:
@@ -289,6 +292,10 @@ class Builder(Transformer):
         return Produce.model_construct(**values, span=item.span)
 
     def start(self, _meta, *items: _Item) -> Machine | None:
+        return self.assemble_machine(items)
+
+    def assemble_machine(self, items) -> Machine | None:
+        """The machine from its top-level statements (shared with the YAML front end)."""
         declarations = {"tools": [], "hooks": [], "state": []}
         singles = []
         for item in items:

@@ -1,0 +1,214 @@
+"""Static checks of a machine (SPEC section 3), each at the span of the node at fault.
+
+Every finding is collected, none stops the others; the list comes back sorted
+by position. Structural problems that make a model impossible (two faces, no
+output, syntax) are reported by the front end when the file is loaded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from pathlib import Path
+
+from mklang.errors import Diagnostic, LoadError
+from mklang.model import END, Call, Machine, Node, Produce, Span, State, ToolUse
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)[^{}]*\}\}")
+FAN_OUT_KEYS = ("item", "index")
+
+
+class _Findings:
+    def __init__(self, machine: Machine):
+        self.machine = machine
+        self.file = machine.span.file if machine.span is not None and machine.span.file else machine.path
+        self.found: list[Diagnostic] = []
+
+    def add(self, where: Span | None, severity: str, code: str, message: str) -> None:
+        span = where or Span()
+        self.found.append(
+            Diagnostic(self.file, span.line, span.col, span.end_line, span.end_col, severity, code, message)
+        )
+
+    def error(self, where: Span | None, code: str, message: str) -> None:
+        self.add(where, "error", code, message)
+
+    def warning(self, where: Span | None, code: str, message: str) -> None:
+        self.add(where, "warning", code, message)
+
+
+def _at(node: Node, field: str | None = None) -> Span | None:
+    """The span of a field's statement, else of the node."""
+    return (node.field_spans.get(field) if field else None) or node.span
+
+
+def _head(node: Node) -> Span | None:
+    """The first line of a node (a state's `state x {`), for a caret that stays short."""
+    span = node.span
+    if span is None or span.line == span.end_line:
+        return span
+    return Span(file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 5)
+
+
+def step_cost(state: State) -> int:
+    """Steps a state costs per visit: a fan-out of `sample N` costs N, everything else 1."""
+    return max(1, state.sample or 1) if state.over is None else 1
+
+
+def shortest_steps(machine: Machine) -> int | None:
+    """Fewest steps from the entry to END (Dijkstra over state costs), None when END is out of reach."""
+    states = {state.name: state for state in machine.states}
+    if machine.entry not in states:
+        return None
+    queue = [(step_cost(states[machine.entry]), machine.entry)]
+    done: set[str] = set()
+    while queue:
+        cost, name = heapq.heappop(queue)
+        if name in done:
+            continue
+        done.add(name)
+        for gate in states[name].gates:
+            if gate.target == END:
+                return cost
+            if gate.target in states and gate.target not in done:
+                heapq.heappush(queue, (cost + step_cost(states[gate.target]), gate.target))
+    return None
+
+
+def _reachable(machine: Machine) -> set[str]:
+    states = {state.name: state for state in machine.states}
+    seen, todo = set(), [machine.entry]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in states:
+            continue
+        seen.add(name)
+        todo += [gate.target for gate in states[name].gates if gate.target]
+    return seen
+
+
+def _reads(state: State) -> list[tuple[str, str]]:
+    """(top-level context key, field) of every `{{path}}` and `over` path a state reads."""
+    face = state.face
+    texts: list[tuple[str, str]] = []
+    if isinstance(face, Produce):
+        texts.append((face.prompt, "prompt"))
+    elif isinstance(face, (Call, ToolUse)) and face.input:
+        field = "call" if isinstance(face, Call) else "tool"
+        texts += [(value, field) for value in _strings(face.input)]
+    keys = [(match.group(1), field) for text, field in texts for match in _PLACEHOLDER.finditer(text)]
+    if state.over:
+        keys.append((state.over.split(".")[0], "over"))
+    return keys
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def check(machine: Machine) -> list[Diagnostic]:
+    """Every SPEC section 3 finding about `machine`, sorted by position."""
+    out = _Findings(machine)
+    names: dict[str, State] = {}
+    for state in machine.states:
+        if state.name in names:
+            first = names[state.name].span
+            where = f" (first at line {first.line})" if first else ""
+            out.error(_head(state), "duplicate-state", f'state "{state.name}" is defined twice{where}')
+        else:
+            names[state.name] = state
+    if machine.entry not in names:
+        out.error(_at(machine, "entry"), "unknown-entry", f'the entry state "{machine.entry}" is not defined')
+
+    tools = {decl.name for decl in machine.tools}
+    hooks = {decl.name for decl in machine.hooks}
+    written = set(machine.context) | {state.output for state in machine.states}
+    written |= {
+        gate.effective_reply_to.split(".")[0] for s in machine.states for gate in s.gates if gate.policy == "escalate"
+    }
+    near = Path(machine.path).parent if machine.path else Path.cwd()
+
+    for state in machine.states:
+        _check_state(out, machine, state, names, tools, hooks, written, near)
+
+    reachable = _reachable(machine)
+    for state in machine.states:
+        if machine.entry in names and state.name not in reachable:
+            out.warning(_head(state), "unreachable-state", f'state "{state.name}" cannot be reached from the entry')
+
+    if machine.entry in names:
+        fewest = shortest_steps(machine)
+        if fewest is None:
+            out.error(_at(machine, "entry"), "no-path-to-end", f'no path leads from "{machine.entry}" to END')
+        elif machine.budget < fewest:
+            out.error(
+                _at(machine, "budget"),
+                "budget-infeasible",
+                f"budget {machine.budget} is below the shortest path to END ({fewest} steps)",
+            )
+    if machine.result is not None and machine.result.split(".")[0] not in written:
+        out.warning(_at(machine, "result"), "unwritten-context-key", f'nothing writes "{machine.result}", the result')
+    return sorted(out.found, key=lambda d: (d.line, d.col, d.code))
+
+
+def _check_state(out, machine, state, names, tools, hooks, written, near) -> None:
+    owner = f'state "{state.name}"'
+    if state.sample is not None and state.over is not None:
+        out.error(_at(state, "sample"), "sample-with-over", f"{owner} has both sample and over: choose one")
+    if state.sample is not None and state.sample < 2:
+        out.error(_at(state, "sample"), "sample-too-small", f"sample must be at least 2, not {state.sample}")
+    if not state.gates:
+        out.error(_head(state), "no-gates", f"{owner} has no gates: add at least `otherwise -> <state>`")
+    face = state.face
+    if isinstance(face, Call):
+        from mklang.syntax.resolve import find_machine
+
+        if find_machine(face.machine, near) is None:
+            out.error(_at(state, "call"), "unknown-machine", f'no machine "{face.machine}" found for the call')
+    if isinstance(face, ToolUse) and face.tool not in tools:
+        out.warning(_at(state, "tool"), "undeclared-tool", f'tool "{face.tool}" is not declared: add `tool {face.tool} "<what it does>"`')
+
+    catch_all = None
+    for gate in state.gates:
+        if catch_all is not None:
+            out.warning(gate.span, "dead-gate", "this gate comes after `otherwise` and never fires")
+        if gate.target is not None and gate.target != END and gate.target not in names:
+            out.error(gate.span, "unknown-target", f'"{gate.target}" is not a state (or END)')
+        if gate.hook and gate.hook not in hooks:
+            out.warning(gate.span, "undeclared-hook", f'hook "{gate.hook}" is not declared: add `hook {gate.hook} "<what it decides>"`')
+        if gate.when is None and catch_all is None:
+            catch_all = gate
+    if state.gates and catch_all is None:
+        out.warning(_head(state), "no-catch-all", f"{owner} has no `otherwise` gate: the run halts when no condition holds")
+    elif catch_all is not None and catch_all.policy == "repair":
+        out.warning(catch_all.span, "repair-only-otherwise", "the only `otherwise` is a repair gate: once its budget is spent, nothing catches")
+
+    repairs = sum(gate.repair or 0 for gate in state.gates if gate.policy == "repair")
+    if state.max_visits is not None and repairs and state.max_visits <= repairs:
+        out.warning(
+            _at(state, "max_visits"),
+            "max-visits-under-repair",
+            f"max_visits {state.max_visits} is at or under the state's repair budget ({repairs}): repairs cannot all run",
+        )
+    allowed = written | (set(FAN_OUT_KEYS) if state.sample is not None or state.over is not None else set())
+    for key, field in _reads(state):
+        if key not in allowed:
+            out.warning(_at(state, field), "unwritten-context-key", f'{owner} reads "{key}", which nothing writes')
+            allowed = allowed | {key}  # once per key and state
+
+
+def check_file(path) -> list[Diagnostic]:
+    """Load and check one file; a file that cannot be loaded yields its load diagnostics."""
+    from mklang.syntax import load_file
+
+    try:
+        machine = load_file(path)
+    except LoadError as error:
+        return error.diagnostics
+    return check(machine)

@@ -1,0 +1,234 @@
+"""YAML machine documents in the original mklang layout (SPEC section 2, last bullet).
+
+The document is composed into YAML nodes (which carry line marks), each entry
+becomes the same statement `_Item` the `.mk` grammar produces, and the
+`.mk` builder assembles the machine, so both syntaxes obey one set of rules
+and diagnostics point at YAML lines.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mklang.errors import Diagnostic, MkSyntaxError
+from mklang.model import Call, Declaration, Gate, Machine, Span, ToolUse
+from mklang.syntax.build import Builder, _Item
+
+# YAML key -> `.mk` statement, where they differ.
+TOP_KEYS = {"mklang": "version", "machine": "name", "entry": "entry", "budget": "budget", "default_tier": "tier",
+            "result": "result", "context": "context"}  # fmt: skip
+STATE_KEYS = ("prompt", "structure", "execution", "reason", "parse", "call", "tool", "input", "tier", "output",
+              "accumulate", "sample", "over", "max_visits", "gates")  # fmt: skip
+GATE_KEYS = ("when", "hook", "then", "to", "ask", "reply_to", "repair", "escalate", "fail")
+_PLACEHOLDER = re.compile(r"\s*\{\{\s*([^{}]+?)\s*\}\}\s*\Z")
+
+
+class _Reader:
+    """Walks the YAML nodes; the `.mk` builder checks and assembles."""
+
+    def __init__(self, file: str | None):
+        import yaml
+
+        self.file = file
+        self.builder = Builder(file)
+        self.constructor = yaml.constructor.SafeConstructor()
+        self.yaml = yaml
+
+    def span(self, node) -> Span:
+        start, end = node.start_mark, node.end_mark
+        return Span.model_construct(
+            file=self.file, line=start.line + 1, col=start.column + 1, end_line=end.line + 1, end_col=end.column + 1
+        )
+
+    def error(self, node, code: str, message: str) -> None:
+        self.builder._error(self.span(node), code, message)
+
+    def value(self, node) -> Any:
+        return self.constructor.construct_document(node)
+
+    def mapping(self, node, what: str, allowed) -> list[tuple[str, Any, Any]]:
+        """(key, key node, value node) of a mapping; unknown keys are reported."""
+        if not isinstance(node, self.yaml.MappingNode):
+            self.error(node, "invalid-value", f"{what} must be a mapping")
+            return []
+        entries = []
+        for key_node, value_node in node.value:
+            key = str(self.value(key_node))
+            if key in allowed:
+                entries.append((key, key_node, value_node))
+            else:
+                self.error(key_node, "unknown-field", f'{what} has no field "{key}"')
+        return entries
+
+    def text(self, node, what: str) -> str:
+        value = self.value(node)
+        if not isinstance(value, str):
+            self.error(node, "invalid-value", f"{what} must be text")
+            return ""
+        return value
+
+    # -- document ------------------------------------------------------------
+
+    def machine(self, root) -> Machine | None:
+        items = []
+        allowed = (*TOP_KEYS, "tools", "hooks", "states")
+        for key, key_node, node in self.mapping(root, "the machine", allowed):
+            span = self.span(key_node)
+            if key in ("tools", "hooks"):
+                items += [_Item(key, decl, decl.span) for decl in self.declarations(node, key)]
+            elif key == "states":
+                items += self.states(node)
+            else:
+                items.append(_Item(TOP_KEYS[key], self.top_value(TOP_KEYS[key], node), span))
+        return self.builder.assemble_machine(items)
+
+    def top_value(self, field: str, node) -> Any:
+        value = self.value(node)
+        span = self.span(node)
+        if field == "budget":
+            return self.builder._whole(value, "budget", span)
+        if field == "tier":
+            return self.builder._choice(value, ("fast", "balanced", "reasoning"), "default_tier", span)
+        if field == "context":
+            if not isinstance(value, dict):
+                self.error(node, "invalid-value", "context must be a mapping")
+                return {}
+            return value
+        if field in ("name", "entry"):
+            return self.builder._plain(value, "a name", span)
+        return str(value)
+
+    def declarations(self, node, key: str) -> list[Declaration]:
+        if not isinstance(node, self.yaml.SequenceNode):
+            self.error(node, "invalid-value", f"{key} must be a list of {{name, description}}")
+            return []
+        found = []
+        for entry in node.value:
+            fields = {k: v for k, _, v in self.mapping(entry, f"a {key[:-1]}", ("name", "description"))}
+            if "name" not in fields:
+                self.error(entry, "missing-field", f"a {key[:-1]} needs a name")
+                continue
+            description = self.text(fields["description"], "a description") if "description" in fields else ""
+            name = self.builder._plain(self.value(fields["name"]), f"a {key[:-1]} name", self.span(fields["name"]))
+            found.append(Declaration.model_construct(name=name, description=description, span=self.span(entry)))
+        return found
+
+    def states(self, node) -> list[_Item]:
+        """`states` as a mapping name -> state, or as a list of states with a `name`."""
+        if isinstance(node, self.yaml.MappingNode):
+            pairs = [(self.value(k), k, v) for k, v in node.value]
+        elif isinstance(node, self.yaml.SequenceNode):
+            pairs = []
+            for entry in node.value:
+                name_node = next((v for k, v in getattr(entry, "value", []) if self.value(k) == "name"), None)
+                if name_node is None:
+                    self.error(entry, "missing-field", "a state needs a name")
+                    continue
+                entry.value = [(k, v) for k, v in entry.value if self.value(k) != "name"]
+                pairs.append((self.value(name_node), name_node, entry))
+        else:
+            self.error(node, "invalid-value", "states must be a mapping of name to state")
+            return []
+        return [self.state(str(name), name_node, body) for name, name_node, body in pairs]
+
+    def state(self, name: str, name_node, node) -> _Item:
+        items, inputs = [], None
+        face_item = None
+        for key, key_node, value_node in self.mapping(node, f'state "{name}"', STATE_KEYS):
+            span = self.span(key_node)
+            value = self.value(value_node)
+            if key == "gates":
+                items += self.gates(value_node)
+            elif key == "input":
+                inputs = value
+            elif key in ("call", "tool"):
+                face_item = (key, value, span)
+            elif key in ("sample", "max_visits"):
+                items.append(_Item(key, self.builder._whole(value, key, span), span))
+            elif key in ("reason", "accumulate"):
+                if value:
+                    items.append(_Item(key, True, span))
+            elif key == "over":
+                match = _PLACEHOLDER.match(str(value))
+                items.append(_Item(key, match.group(1) if match else str(value), span))
+            elif key in ("tier", "parse"):
+                allowed = ("fast", "balanced", "reasoning") if key == "tier" else ("list", "json")
+                items.append(_Item(key, self.builder._choice(value, allowed, key, span), span))
+            elif key == "output":
+                items.append(_Item(key, self.builder._plain(value, "an output key", span), span))
+            else:
+                items.append(_Item(key, self.text(value_node, key), span))
+        if face_item is not None:
+            key, value, span = face_item
+            face = (Call.model_construct(machine=str(value), input=inputs, span=span) if key == "call"
+                    else ToolUse.model_construct(tool=str(value), input=inputs, span=span))  # fmt: skip
+            items.append(_Item(key, face, span))
+        name_span, body = self.span(name_node), self.span(node)
+        span = Span.model_construct(
+            file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
+        )
+        return self.builder.assemble_state(name, name_span, span, items)
+
+    def gates(self, node) -> list[_Item]:
+        if not isinstance(node, self.yaml.SequenceNode):
+            self.error(node, "invalid-value", "gates must be a list")
+            return []
+        return [_Item("gate", gate, gate.span) for gate in map(self.gate, node.value) if gate is not None]
+
+    def gate(self, node) -> Gate | None:
+        fields = {key: self.value(value) for key, _, value in self.mapping(node, "a gate", GATE_KEYS)}
+        when = fields.get("when")
+        when = None if when in (None, "otherwise") else str(when)
+        then = fields.get("then", "ok")
+        policy, repair = "ok", None
+        if fields.get("fail") or then == "fail":
+            policy = "fail"
+        elif fields.get("escalate") or then == "escalate":
+            policy = "escalate"
+        elif "repair" in fields or then == "repair" or isinstance(then, dict):
+            policy = "repair"
+            budget = fields.get("repair", then.get("repair") if isinstance(then, dict) else None)
+            repair = self.builder._whole(budget, "repair", self.span(node))
+        elif then != "ok":
+            self.error(node, "invalid-value", f'a gate\'s "then" must be ok, repair, escalate or fail, not "{then}"')
+        target = fields.get("to")
+        if policy != "fail" and target is None:
+            self.error(node, "missing-field", 'this gate needs a target: "to: <state>" or "to: END"')
+            return None
+        return Gate.model_construct(
+            when=when,
+            hook=fields.get("hook"),
+            policy=policy,
+            target=None if policy == "fail" else str(target),
+            repair=repair,
+            ask=fields.get("ask") if policy == "escalate" else None,
+            reply_to=fields.get("reply_to") if policy == "escalate" else None,
+            span=self.span(node),
+        )
+
+
+def parse_yaml(text: str, filename: str | None = None) -> Machine:
+    """A YAML machine document as a `Machine`; raises MkSyntaxError with YAML positions."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = getattr(error, "problem", None) or "not a valid YAML document"
+        raise MkSyntaxError([Diagnostic(filename, line, col, line, col + 1, "error", "syntax", f"YAML: {problem}")]) from None
+    if root is None:
+        raise MkSyntaxError([Diagnostic(filename, 1, 1, 1, 1, "error", "syntax", "the YAML document is empty")])
+    reader = _Reader(filename)
+    try:
+        machine = reader.machine(root)
+    except yaml.YAMLError as error:  # a tag the safe constructor refuses
+        mark = getattr(error, "problem_mark", None) or root.start_mark
+        raise MkSyntaxError(
+            [Diagnostic(filename, mark.line + 1, mark.column + 1, mark.line + 1, mark.column + 2, "error", "syntax", f"YAML: {getattr(error, 'problem', error)}")]
+        ) from None
+    if reader.builder.diagnostics:
+        raise MkSyntaxError(sorted(reader.builder.diagnostics, key=lambda d: (d.line, d.col)))
+    return machine
