@@ -1,8 +1,9 @@
 """The canonical `.mk` text of a machine (`mklang fmt`).
 
-One order and one layout: the header lines, the context, the declarations,
-then the states separated by blank lines; inside a state, its options, its
-face, its output and then its gates in their order. Comments come back where
+One order and one layout: the header lines (`tier` only when it is not the
+default), the context, the declarations, then the states separated by blank
+lines; inside a state: tier, sample or over, the face, accumulate, output,
+max_visits, then the gates in their order. Comments come back where
 `comments.attach` put them. `parse(format_machine(m)) == m` for every machine.
 """
 
@@ -103,21 +104,21 @@ def _state(out: _Out, state: State) -> None:
     if state.over is not None:
         lines.append(("over", f"over {state.over}"))
     if isinstance(face, Produce):
+        if face.reason:
+            lines.append(("reason", "reason"))
         lines.append(("structure", f"structure {encode_text(face.structure, inner)}"))
         if face.execution is not None:
             lines.append(("execution", f"execution {encode_text(face.execution, inner)}"))
         lines.append(("prompt", f"prompt {encode_text(face.prompt, inner)}"))
-        if face.reason:
-            lines.append(("reason", "reason"))
         if face.parse is not None:
             lines.append(("parse", f"parse {face.parse}"))
     elif isinstance(face, Call):
         lines.append(("call", _input_text("call", face.machine, face.input, inner)))
     elif isinstance(face, ToolUse):
         lines.append(("tool", _input_text("tool", face.tool, face.input, inner)))
-    lines.append(("output", f"output {state.output}"))
     if state.accumulate:
         lines.append(("accumulate", "accumulate"))
+    lines.append(("output", f"output {state.output}"))
     if state.max_visits is not None:
         lines.append(("max_visits", f"max_visits {state.max_visits}"))
     for key, text in lines:
@@ -137,8 +138,9 @@ def format_machine(machine: Machine) -> str:
         ("name", f"machine {machine.name}"),
         ("entry", f"entry {machine.entry}"),
         ("budget", f"budget {machine.budget}"),
-        ("tier", f"tier {machine.tier}"),
     ]
+    if machine.tier != "balanced":
+        header.append(("tier", f"tier {machine.tier}"))
     if machine.result is not None:
         header.append(("result", f"result {machine.result}"))
     for key, text in header:
