@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from fakeserver import FakeServer, error
+from fakeserver import FakeServer, answer, error
 from test_providers_runs import PRICE_IN, PRICE_OUT, Model
 
 KEY = "sk-cli-SECRET-5f5f5f5f5f5f"
@@ -49,7 +51,9 @@ def server():
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
+    """The current folder of the test, with no user config to find."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     return tmp_path
 
 
@@ -63,7 +67,6 @@ def mklang(*args, server=None, env=None):
         key: value for key, value in os.environ.items()
         if not key.startswith(("OPENAI_", "ANTHROPIC_", "MKLANG_"))
     }
-    environment["XDG_CONFIG_HOME"] = os.getcwd()
     environment["OPENAI_API_KEY"] = KEY
     if server is not None:
         environment["OPENAI_BASE_URL"] = server.openai_url
@@ -161,3 +164,27 @@ def test_the_api_key_never_reaches_any_output(workdir, server):
     texts = [first.stdout, first.stderr, second.stdout, second.stderr, *(p.read_text() for p in files)]
     for text in texts:
         assert KEY not in text
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "providers.md"
+
+
+def test_the_documented_config_is_valid(workdir):
+    text = DOCS.read_text()
+    (workdir / "mklang.toml").write_text(text.split("```toml\n")[1].split("```")[0])
+    process = mklang("config", "--format", "json")
+    assert process.returncode == 0, process.stderr
+    assert json.loads(process.stdout)["tiers"] == {
+        "fast": "local:llama3.2", "balanced": "openai:gpt-4o-mini", "reasoning": "anthropic:claude-sonnet-4-5",
+    }
+
+
+def test_the_documented_openai_command_runs(workdir, server, monkeypatch):
+    command = next(line for line in DOCS.read_text().splitlines() if line.startswith("mklang run") and "openai" in line)
+    args = shlex.split(command)[1:]
+    monkeypatch.chdir(DOCS.parent.parent)
+    server.handler = lambda request: answer('{"choice": 1}' if "none of the above" in request.user else "22")
+    process = mklang(*args, "--format", "json", server=server)
+    assert process.returncode == 0, process.stderr
+    assert run_json(process)["result"] == "22"
+    assert "How many weekdays are in March 2026?" in server.requests[0].user
