@@ -83,7 +83,6 @@ def test_extra_params_are_sent_but_never_override_the_request(tmp_path, server, 
     config = write_config(tmp_path, server, kind)
     with open(config, "a") as handle:
         handle.write('[providers.p.params]\ntemperature = 0\nmodel = "ignored"\n')
-    # tables after [prices] are fine in TOML; the params still belong to providers.p
     provider = make_provider(config_path=config)
     server.add(answer("ok"))
     provider.produce("", "hi", "fast", False)

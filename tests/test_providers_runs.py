@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 from fakeserver import FakeServer, answer, error, refusal
@@ -230,3 +232,34 @@ def test_no_api_key_in_cassette_trace_result_or_errors(config, server, tmp_path,
     ]
     for text in outputs:
         assert KEY not in text
+
+
+def test_fan_out_shares_the_providers_request_limit(tmp_path, server):
+    path = tmp_path / "c.toml"
+    path.write_text(f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nmax_in_flight = 2\n')
+    data = {
+        "name": "vote", "entry": "vote", "budget": 10,
+        "states": [{
+            "name": "vote", "sample": 5, "output": "votes", "gates": [{"target": "END"}],
+            "face": {"kind": "produce", "prompt": "Vote number {{index}}.", "structure": "A word."},
+        }],
+    }
+    active = peak = 0
+    lock = threading.Lock()
+
+    def slow(request):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return answer(request.user.upper(), input_tokens=2, output_tokens=1)
+
+    server.handler = slow
+    result = mklang.run(Machine.model_validate(data), provider=make_provider(config_path=path), concurrency=5)
+    assert result.status == "done"
+    assert result.context["votes"] == [f"VOTE NUMBER {i}." for i in range(5)]
+    assert (peak, server.count) == (2, 5)
+    assert result.usage.tokens == 15

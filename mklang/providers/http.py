@@ -61,7 +61,6 @@ class HttpTransport:
             headers=headers,
             timeout=httpx.Timeout(config.timeout, connect=config.connect_timeout),
             limits=limits,
-            trust_env=False,
         )
 
     def __repr__(self) -> str:

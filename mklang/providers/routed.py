@@ -33,7 +33,8 @@ class RoutedProvider:
         self._missing = missing  # why a tier has no target, for the error
 
     def __repr__(self) -> str:
-        return f"RoutedProvider({ {tier: t.route.key for tier, t in self._targets.items()} })"
+        routes = ", ".join(f"{tier}={target.route.key}" for tier, target in self._targets.items())
+        return f"RoutedProvider({routes})"
 
     def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
         target = self._target(tier)
