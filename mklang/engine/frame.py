@@ -75,7 +75,10 @@ class Frame:
         name = state.name
         self.visits[name] = self.visits.get(name, 0) + 1
         self.steps += record["charge"]
-        self.usage = self.usage + Usage.from_json(step.get("usage"))
+        spent = step["usage"]
+        self.usage = Usage(self.usage.input_tokens + spent["input_tokens"],
+                           self.usage.output_tokens + spent["output_tokens"],
+                           self.usage.cost_usd + spent["cost_usd"])
         if "output" in step or "branches" in step:
             self.deposit(state, step_output(step))
         if record.get("repair") is not None:

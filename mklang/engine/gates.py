@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from mklang.engine.frame import Frame
+from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt
 from mklang.model import Gate, State
 from mklang.providers.base import NONE, UNPARSEABLE, Usage
 
 if TYPE_CHECKING:
-    from mklang.engine.runner import Calls, Runtime
+    from mklang.engine.runner import Runtime
 
 
 @dataclass
@@ -37,18 +38,21 @@ def _is_prose(gate: Gate) -> bool:
 
 
 def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasoning: str | None,
-                context: Callable[[], dict], calls: "Calls") -> Choice:
-    """Pick the first true eligible gate. `context` builds the post-deposit context lazily."""
+                context: Callable[[], dict], call_prefix: str) -> Choice:
+    """Pick the first true eligible gate. `context` builds the post-deposit context lazily;
+    judge calls get idempotency keys under `call_prefix`."""
+    calls = None
+    gates = state.gates
     eligible = [
-        (index, gate)
-        for index, gate in enumerate(state.gates)
+        index for index, gate in enumerate(gates)
         if gate.policy != "repair" or frame.repair_left[(state.name, index)] > 0
     ]
     usage = Usage()
     none_batches = 0
     position = 0
     while position < len(eligible):
-        index, gate = eligible[position]
+        index = eligible[position]
+        gate = gates[index]
         if gate.when is None:
             return Choice(index, gate, usage, none_batches=none_batches)
         if gate.hook is not None:
@@ -57,13 +61,14 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
             position += 1
             continue
         batch_end = position
-        while batch_end < len(eligible) and _is_prose(eligible[batch_end][1]):
+        while batch_end < len(eligible) and _is_prose(gates[eligible[batch_end]]):
             batch_end += 1
         batch = eligible[position:batch_end]
         tier = state.tier or frame.machine.tier
+        calls = calls or Calls(call_prefix)
         verdict = rt.journal.call(
             calls.next(), "judge",
-            lambda: rt.provider.judge([g.when for _, g in batch], output, reasoning, context(), tier),
+            lambda: rt.provider.judge([gates[i].when for i in batch], output, reasoning, context(), tier),
         )
         usage = usage + verdict.usage
         if verdict.choice == NONE:
@@ -71,12 +76,12 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
             position = batch_end
             continue
         if verdict.choice == UNPARSEABLE or not (0 <= verdict.choice < len(batch)):
-            for fallback_index, fallback in eligible:
-                if fallback.when is None:
-                    return Choice(fallback_index, fallback, usage, fallback=True, none_batches=none_batches)
+            for fallback in eligible:
+                if gates[fallback].when is None:
+                    return Choice(fallback, gates[fallback], usage, fallback=True, none_batches=none_batches)
             return Choice(usage=usage, none_batches=none_batches, halt="judge-unparseable")
-        chosen_index, chosen = batch[verdict.choice]
-        return Choice(chosen_index, chosen, usage, none_batches=none_batches)
+        chosen = batch[verdict.choice]
+        return Choice(chosen, gates[chosen], usage, none_batches=none_batches)
     return Choice(usage=usage, none_batches=none_batches, halt="no-gate-matched")
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from typing import Any, Callable
+from functools import lru_cache
+from typing import Any
 
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][\w-]*(?:\.[\w-]+)*)\s*\}\}")
 _MISSING = object()
@@ -33,6 +34,9 @@ def lookup(context: dict[str, Any], path: str, default: Any = None) -> Any:
 
 def assign(context: dict[str, Any], path: str, value: Any) -> None:
     """Write `value` at a dotted path, creating maps on the way."""
+    if "." not in path:
+        context[path] = value
+        return
     parts = path.split(".")
     target = context
     for part in parts[:-1]:
@@ -45,7 +49,7 @@ def assign(context: dict[str, Any], path: str, value: Any) -> None:
 
 
 def root_key(path: str) -> str:
-    return path.split(".", 1)[0]
+    return path.partition(".")[0]
 
 
 def render_value(value: Any) -> str:
@@ -81,35 +85,46 @@ class Scope:
         self.locals = locals_ or {}
         self.tainted_locals = tainted_locals
 
-    def get(self, path: str) -> Any:
-        head = root_key(path)
+    def read(self, path: str) -> tuple[Any, bool]:
+        """The value at `path` and whether it is tainted, in one lookup."""
+        head, _, rest = path.partition(".")
         if head in self.locals:
-            base = self.locals[head]
-            return base if head == path else lookup({head: base}, path)
-        return lookup(self.context, path)
+            value = self.locals[head]
+            return (lookup(value, rest) if rest else value), head in self.tainted_locals
+        value = lookup(self.context, path) if rest else self.context.get(head)
+        return value, head in self.tainted
+
+    def get(self, path: str) -> Any:
+        return self.read(path)[0]
 
     def is_tainted(self, path: str) -> bool:
-        head = root_key(path)
-        if head in self.locals:
-            return head in self.tainted_locals
-        return head in self.tainted
+        return self.read(path)[1]
 
 
-def render(template: str, scope: Scope, fence: Callable[[str], str] | None = None) -> str:
-    """Render a template to text; tainted values go through `fence` when given."""
+@lru_cache(maxsize=4096)
+def compile_template(template: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Split a template once into literal text and placeholder paths.
 
-    def replace(match: re.Match[str]) -> str:
-        path = match.group(1)
-        text = render_value(scope.get(path))
-        if fence is not None and scope.is_tainted(path):
-            return fence(text)
-        return text
+    Returns (literals, paths) with len(literals) == len(paths) + 1.
+    """
+    parts = PLACEHOLDER.split(template)
+    return tuple(parts[0::2]), tuple(parts[1::2])
 
-    return PLACEHOLDER.sub(replace, template)
+
+def render(template: str, scope: Scope) -> str:
+    """Render a template to text, tainted or not (tool and call inputs)."""
+    literals, paths = compile_template(template)
+    if not paths:
+        return template
+    out = [literals[0]]
+    for path, literal in zip(paths, literals[1:]):
+        out.append(render_value(scope.get(path)))
+        out.append(literal)
+    return "".join(out)
 
 
 def uses_taint(template: str, scope: Scope) -> bool:
-    return any(scope.is_tainted(m.group(1)) for m in PLACEHOLDER.finditer(template))
+    return any(scope.is_tainted(path) for path in compile_template(template)[1])
 
 
 def resolve_input(value: Any, scope: Scope) -> Any:
@@ -143,14 +158,20 @@ def render_prompt(template: str, scope: Scope) -> tuple[str, bool]:
     The nonce is fresh per call and re-rolled while it occurs in any fenced
     value, so data can never close its own fence.
     """
-    tainted = [
-        render_value(scope.get(m.group(1)))
-        for m in PLACEHOLDER.finditer(template)
-        if scope.is_tainted(m.group(1))
-    ]
-    if not tainted:
-        return render(template, scope), False
-    nonce = secrets.token_hex(6)
-    while any(nonce in value for value in tainted):
+    literals, paths = compile_template(template)
+    if not paths:
+        return template, False
+    values = []
+    for path in paths:
+        value, tainted = scope.read(path)
+        values.append((render_value(value), tainted))
+    nonce = None
+    if any(tainted for _, tainted in values):
         nonce = secrets.token_hex(6)
-    return render(template, scope, lambda text: f"<data-{nonce}>\n{text}\n</data-{nonce}>"), True
+        while any(tainted and nonce in text for text, tainted in values):
+            nonce = secrets.token_hex(6)
+    out = [literals[0]]
+    for (text, tainted), literal in zip(values, literals[1:]):
+        out.append(f"<data-{nonce}>\n{text}\n</data-{nonce}>" if tainted else text)
+        out.append(literal)
+    return "".join(out), nonce is not None

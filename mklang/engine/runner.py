@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from mklang.engine.frame import Frame
 from mklang.engine.gates import select_gate
+from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt, Interrupted, Suspend
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
 from mklang.errors import MklangError, ProviderError
@@ -114,20 +115,6 @@ class Level:
         self.scope = scope
         self.chain = chain + [frame]  # root..this level, for durable loop-tops
         self.scopes = scopes + [scope]
-
-
-class Calls:
-    """Hands out idempotency keys for the model and tool calls of one step branch."""
-
-    __slots__ = ("prefix", "count")
-
-    def __init__(self, prefix: str):
-        self.prefix = prefix
-        self.count = 0
-
-    def next(self) -> str:
-        self.count += 1
-        return f"{self.prefix}.{self.count}"
 
 
 def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> Frame:
@@ -225,8 +212,9 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
         charge = 1
     # Hooks and the judge see the context with this output deposited.
     choice = select_gate(rt, frame, state, output, reasoning, lambda: _deposited_view(frame, state, output),
-                         Calls(prefix + ".g"))
-    usage = usage + choice.usage
+                         prefix + ".g")
+    if choice.usage.tokens or choice.usage.cost_usd:
+        usage = usage + choice.usage
     if choice.fallback:
         details["judge_fallback"] = True
     if choice.none_batches:
