@@ -252,6 +252,14 @@ def test_cli_trace_and_errors(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith(f"mklang: error: {bad}:1:2: invalid JSON")
     assert "Traceback" not in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "mklang", "graph", str(source), "--format", "svg"],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(tmp_path)},
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "install Graphviz" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_authoring_commands_import_their_code_lazily():
