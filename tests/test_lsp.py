@@ -238,6 +238,12 @@ def test_hover(session):
     state = client.request("textDocument/hover", position(uri, GOOD, "-> lookup", shift=5))
     assert state["contents"]["kind"] == "markdown"
     assert state["contents"]["value"].startswith("**state `lookup`**: call helper, output `kb`")
+    declared = client.request("textDocument/hover", position(uri, GOOD, "state draft", shift=8))
+    assert declared["contents"]["value"] == (
+        "**state `draft`**: generative, output `reply`\n\n"
+        "- the reply has gaps · repair 1 → `draft`\n"
+        "- otherwise → `END`"
+    )
     key = client.request("textDocument/hover", position(uri, GOOD, "{{kb}}", shift=3))
     assert "state `lookup` writes it (`output kb`)" in key["contents"]["value"]
     assert key["range"] == {"start": where(GOOD, "{{kb}}"), "end": where(GOOD, "{{kb}}", shift=6)}

@@ -107,7 +107,7 @@ class Document:
         return self._starts[line] + pos[1]
 
     def line_prefix(self, pos: Pos) -> str:
-        return self.text[self._starts[min(pos[0], len(self._starts) - 1)] : self.offset(pos)]
+        return self.text[self.offset((pos[0], 0)) : self.offset(pos)]
 
     def end(self) -> Pos:
         return self.position(len(self.text))
