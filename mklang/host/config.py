@@ -46,7 +46,7 @@ class ProviderConfig:
     backoff: float = 1.0  # first retry delay in seconds; doubles per attempt, with jitter
     max_backoff: float = 30.0  # ceiling for one delay, Retry-After included
     max_in_flight: int = 8  # requests in flight at once against this provider
-    max_tokens: int = 4096  # answer length cap (required by Anthropic)
+    max_tokens: int = 4096  # answer length cap sent to Anthropic (OpenAI-compatible: set it in params)
     reasoning: Literal["native", "scratchpad"] = "scratchpad"
     thinking_budget: int = 2048  # Anthropic `thinking.budget_tokens` for `reason` states
     params: dict[str, Any] = field(default_factory=dict)  # extra request body fields
