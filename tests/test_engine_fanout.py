@@ -1,0 +1,181 @@
+"""Fan-out: concurrency, order, step charge, branch errors (SPEC section 4, "Fan-out", "Steps")."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from conformance.harness import Recorder, run_mk, write_machines
+
+from mklang.errors import ProviderError
+from mklang.providers.base import Produced, Usage
+
+
+
+def over_items(xs: list[str], budget: int = 20, then: str = "END") -> str:
+    """A machine fanning out over the author list `xs` (trusted: prompts stay unfenced)."""
+    return f"""
+        machine fan
+        entry each
+        budget {budget}
+        context {{ xs: {json.dumps(xs)} }}
+        state each {{
+          over xs
+          structure "s"
+          prompt "{{{{item}}}}"
+          output o
+          otherwise -> {then}
+        }}
+    """
+
+
+class SlowEcho(Recorder):
+    """Echoes the prompt after `delays[prompt]` seconds, counting calls in flight."""
+
+    def __init__(self, delays: dict[str, float]):
+        super().__init__()
+        self.delays = delays
+        self.in_flight = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def produce(self, system, user, tier, reason):
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        time.sleep(self.delays.get(user, 0))
+        with self.lock:
+            self.in_flight -= 1
+        return Produced(user.upper(), None, Usage(1, 1))
+
+
+def test_outputs_keep_input_order_when_later_branches_finish_first():
+    xs = ["a", "b", "c", "d"]
+    provider = SlowEcho({"a": 0.08, "b": 0.06, "c": 0.04, "d": 0.0})
+    result = run_mk(over_items(xs), provider=provider, concurrency=4)
+    assert result.result == ["A", "B", "C", "D"]
+    assert [b["output"] for b in result.trace[0]["branches"]] == ["A", "B", "C", "D"]
+    assert provider.peak > 1
+
+
+def test_branches_run_concurrently():
+    xs = [f"item{i}" for i in range(8)]
+    provider = Recorder({"produce": "x", "delay_ms": 60})
+    started = time.perf_counter()
+    result = run_mk(over_items(xs), provider=provider, concurrency=8)
+    elapsed = time.perf_counter() - started
+    assert result.result == ["x"] * 8
+    assert elapsed < 8 * 0.06 / 2  # sequential branches would take 0.48 s
+
+
+def test_the_concurrency_limit_bounds_branches_in_flight():
+    xs = [f"item{i}" for i in range(6)]
+    provider = SlowEcho({x: 0.03 for x in xs})
+    result = run_mk(over_items(xs), provider=provider, concurrency=2)
+    assert result.status == "done"
+    assert provider.peak == 2
+
+
+def test_a_fan_out_step_records_its_branches_and_charges_one_step_each():
+    xs = ["a", "b", "c"]
+    result = run_mk(over_items(xs), provider=SlowEcho({}))
+    (step,) = result.trace
+    assert "output" not in step
+    assert [b["output"] for b in step["branches"]] == ["A", "B", "C"]
+    assert all(b["usage"]["input_tokens"] == 1 for b in step["branches"])
+    assert step["usage"]["input_tokens"] == 3 and result.usage.tokens == 6
+
+
+def test_fan_out_charges_max_1_n_steps_against_the_budget():
+    result = run_mk(over_items(["a", "b", "c"], budget=7, then="each"), provider=SlowEcho({}))
+    # 3 + 3 steps leave 1 < 3 but the loop-top only checks steps >= budget: a third fan-out runs.
+    assert (result.status, result.error, len(result.trace)) == ("halted", "budget-exhausted", 3)
+
+
+def test_gates_judge_the_whole_list():
+    provider = Recorder({"produce": ["x", "y"], "judge": [0]})
+    source = """
+        machine judged_fan
+        entry s
+        budget 5
+        state s {
+          sample 2
+          structure "s"
+          prompt "p"
+          output o
+          when "the answers agree" -> END
+        }
+    """
+    result = run_mk(source, provider=provider)
+    assert result.status == "done"
+    assert len(provider.judged) == 1 and provider.judged[0].output == ["x", "y"]
+
+
+def test_a_tool_exception_in_a_branch_becomes_a_marker():
+    source = """
+        machine tool_fan
+        entry each
+        budget 5
+        context { xs: ["ok", "boom", "ok"] }
+        state each {
+          over xs
+          tool risky { q: "{{item}}" }
+          output o
+          otherwise -> END
+        }
+    """
+
+    def risky(args):
+        if args["q"] == "boom":
+            raise RuntimeError("exploded")
+        return "fine"
+
+    result = run_mk(source, tools={"risky": risky})
+    assert result.status == "done"
+    first, marker, last = result.result
+    assert (first, last) == ("fine", "fine")
+    assert marker.startswith("[branch-error: state-error: tool") and marker.endswith("]") and "exploded" in marker
+
+
+def test_a_provider_error_in_a_branch_becomes_a_marker_even_when_suspendable():
+    class Flaky(Recorder):
+        def produce(self, system, user, tier, reason):
+            if user == "b":
+                raise ProviderError("rate limited")
+            return super().produce(system, user, tier, reason)
+
+    result = run_mk(over_items(["a", "b"]), provider=Flaky({"produce": "fine"}), suspendable=True)
+    assert result.status == "done"
+    assert result.result[0] == "fine"
+    assert result.result[1].startswith("[branch-error: provider-error") and "rate limited" in result.result[1]
+
+
+def test_branches_never_suspend(tmp_path):
+    parent = """
+        machine suspend_fan
+        entry each
+        budget 5
+        context { xs: ["a", "b"] }
+        state each {
+          over xs
+          call suspend_fan_child
+          output o
+          otherwise -> END
+        }
+    """
+    child = """
+        machine suspend_fan_child
+        entry a
+        budget 10
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> a
+        }
+    """
+    machine = write_machines(tmp_path, parent, child)
+    result = run_mk(machine, llm={"tokens": [5, 5]}, max_tokens=25, suspendable=True)
+    assert result.status == "done"
+    assert result.result == ["[branch-error: call-failed: cost-exhausted]"] * 2

@@ -1,0 +1,162 @@
+"""Gate selection seen from the provider and the hooks (SPEC section 4, "Gate selection")."""
+
+from __future__ import annotations
+
+import pytest
+from conformance.harness import Recorder, run_mk, steps
+
+from mklang.providers.base import Usage, Verdict
+
+MIXED_GATES = """
+    machine mixed
+    entry a
+    budget 5
+    hook h1 "x"
+    hook h2 "y"
+    state a {
+      structure "s"
+      prompt "p"
+      output o
+      when "p1" -> END
+      when "p2" -> END
+      when "k1" hook h1 -> END
+      when "p3" -> END
+      when "k2" hook h2 -> END
+      when "p4" -> END
+      when "p5" -> END
+      otherwise -> END
+    }
+"""
+
+
+def test_each_run_of_prose_gates_is_one_batch_in_document_order():
+    provider = Recorder({"produce": ["out"], "judge": ["none"]})
+    asked = []
+    hooks = {name: (lambda name: lambda context, output: asked.append(name) or False)(name) for name in ("h1", "h2")}
+    result = run_mk(MIXED_GATES, provider=provider, hooks=hooks)
+    assert [j.conditions for j in provider.judged] == [["p1", "p2"], ["p3"], ["p4", "p5"]]
+    assert asked == ["h1", "h2"]
+    assert result.trace[0]["gate"] == "otherwise" and result.trace[0]["judge_none"] == 3
+
+
+def test_scanning_stops_at_the_first_true_gate():
+    provider = Recorder({"judge": ["none"]})
+    asked = []
+    hooks = {"h1": lambda c, o: asked.append("h1") or True, "h2": lambda c, o: asked.append("h2") or True}
+    result = run_mk(MIXED_GATES, provider=provider, hooks=hooks)
+    assert result.trace[0]["gate"] == "k1" and result.trace[0]["gate_via"] == "hook"
+    assert asked == ["h1"] and len(provider.judged) == 1
+
+
+def test_a_hook_gets_the_context_with_the_output_and_the_output():
+    seen = []
+    source = """
+        machine hooked
+        entry a
+        budget 5
+        hook check "x"
+        state a {
+          structure "s"
+          prompt "p"
+          output answer
+          when "checked" hook check -> END
+        }
+    """
+    result = run_mk(source, {"topic": "t"}, llm={"produce": ["42"]},
+                    hooks={"check": lambda context, output: seen.append((dict(context), output)) or 1})
+    assert result.status == "done"
+    assert seen == [({"topic": "t", "answer": "42"}, "42")]
+
+
+def test_a_hook_that_raises_halts_with_a_state_error():
+    source = """
+        machine broken_hook
+        entry a
+        budget 5
+        hook check "x"
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "checked" hook check -> END
+          otherwise -> END
+        }
+    """
+
+    def check(context, output):
+        raise RuntimeError("database down")
+
+    result = run_mk(source, hooks={"check": check})
+    assert (result.status, result.at) == ("halted", "a")
+    assert result.error.startswith("state-error: hook: ") and "database down" in result.error
+
+
+class FixedJudge(Recorder):
+    """Answers every judge call with one raw verdict, bypassing the scripted checks."""
+
+    def __init__(self, choice):
+        super().__init__()
+        self.choice = choice
+
+    def judge(self, conditions, output, reasoning, context, tier):
+        super().judge(conditions, output, reasoning, context, tier)
+        return Verdict(self.choice, Usage(1, 1))
+
+
+JUDGED = """
+    machine judged
+    entry a
+    budget 5
+    state a {
+      structure "s"
+      prompt "p"
+      output o
+      when "first" -> a
+      when "second" -> a
+      otherwise -> b
+    }
+    state b {
+      structure "s"
+      prompt "p"
+      output o
+      otherwise -> END
+    }
+"""
+
+
+@pytest.mark.parametrize("choice", [2, 3, -1, 99])
+def test_the_engine_never_clamps_an_out_of_range_choice(choice):
+    result = run_mk(JUDGED, provider=FixedJudge(choice))
+    assert steps(result) == [("a", "ok", "b"), ("b", "ok", "END")]
+    assert result.trace[0]["judge_fallback"] is True
+
+
+def test_a_valid_choice_is_a_zero_based_index_into_the_batch():
+    result = run_mk(JUDGED, provider=FixedJudge(1))
+    assert result.trace[0]["gate"] == "second"
+    assert "judge_fallback" not in result.trace[0]
+
+
+def test_judge_tokens_are_charged_to_the_step():
+    provider = Recorder({"tokens": [10, 2], "judge": ["none"]}, judge_usage=Usage(3, 1))
+    result = run_mk(JUDGED, provider=provider)
+    assert result.trace[0]["usage"]["input_tokens"] == 13
+    assert result.usage.tokens == 12 + 4 + 12
+
+
+def test_judge_tokens_count_against_the_host_budget():
+    source = """
+        machine judge_spend
+        entry a
+        budget 50
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "again" -> a
+        }
+    """
+    provider = Recorder({"judge": [0]}, judge_usage=Usage(4, 1))
+    result = run_mk(source, provider=provider, max_tokens=10)
+    assert (result.status, result.error) == ("halted", "cost-exhausted")
+    assert len(result.trace) == 2
