@@ -120,6 +120,7 @@ def test_missing_explicit_files_are_errors(tmp_path, monkeypatch):
         ('[providers.x]\nkind = "openai"\n', r"\[providers.x\]: missing 'base_url'"),
         ('[providers.x]\nkind = "gemini"\nbase_url = "u"\n', r"kind must be one of openai, anthropic"),
         ('[providers.openai]\ntimout = 3\n', r"unknown key 'timout'"),
+        ('[providers.openai]\nbase_url = "localhost:11434"\n', r"base_url must start with http:// or https://"),
         ('[providers.openai]\nretries = "many"\n', r"retries has the wrong type \(str\)"),
         ('[providers.openai]\nmax_in_flight = 0\n', r"max_in_flight must be positive"),
         ('[prices."openai:x"]\ninput = 1\n', r"needs numbers 'input' and 'output'"),

@@ -286,6 +286,8 @@ def _check_type(key: str, value: Any, label: str) -> None:
     expected = _TYPES[key]
     if isinstance(value, bool) or not isinstance(value, expected):
         raise UsageError(f"{label}: {key} has the wrong type ({type(value).__name__})")
+    if key == "base_url" and not value.startswith(("http://", "https://")):
+        raise UsageError(f"{label}: base_url must start with http:// or https://, got {value!r}")
     if key in ("max_in_flight", "timeout", "connect_timeout") and value <= 0:
         raise UsageError(f"{label}: {key} must be positive")
     if key in ("retries", "backoff", "max_backoff", "max_tokens", "thinking_budget") and value < 0:
