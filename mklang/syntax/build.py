@@ -231,8 +231,14 @@ class Builder(Transformer):
             "policy": "escalate",
             "target": self._plain(target, "a state name"),
             "ask": ask,
-            "reply_to": None if reply_to is None else str(reply_to),
+            "reply_to": reply_to,
         }
+
+    def ask(self, _meta, text) -> str:
+        return text
+
+    def reply_to(self, _meta, path) -> str:
+        return str(path)
 
     def fail(self, _meta) -> dict:
         return {"policy": "fail", "target": None}
