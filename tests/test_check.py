@@ -1,0 +1,144 @@
+"""`mklang check`: every SPEC section 3 rule, positions, call resolution and the CLI contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mklang.check import check, check_file, shortest_steps
+from mklang.cli.app import app
+from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
+from mklang.syntax import load_file, parse
+from mklang.syntax.resolve import find_machine
+
+ROOT = Path(__file__).resolve().parent.parent
+MACHINE_FILES = sorted(ROOT.glob("examples/**/*.mk")) + sorted(ROOT.glob("machines/*.mk"))
+
+
+def machine_text(states: str, header: str = "machine m\nentry a\nbudget 10\n") -> str:
+    return header + states
+
+
+def produce(name: str, gates: str, extra: str = "") -> str:
+    return f'state {name} {{\n  structure "s"\n  prompt "p"\n{extra}  output {name}_out\n{gates}}}\n'
+
+
+def codes(text: str, tmp_path=None) -> list[tuple[str, str, int]]:
+    machine = parse(text, "m.mk")
+    if tmp_path is not None:
+        machine.path = str(tmp_path / "m.mk")
+    return [(d.severity, d.code, d.line) for d in check(machine)]
+
+
+CLEAN = machine_text(produce("a", "  otherwise -> END\n"))
+
+
+def test_a_clean_machine_has_no_findings():
+    assert codes(CLEAN) == []
+
+
+RULE_CASES = [
+        (machine_text(produce("b", "  otherwise -> END\n")), [("error", "unknown-entry", 2)]),
+        (machine_text(produce("a", "  otherwise -> nowhere\n")), [("error", "unknown-target", 8), ("error", "no-path-to-end", 2)]),
+        (machine_text(produce("a", "  otherwise -> END\n", "  sample 3\n  over xs\n"), "machine m\nentry a\nbudget 10\ncontext { xs: [] }\n"), [("error", "sample-with-over", 8)]),
+        (machine_text(produce("a", "  otherwise -> END\n", "  sample 1\n")), [("error", "sample-too-small", 7)]),
+        (machine_text(produce("a", "")), [("error", "no-gates", 4), ("error", "no-path-to-end", 2)]),
+        (machine_text(produce("a", "  otherwise -> END\n") + produce("a", "  otherwise -> END\n")), [("error", "duplicate-state", 10)]),
+        (machine_text(produce("a", "  otherwise -> a\n")), [("error", "no-path-to-end", 2)]),
+        (machine_text(produce("a", "  otherwise -> END\n", "  sample 4\n"), "machine m\nentry a\nbudget 3\n"), [("error", "budget-infeasible", 3)]),
+        (machine_text(produce("a", "  otherwise -> END\n") + produce("b", "  otherwise -> END\n")), [("warning", "unreachable-state", 10)]),
+        (machine_text(produce("a", '  when "w" -> END\n')), [("warning", "no-catch-all", 4)]),
+        (machine_text(produce("a", '  when "w" -> END\n  otherwise repair 2 -> a\n')), [("warning", "repair-only-otherwise", 9)]),
+        (machine_text(produce("a", '  otherwise -> END\n  when "w" -> END\n')), [("warning", "dead-gate", 9)]),
+        (machine_text(produce("a", '  when "w" hook h -> END\n  otherwise -> END\n')), [("warning", "undeclared-hook", 8)]),
+        (machine_text("state a {\n  tool t\n  output o\n  otherwise -> END\n}\n"), [("warning", "undeclared-tool", 5)]),
+        (machine_text(produce("a", '  when "w" repair 3 -> a\n  otherwise -> END\n', "  max_visits 3\n")), [("warning", "max-visits-under-repair", 7)]),
+        (machine_text(produce("a", "  otherwise -> END\n").replace('"p"', '"{{ghost.name}} {{a_out}}"')), [("warning", "unwritten-context-key", 6)]),
+        (machine_text(produce("a", "  otherwise -> END\n", "  over missing\n")), [("warning", "unwritten-context-key", 7)]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), RULE_CASES, ids=[f"{i}-{case[1][0][1]}" for i, case in enumerate(RULE_CASES)])
+def test_each_rule_reports_its_code_at_the_node(text, expected):
+    assert codes(text) == sorted(expected, key=lambda e: (e[2], e[1]))
+
+
+def test_declared_hooks_tools_and_written_keys_are_quiet():
+    text = machine_text(
+        'state a {\n  tool t { q: "{{seed}} {{human.reply}}" }\n  output o\n'
+        '  when "w" hook h -> b\n  when "x" escalate -> b\n  otherwise -> END\n}\n'
+        + produce("b", "  otherwise -> END\n", "  over o\n").replace('"p"', '"{{item}} {{index}} {{o}}"'),
+        'machine m\nentry a\nbudget 10\ncontext { seed: 1 }\ntool t "does"\nhook h "decides"\n',
+    )
+    assert codes(text) == []
+
+
+def test_all_findings_are_collected_and_sorted_by_position():
+    text = machine_text(produce("a", '  when "w" -> nowhere\n') + produce("c", "", "  sample 1\n"), "machine m\nentry a\nbudget 1\n")
+    found = check(parse(text, "m.mk"))
+    assert [(d.line, d.code) for d in found] == sorted((d.line, d.code) for d in found)
+    assert {d.code for d in found} >= {"unknown-target", "no-catch-all", "sample-too-small", "no-gates", "unreachable-state", "no-path-to-end"}
+    assert all(d.file == "m.mk" for d in found)
+
+
+def test_shortest_path_counts_fan_out_as_sample_size():
+    text = machine_text(
+        produce("a", '  when "w" -> b\n  otherwise -> c\n')
+        + produce("b", "  otherwise -> END\n", "  sample 5\n")
+        + produce("c", "  otherwise -> d\n", "  over a_out\n")
+        + produce("d", "  otherwise -> END\n")
+    )
+    assert shortest_steps(parse(text)) == 3  # a, c (over: 1), d beats a, b (sample 5)
+
+
+def test_call_targets_resolve_beside_the_machine_then_machines_dir(tmp_path, monkeypatch):
+    (tmp_path / "helper.mk").write_text(CLEAN)
+    (tmp_path / "lib" / "machines").mkdir(parents=True)
+    (tmp_path / "lib" / "machines" / "shared.mk").write_text(CLEAN)
+    monkeypatch.chdir(tmp_path / "lib")
+    assert find_machine("helper", tmp_path) == (tmp_path / "helper.mk").resolve()
+    assert find_machine("shared", tmp_path) == (tmp_path / "lib" / "machines" / "shared.mk").resolve()
+    assert find_machine("chain_of_thought", tmp_path) is not None  # the standard library
+    assert find_machine("no_such_machine", tmp_path) is None
+    caller = tmp_path / "caller.mk"
+    caller.write_text(machine_text("state a {\n  call helper\n  output o\n  otherwise -> b\n}\n"
+                                   "state b {\n  call absent\n  output p\n  otherwise -> END\n}\n"))  # fmt: skip
+    assert [(d.code, d.line) for d in check_file(caller)] == [("unknown-machine", 10)]
+
+
+def test_check_file_returns_load_diagnostics(tmp_path):
+    path = tmp_path / "bad.mk"
+    path.write_text("machine m\nentry a\nbudget 1\nstate a {\n  otherwise ->\n}\n")
+    assert [(d.code, d.line, d.col) for d in check_file(path)] == [("syntax", 5, 15)]
+
+
+@pytest.mark.parametrize("path", MACHINE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_examples_and_library_check_clean(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert [d for d in check(load_file(path))] == []
+
+
+def test_cli_exit_codes_streams_and_json(tmp_path):
+    good = tmp_path / "good.mk"
+    good.write_text(machine_text(produce("a", '  when "w" -> END\n')))
+    bad = tmp_path / "sub" / "bad.mk"
+    bad.parent.mkdir()
+    bad.write_text(machine_text(produce("a", "  otherwise -> nowhere\n")))
+    runner = CliRunner()
+    warned = runner.invoke(app, ["check", str(good)])
+    assert warned.exit_code == 0 and warned.stdout == ""
+    assert "good.mk:4:1: warning:" in warned.stderr and "0 errors, 1 warning in 1 file" in warned.stderr
+    failed = runner.invoke(app, ["check", str(tmp_path)])
+    assert failed.exit_code == 2 and "2 errors, 1 warning in 2 files" in failed.stderr
+    as_json = runner.invoke(app, ["check", "--format", "json", str(good), str(bad)])
+    records = json.loads(as_json.stdout)
+    assert as_json.exit_code == 2 and as_json.stderr == ""
+    assert [(r["file"], r["line"], r["col"], r["severity"], r["code"]) for r in records] == [
+        (str(good), 4, 1, "warning", "no-catch-all"),
+        (str(bad), 2, 1, "error", "no-path-to-end"),
+        (str(bad), 8, 3, "error", "unknown-target"),
+    ]
+    assert set(records[0]) == {"file", "line", "col", "end_line", "end_col", "severity", "code", "message"}
