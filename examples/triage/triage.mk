@@ -8,7 +8,6 @@ mklang 0.4
 machine triage
 entry classify
 budget 25
-tier balanced
 result draft
 
 context {

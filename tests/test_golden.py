@@ -1,0 +1,110 @@
+"""Golden traces: every example and standard-library machine against its scenario script.
+
+Each scenario must meet its own `expect:` block, and the run it produces
+(status, error, where it stopped, result, trace) is a syrupy snapshot, so any
+change in engine behaviour shows up as a reviewed diff. The same machines
+must also be clean under `mklang check` and canonical under `mklang fmt`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mklang.scenarios import compare, load_script, run_scenario
+from mklang.syntax import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+STDLIB = ROOT / "machines"
+
+# The machine each example's `scenarios.yaml` drives; the other `.mk` files
+# of a folder are the sub-machines it calls.
+EXAMPLE_MAIN = {
+    "approval": "approval.mk",
+    "map-reduce": "digest.mk",
+    "nested": "brief.mk",
+    "plan-execute": "research.mk",
+    "repair-loop": "headline.mk",
+    "self-consistency": "word_problem.mk",
+    "triage": "triage.mk",
+}
+
+
+def _scripted_machines() -> list[tuple[Path, Path]]:
+    pairs = [(EXAMPLES / folder / main, EXAMPLES / folder / "scenarios.yaml") for folder, main in EXAMPLE_MAIN.items()]
+    pairs += [(path, path.with_suffix(".scenarios.yaml")) for path in sorted(STDLIB.glob("*.mk"))]
+    return pairs
+
+
+def _cases():
+    for machine, script in _scripted_machines():
+        for scenario in load_script(script):
+            label = f"{machine.parent.name}/{machine.stem}:{scenario.name}"
+            yield pytest.param(machine, scenario, id=label)
+
+
+def _without_nonces(value):
+    """Data-fence nonces are random per call by design; snapshots name them NONCE."""
+    return json.loads(re.sub(r"data-[0-9a-f]{8,}", "data-NONCE", json.dumps(value)))
+
+
+def _all_machine_files() -> list[Path]:
+    return sorted(STDLIB.glob("*.mk")) + sorted(
+        path for folder in EXAMPLE_MAIN for path in (EXAMPLES / folder).glob("*.mk")
+    )
+
+
+@pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))
+def test_scenario_meets_its_expectations(machine_path, scenario, snapshot):
+    result = run_scenario(load_file(machine_path), scenario)
+    assert compare(scenario.expect, result) == []
+    assert _without_nonces({
+        "status": result.status,
+        "error": result.error,
+        "at": result.at,
+        "ask": result.ask,
+        "reply_to": result.reply_to,
+        "result": result.result,
+        "usage": result.usage.to_json(),
+        "trace": result.trace,
+    }) == snapshot
+
+
+def test_every_script_has_a_success_and_a_stop():
+    """Each machine's script shows the happy path and at least one halt or suspension."""
+    for machine, script in _scripted_machines():
+        statuses = {scenario.expect.get("status") for scenario in load_script(script)}
+        assert "done" in statuses, machine
+        assert statuses & {"halted", "halt", "suspended"}, machine
+
+
+def test_every_example_folder_has_a_scripted_main_machine():
+    folders = {path.parent.name for path in EXAMPLES.glob("*/scenarios.yaml")}
+    assert folders == set(EXAMPLE_MAIN)
+    for folder, main in EXAMPLE_MAIN.items():
+        assert (EXAMPLES / folder / main).is_file()
+        assert (EXAMPLES / folder / "README.md").is_file()
+
+
+def _mklang(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mklang", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_machines_check_clean():
+    """No errors and no warnings either: these machines are what users copy first."""
+    files = [str(path) for path in _all_machine_files()]
+    done = _mklang("check", "--format", "json", *files)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout) == []
+
+
+def test_machines_are_canonically_formatted():
+    files = [str(path) for path in _all_machine_files()]
+    done = _mklang("fmt", "--check", *files)
+    assert done.returncode == 0, done.stdout + done.stderr
