@@ -179,3 +179,11 @@ def test_branches_never_suspend(tmp_path):
     result = run_mk(machine, llm={"tokens": [5, 5]}, max_tokens=25, suspendable=True)
     assert result.status == "done"
     assert result.result == ["[branch-error: call-failed: cost-exhausted]"] * 2
+
+
+def test_at_most_8_branches_run_at_once_by_default():
+    xs = [f"item{i}" for i in range(12)]
+    provider = SlowEcho({x: 0.03 for x in xs})
+    result = run_mk(over_items(xs), provider=provider)
+    assert len(result.result) == 12
+    assert provider.peak == 8

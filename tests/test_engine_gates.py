@@ -160,3 +160,24 @@ def test_judge_tokens_count_against_the_host_budget():
     result = run_mk(source, provider=provider, max_tokens=10)
     assert (result.status, result.error) == ("halted", "cost-exhausted")
     assert len(result.trace) == 2
+
+
+def test_prose_gates_around_a_spent_repair_gate_form_one_batch():
+    source = """
+        machine spent_middle
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "p1" -> END
+          when "fixable" repair 1 -> a
+          when "p2" -> END
+          otherwise fail
+        }
+    """
+    provider = Recorder({"judge": [1, 1]})
+    result = run_mk(source, provider=provider)
+    assert [j.conditions for j in provider.judged] == [["p1", "fixable", "p2"], ["p1", "p2"]]
+    assert [s["gate"] for s in result.trace] == ["fixable", "p2"]

@@ -6,7 +6,7 @@ import json
 import re
 import secrets
 
-from conformance.harness import Recorder, run_mk
+from conformance.harness import Recorder, run_mk, write_machines
 
 from mklang.engine.runner import FENCE_NOTICE
 
@@ -19,7 +19,7 @@ ONE_STATE = """
     context {{ literal: "author text", nested: {{ k: 1, s: "x" }} }}
     state a {{
       structure "Answer briefly. {{{{literal}}}}"
-      execution "Be careful."
+      execution "Be careful. {{{{literal}}}}"
       prompt "{prompt}"
       output o
       otherwise -> END
@@ -48,7 +48,7 @@ def test_numbers_and_strings_render_as_text():
 def test_system_holds_structure_then_execution_uninterpolated():
     user, system = user_and_system("plain")
     assert user == "plain"
-    assert system == "Answer briefly. {{literal}}\n\nBe careful."
+    assert system == "Answer briefly. {{literal}}\n\nBe careful. {{literal}}"
 
 
 def test_a_prompt_without_tainted_values_is_unchanged():
@@ -204,3 +204,49 @@ def test_raw_values_cross_into_a_tool_and_text_stays_text():
     result = run_mk(source, tools={"grab": lambda args: seen.append(args) or "ok"})
     assert result.status == "done", result.error
     assert seen == [{"items": ["a", "b"], "deep": {"k": [1, 2]}, "label": "n=1. a\n2. b", "k0": 1, "lit": 7}]
+
+
+def test_tool_inputs_get_tainted_text_unfenced():
+    seen = []
+    source = """
+        machine tool_text
+        entry t
+        budget 5
+        state t {
+          tool grab { q: "about {{topic}}" }
+          output obs
+          otherwise -> END
+        }
+    """
+    run_mk(source, {"topic": "tides"}, tools={"grab": lambda args: seen.append(args) or "ok"})
+    assert seen == [{"q": "about tides"}]
+
+
+def test_a_tainted_call_input_is_fenced_once_in_the_child_prompt(tmp_path):
+    parent = """
+        machine fence_parent
+        entry go
+        budget 5
+        state go {
+          call fence_child { topic: "the {{topic}} story" }
+          output r
+          otherwise -> END
+        }
+    """
+    child = """
+        machine fence_child
+        entry c
+        budget 5
+        state c {
+          structure "s"
+          prompt "About {{topic}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder()
+    run_mk(write_machines(tmp_path, parent, child), {"topic": "tides"}, provider=provider)
+    (request,) = provider.produced
+    nonce = FENCE.search(request.user).group(1)
+    assert request.user == f"About <data-{nonce}>\nthe tides story\n</data-{nonce}>"
+    assert request.system.endswith(FENCE_NOTICE)
