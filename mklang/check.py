@@ -50,6 +50,13 @@ def _head(node: Node) -> Span | None:
     return Span(file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 5)
 
 
+def _suggest(name: str, known) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f'; did you mean "{close[0]}"?' if close else ""
+
+
 def step_cost(state: State) -> int:
     """Steps a state costs per visit: a fan-out of `sample N` costs N, everything else 1."""
     return max(1, state.sample or 1) if state.over is None else 1
@@ -124,7 +131,7 @@ def check(machine: Machine) -> list[Diagnostic]:
         else:
             names[state.name] = state
     if machine.entry not in names:
-        out.error(_at(machine, "entry"), "unknown-entry", f'the entry state "{machine.entry}" is not defined')
+        out.error(_at(machine, "entry"), "unknown-entry", f'the entry state "{machine.entry}" is not defined{_suggest(machine.entry, names)}')
 
     tools = {decl.name for decl in machine.tools}
     hooks = {decl.name for decl in machine.hooks}
@@ -179,7 +186,7 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
         if catch_all is not None:
             out.warning(gate.span, "dead-gate", "this gate comes after `otherwise` and never fires")
         if gate.target is not None and gate.target != END and gate.target not in names:
-            out.error(gate.span, "unknown-target", f'"{gate.target}" is not a state (or END)')
+            out.error(gate.span, "unknown-target", f'"{gate.target}" is not a state (or END){_suggest(gate.target, names)}')
         if gate.hook and gate.hook not in hooks:
             out.warning(gate.span, "undeclared-hook", f'hook "{gate.hook}" is not declared: add `hook {gate.hook} "<what it decides>"`')
         if gate.when is None and catch_all is None:

@@ -157,6 +157,8 @@ def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> 
     previous, opened = lexemes.before(source, offset)
     where = f"after {_quote(previous.text)}" if previous else "at the start of the file"
     end_col = col + 1
+    if isinstance(error, UnexpectedToken) and error.token.type not in ("_NL", "$END"):
+        end_col = col + max(1, len(str(error.token).split("\n")[0]))
     label = _example_index(parse).get(_key(error))
     if label:
         message = label
@@ -179,7 +181,6 @@ def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> 
             message += ", but the file ends"
         elif token.type != "_NL":
             message += f", not {_quote(str(token))}"
-            end_col = col + max(1, len(str(token).split("\n")[0]))
         if opened and (token.type == "$END" or {"_RBRACE", "_RBRACKET"} & set(expected)):
             block = opened[-1]
             message += f' (the "{block.text}" at line {block.line} is still open)'

@@ -133,8 +133,7 @@ class _Reader:
         return [self.state(str(name), name_node, body) for name, name_node, body in pairs]
 
     def state(self, name: str, name_node, node) -> _Item:
-        items, inputs = [], None
-        face_item = None
+        items, inputs, faces = [], None, []
         for key, key_node, value_node in self.mapping(node, f'state "{name}"', STATE_KEYS):
             span = self.span(key_node)
             value = self.value(value_node)
@@ -143,7 +142,7 @@ class _Reader:
             elif key == "input":
                 inputs = value
             elif key in ("call", "tool"):
-                face_item = (key, value, span)
+                faces.append((key, value, span))
             elif key in ("sample", "max_visits"):
                 items.append(_Item(key, self.builder._whole(value, key, span), span))
             elif key in ("reason", "accumulate"):
@@ -159,8 +158,7 @@ class _Reader:
                 items.append(_Item(key, self.builder._plain(value, "an output key", span), span))
             else:
                 items.append(_Item(key, self.text(value_node, key), span))
-        if face_item is not None:
-            key, value, span = face_item
+        for key, value, span in faces:  # the `input` map applies to whichever face there is
             face = (Call.model_construct(machine=str(value), input=inputs, span=span) if key == "call"
                     else ToolUse.model_construct(tool=str(value), input=inputs, span=span))  # fmt: skip
             items.append(_Item(key, face, span))

@@ -1,0 +1,11 @@
+machine m
+entry a
+budget 3
+
+state a {
+  sample 5
+  structure "s"
+  prompt "p"
+  output o
+  otherwise -> END
+}

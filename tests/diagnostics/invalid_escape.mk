@@ -1,0 +1,10 @@
+machine m
+entry a
+budget 10
+
+state a {
+  structure "a \q b"
+  prompt "p"
+  output o
+  otherwise -> END
+}

@@ -1,0 +1,8 @@
+machine m
+entry a
+
+state a {
+  tool t
+  output o
+  otherwise -> END
+}

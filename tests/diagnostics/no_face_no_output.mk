@@ -1,0 +1,8 @@
+machine m
+entry a
+budget 10
+
+state a {
+  tier fast
+  otherwise -> END
+}

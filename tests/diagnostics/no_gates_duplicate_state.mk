@@ -1,0 +1,16 @@
+machine m
+entry a
+budget 10
+
+state a {
+  structure "s"
+  prompt "p"
+  output o
+}
+
+state a {
+  structure "s"
+  prompt "p"
+  output o
+  otherwise -> END
+}

@@ -1,0 +1,3 @@
+machine m
+entry: a
+budget 10

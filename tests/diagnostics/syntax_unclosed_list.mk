@@ -1,0 +1,7 @@
+machine m
+entry a
+budget 10
+
+context {
+  notes: [1, 2
+}

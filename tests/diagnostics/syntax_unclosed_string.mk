@@ -1,0 +1,10 @@
+machine m
+entry a
+budget 10
+
+state a {
+  structure "s
+  prompt "p"
+  output o
+  otherwise -> END
+}

@@ -1,0 +1,10 @@
+machine m
+entry a
+budget 10
+
+state a {
+  structure "One word."
+  prompt Classify this ticket
+  output o
+  otherwise -> END
+}

@@ -1,0 +1,74 @@
+"""Diagnostics as a user sees them: each broken file in tests/diagnostics/ through the CLI.
+
+Paths are relative (the test runs inside the fixture directory), so the
+snapshots hold exactly what a terminal shows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mklang.cli.app import app
+from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
+from mklang.errors import Diagnostic, MkSyntaxError
+from mklang.syntax import parse
+from mklang.syntax.diagnostics import render_text
+
+FIXTURES = Path(__file__).resolve().parent / "diagnostics"
+BROKEN = sorted(FIXTURES.glob("*.mk"))
+
+
+@pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
+def test_broken_file_diagnostics(path, snapshot, monkeypatch):
+    monkeypatch.chdir(FIXTURES)
+    result = CliRunner().invoke(app, ["check", path.name])
+    assert result.stdout == ""
+    has_error = ": error: " in result.stderr
+    assert result.exit_code == (2 if has_error else 0)
+    assert f"exit {result.exit_code}\n{result.stderr}" == snapshot
+
+
+def test_fixtures_cover_at_least_fifteen_distinct_codes(monkeypatch):
+    monkeypatch.chdir(FIXTURES)
+    result = CliRunner().invoke(app, ["check", "--format", "json", *[p.name for p in BROKEN]])
+    import json
+
+    codes = {record["code"] for record in json.loads(result.stdout)}
+    assert len(codes) >= 15
+    syntax_messages = {record["message"] for record in json.loads(result.stdout) if record["code"] == "syntax"}
+    assert len(syntax_messages) >= 8
+
+
+def test_caret_under_the_missing_target(tmp_path):
+    path = tmp_path / "m.mk"
+    path.write_text("machine m\nentry a\nbudget 3\nstate a {\n  otherwise ->\n}\n")
+    with pytest.raises(MkSyntaxError) as caught:
+        parse(path.read_text(), str(path))
+    assert render_text(caught.value.diagnostics) == (
+        f'{path}:5:15: error: expected a state name or END after "->" [syntax]\n'
+        " 5 |   otherwise ->\n"
+        "   |               ^"
+    )
+
+
+def test_caret_spans_the_offending_statement(tmp_path):
+    path = tmp_path / "m.mk"
+    path.write_text("machine m\nentry a\nbudget 3\nstate a {\n\ttool t\n}\n")
+    found = Diagnostic(str(path), 5, 2, 5, 8, "warning", "undeclared-tool", 'tool "t" is not declared')
+    assert render_text([found]) == (
+        f'{path}:5:2: warning: tool "t" is not declared [undeclared-tool]\n'
+        " 5 |  tool t\n"
+        "   |  ^^^^^^"
+    )
+    assert render_text([found], color=True).count("\x1b[") == 4
+    assert render_text([Diagnostic(None, 1, 1, 1, 1, "error", "syntax", "x")]) == "<text>:1:1: error: x [syntax]"
+
+
+def test_no_raw_parser_words_reach_users(monkeypatch):
+    monkeypatch.chdir(FIXTURES)
+    result = CliRunner().invoke(app, ["check", *[p.name for p in BROKEN]])
+    for raw in ("Token(", "_NL", "$END", "UnexpectedToken", "Expected one of", "Traceback", "NAME", "__ANON"):
+        assert raw not in result.stderr
