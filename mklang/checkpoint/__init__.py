@@ -166,7 +166,7 @@ def _execute(envelope: Envelope, chain: list[Frame], replay: dict, loader: Machi
     journal.snapshot(chain, status="running")
     rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=envelope.concurrency,
                       hitl=envelope.hitl, control=control, journal=journal, loader=loader,
-                      observer=observer)
+                      observer=observer, run_id=envelope.run_id)
     try:
         result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
     finally:

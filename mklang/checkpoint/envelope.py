@@ -49,6 +49,7 @@ class HostSettings(BaseModel):
     config: str | None = None
     replay: str | None = None
     record: str | None = None
+    plugins: list[str] = Field(default_factory=list)  # --plugin modules or files
 
 
 class Envelope(BaseModel):

@@ -34,6 +34,8 @@ ReplayOpt = typer.Option(None, "--replay", help="Answer from a recorded cassette
 RecordOpt = typer.Option(None, "--record", help="Record every provider exchange into a cassette.")
 ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Fan-out branches in flight (default 8).")
 HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend for a human reply.")
+PluginOpt = typer.Option(None, "--plugin", metavar="MODULE|FILE.py",
+                         help="Load host tools and hooks (its TOOLS and HOOKS maps). Repeatable.")
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -65,8 +67,9 @@ class Host:
     """Provider, tools and hooks of a run: scripted from a scenario, or real."""
 
     def __init__(self, *, script=None, scenario=None, provider=None, model=None, config=None,
-                 replay=None, record=None, max_cost=None):
+                 replay=None, record=None, max_cost=None, plugins=None):
         from mklang.checkpoint.envelope import HostSettings
+        from mklang.host.plugins import load_plugins
 
         self.scenario = None
         self.scripted = None
@@ -87,14 +90,20 @@ class Host:
 
             self.provider = make_provider(provider=provider, model=model, config_path=config,
                                           record=record, replay=replay, max_cost=max_cost)
-            self.tools = None
-            self.hooks = None
+            self.tools = {}
+            self.hooks = {}
+        plugin_paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
+        plugin_tools, plugin_hooks = load_plugins(plugin_paths)
+        # Scripted answers win over plugins: a scenario pins what the tools say.
+        self.tools = {**plugin_tools, **self.tools}
+        self.hooks = {**plugin_hooks, **self.hooks}
         self.settings = HostSettings(
             script=str(Path(script).resolve()) if script else None,
             scenario=self.scenario.name if self.scenario else None,
             provider=provider, model=model,
             config=str(Path(config).resolve()) if config else None,
             replay=str(replay) if replay else None, record=str(record) if record else None,
+            plugins=plugin_paths,
         )
 
     def run_setting(self, key: str, given: Any, default: Any = None) -> Any:
@@ -176,6 +185,7 @@ def run(
     replay: Optional[Path] = ReplayOpt,
     record: Optional[Path] = RecordOpt,
     concurrency: Optional[int] = ConcurrencyOpt,
+    plugin: Optional[list[str]] = PluginOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Run a machine."""
@@ -191,7 +201,7 @@ def run(
         context.update(parse_assignments(set_))
         seconds = parse_duration(max_time)
         host = Host(script=script, scenario=scenario, provider=provider, model=model, config=config,
-                    replay=replay, record=record, max_cost=max_cost)
+                    replay=replay, record=record, max_cost=max_cost, plugins=plugin)
         if host.scenario is not None:
             context = {**host.scenario.input, **context}
         options = dict(
@@ -251,6 +261,7 @@ def resume(
     replay: Optional[Path] = ReplayOpt,
     record: Optional[Path] = RecordOpt,
     concurrency: Optional[int] = ConcurrencyOpt,
+    plugin: Optional[list[str]] = PluginOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
@@ -269,7 +280,8 @@ def resume(
         elif script is None and provider is None and model is None and replay is None:
             provider, model, config = saved.provider, saved.model, config or saved.config
         host = Host(script=script, scenario=scenario, provider=provider, model=model, config=config,
-                    replay=replay, record=record, max_cost=max_cost or resumable.envelope.budgets.max_cost)
+                    replay=replay, record=record, max_cost=max_cost or resumable.envelope.budgets.max_cost,
+                    plugins=plugin if plugin is not None else saved.plugins)
         control = Control()
         budgets = resumable.envelope.budgets
         try:

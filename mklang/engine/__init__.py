@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,7 @@ class RunResult:
 
 def make_runtime(provider, *, tools=None, hooks=None, concurrency: int = 8, hitl: bool = False,
                  control: Control | None = None, journal=None, loader: MachineLoader | None = None,
-                 observer=None) -> Runtime:
+                 observer=None, run_id: str | None = None) -> Runtime:
     """Assemble what every level of a run shares. Tools and hooks may be registries or maps."""
     return Runtime(
         provider=provider,
@@ -69,6 +70,7 @@ def make_runtime(provider, *, tools=None, hooks=None, concurrency: int = 8, hitl
         control=control or Control(),
         journal=journal or NullJournal(),
         observer=observer,
+        run_id=run_id or uuid.uuid4().hex,
     )
 
 

@@ -91,6 +91,7 @@ class Runtime:
     control: Control = field(default_factory=Control)
     journal: Any = field(default_factory=NullJournal)
     observer: Callable[[list[Frame], list[str]], None] | None = None  # e.g. a live view
+    run_id: str = ""  # prefixes tool idempotency keys, so two runs never share one
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
 
     def states(self, machine: Machine) -> dict[str, State]:
@@ -320,7 +321,7 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
 
     def live() -> str:
         if wants_idempotency_key(tool):
-            return tool(arguments, idempotency_key=key)
+            return tool(arguments, idempotency_key=f"{rt.run_id}/{key}")
         return tool(arguments)
 
     try:

@@ -1,0 +1,1 @@
+"""Host integration: tools, hooks, plugins, machine loading, config."""
