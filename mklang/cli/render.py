@@ -60,6 +60,8 @@ def render_result(result, console: Console = stdout) -> None:
     if result.at:
         head.append(f"  at {result.at}")
     console.print(head)
+    if result.detail:
+        console.print(Text(result.detail, style="dim"))
     tree = Tree(Text("trace", style="bold"))
     _add_steps(tree, result.trace)
     console.print(tree)

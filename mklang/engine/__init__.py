@@ -103,6 +103,8 @@ def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool
         return RunResult("halted", "interrupted", interrupted.args[0], None, root.context, root.trace, root.usage)
     except Suspend as suspend:
         innermost = suspend.frames[-1]
+        # Each frame counts its own spend; the run's spend so far is their sum.
+        spent = sum((frame.usage for frame in suspend.frames[1:]), root.usage)
         return RunResult("suspended", suspend.reason, innermost.state, None, root.context, root.trace,
-                         root.usage, suspend.frames, suspend.ask, suspend.reply_to, suspend.detail)
+                         spent, suspend.frames, suspend.ask, suspend.reply_to, suspend.detail)
     return RunResult("done", None, None, root.result(), root.context, root.trace, root.usage)

@@ -31,6 +31,7 @@ class Choice:
     fallback: bool = False
     none_batches: int = 0
     halt: str | None = None
+    parsed_by: str | None = None  # how the last judge answer was read (strict, bare, last)
 
 
 def _is_prose(gate: Gate) -> bool:
@@ -50,14 +51,15 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
     usage = Usage()
     none_batches = 0
     position = 0
+    parsed_by = None
     while position < len(eligible):
         index = eligible[position]
         gate = gates[index]
         if gate.when is None:
-            return Choice(index, gate, usage, none_batches=none_batches)
+            return Choice(index, gate, usage, none_batches=none_batches, parsed_by=parsed_by)
         if gate.hook is not None:
             if _ask_hook(rt, state, gate, context(), output):
-                return Choice(index, gate, usage, none_batches=none_batches)
+                return Choice(index, gate, usage, none_batches=none_batches, parsed_by=parsed_by)
             position += 1
             continue
         batch_end = position
@@ -71,6 +73,7 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
             lambda: rt.provider.judge([gates[i].when for i in batch], output, reasoning, context(), tier),
         )
         usage = usage + verdict.usage
+        parsed_by = verdict.parsed_by or parsed_by
         if verdict.choice == NONE:
             none_batches += 1
             position = batch_end
@@ -78,11 +81,12 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
         if verdict.choice == UNPARSEABLE or not (0 <= verdict.choice < len(batch)):
             for fallback in eligible:
                 if gates[fallback].when is None:
-                    return Choice(fallback, gates[fallback], usage, fallback=True, none_batches=none_batches)
-            return Choice(usage=usage, none_batches=none_batches, halt="judge-unparseable")
+                    return Choice(fallback, gates[fallback], usage, fallback=True, none_batches=none_batches,
+                                  parsed_by=parsed_by)
+            return Choice(usage=usage, none_batches=none_batches, halt="judge-unparseable", parsed_by=parsed_by)
         chosen = batch[verdict.choice]
-        return Choice(chosen, gates[chosen], usage, none_batches=none_batches)
-    return Choice(usage=usage, none_batches=none_batches, halt="no-gate-matched")
+        return Choice(chosen, gates[chosen], usage, none_batches=none_batches, parsed_by=parsed_by)
+    return Choice(usage=usage, none_batches=none_batches, halt="no-gate-matched", parsed_by=parsed_by)
 
 
 def _ask_hook(rt: "Runtime", state: State, gate: Gate, context: dict, output: Any) -> bool:

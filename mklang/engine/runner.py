@@ -220,6 +220,8 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
         details["judge_fallback"] = True
     if choice.none_batches:
         details["judge_none"] = choice.none_batches
+    if choice.parsed_by:
+        details["judge_parse"] = choice.parsed_by
     record: dict[str, Any] = {"charge": charge, "feedback": feedback, "gate": choice.index}
     gate = choice.gate
     if choice.halt or gate.policy == "fail":
@@ -351,7 +353,7 @@ def _call(rt: Runtime, level: Level, state: State, face: Call, scope: Scope,
         child_frame = Frame.start(
             child_machine,
             {key: resolve_input(value, scope) for key, value in inputs.items()},
-            {key for key, value in inputs.items() if input_taint(value, scope)},
+            {root_key(key) for key, value in inputs.items() if input_taint(value, scope)},
         )
         below = None
         if not (level.branch or branch):
