@@ -1,7 +1,8 @@
 """Command-line entry point.
 
 `mklang --version` is answered before typer (and everything else) is imported,
-so the most common probe of the tool costs only the interpreter's start-up.
+so the most common probe of the tool costs only the interpreter's start-up;
+a plain `mklang check FILE...` is answered without typer too (`check_fast`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ def main(argv: list[str] | None = None) -> None:
 
         print(f"mklang {__version__}")
         raise SystemExit(0)
+    if args[:1] == ["check"]:
+        from mklang.cli.check_fast import main as check_main
+
+        code = check_main(args[1:])
+        if code is not None:
+            raise SystemExit(code)
     from mklang.cli.app import run_app
 
     run_app(args)

@@ -14,32 +14,7 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
-
-
-def expand(paths: list[Path]) -> list[Path]:
-    """Files as given; directories searched for `*.mk`."""
-    files: list[Path] = []
-    for path in paths:
-        files += sorted(path.rglob("*.mk")) if path.is_dir() else [path]
-    return files
-
-
-def check_paths(paths: list[Path], as_json: bool) -> int:
-    """Check every file; print diagnostics; return the exit code. Free of typer for the fast path."""
-    import json
-
-    from mklang.check import check_file
-    from mklang.syntax.diagnostics import render_text, summary
-
-    files = expand(paths)
-    found = [diagnostic for path in files for diagnostic in check_file(path)]
-    if as_json:
-        print(json.dumps([d.to_json() for d in found], indent=2))
-    else:
-        if found:
-            print(render_text(found, color=sys.stderr.isatty()), file=sys.stderr)
-        print(summary(found, len(files)), file=sys.stderr)
-    return exitcodes.USAGE if any(d.severity == "error" for d in found) else exitcodes.OK
+from mklang.cli.check_fast import check_paths, expand
 
 
 @app.command("check")

@@ -16,6 +16,7 @@ from typing import Any
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import TIERS, Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
 from mklang.syntax._parser import Token, Transformer, v_args
+from mklang.syntax.construct import make
 from mklang.syntax.text import decode_block, decode_string
 
 PRODUCE_FIELDS = ("structure", "execution", "prompt", "reason", "parse")
@@ -33,7 +34,7 @@ class _Item:
 
 
 def _token_span(token: Token, file: str | None) -> Span:
-    return Span.model_construct(
+    return make(Span,
         file=file, line=token.line, col=token.column, end_line=token.end_line, end_col=token.end_column
     )
 
@@ -50,7 +51,7 @@ class Builder(Transformer):
     # -- helpers -------------------------------------------------------------
 
     def _span(self, meta) -> Span:
-        return Span.model_construct(
+        return make(Span,
             file=self.file, line=meta.line, col=meta.column, end_line=meta.end_line, end_col=meta.end_column
         )
 
@@ -158,7 +159,7 @@ class Builder(Transformer):
 
     def _declaration(self, key: str, meta, name: Token, description: str | None) -> _Item:
         span = self._span(meta)
-        node = Declaration.model_construct(
+        node = make(Declaration, 
             name=self._plain(name, f"a {key[:-1]} name"), description=description or "", span=span
         )
         return _Item(key, node, span)
@@ -182,12 +183,12 @@ class Builder(Transformer):
 
     def call(self, meta, name, inputs) -> _Item:
         span = self._span(meta)
-        face = Call.model_construct(machine=self._plain(name, "a machine name"), input=inputs, span=span)
+        face = make(Call, machine=self._plain(name, "a machine name"), input=inputs, span=span)
         return _Item("call", face, span)
 
     def tool_use(self, meta, name, inputs) -> _Item:
         span = self._span(meta)
-        return _Item("tool", ToolUse.model_construct(tool=self._plain(name, "a tool name"), input=inputs, span=span), span)
+        return _Item("tool", make(ToolUse, tool=self._plain(name, "a tool name"), input=inputs, span=span), span)
 
     def output(self, meta, name) -> _Item:
         return _Item("output", self._plain(name, "an output key"), self._span(meta))
@@ -208,7 +209,7 @@ class Builder(Transformer):
 
     def gate(self, meta, condition: dict, policy: dict) -> _Item:
         span = self._span(meta)
-        return _Item("gate", Gate.model_construct(**condition, **policy, span=span), span)
+        return _Item("gate", make(Gate, **condition, **policy, span=span), span)
 
     def when(self, _meta, text, hook) -> dict:
         return {"when": text, "hook": self._plain(hook, "a hook name") if hook is not None else None}
@@ -258,7 +259,7 @@ class Builder(Transformer):
             self._error(span, "no-output", f"{owner} has no output: add `output <key>`")
         if face is None or "output" not in fields:
             return _Item("state", None, span)
-        node = State.model_construct(
+        node = make(State, 
             name=state_name,
             face=face,
             gates=gates,
@@ -295,7 +296,7 @@ class Builder(Transformer):
         if missing:
             return None
         values = {key: fields[key].value for key in PRODUCE_FIELDS if key in fields}
-        return Produce.model_construct(**values, span=item.span)
+        return make(Produce, **values, span=item.span)
 
     def start(self, _meta, *items: _Item) -> Machine | None:
         return self.assemble_machine(items)
@@ -315,11 +316,11 @@ class Builder(Transformer):
         states = [item.value for item in declarations["state"] if item.value is not None]
         if self.diagnostics:
             return None
-        return Machine.model_construct(
+        return make(Machine, 
             tools=[item.value for item in declarations["tools"]],
             hooks=[item.value for item in declarations["hooks"]],
             states=states,
-            span=Span.model_construct(file=self.file),
+            span=make(Span, file=self.file),
             field_spans={key: item.span for key, item in fields.items()},
             **{key: item.value for key, item in fields.items()},
         )

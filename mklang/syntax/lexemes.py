@@ -29,18 +29,29 @@ class Lexeme:
 
 
 def scan(source: str) -> list[Lexeme]:
+    return scan_at(source, _LEXEME.finditer(source))
+
+
+_STRING_OR_COMMENT = re.compile(r'"""[\s\S]*?"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*')
+
+
+def comments(source: str) -> list[Lexeme]:
+    """The comments of a source; strings are skipped whole, everything else is not looked at."""
+    if "#" not in source:
+        return []
+    found = [match for match in _STRING_OR_COMMENT.finditer(source) if match.group().startswith("#")]
+    return scan_at(source, found)
+
+
+def scan_at(source: str, matches) -> list[Lexeme]:
     starts = [0] + [match.end() for match in re.finditer("\n", source)]
     found = []
-    for match in _LEXEME.finditer(source):
+    for match in matches:
         line = bisect.bisect_right(starts, match.start())
         line_start = starts[line - 1]
         own_line = not source[line_start : match.start()].strip()
         found.append(Lexeme(match.group(), match.start(), line, match.start() - line_start + 1, own_line))
     return found
-
-
-def comments(source: str) -> list[Lexeme]:
-    return [lexeme for lexeme in scan(source) if lexeme.is_comment]
 
 
 def before(source: str, offset: int) -> tuple[Lexeme | None, list[Lexeme]]:

@@ -14,6 +14,7 @@ from typing import Any
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Call, Declaration, Gate, Machine, Span, ToolUse
 from mklang.syntax.build import Builder, _Item
+from mklang.syntax.construct import make
 
 # YAML key -> `.mk` statement, where they differ.
 TOP_KEYS = {"mklang": "version", "machine": "name", "entry": "entry", "budget": "budget", "default_tier": "tier",
@@ -37,7 +38,7 @@ class _Reader:
 
     def span(self, node) -> Span:
         start, end = node.start_mark, node.end_mark
-        return Span.model_construct(
+        return make(Span, 
             file=self.file, line=start.line + 1, col=start.column + 1, end_line=end.line + 1, end_col=end.column + 1
         )
 
@@ -111,7 +112,7 @@ class _Reader:
                 continue
             description = self.text(fields["description"], "a description") if "description" in fields else ""
             name = self.builder._plain(self.value(fields["name"]), f"a {key[:-1]} name", self.span(fields["name"]))
-            found.append(Declaration.model_construct(name=name, description=description, span=self.span(entry)))
+            found.append(make(Declaration, name=name, description=description, span=self.span(entry)))
         return found
 
     def states(self, node) -> list[_Item]:
@@ -159,11 +160,11 @@ class _Reader:
             else:
                 items.append(_Item(key, self.text(value_node, key), span))
         for key, value, span in faces:  # the `input` map applies to whichever face there is
-            face = (Call.model_construct(machine=str(value), input=inputs, span=span) if key == "call"
-                    else ToolUse.model_construct(tool=str(value), input=inputs, span=span))  # fmt: skip
+            face = (make(Call, machine=str(value), input=inputs, span=span) if key == "call"
+                    else make(ToolUse, tool=str(value), input=inputs, span=span))  # fmt: skip
             items.append(_Item(key, face, span))
         name_span, body = self.span(name_node), self.span(node)
-        span = Span.model_construct(
+        span = make(Span, 
             file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
         )
         return self.builder.assemble_state(name, name_span, span, items)
@@ -194,7 +195,7 @@ class _Reader:
         if policy != "fail" and target is None:
             self.error(node, "missing-field", 'this gate needs a target: "to: <state>" or "to: END"')
             return None
-        return Gate.model_construct(
+        return make(Gate, 
             when=when,
             hook=fields.get("hook"),
             policy=policy,

@@ -1,0 +1,72 @@
+"""The package finds its grammar and standard library when installed, not only in a checkout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import mklang
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = """
+from mklang.syntax import parse
+from mklang.syntax.grammar import grammar_path
+from mklang.syntax.resolve import find_machine
+import mklang.syntax._parser as standalone
+print(grammar_path())
+print(find_machine("chain_of_thought", "."))
+print(standalone.__file__)
+print(parse("machine m\\nentry a\\nbudget 1\\nstate a {\\n  tool t\\n  output o\\n  otherwise -> END\\n}\\n").name)
+"""
+
+
+def _probe(site: Path, cwd: Path) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def test_wheel_configuration_ships_grammar_and_library():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert include["grammar"] == "mklang/grammar" and include["machines"] == "mklang/machines"
+    assert config["project"]["scripts"]["mklang"] == "mklang.cli:main"
+
+
+def test_installed_layout_finds_its_own_grammar_and_library(tmp_path):
+    """Lay the package out as the wheel does (force-include) and load from there only."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "mklang", site / "mklang", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "grammar", site / "mklang" / "grammar")
+    shutil.copytree(ROOT / "machines", site / "mklang" / "machines")
+    grammar, library, parser_module, name = _probe(site, tmp_path)
+    assert Path(grammar) == site / "mklang" / "grammar" / "mklang.lark"
+    assert Path(library).parent == (site / "mklang" / "machines").resolve()
+    assert Path(parser_module).parent == site / "mklang" / "syntax"
+    assert name == "m"
+
+
+def test_checkout_finds_the_top_level_grammar(tmp_path):
+    grammar, library, _, _ = _probe(ROOT, tmp_path)
+    assert Path(grammar) == ROOT / "grammar" / "mklang.lark"
+    assert Path(library).parent == ROOT / "machines"
+
+
+def test_built_wheel_contains_grammar_parser_and_library(tmp_path):
+    builder = pytest.importorskip("hatchling.builders.wheel")
+    wheel = builder.WheelBuilder(str(ROOT)).build_standard(str(tmp_path))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"mklang/grammar/mklang.lark", "mklang/syntax/_parser.py", "mklang/machines/chain_of_thought.mk"} <= names
+
+
+def test_version_is_printed_by_the_console_entry_point():
+    done = subprocess.run([sys.executable, "-m", "mklang", "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout == f"mklang {mklang.__version__}\n"
