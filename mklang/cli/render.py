@@ -70,6 +70,8 @@ def render_result(result, console: Console = stdout) -> None:
         f"usage: {usage['input_tokens']} in + {usage['output_tokens']} out tokens"
         + (f", ${usage['cost_usd']:.4f}" if usage["cost_usd"] else "")
     )
+    if result.calls:
+        console.print("calls paid by this process: " + ", ".join(f"{kind} {n}" for kind, n in result.calls.items()))
     if result.status == "done":
         console.print(Text("result: ", style="bold") + Text(_short(result.result, 2000)))
     if result.status == "suspended" and result.ask:

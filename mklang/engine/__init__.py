@@ -33,6 +33,7 @@ class RunResult:
     ask: str | None = None
     reply_to: str | None = None
     detail: str | None = None  # e.g. the provider error behind a suspension
+    calls: dict[str, int] = field(default_factory=dict)  # model and tool calls this process paid for
 
     @property
     def reason(self) -> str | None:
@@ -48,6 +49,7 @@ class RunResult:
             "trace": self.trace,
             "usage": self.usage.to_json(),
         }
+        data["calls"] = dict(self.calls)
         if self.status == "suspended":
             data.update(reason=self.error, ask=self.ask, reply_to=self.reply_to,
                         frames=[{"machine": f.machine.name, "state": f.state} for f in self.frames])
@@ -98,13 +100,16 @@ def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool
     try:
         run_frame(rt, level, frames[1:] or None)
     except Halt as halt:
-        return RunResult("halted", halt.error, halt.at, None, root.context, root.trace, root.usage)
+        result = RunResult("halted", halt.error, halt.at, None, root.context, root.trace, root.usage)
     except Interrupted as interrupted:
-        return RunResult("halted", "interrupted", interrupted.args[0], None, root.context, root.trace, root.usage)
+        result = RunResult("halted", "interrupted", interrupted.args[0], None, root.context, root.trace, root.usage)
     except Suspend as suspend:
         innermost = suspend.frames[-1]
         # Each frame counts its own spend; the run's spend so far is their sum.
         spent = sum((frame.usage for frame in suspend.frames[1:]), root.usage)
-        return RunResult("suspended", suspend.reason, innermost.state, None, root.context, root.trace,
-                         spent, suspend.frames, suspend.ask, suspend.reply_to, suspend.detail)
-    return RunResult("done", None, None, root.result(), root.context, root.trace, root.usage)
+        result = RunResult("suspended", suspend.reason, innermost.state, None, root.context, root.trace,
+                           spent, suspend.frames, suspend.ask, suspend.reply_to, suspend.detail)
+    else:
+        result = RunResult("done", None, None, root.result(), root.context, root.trace, root.usage)
+    result.calls = dict(sorted(rt.live_calls.items()))
+    return result

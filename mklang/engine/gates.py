@@ -68,7 +68,7 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
         batch = eligible[position:batch_end]
         tier = state.tier or frame.machine.tier
         calls = calls or Calls(call_prefix)
-        verdict = rt.journal.call(
+        verdict = rt.call(
             calls.next(), "judge",
             lambda: rt.provider.judge([gates[i].when for i in batch], output, reasoning, context(), tier),
         )

@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -92,7 +93,20 @@ class Runtime:
     journal: Any = field(default_factory=NullJournal)
     observer: Callable[[list[Frame], list[str]], None] | None = None  # e.g. a live view
     run_id: str = ""  # prefixes tool idempotency keys, so two runs never share one
+    live_calls: Counter = field(default_factory=Counter)  # calls this process paid for, by kind
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
+        """Every model and tool call goes through here: the journal answers it when it
+        already completed before a crash; otherwise it runs and is counted."""
+
+        def counted() -> Any:
+            with self._count_lock:
+                self.live_calls[kind] += 1
+            return live()
+
+        return self.journal.call(key, kind, counted, name)
 
     def states(self, machine: Machine) -> dict[str, State]:
         index = self._states.get(id(machine))
@@ -291,7 +305,7 @@ def _produce(rt: Runtime, level: Level, state: State, face: Produce, scope: Scop
     if fenced:
         system = f"{system}\n\n{FENCE_NOTICE}"
     tier = state.tier or frame.machine.tier
-    produced: Produced = rt.journal.call(
+    produced: Produced = rt.call(
         calls.next(), "produce", lambda: rt.provider.produce(system, user, tier, face.reason)
     )
     return _parse(face, produced.text, state.name), produced.reasoning, produced.usage
@@ -327,7 +341,7 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
         return tool(arguments)
 
     try:
-        observation = rt.journal.call(key, "tool", live, face.tool)
+        observation = rt.call(key, "tool", live, face.tool)
     except (Halt, Suspend, ProviderError):
         raise
     except Exception as error:  # a host tool failed: the run halts, it does not crash
