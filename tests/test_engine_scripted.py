@@ -61,11 +61,12 @@ def test_reasoning_is_returned_only_when_asked_for():
     assert provider.produce("s", "u", "fast", False).reasoning is None
 
 
-def test_delay_ms_delays_every_produce():
+def test_delay_ms_delays_every_produce_and_judge():
     provider = ScriptedProvider({"delay_ms": 30})
     started = time.perf_counter()
     produce(provider)
-    assert time.perf_counter() - started >= 0.03
+    provider.judge(["c"], "o", None, {}, "fast")
+    assert time.perf_counter() - started >= 0.06
 
 
 def test_scripted_hooks_answer_in_order_and_repeat():

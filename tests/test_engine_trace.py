@@ -5,7 +5,8 @@ from __future__ import annotations
 from conformance.harness import run_mk, write_machines
 
 ALWAYS = {"step", "state", "policy", "to", "gate", "gate_via", "usage"}
-ALLOWED = ALWAYS | {"output", "branches", "reasoning", "sub_trace", "judge_fallback", "judge_none"}
+# `judge_parse` (how a real judge answer was read, ADR 0006) is the one addition to SPEC section 6.
+ALLOWED = ALWAYS | {"output", "branches", "reasoning", "sub_trace", "judge_fallback", "judge_none", "judge_parse"}
 USAGE = {"input_tokens", "output_tokens", "cost_usd"}
 
 MACHINE = """
