@@ -63,7 +63,9 @@ def run_json(project: Path, *args: str) -> tuple[int, dict]:
 def test_a_finished_run_exits_0_with_one_json_document(project):
     code, data = run_json(project, "--script", "greet.yaml", "--scenario", "polite")
     assert code == 0
-    assert list(data) == ["status", "error", "at", "result", "context", "trace", "usage"]
+    # The shape, plus `calls`: the model and tool calls this process paid for.
+    assert list(data) == ["status", "error", "at", "result", "context", "trace", "usage", "calls"]
+    assert data["calls"] == {"judge": 1, "produce": 1}
     assert (data["status"], data["error"], data["at"], data["result"]) == ("done", None, None, "Hello, Ada.")
     assert data["context"] == {"name": "Ada", "greeting": "Hello, Ada."}
     assert data["usage"]["input_tokens"] == 3 and data["usage"]["output_tokens"] == 2
