@@ -60,7 +60,7 @@ class InterruptAt:
     def __init__(self, control: Control, n: int):
         self.control, self.n, self.seen = control, n, 0
 
-    def __call__(self, chain, scopes):
+    def __call__(self, chain):
         self.seen += 1
         if self.seen == self.n:
             self.control.interrupted.set()

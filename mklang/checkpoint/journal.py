@@ -119,7 +119,7 @@ class FileJournal:
 
     # --- the engine's port --------------------------------------------------
 
-    def loop_top(self, chain: list[Frame], scopes: list[str]) -> None:
+    def loop_top(self, chain: list[Frame]) -> None:
         self.chain = chain
         if self._written >= self._threshold:
             self.snapshot(chain, status="running")

@@ -93,7 +93,7 @@ class LiveView:
     def __exit__(self, *exc: Any) -> None:
         self.live.__exit__(*exc)
 
-    def __call__(self, chain: list, scopes: list[str]) -> None:
+    def __call__(self, chain: list) -> None:
         frame = chain[-1]
         path = " › ".join(f"{f.machine.name}:{f.state}" for f in chain)
         tokens = sum(f.usage.tokens for f in chain)

@@ -96,7 +96,7 @@ def run(machine: Machine, context: dict[str, Any] | None = None, *, provider, to
 def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool) -> RunResult:
     """Run (or resume) the chain `frames`, root first, and report the outcome."""
     root = frames[0]
-    level = Level(root, 0, caps, suspendable, False, "r", [], [])
+    level = Level(root, 0, caps, suspendable, False, "r", [])
     try:
         run_frame(rt, level, frames[1:] or None)
     except Halt as halt:

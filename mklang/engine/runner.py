@@ -26,7 +26,7 @@ from mklang.engine.signals import Halt, Interrupted, Suspend
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
 from mklang.errors import MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
-from mklang.model import END, Call, Gate, Produce, State, ToolUse
+from mklang.model import END, Call, Gate, Machine, Produce, State, ToolUse
 from mklang.providers.base import Produced, Usage
 
 MAX_CALL_DEPTH = 8
@@ -66,7 +66,7 @@ class Caps:
 class NullJournal:
     """Runs without `--checkpoint`: nothing is persisted, every call is live."""
 
-    def loop_top(self, chain: list[Frame], scopes: list[str]) -> None:
+    def loop_top(self, chain: list[Frame]) -> None:
         pass
 
     def enter(self, depth: int, frame: Frame) -> None:
@@ -91,7 +91,7 @@ class Runtime:
     hitl: bool = False
     control: Control = field(default_factory=Control)
     journal: Any = field(default_factory=NullJournal)
-    observer: Callable[[list[Frame], list[str]], None] | None = None  # e.g. a live view
+    observer: Callable[[list[Frame]], None] | None = None  # called at every loop-top, e.g. a live view
     run_id: str = ""  # prefixes tool idempotency keys, so two runs never share one
     live_calls: Counter = field(default_factory=Counter)  # calls this process paid for, by kind
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
@@ -118,10 +118,10 @@ class Runtime:
 class Level:
     """One run level in flight: its frame plus where it sits in the run."""
 
-    __slots__ = ("frame", "depth", "caps", "suspendable", "branch", "scope", "chain", "scopes")
+    __slots__ = ("frame", "depth", "caps", "suspendable", "branch", "scope", "chain")
 
     def __init__(self, frame: Frame, depth: int, caps: Caps, suspendable: bool, branch: bool,
-                 scope: str, chain: list[Frame], scopes: list[str]):
+                 scope: str, chain: list[Frame]):
         self.frame = frame
         self.depth = depth
         self.caps = caps
@@ -129,7 +129,6 @@ class Level:
         self.branch = branch
         self.scope = scope
         self.chain = chain + [frame]  # root..this level, for durable loop-tops
-        self.scopes = scopes + [scope]
 
 
 def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> Frame:
@@ -143,9 +142,9 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
     states = rt.states(frame.machine)
     while True:
         if not level.branch:
-            rt.journal.loop_top(level.chain, level.scopes)
+            rt.journal.loop_top(level.chain)
             if rt.observer is not None:
-                rt.observer(level.chain, level.scopes)
+                rt.observer(level.chain)
         reason = _loop_top_reason(rt, level)
         if reason:
             if level.suspendable:
@@ -373,7 +372,7 @@ def _call(rt: Runtime, level: Level, state: State, face: Call, scope: Scope,
         if not (level.branch or branch):
             rt.journal.enter(level.depth + 1, child_frame)
     child = Level(child_frame, level.depth + 1, caps, level.suspendable, level.branch or branch,
-                  child_scope, level.chain, level.scopes)
+                  child_scope, level.chain)
     try:
         run_frame(rt, child, below)
     except Halt as halted:
