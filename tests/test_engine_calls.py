@@ -79,7 +79,7 @@ def test_a_failed_call_is_a_halting_step_with_the_child_trace(tmp_path):
 def test_the_parent_total_grows_by_the_child_spend_only_when_it_completes(tmp_path):
     machine = write_machines(tmp_path, PARENT, CHILD)
     seen = []
-    observer = lambda chain, scopes: seen.append((len(chain), chain[0].usage.tokens, chain[-1].usage.tokens))  # noqa: E731
+    observer = lambda chain, *_: seen.append((len(chain), chain[0].usage.tokens, chain[-1].usage.tokens))  # noqa: E731
     result = run(machine, provider=Recorder({"tokens": [3, 2]}), observer=observer)
     assert result.status == "done"
     # (levels, root total, innermost total) at each loop-top
