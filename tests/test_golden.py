@@ -27,6 +27,7 @@ STDLIB = ROOT / "machines"
 # of a folder are the sub-machines it calls.
 EXAMPLE_MAIN = {
     "approval": "approval.mk",
+    "kill-9-resume": "report.mk",
     "map-reduce": "digest.mk",
     "nested": "brief.mk",
     "plan-execute": "research.mk",
