@@ -61,16 +61,20 @@ def suspend_and_resume(folder: Path, steps: int) -> tuple[int, float, float]:
     return checkpoint.stat().st_size, write, resume
 
 
-def per_step_cost(folder: Path, steps: int) -> float:
+def per_step_cost(folder: Path, steps: int, repeats: int = 3) -> float:
+    """The best of `repeats`: other processes on the machine only ever add time."""
     machine = load_file(machine_file(folder, steps))
-    began = time.perf_counter()
-    plain = run(machine, provider=provider())
-    without = time.perf_counter() - began
-    began = time.perf_counter()
-    durable = start(machine, {}, checkpoint=folder / f"durable{steps}.json", provider=provider())
-    with_checkpoint = time.perf_counter() - began
-    assert plain.trace == durable.trace
-    return (with_checkpoint - without) / steps
+    costs = []
+    for attempt in range(repeats):
+        began = time.perf_counter()
+        plain = run(machine, provider=provider())
+        without = time.perf_counter() - began
+        began = time.perf_counter()
+        durable = start(machine, {}, checkpoint=folder / f"durable{steps}-{attempt}.json", provider=provider())
+        with_checkpoint = time.perf_counter() - began
+        assert plain.trace == durable.trace
+        costs.append((with_checkpoint - without) / steps)
+    return min(costs)
 
 
 def main() -> None:

@@ -92,9 +92,11 @@ class Frame:
         key = state.output
         if state.accumulate:
             current = lookup(self.context, key)
-            items = list(current) if isinstance(current, list) else ([] if current is None else [current])
-            items.append(value)
-            assign(self.context, key, items)
+            if isinstance(current, list):
+                current.append(value)  # in place: a long run must not copy its list every step
+            else:
+                assign(self.context, key, [] if current is None else [current])
+                lookup(self.context, key).append(value)
         else:
             assign(self.context, key, value)
         self.tainted.add(root_key(key))

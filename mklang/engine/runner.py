@@ -268,7 +268,8 @@ def _deposited_view(frame: Frame, state: State, output: Any) -> dict[str, Any]:
     """The context as it will be after this state's deposit, without touching the frame."""
     preview = Frame(frame.machine, frame.state, dict(frame.context), set(frame.tainted), frame.budget)
     key = root_key(state.output)
-    if key != state.output and key in preview.context:  # a nested deposit must not touch the frame
+    if (key != state.output or state.accumulate) and key in preview.context:
+        # Nested and accumulating deposits write inside the value: work on a copy.
         preview.context[key] = copy.deepcopy(preview.context[key])
     preview.deposit(state, output)
     return preview.context
