@@ -7,6 +7,7 @@ from typing import Any
 
 from mklang.checkpoint.envelope import load
 from mklang.checkpoint.journal import read_journal
+from mklang.providers.base import Usage
 
 
 def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
@@ -17,11 +18,18 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
     """
     envelope = load(path)
     frames = envelope.frames
-    records = read_journal(path, envelope.generation) if envelope.status == "running" else []
-    steps_after = sum(1 for record in records if record.get("k") == "step")
+    usage = Usage.from_json(envelope.usage)
+    steps_after = 0
+    if envelope.status == "running":
+        # The process died (or still runs): replay its journal to say where it really is.
+        from mklang.checkpoint import open_checkpoint
+
+        steps_after = sum(1 for r in read_journal(path, envelope.generation) if r.get("k") == "step")
+        chain = open_checkpoint(path, force=True).chain
+        frames = [frame.to_json() for frame in chain]
+        usage = sum((frame.usage for frame in chain), Usage())
     root = frames[0] if frames else {}
-    tokens = envelope.usage.get("input_tokens", 0) + envelope.usage.get("output_tokens", 0)
-    cost = envelope.usage.get("cost_usd", 0.0)
+    tokens, cost = usage.tokens, usage.cost_usd
     budgets = envelope.budgets
 
     def remaining(limit, spent):
@@ -50,8 +58,10 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         "resumable": envelope.status in ("running", "suspended"),
     }
     if envelope.status == "running":
+        innermost = frames[-1]
         summary["interrupted"] = (
-            f"the run was interrupted (killed or still running) after {steps_after} journaled step(s) "
-            f"past the snapshot; resume continues from its last durable loop-top"
+            f"the run was interrupted (killed, or still running) at {innermost['machine']}:{innermost['state']} "
+            f"({steps_after} journaled step(s) past the last snapshot); "
+            f"`mklang resume {path}` continues from there"
         )
     return summary

@@ -123,7 +123,7 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
     console.print(chain)
     for label, key in (("tokens", "tokens"), ("dollars", "cost_usd")):
         spend = summary[key]
-        limit = "no budget" if spend["budget"] is None else f"of {spend['budget']} ({spend['remaining']} left)"
+        limit = "(no budget)" if spend["budget"] is None else f"of {spend['budget']} ({spend['remaining']} left)"
         console.print(f"{label}: {spend['spent']} {limit}")
     if summary["last_steps"]:
         tree = Tree(Text("last steps", style="bold"))
