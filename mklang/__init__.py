@@ -27,8 +27,8 @@ def run(machine, context=None, **options):
     return engine_run(machine, context, **options)
 
 
-def resume(checkpoint, **options):
-    """Continue a suspended or crashed run from an envelope or a checkpoint path."""
+def resume(source, **options):
+    """Continue a suspended or crashed run from a checkpoint path or an `Envelope`."""
     from mklang.checkpoint import resume as checkpoint_resume
 
-    return checkpoint_resume(checkpoint, **options)
+    return checkpoint_resume(source, **options)

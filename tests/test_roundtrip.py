@@ -105,3 +105,22 @@ def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_pa
     assert (again2.status, again2.error) == ("suspended", "budget-exhausted")
     assert load(checkpoint).frames == frames_after  # idempotent: the same frames every time
     assert [f["state"] for f in frames_after] == [f["state"] for f in before.frames]
+
+
+def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
+    import mklang
+
+    root = _scripted_machines()[0][0].parent.parent
+    machine = load_file(root / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(root / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    checkpoint = tmp_path / "cp.json"
+    first = _start(machine, scenario, checkpoint)
+    assert (first.status, first.error, first.reply_to) == ("suspended", "escalated", "approval.answer")
+    envelope = load(checkpoint)
+    for target in (checkpoint, envelope):
+        host = ScriptedHost(scenario)
+        done = mklang.resume(target, provider=host.provider, tools=host.tools.functions(),
+                             hooks=host.hooks.functions(), scripted=host,
+                             set_values={"approval.answer": "yes"}, checkpoint=tmp_path / "again.json")
+        assert done.status == "done" and done.context["approval"]["answer"] == "yes"
+        assert done.trace[0] == first.trace[0]

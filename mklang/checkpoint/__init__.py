@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mklang import __version__
-from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load
+from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, save
 from mklang.checkpoint.journal import FileJournal, read_journal, recover
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
@@ -144,10 +144,21 @@ def continue_checkpoint(resumable: Resumable, *, provider, tools=None, hooks=Non
                     observer=observer)
 
 
-def resume(checkpoint: str | Path, *, provider, force: bool = False, machine_path: str | None = None,
-           **options: Any) -> RunResult:
-    """Python API: verify and resume a checkpoint file in one call."""
-    return continue_checkpoint(open_checkpoint(checkpoint, force=force, machine_path=machine_path),
+def resume(source: str | Path | Envelope, *, provider, force: bool = False,
+           machine_path: str | None = None, **options: Any) -> RunResult:
+    """Python API: verify and resume a checkpoint in one call.
+
+    `source` is a checkpoint file or an `Envelope`; an envelope is first
+    written to `checkpoint=PATH` (required then), where the run keeps
+    persisting. Other options are those of `continue_checkpoint`.
+    """
+    if isinstance(source, Envelope):
+        target = options.get("checkpoint")
+        if target is None:
+            raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
+        save(target, source)
+        source = target
+    return continue_checkpoint(open_checkpoint(source, force=force, machine_path=machine_path),
                                provider=provider, **options)
 
 
