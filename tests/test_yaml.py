@@ -108,3 +108,23 @@ def test_diagnostics_point_at_yaml_lines(text, expected):
     with pytest.raises(MkSyntaxError) as caught:
         parse_yaml(text, "m.mkl")
     assert [(d.line, d.col, d.code) for d in caught.value.diagnostics] == expected
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mklang.errors import LoadError  # noqa: E402
+
+yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.sampled_from(["2024-01-01", "{{x}}", "otherwise", "END", "!!set {a}", "[1", "a.b"]))
+yaml_trees = st.recursive(yaml_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.sampled_from(["machine", "entry", "budget", "states", "gates", "to", "when", "tool", "call", "input", "output", "context", "tools", "hooks", "name", "repair", "then", "over", "sample"]), st.text(max_size=4)), inner, max_size=5)), max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=120), yaml_trees.map(lambda tree: __import__("yaml").safe_dump(tree))))
+def test_arbitrary_yaml_yields_a_machine_or_a_diagnostic(text):
+    try:
+        machine = parse_yaml(text, "fuzz.mkl")
+    except LoadError as error:
+        assert error.diagnostics
+    else:
+        assert parse(format_machine(machine)) == machine

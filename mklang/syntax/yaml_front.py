@@ -22,6 +22,8 @@ TOP_KEYS = {"mklang": "version", "machine": "name", "entry": "entry", "budget": 
 STATE_KEYS = ("prompt", "structure", "execution", "reason", "parse", "call", "tool", "input", "tier", "output",
               "accumulate", "sample", "over", "max_visits", "gates")  # fmt: skip
 GATE_KEYS = ("when", "hook", "then", "to", "ask", "reply_to", "repair", "escalate", "fail")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)?\Z")
 _PLACEHOLDER = re.compile(r"\s*\{\{\s*([^{}]+?)\s*\}\}\s*\Z")
 
 
@@ -47,6 +49,14 @@ class _Reader:
 
     def value(self, node) -> Any:
         return self.constructor.construct_document(node)
+
+    def data(self, node, what: str) -> Any:
+        """A JSON-like value (context, input maps); dates, sets and other YAML types are refused."""
+        value = self.value(node)
+        if not _is_json(value):
+            self.error(node, "invalid-value", f"{what} must hold JSON values only (text, numbers, true/false, null, lists, maps)")
+            return {}
+        return value
 
     def mapping(self, node, what: str, allowed) -> list[tuple[str, Any, Any]]:
         """(key, key node, value node) of a mapping; unknown keys are reported."""
@@ -92,13 +102,24 @@ class _Reader:
         if field == "tier":
             return self.builder._choice(value, ("fast", "balanced", "reasoning"), "default_tier", span)
         if field == "context":
+            value = self.data(node, "context")
             if not isinstance(value, dict):
                 self.error(node, "invalid-value", "context must be a mapping")
                 return {}
             return value
-        if field in ("name", "entry"):
-            return self.builder._plain(value, "a name", span)
-        return str(value)
+        if field == "version":
+            if not _VERSION.match(str(value)):
+                self.error(node, "invalid-value", f'mklang must be a version number like 0.4, not "{value}"')
+            return str(value)
+        return self.name(node, {"name": "a machine name", "entry": "a state name"}.get(field, "a context path"), dotted=field == "result")
+
+    def name(self, node, what: str, dotted: bool = False) -> str:
+        """A name (or, when `dotted`, a context path) written as a YAML scalar."""
+        value = self.value(node)
+        if not isinstance(value, str) or not _NAME.match(value):
+            self.error(node, "invalid-name", f"{what} must be a name of letters, digits and _, not {value!r}")
+            return "_"
+        return value if dotted else self.builder._plain(value, what, self.span(node))
 
     def declarations(self, node, key: str) -> list[Declaration]:
         if not isinstance(node, self.yaml.SequenceNode):
@@ -111,7 +132,7 @@ class _Reader:
                 self.error(entry, "missing-field", f"a {key[:-1]} needs a name")
                 continue
             description = self.text(fields["description"], "a description") if "description" in fields else ""
-            name = self.builder._plain(self.value(fields["name"]), f"a {key[:-1]} name", self.span(fields["name"]))
+            name = self.name(fields["name"], f"a {key[:-1]} name")
             found.append(make(Declaration, name=name, description=description, span=self.span(entry)))
         return found
 
@@ -122,7 +143,10 @@ class _Reader:
         elif isinstance(node, self.yaml.SequenceNode):
             pairs = []
             for entry in node.value:
-                name_node = next((v for k, v in getattr(entry, "value", []) if self.value(k) == "name"), None)
+                if not isinstance(entry, self.yaml.MappingNode):
+                    self.error(entry, "invalid-value", "a state must be a mapping")
+                    continue
+                name_node = next((v for k, v in entry.value if self.value(k) == "name"), None)
                 if name_node is None:
                     self.error(entry, "missing-field", "a state needs a name")
                     continue
@@ -131,7 +155,7 @@ class _Reader:
         else:
             self.error(node, "invalid-value", "states must be a mapping of name to state")
             return []
-        return [self.state(str(name), name_node, body) for name, name_node, body in pairs]
+        return [self.state(self.name(name_node, "a state name"), name_node, body) for _, name_node, body in pairs]
 
     def state(self, name: str, name_node, node) -> _Item:
         items, inputs, faces = [], None, []
@@ -141,22 +165,28 @@ class _Reader:
             if key == "gates":
                 items += self.gates(value_node)
             elif key == "input":
-                inputs = value
+                inputs = self.data(value_node, "input")
+                if not isinstance(inputs, dict):
+                    self.error(value_node, "invalid-value", "input must be a mapping")
+                    inputs = None
             elif key in ("call", "tool"):
-                faces.append((key, value, span))
+                faces.append((key, self.name(value_node, f"a {'machine' if key == 'call' else 'tool'} name"), span))
             elif key in ("sample", "max_visits"):
                 items.append(_Item(key, self.builder._whole(value, key, span), span))
             elif key in ("reason", "accumulate"):
                 if value:
                     items.append(_Item(key, True, span))
             elif key == "over":
-                match = _PLACEHOLDER.match(str(value))
-                items.append(_Item(key, match.group(1) if match else str(value), span))
+                match = _PLACEHOLDER.match(value) if isinstance(value, str) else None
+                path = match.group(1) if match else value
+                if not isinstance(path, str) or not _NAME.match(path):
+                    self.error(value_node, "invalid-name", f'over must name a context list, as "{{{{list}}}}" or list, not {value!r}')
+                items.append(_Item(key, path if isinstance(path, str) else "_", span))
             elif key in ("tier", "parse"):
                 allowed = ("fast", "balanced", "reasoning") if key == "tier" else ("list", "json")
                 items.append(_Item(key, self.builder._choice(value, allowed, key, span), span))
             elif key == "output":
-                items.append(_Item(key, self.builder._plain(value, "an output key", span), span))
+                items.append(_Item(key, self.name(value_node, "an output key"), span))
             else:
                 items.append(_Item(key, self.text(value_node, key), span))
         for key, value, span in faces:  # the `input` map applies to whichever face there is
@@ -176,9 +206,9 @@ class _Reader:
         return [_Item("gate", gate, gate.span) for gate in map(self.gate, node.value) if gate is not None]
 
     def gate(self, node) -> Gate | None:
-        fields = {key: self.value(value) for key, _, value in self.mapping(node, "a gate", GATE_KEYS)}
-        when = fields.get("when")
-        when = None if when in (None, "otherwise") else str(when)
+        nodes = {key: value for key, _, value in self.mapping(node, "a gate", GATE_KEYS)}
+        fields = {key: self.value(value) for key, value in nodes.items()}
+        when = None if fields.get("when") in (None, "otherwise") else self.text(nodes["when"], "when")
         then = fields.get("then", "ok")
         policy, repair = "ok", None
         if fields.get("fail") or then == "fail":
@@ -191,20 +221,33 @@ class _Reader:
             repair = self.builder._whole(budget, "repair", self.span(node))
         elif then != "ok":
             self.error(node, "invalid-value", f'a gate\'s "then" must be ok, repair, escalate or fail, not "{then}"')
-        target = fields.get("to")
-        if policy != "fail" and target is None:
+        if policy != "fail" and "to" not in nodes:
             self.error(node, "missing-field", 'this gate needs a target: "to: <state>" or "to: END"')
             return None
-        return make(Gate, 
+        escalate = policy == "escalate"
+        return make(
+            Gate,
             when=when,
-            hook=fields.get("hook"),
+            hook=self.name(nodes["hook"], "a hook name") if "hook" in nodes else None,
             policy=policy,
-            target=None if policy == "fail" else str(target),
+            target=None if policy == "fail" else self.name(nodes["to"], "a state name"),
             repair=repair,
-            ask=fields.get("ask") if policy == "escalate" else None,
-            reply_to=fields.get("reply_to") if policy == "escalate" else None,
+            ask=self.text(nodes["ask"], "ask") if escalate and "ask" in nodes else None,
+            reply_to=self.name(nodes["reply_to"], "reply_to", dotted=True) if escalate and "reply_to" in nodes else None,
             span=self.span(node),
         )
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if isinstance(value, list):
+        return all(_is_json(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _is_json(item) for key, item in value.items())
+    return False
 
 
 def parse_yaml(text: str, filename: str | None = None) -> Machine:
