@@ -188,3 +188,34 @@ def test_cli_fmt_converts_yaml_and_reports_broken_files(tmp_path):
     broken = _machine_file(tmp_path, "machine m\nentry\n", "broken.mk")
     result = runner.invoke(app, ["fmt", str(broken)])
     assert result.exit_code == 2 and "broken.mk:2:6" in result.stderr and result.stdout == ""
+
+
+def _string_free_lines(text: str) -> list[int]:
+    """Indexes of lines outside `\"\"\"` blocks, where a comment can go."""
+    free, inside = [], False
+    for number, line in enumerate(text.split("\n")):
+        opens = line.count('"""') % 2 == 1
+        if not inside and not opens:
+            free.append(number)
+        inside ^= opens
+    return free
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(MACHINE_FILES or [None]), st.lists(st.tuples(st.integers(0, 10**6), st.booleans()), min_size=1, max_size=6))
+def test_comments_anywhere_survive_fmt(path, places):
+    if path is None:
+        return
+    lines = path.read_text(encoding="utf-8").split("\n")
+    free = _string_free_lines("\n".join(lines))
+    for number, (where, own_line) in enumerate(places):
+        index = free[where % len(free)]
+        if own_line:
+            lines[index] = f"# note {number}\n{lines[index]}"
+        elif lines[index].strip() and "#" not in lines[index]:
+            lines[index] += f"  # note {number}"
+    text = "\n".join(lines)
+    machine = parse(text)
+    formatted = format_machine(machine)
+    assert [n for n in range(len(places)) if f"# note {n}" in text] == [n for n in range(len(places)) if f"# note {n}" in formatted]
+    assert parse(formatted) == machine and format_machine(parse(formatted)) == formatted

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from mklang.errors import LoadError, MkSyntaxError
 from mklang.model import Call, Produce, ToolUse
-from mklang.syntax import load_file, parse
+from mklang.syntax import format_machine, load_file, parse
 from mklang.syntax import grammar as grammar_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,9 +245,11 @@ FRAGMENTS = st.sampled_from(
 @given(st.one_of(st.text(max_size=200), st.lists(FRAGMENTS, max_size=60).map(" ".join)))
 def test_arbitrary_text_yields_a_machine_or_a_diagnostic(text):
     try:
-        parse(text, "fuzz.mk")
+        machine = parse(text, "fuzz.mk")
     except LoadError as error:
         assert error.diagnostics and all(d.line >= 1 and d.col >= 1 and d.message for d in error.diagnostics)
+    else:
+        assert parse(format_machine(machine)) == machine
 
 
 @pytest.mark.parametrize("path", MACHINE_FILES, ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,7 +1,7 @@
 """The canonical `.mk` text of a machine (`mklang fmt`).
 
 One order and one layout: the header lines (`tier` only when it is not the
-default), the context, the declarations, then the states separated by blank
+default or carries a comment), the context, the declarations, then the states separated by blank
 lines; inside a state: tier, sample or over, the face, accumulate, output,
 max_visits, then the gates in their order. Comments come back where
 `comments.attach` put them. `parse(format_machine(m)) == m` for every machine.
@@ -51,7 +51,10 @@ class _Out:
 
     def statement(self, indent: str, text: str, before: list[str], after: str | None) -> None:
         self.comments(indent, before)
-        self.lines.append(indent + text + (f"  {after}" if after else ""))
+        if after:  # at the end of the statement's first line, as it was written
+            first, newline, rest = text.partition("\n")
+            text = f"{first}  {after}{newline}{rest}"
+        self.lines.append(indent + text)
 
     def field(self, node: Node, key: str, indent: str, text: str) -> None:
         notes = node.field_comments.get(key) or FieldComments.model_construct(before=[], after=None)
@@ -139,13 +142,13 @@ def format_machine(machine: Machine) -> str:
         ("entry", f"entry {machine.entry}"),
         ("budget", f"budget {machine.budget}"),
     ]
-    if machine.tier != "balanced":
+    if machine.tier != "balanced" or "tier" in machine.field_comments:  # a commented line stays
         header.append(("tier", f"tier {machine.tier}"))
     if machine.result is not None:
         header.append(("result", f"result {machine.result}"))
     for key, text in header:
         out.field(machine, key, "", text)
-    if machine.context:
+    if machine.context or "context" in machine.field_comments:
         out.blank()
         out.field(machine, "context", "", f"context {_block_map(machine.context, '')}")
     if machine.tools or machine.hooks:
