@@ -1,0 +1,297 @@
+"""`mklang run --checkpoint`, `resume` and `show` as scripts see them: real processes, real files.
+
+Exit codes (0 done, 1 halt, 2 unusable input or checkpoint, 3 suspended),
+one JSON document on stdout with `--format json`, never a traceback, and the
+resume options: raised budgets, unchanged budgets, `--set`, `--force`,
+`--machine`, `--checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mklang.checkpoint.envelope import load
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+# Five drafts are needed; `budget` is filled in per folder.
+LOOP = """\
+machine loop
+entry draft
+budget {budget}
+context {{
+  topic: "rivers"
+}}
+
+state draft {{
+  structure "One line."
+  prompt "Draft attempt about {{{{topic}}}}."
+  output text
+  when "the draft is good" -> END
+  when "the draft needs another try" -> draft
+  otherwise fail
+}}
+"""
+
+SCRIPT = """\
+scenarios:
+  - name: finishes
+    llm: {produce: [one, two, three, four, five], judge: [1, 1, 1, 1, 0], tokens: [3, 2]}
+  - name: gives-up
+    llm: {produce: [one, two, three, four, five], judge: [1, 1, 1, 1, none], tokens: [3, 2]}
+"""
+
+COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
+
+
+def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run the CLI; no run of it may print a Python traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "MKLANG_DEBUG"}
+    done = subprocess.run([sys.executable, "-m", "mklang", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def as_json(*args: str, cwd: Path) -> tuple[int, dict]:
+    """Run with `--format json`; stdout must be exactly one JSON document."""
+    done = mklang(*args, "--format", "json", cwd=cwd)
+    return done.returncode, json.loads(done.stdout)
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """A failure is exit 2, nothing on stdout and exactly one line on stderr."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def comparable(data: dict) -> dict:
+    return {key: data[key] for key in COMPARED}
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Path:
+    """`tight/loop.mk` (budget 3: suspends) and `roomy/loop.mk` (budget 10: the reference)."""
+    for folder, budget in (("tight", 3), ("roomy", 10)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "loop.mk").write_text(LOOP.format(budget=budget), encoding="utf-8")
+    (tmp_path / "loop.yaml").write_text(SCRIPT, encoding="utf-8")
+    return tmp_path
+
+
+def run_loop(cwd: Path, folder: str, scenario: str, *options: str) -> tuple[int, dict]:
+    return as_json("run", f"{folder}/loop.mk", "--script", "loop.yaml", "--scenario", scenario, *options, cwd=cwd)
+
+
+@pytest.fixture
+def approval(tmp_path: Path) -> Path:
+    """A copy of examples/approval, so tests can move and edit it."""
+    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    return tmp_path
+
+
+def suspend_approval(cwd: Path, checkpoint: str = "cp.json") -> dict:
+    code, data = as_json("run", "approval/approval.mk", "--script", "approval/scenarios.yaml",
+                         "--scenario", "ask-then-publish", "--hitl", "--checkpoint", checkpoint, cwd=cwd)
+    assert code == 3
+    return data
+
+
+# --- exit codes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("folder", "options", "code", "status", "error"), [
+    ("tight", [], 1, "halted", "budget-exhausted"),  # without a checkpoint a budget halts
+    ("tight", ["--checkpoint", "cp.json"], 3, "suspended", "budget-exhausted"),
+    ("roomy", ["--checkpoint", "cp.json", "--max-tokens", "7"], 3, "suspended", "cost-exhausted"),
+], ids=["budget-halts", "budget-suspends", "tokens-suspend"])
+def test_run_exit_codes_match_the_status(loop, folder, options, code, status, error):
+    returned, data = run_loop(loop, folder, "finishes", *options)
+    assert (returned, data["status"], data["error"]) == (code, status, error)
+    assert (loop / "cp.json").exists() == (status == "suspended")
+    if status == "suspended":
+        assert data["reason"] == error and data["frames"] == [{"machine": "loop", "state": "draft"}]
+        assert load(loop / "cp.json").status == "suspended"
+
+
+def test_no_hitl_on_the_command_line_wins_over_the_scenario(approval):
+    code, data = as_json("run", "approval/approval.mk", "--script", "approval/scenarios.yaml",
+                         "--scenario", "ask-then-publish", "--no-hitl", "--checkpoint", "cp.json", cwd=approval)
+    assert (code, data["status"]) == (0, "done")  # the escalation is an ordinary transition
+
+
+def test_resume_exits_1_when_the_resumed_run_halts(loop):
+    assert run_loop(loop, "tight", "gives-up", "--checkpoint", "cp.json")[0] == 3
+    code, data = as_json("resume", "cp.json", "--budget", "10", cwd=loop)
+    assert (code, data["status"], data["error"], data["at"]) == (1, "halted", "gate-fail", "draft")
+    assert load(loop / "cp.json").status == "halted"
+
+
+# --- resuming ---------------------------------------------------------------
+
+
+def test_raising_the_step_budget_completes_as_the_uninterrupted_run(loop):
+    code, reference = run_loop(loop, "roomy", "finishes")
+    assert (code, reference["status"]) == (0, "done")
+    code, first = run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    assert (code, len(first["trace"])) == (3, 3)
+    code, resumed = as_json("resume", "cp.json", "--budget", "10", cwd=loop)
+    assert code == 0
+    assert comparable(resumed) == comparable(reference)
+    # The resumed process paid only for the two drafts the suspended one had not made.
+    assert resumed["calls"] == {"judge": 2, "produce": 2}
+    assert first["calls"] == {"judge": 3, "produce": 3}
+
+
+def test_raising_the_token_budget_completes_as_the_uninterrupted_run(loop):
+    code, reference = run_loop(loop, "roomy", "finishes")
+    assert code == 0
+    code, first = run_loop(loop, "roomy", "finishes", "--checkpoint", "cp.json", "--max-tokens", "7")
+    assert (code, first["error"], len(first["trace"])) == (3, "cost-exhausted", 2)
+    # A new total that is still too small: it goes two steps further and suspends again.
+    code, again = as_json("resume", "cp.json", "--max-tokens", "17", cwd=loop)
+    assert (code, again["error"], len(again["trace"])) == (3, "cost-exhausted", 4)
+    code, resumed = as_json("resume", "cp.json", "--max-tokens", "100", cwd=loop)
+    assert code == 0
+    assert comparable(resumed) == comparable(reference)
+    assert resumed["usage"]["input_tokens"] == 15  # the spend before each suspension counts once
+    assert (first["calls"]["produce"], again["calls"]["produce"], resumed["calls"]["produce"]) == (2, 2, 1)
+
+
+def test_unchanged_budgets_re_suspend_at_the_same_place_with_identical_frames(loop):
+    code, first = run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    frames = load(loop / "cp.json").frames
+    code, again = as_json("resume", "cp.json", cwd=loop)
+    assert code == 3
+    assert comparable(again) == comparable(first)
+    assert again["calls"] == {}  # nothing was paid for
+    assert load(loop / "cp.json").frames == frames
+
+
+def test_the_readme_approval_flow_run_show_resume(approval):
+    data = suspend_approval(approval)
+    assert (data["status"], data["reason"], data["at"]) == ("suspended", "escalated", "decide")
+    assert data["ask"] == "Publish this announcement? Answer yes, or say what to change."
+    assert data["reply_to"] == "approval.answer"
+    shown = mklang("show", "cp.json", "--format", "text", cwd=approval)
+    assert shown.returncode == 0
+    assert "Publish this announcement? Answer yes, or say what to change." in shown.stdout
+    assert "--set approval.answer=" in shown.stdout
+    code, summary = as_json("show", "cp.json", cwd=approval)
+    assert (code, summary["status"], summary["reason"], summary["reply_to"]) == (
+        0, "suspended", "escalated", "approval.answer")
+    assert [(f["machine"], f["state"]) for f in summary["frames"]] == [("approval", "decide")]
+    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes", cwd=approval)
+    assert code == 0
+    assert done["result"] == "https://status.example.com/posts/118"
+    assert done["context"]["approval"]["answer"] == "yes"
+    assert [step["state"] for step in done["trace"]] == ["draft", "decide", "publish"]
+
+
+def test_editing_a_sub_machine_refuses_the_resume_naming_it_and_force_accepts(tmp_path):
+    shutil.copytree(EXAMPLES / "nested", tmp_path / "nested")
+    _, reference = as_json("run", "nested/brief.mk", "--script", "nested/scenarios.yaml",
+                           "--scenario", "two-sections-one-corrected", cwd=tmp_path)
+    code, first = as_json("run", "nested/brief.mk", "--script", "nested/scenarios.yaml",
+                          "--scenario", "two-sections-one-corrected", "--checkpoint", "cp.json",
+                          "--max-tokens", "300", cwd=tmp_path)
+    assert code == 3
+    assert first["frames"] == [{"machine": "brief", "state": "add_section"}, {"machine": "section", "state": "check"}]
+    sub = tmp_path / "nested" / "fact_check.mk"
+    assert str(sub) in load(tmp_path / "cp.json").machines  # loaded by the run, so its hash is recorded
+    sub.write_text(sub.read_text(encoding="utf-8") + "# reviewed\n", encoding="utf-8")
+    line = error_line(mklang("resume", "cp.json", "--max-tokens", "100000", cwd=tmp_path))
+    assert "fact_check.mk" in line and "changed" in line and "--force" in line
+    assert load(tmp_path / "cp.json").status == "suspended"  # the refusal leaves the checkpoint as it was
+    code, resumed = as_json("resume", "cp.json", "--max-tokens", "100000", "--force", cwd=tmp_path)
+    assert code == 0
+    assert comparable(resumed) == comparable(reference)
+
+
+def test_a_moved_root_machine_resumes_with_the_machine_option(approval):
+    suspend_approval(approval)
+    (approval / "moved").mkdir()
+    shutil.move(approval / "approval" / "approval.mk", approval / "moved" / "approval.mk")
+    line = error_line(mklang("resume", "cp.json", "--set", "approval.answer=yes", cwd=approval))
+    assert "approval.mk" in line and "--machine" in line
+    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes",
+                         "--machine", "moved/approval.mk", cwd=approval)
+    assert (code, done["status"]) == (0, "done")
+
+
+def test_resume_with_checkpoint_writes_the_re_suspension_elsewhere(loop):
+    run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    original = (loop / "cp.json").read_bytes()
+    code, again = as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
+    assert code == 3
+    assert (loop / "cp.json").read_bytes() == original
+    assert load(loop / "other.json").status == "suspended"
+    assert load(loop / "other.json").frames == load(loop / "cp.json").frames
+    code, done = as_json("resume", "other.json", "--budget", "10", cwd=loop)
+    assert (code, done["status"]) == (0, "done")
+    assert (loop / "cp.json").read_bytes() == original
+    assert load(loop / "cp.json").status == "suspended"  # still resumable from where it was
+
+
+@pytest.mark.parametrize(("scenario", "code", "reason"), [
+    ("finishes", 0, "already finished"),
+    ("gives-up", 1, "halted (gate-fail)"),
+])
+def test_a_finished_checkpoint_refuses_to_resume(loop, scenario, code, reason):
+    assert run_loop(loop, "roomy", scenario, "--checkpoint", "cp.json")[0] == code
+    line = error_line(mklang("resume", "cp.json", cwd=loop))
+    assert reason in line and "cannot be resumed" in line
+
+
+# --- bad checkpoints -------------------------------------------------------
+
+
+VALID = {"format": 1, "mklang_version": "0", "run_id": "r", "status": "suspended",
+         "machine": {"name": "loop", "path": None, "sha256": None}, "frames": []}
+
+
+BAD = {
+    "missing": (None, "no such checkpoint file"),
+    "empty": ("", "empty"),
+    "truncated": (json.dumps(VALID)[:40], "not valid JSON"),
+    "not-json": ("checkpoint? what checkpoint?", "not valid JSON"),
+    "array": ("[1, 2, 3]", "expected a JSON object"),
+    "format-99": (json.dumps({**VALID, "format": 99}), "format 99"),
+    "missing-fields": (json.dumps({"format": 1}), "mklang_version"),
+    "no-frames": (json.dumps(VALID), "no frames"),
+}
+
+
+def _bad_cases(command: str, names: list[str]):
+    return [pytest.param(command, *BAD[name], id=f"{command}-{name}") for name in names]
+
+
+@pytest.mark.parametrize(("command", "content", "needle"), _bad_cases("resume", list(BAD))
+                         + _bad_cases("show", ["missing", "truncated", "array"]))
+def test_a_bad_checkpoint_exits_2_with_one_clear_line(tmp_path, command, content, needle):
+    if content is not None:
+        (tmp_path / "cp.json").write_text(content, encoding="utf-8")
+    line = error_line(mklang(command, "cp.json", cwd=tmp_path))
+    assert line.startswith("mklang: error: cp.json: ") and needle in line
+
+
+def test_the_checkpoint_file_is_owner_only_even_when_it_existed(loop):
+    checkpoint = loop / "cp.json"
+    checkpoint.write_text("{}", encoding="utf-8")
+    checkpoint.chmod(0o644)
+    assert run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")[0] == 3
+    assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
+    as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
+    assert stat.S_IMODE((loop / "other.json").stat().st_mode) == 0o600
