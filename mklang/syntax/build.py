@@ -15,7 +15,7 @@ from typing import Any
 
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import TIERS, Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
-from mklang.syntax._parser import Token, Transformer, v_args
+from mklang.syntax._parser import Token
 from mklang.syntax.construct import make
 from mklang.syntax.text import decode_block, decode_string
 
@@ -39,14 +39,26 @@ def _token_span(token: Token, file: str | None) -> Span:
     )
 
 
-@v_args(meta=True, inline=True)
-class Builder(Transformer):
-    """Turns one parse tree into a `Machine`; collects what makes that impossible."""
+class Builder:
+    """Turns one parse tree into a `Machine`; collects what makes that impossible.
+
+    A plain recursive walk: each tree node calls the method named like its
+    rule with its meta and transformed children; each token goes through the
+    method named like its terminal, if there is one. (Lark's `Transformer`
+    with `v_args` cost more than the rest of the builder together.)
+    """
 
     def __init__(self, file: str | None):
-        super().__init__()
         self.file = file
         self.diagnostics: list[Diagnostic] = []
+
+    def transform(self, node):
+        if isinstance(node, Token):
+            cast = getattr(self, node.type, None)
+            return node if cast is None else cast(node)
+        if node is None:
+            return None
+        return getattr(self, node.data)(node.meta, *[self.transform(child) for child in node.children])
 
     # -- helpers -------------------------------------------------------------
 
@@ -104,9 +116,6 @@ class Builder(Transformer):
 
     def TRIPLE_STRING(self, token: Token) -> str:
         return decode_block(token)
-
-    def NUMBER(self, token: Token) -> Token:
-        return token  # cast where the rule knows whether it wants a whole number
 
     def TRUE(self, _token: Token) -> bool:
         return True
