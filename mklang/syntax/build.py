@@ -9,6 +9,7 @@ SPEC section 3 belongs to `mklang.check`.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,19 @@ def _token_span(token: Token, file: str | None) -> Span:
     )
 
 
+# Value-bearing keywords; every other string terminal is a keyword or bracket
+# that only marks a position.
+_VALUE_WORDS = frozenset({"END", "TRUE", "FALSE", "NULL"})
+
+
+@functools.cache
+def _silent_terminals() -> frozenset[str]:
+    """Keyword and bracket terminals: kept in the tree for positions, not passed to methods."""
+    from mklang.syntax.parser import _parser
+
+    return frozenset(t.name for t in _parser().terminals if t.pattern.type == "str") - _VALUE_WORDS
+
+
 class Builder:
     """Turns one parse tree into a `Machine`; collects what makes that impossible.
 
@@ -51,20 +65,32 @@ class Builder:
     def __init__(self, file: str | None):
         self.file = file
         self.diagnostics: list[Diagnostic] = []
+        self._first: Token | None = None
+        self._last: Token | None = None
 
     def transform(self, node):
         if isinstance(node, Token):
+            if self._first is None:
+                self._first = node
+            self._last = node
             cast = getattr(self, node.type, None)
             return node if cast is None else cast(node)
         if node is None:
             return None
-        return getattr(self, node.data)(node.meta, *[self.transform(child) for child in node.children])
+        outer, self._first = self._first, None
+        values = [self.transform(child) for child in node.children]
+        meta = (self._first, self._last)  # the node's first and last token: its extent
+        self._first = outer if outer is not None else self._first
+        silent = _silent_terminals()
+        args = [v for v, child in zip(values, node.children) if not (isinstance(child, Token) and child.type in silent)]
+        return getattr(self, node.data)(meta, *args)
 
     # -- helpers -------------------------------------------------------------
 
     def _span(self, meta) -> Span:
-        return make(Span,
-            file=self.file, line=meta.line, col=meta.column, end_line=meta.end_line, end_col=meta.end_column
+        first, last = meta
+        return make(
+            Span, file=self.file, line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column
         )
 
     def _error(self, span: Span, code: str, message: str) -> None:
@@ -221,7 +247,10 @@ class Builder:
         return _Item("gate", make(Gate, **condition, **policy, span=span), span)
 
     def when(self, _meta, text, hook) -> dict:
-        return {"when": text, "hook": self._plain(hook, "a hook name") if hook is not None else None}
+        return {"when": text, "hook": hook}
+
+    def hook(self, _meta, name) -> str:
+        return self._plain(name, "a hook name")
 
     def otherwise(self, _meta) -> dict:
         return {"when": None, "hook": None}

@@ -16,7 +16,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 PARSER_MODULE = Path(__file__).resolve().parent / "_parser.py"
 
 # The options the parser is built with, shared by the generator and the strict test.
-OPTIONS = {"parser": "lalr", "lexer": "contextual", "propagate_positions": True, "maybe_placeholders": True}
+OPTIONS = {"parser": "lalr", "lexer": "contextual", "propagate_positions": False, "maybe_placeholders": True}
 
 
 def grammar_path() -> Path:

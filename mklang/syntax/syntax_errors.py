@@ -27,14 +27,14 @@ WORDS = {
     "FALSE": "false",
     "NULL": "null",
     "_ARROW": '"->"',
-    "_LBRACE": '"{"',
-    "_RBRACE": '"}"',
-    "_LBRACKET": '"["',
-    "_RBRACKET": '"]"',
+    "LBRACE": '"{"',
+    "RBRACE": '"}"',
+    "LBRACKET": '"["',
+    "RBRACKET": '"]"',
     "_COLON": '":"',
     "_COMMA": '","',
 }
-# The other keywords (`_MACHINE`, `_REPLY_TO`, ...) read as themselves.
+# The other keywords (`MACHINE`, `REPLY_TO`, ...) read as themselves.
 
 # What a NAME stands for, by the word before it.
 NAME_AFTER = {
@@ -55,16 +55,16 @@ NAME_AFTER = {
 
 # Sets of terminals that read better as one phrase: when the core set is
 # expected, the phrase replaces every member.
-_HEADER = {"_MKLANG", "_MACHINE", "_ENTRY", "_BUDGET", "_TIER", "_RESULT", "_CONTEXT", "_TOOL", "_HOOK", "_STATE"}
+_HEADER = {"MKLANG", "MACHINE", "ENTRY", "BUDGET", "TIER", "RESULT", "CONTEXT", "TOOL", "HOOK", "STATE"}
 _STATEMENT = {
-    "_PROMPT", "_STRUCTURE", "_EXECUTION", "_REASON", "_PARSE", "_CALL", "_TOOL", "_TIER", "_OUTPUT",
-    "_ACCUMULATE", "_SAMPLE", "_OVER", "_MAX_VISITS", "_WHEN", "_OTHERWISE",
+    "PROMPT", "STRUCTURE", "EXECUTION", "REASON", "PARSE", "CALL", "TOOL", "TIER", "OUTPUT",
+    "ACCUMULATE", "SAMPLE", "OVER", "MAX_VISITS", "WHEN", "OTHERWISE",
 }  # fmt: skip
 GROUPS = (
-    ({"_MACHINE", "_ENTRY", "_STATE"}, _HEADER, "a header line (machine, entry, budget, ...) or a state"),
-    ({"_PROMPT", "_OUTPUT", "_WHEN"}, _STATEMENT, "a state statement (prompt, output, when, otherwise, ...)"),
-    ({"_ARROW", "_REPAIR"}, {"_ARROW", "_REPAIR", "_ESCALATE", "_FAIL"}, 'a policy ("->", repair, escalate or fail)'),
-    ({"STRING", "NUMBER", "_LBRACE"}, {"STRING", "TRIPLE_STRING", "NUMBER", "TRUE", "FALSE", "NULL", "_LBRACE", "_LBRACKET"}, "a value"),
+    ({"MACHINE", "ENTRY", "STATE"}, _HEADER, "a header line (machine, entry, budget, ...) or a state"),
+    ({"PROMPT", "OUTPUT", "WHEN"}, _STATEMENT, "a state statement (prompt, output, when, otherwise, ...)"),
+    ({"_ARROW", "REPAIR"}, {"_ARROW", "REPAIR", "ESCALATE", "FAIL"}, 'a policy ("->", repair, escalate or fail)'),
+    ({"STRING", "NUMBER", "LBRACE"}, {"STRING", "TRIPLE_STRING", "NUMBER", "TRUE", "FALSE", "NULL", "LBRACE", "LBRACKET"}, "a value"),
 )
 
 # Labelled snippets of common mistakes: the parser state and token type where
@@ -137,7 +137,7 @@ def _describe(expected: set[str], previous: str | None) -> str:
         if name == "NAME" and previous in NAME_AFTER:
             words.append(NAME_AFTER[previous])
         else:
-            words.append(WORDS.get(name, f'"{name.lstrip("_").lower()}"'))
+            words.append(WORDS.get(name, f'"{name.lower()}"'))
     if not words:
         return "nothing more"
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" or {words[-1]}"
@@ -181,7 +181,7 @@ def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> 
             message += ", but the file ends"
         elif token.type != "_NL":
             message += f", not {_quote(str(token))}"
-        if opened and (token.type == "$END" or {"_RBRACE", "_RBRACKET"} & set(expected)):
+        if opened and (token.type == "$END" or {"RBRACE", "RBRACKET"} & set(expected)):
             block = opened[-1]
             message += f' (the "{block.text}" at line {block.line} is still open)'
     return Diagnostic(file, line, col, line, end_col, "error", "syntax", message)
