@@ -100,6 +100,13 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
 def write_atomic(path: str | Path, payload: bytes) -> None:
     """Replace `path` with `payload` so that a crash leaves the old or the new file."""
     path = Path(path)
+    try:
+        _write_atomic(path, payload)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot write the checkpoint: {error.strerror}") from None
+
+
+def _write_atomic(path: Path, payload: bytes) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:

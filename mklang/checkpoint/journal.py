@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from mklang.checkpoint.envelope import Envelope, dump, save, write_atomic
 from mklang.engine.frame import Frame
+from mklang.errors import CheckpointError
 from mklang.providers.base import Produced, Usage, Verdict
 
 MIN_COMPACT_BYTES = 256 * 1024
@@ -111,10 +112,13 @@ class FileJournal:
         `durable` lines are also fsynced (they survive a power cut)."""
         data = _line(record)
         with self._lock:
-            self._handle.write(data)
-            self._handle.flush()
-            if durable:
-                os.fsync(self._handle.fileno())
+            try:
+                self._handle.write(data)
+                self._handle.flush()
+                if durable:
+                    os.fsync(self._handle.fileno())
+            except OSError as error:
+                raise CheckpointError(f"{self.journal}: cannot append to the journal: {error.strerror}") from None
             self._written += len(data)
 
     # --- the engine's port --------------------------------------------------

@@ -24,7 +24,7 @@ from mklang.engine.gates import select_gate
 from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt, Interrupted, Suspend
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
-from mklang.errors import MklangError, ProviderError
+from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.model import END, Call, Gate, Machine, Produce, State, ToolUse
 from mklang.providers.base import Produced, Usage
@@ -342,7 +342,7 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
 
     try:
         observation = rt.call(key, "tool", live, face.tool)
-    except (Halt, Suspend, ProviderError):
+    except (Halt, Suspend, ProviderError, CheckpointError):
         raise
     except Exception as error:  # a host tool failed: the run halts, it does not crash
         raise Halt(f"state-error: tool {face.tool}: {error}", state.name) from None
