@@ -55,7 +55,7 @@ COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 
 def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run the CLI; no run of it may print a Python traceback."""
-    env = {k: v for k, v in os.environ.items() if k != "MKLANG_DEBUG"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MKLANG_", "OPENAI_", "ANTHROPIC_"))}
     done = subprocess.run([sys.executable, "-m", "mklang", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=60)
     assert "Traceback" not in done.stderr, done.stderr
@@ -212,7 +212,9 @@ def test_editing_a_sub_machine_refuses_the_resume_naming_it_and_force_accepts(tm
     sub = tmp_path / "nested" / "fact_check.mk"
     assert str(sub) in load(tmp_path / "cp.json").machines  # loaded by the run, so its hash is recorded
     sub.write_text(sub.read_text(encoding="utf-8") + "# reviewed\n", encoding="utf-8")
-    line = error_line(mklang("resume", "cp.json", "--max-tokens", "100000", cwd=tmp_path))
+    # Hashes are verified before any provider is set up (this one has no API key).
+    line = error_line(mklang("resume", "cp.json", "--max-tokens", "100000", "--provider", "openai",
+                             "--model", "m", cwd=tmp_path))
     assert "fact_check.mk" in line and "changed" in line and "--force" in line
     assert load(tmp_path / "cp.json").status == "suspended"  # the refusal leaves the checkpoint as it was
     code, resumed = as_json("resume", "cp.json", "--max-tokens", "100000", "--force", cwd=tmp_path)
@@ -253,6 +255,19 @@ def test_a_finished_checkpoint_refuses_to_resume(loop, scenario, code, reason):
     assert run_loop(loop, "roomy", scenario, "--checkpoint", "cp.json")[0] == code
     line = error_line(mklang("resume", "cp.json", cwd=loop))
     assert reason in line and "cannot be resumed" in line
+
+
+def test_a_malformed_resume_option_is_a_usage_error(loop):
+    run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    line = error_line(mklang("resume", "cp.json", "--set", "no-equals-sign", cwd=loop))
+    assert "--set" in line
+    assert load(loop / "cp.json").status == "suspended"
+
+
+def test_a_checkpoint_path_in_a_missing_folder_exits_2_with_one_line(loop):
+    line = error_line(mklang("run", "roomy/loop.mk", "--script", "loop.yaml", "--scenario", "finishes",
+                             "--checkpoint", "missing/cp.json", cwd=loop))
+    assert "missing/cp.json" in line and "internal error" not in line
 
 
 # --- bad checkpoints -------------------------------------------------------
