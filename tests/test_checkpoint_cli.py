@@ -172,6 +172,7 @@ def test_raising_the_token_budget_completes_as_the_uninterrupted_run(loop):
 
 def test_unchanged_budgets_re_suspend_at_the_same_place_with_identical_frames(loop):
     code, first = run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    assert code == 3
     frames = load(loop / "cp.json").frames
     code, again = as_json("resume", "cp.json", cwd=loop)
     assert code == 3
@@ -193,7 +194,8 @@ def test_the_readme_approval_flow_run_show_resume(approval):
     assert (code, summary["status"], summary["reason"], summary["reply_to"]) == (
         0, "suspended", "escalated", "approval.answer")
     assert [(f["machine"], f["state"]) for f in summary["frames"]] == [("approval", "decide")]
-    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes", cwd=approval)
+    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes", "--script",
+                         "approval/scenarios.yaml", "--scenario", "ask-then-publish", cwd=approval)
     assert code == 0
     assert done["result"] == "https://status.example.com/posts/118"
     assert done["context"]["approval"]["answer"] == "yes"
