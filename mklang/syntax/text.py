@@ -17,6 +17,8 @@ _UNSAFE_IN_BLOCK = re.compile(r'"""|\r|[\x00-\x08\x0b-\x1f\x7f]')
 
 def decode_string(token: str) -> str:
     """The value of a `"..."` token; raises ValueError on a bad escape."""
+    if "\\" not in token:
+        return token[1:-1]  # no escapes: the text between the quotes is the value
     return json.loads(token, strict=False)
 
 
