@@ -126,9 +126,9 @@ def _real_journal(tmp_path: Path) -> tuple[Path, bytes, int]:
     journal = FileJournal(checkpoint, envelope)
     journal.snapshot([Frame.start(MACHINE)], status="running")
     journal.enter(1, Frame.start(MACHINE, {"x": 1}))
-    journal.call("r/1/0", "produce", lambda: Produced("déjà vu ✓", None, Usage(3, 2)))
-    journal.call("r/1/1", "judge", lambda: Verdict(0, Usage(1, 1), "strict"))
-    journal.call("r/1/2", "tool", lambda: "naïve — ünïcode ✓ " * 5)
+    journal.record("r/1/0", "produce", Produced("déjà vu ✓", None, Usage(3, 2)))
+    journal.record("r/1/1", "judge", Verdict(0, Usage(1, 1), "strict"))
+    journal.record("r/1/2", "tool", "naïve — ünïcode ✓ " * 5)
     journal.close()
     return checkpoint, journal_path(checkpoint).read_bytes(), journal.envelope.generation
 

@@ -64,7 +64,7 @@ class FileJournal:
         self.envelope = envelope  # the template every snapshot is written from
         self.position = position
         self.skip = skip
-        self.replay = dict(replay or {})
+        self.replay_set = dict(replay or {})
         self._lock = threading.Lock()
         self._handle = None
         self._written = 0
@@ -102,7 +102,7 @@ class FileJournal:
             self._handle.close()
         lines = [{"k": "gen", "g": generation}]
         # Answers not yet replayed must survive a second crash.
-        lines += [{"k": "call", "key": key, **entry} for key, entry in self.replay.items()]
+        lines += [{"k": "call", "key": key, **entry} for key, entry in self.replay_set.items()]
         write_atomic(self.journal, b"".join(_line(line) for line in lines))
         self._handle = open(self.journal, "ab")
         self._written = 0
@@ -138,16 +138,18 @@ class FileJournal:
         # A step lost to a power cut is re-executed from its durable calls: no fsync needed.
         self._append(line, durable=False)
 
-    def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
-        entry = self.replay.pop(key, None) if self.replay else None
-        if entry is not None and entry["kind"] == kind:
-            if self.skip is not None:
-                self.skip(kind, name)
-            return decode_answer(kind, entry["v"])
-        value = live()
+    def replay(self, key: str, kind: str, name: str | None) -> Any:
+        """The answer of a call that completed before a crash, or None."""
+        entry = self.replay_set.pop(key, None) if self.replay_set else None
+        if entry is None or entry["kind"] != kind:
+            return None
+        if self.skip is not None:
+            self.skip(kind, name)
+        return decode_answer(kind, entry["v"])
+
+    def record(self, key: str, kind: str, value: Any) -> None:
         # Paid for: durable before the engine uses it, so it is never paid twice.
         self._append({"k": "call", "key": key, "kind": kind, "v": encode_answer(kind, value)}, durable=True)
-        return value
 
     def finish(self, **fields: Any) -> None:
         """Record a terminal or suspended status as a full envelope; drop the journal."""

@@ -75,8 +75,11 @@ class NullJournal:
     def step(self, depth: int, record: dict[str, Any]) -> None:
         pass
 
-    def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
-        return live()
+    def replay(self, key: str, kind: str, name: str | None) -> Any:
+        return None
+
+    def record(self, key: str, kind: str, value: Any) -> None:
+        pass
 
 
 @dataclass
@@ -99,14 +102,15 @@ class Runtime:
 
     def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
         """Every model and tool call goes through here: the journal answers it when it
-        already completed before a crash; otherwise it runs and is counted."""
-
-        def counted() -> Any:
-            with self._count_lock:
-                self.live_calls[kind] += 1
-            return live()
-
-        return self.journal.call(key, kind, counted, name)
+        completed before a crash; otherwise it runs, is counted and is journaled."""
+        answer = self.journal.replay(key, kind, name)
+        if answer is not None:
+            return answer
+        with self._count_lock:
+            self.live_calls[kind] += 1
+        value = live()
+        self.journal.record(key, kind, value)
+        return value
 
     def states(self, machine: Machine) -> dict[str, State]:
         index = self._states.get(id(machine))
