@@ -22,11 +22,13 @@ entry tick
 budget {budget}
 state tick {{
   structure "anything"
-  prompt "tick {{{{n}}}}"
+  prompt "{prompt}"
   output n
   {gate}
 }}
 """
+PLAIN = "tick"
+FENCED = "tick {{{{n}}}}"  # interpolates the previous (untrusted) output: fenced every step
 FAN_OUT = """
 machine fan
 entry vote
@@ -41,8 +43,8 @@ state vote {
 """
 
 
-def per_step(gate: str, judge) -> float:
-    machine = parse(LOOP.format(budget=STEPS, gate=gate), "loop.mk")
+def per_step(gate: str, judge, prompt: str = PLAIN) -> float:
+    machine = parse(LOOP.format(budget=STEPS, gate=gate, prompt=prompt), "loop.mk")
     timings = []
     for _ in range(5):
         provider = ScriptedProvider({"produce": ["ok"], "judge": judge})
@@ -67,8 +69,10 @@ def fan_out(concurrency: int = 8) -> tuple[float, float]:
 def main() -> None:
     otherwise = per_step("otherwise -> tick", [0])
     judged = per_step('when "keep going" -> tick', [0])
+    fenced = per_step("otherwise -> tick", [0], FENCED)
     print(f"engine overhead per step, otherwise gate : {otherwise:6.1f} us  (target <= 16 us)")
     print(f"engine overhead per step, judged gate    : {judged:6.1f} us  (target <= 40 us)")
+    print(f"  with an untrusted value fenced per step: {fenced:6.1f} us  (otherwise gate)")
     elapsed, ideal = fan_out()
     print(f"50-branch fan-out, delay 100 ms, concurrency 8: {elapsed * 1000:6.0f} ms "
           f"(ideal {ideal * 1000:.0f} ms, ratio {elapsed / ideal:.2f}x, target <= 1.5x)")
