@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import os
+import secrets
 from functools import lru_cache
 from typing import Any
 
@@ -167,9 +167,9 @@ def render_prompt(template: str, scope: Scope) -> tuple[str, bool]:
         values.append((render_value(value), tainted))
     nonce = None
     if any(tainted for _, tainted in values):
-        nonce = os.urandom(6).hex()
+        nonce = secrets.token_hex(6)
         while any(tainted and nonce in text for text, tainted in values):
-            nonce = os.urandom(6).hex()
+            nonce = secrets.token_hex(6)
     out = [literals[0]]
     for (text, tainted), literal in zip(values, literals[1:]):
         out.append(f"<data-{nonce}>\n{text}\n</data-{nonce}>" if tainted else text)
