@@ -13,7 +13,6 @@ from pathlib import Path
 
 from mklang.errors import Diagnostic, LoadError
 from mklang.model import END, Call, Machine, Node, Produce, Span, State, ToolUse
-from mklang.syntax.construct import make
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)[^{}]*\}\}")
 FAN_OUT_KEYS = ("item", "index")
@@ -26,7 +25,7 @@ class _Findings:
         self.found: list[Diagnostic] = []
 
     def add(self, where: Span | None, severity: str, code: str, message: str) -> None:
-        span = where or make(Span)
+        span = where or Span()
         self.found.append(
             Diagnostic(self.file, span.line, span.col, span.end_line, span.end_col, severity, code, message)
         )
@@ -48,7 +47,7 @@ def _head(node: Node) -> Span | None:
     span = node.span
     if span is None or span.line == span.end_line:
         return span
-    return make(Span, file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 5)
+    return Span(file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 5)
 
 
 def _suggest(name: str, known) -> str:

@@ -1,16 +1,20 @@
 """Typed model of a machine (SPEC sections 1-2).
 
-Every node carries a source `span` and the `comments` that precede it; both
-are presentation, not meaning, so they are left out of equality and of
-`model_dump()`: `parse(fmt(m)) == m` compares what the machine does.
-Invalid combinations are unrepresentable: a state has exactly one `face`.
+Every node carries a source `span` and the comments around it; both are
+presentation, not meaning, so they are left out of equality:
+`parse(fmt(m)) == m` compares what the machine does. Invalid combinations
+are unrepresentable: a state has exactly one `face`.
+
+The nodes are standard-library dataclasses, keyword-only: loading a machine
+is on the start-up path of every command, and pydantic's import alone costs
+more than the whole `mklang check` budget (ADR 0010). The front ends check
+every value they put into a node.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, Union
-
-from pydantic import BaseModel, ConfigDict, Field
 
 Tier = Literal["fast", "balanced", "reasoning"]
 TIERS: tuple[str, ...] = ("fast", "balanced", "reasoning")
@@ -20,10 +24,9 @@ DEFAULT_REPLY_TO = "human.reply"
 LANGUAGE_VERSION = "0.4"
 
 
-class Span(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Span:
     """Where a node came from: 1-based line and column, end inclusive-exclusive."""
-
-    model_config = ConfigDict(frozen=True, defer_build=True)
 
     file: str | None = None
     line: int = 1
@@ -32,52 +35,71 @@ class Span(BaseModel):
     end_col: int = 1
 
 
-class FieldComments(BaseModel):
+@dataclass(kw_only=True)
+class FieldComments:
     """Comments around a one-line statement that sets a field (`entry x`, `output y`)."""
 
-    model_config = ConfigDict(defer_build=True)
-
-    before: list[str] = Field(default_factory=list)  # own-line comments above it
+    before: list[str] = field(default_factory=list)  # own-line comments above it
     after: str | None = None  # the comment at the end of its line
 
 
-class Node(BaseModel):
-    """Base of every model node; span and comments never take part in equality.
-
-    Schemas are built on first validation (`defer_build`), not at import: the
-    front end builds nodes with `model_construct`, so `mklang check` never pays
-    for pydantic's schema generation.
-    """
-
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+@dataclass(kw_only=True, eq=False)
+class Node:
+    """Base of every model node; span and comments never take part in equality."""
 
     # Fields that describe presentation, not meaning: skipped by equality.
     _presentation: ClassVar[frozenset[str]] = frozenset(
         {"span", "comments", "line_comment", "trailing_comments", "field_spans", "field_comments"}
     )
 
-    span: Span | None = Field(default=None, exclude=True, repr=False)
-    comments: list[str] = Field(default_factory=list, exclude=True, repr=False)
+    span: Span | None = field(default=None, repr=False)
+    comments: list[str] = field(default_factory=list, repr=False)
     # The comment at the end of the node's first line (`state x {  # why`).
-    line_comment: str | None = Field(default=None, exclude=True, repr=False)
+    line_comment: str | None = field(default=None, repr=False)
     # Comments after the node's last child (before a state's `}`, at the end of a file).
-    trailing_comments: list[str] = Field(default_factory=list, exclude=True, repr=False)
+    trailing_comments: list[str] = field(default_factory=list, repr=False)
     # Where each field was set, by field name (`budget`, `sample`, `prompt`...).
-    field_spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
-    field_comments: dict[str, FieldComments] = Field(default_factory=dict, exclude=True, repr=False)
+    field_spans: dict[str, Span] = field(default_factory=dict, repr=False)
+    field_comments: dict[str, FieldComments] = field(default_factory=dict, repr=False)
 
     def __eq__(self, other: object) -> bool:
         if type(self) is not type(other):
             return NotImplemented
-        return all(
-            getattr(self, name) == getattr(other, name)
-            for name in type(self).model_fields
-            if name not in self._presentation
-        )
+        return all(getattr(self, name) == getattr(other, name) for name in _meaning(type(self)))
 
     __hash__ = None  # type: ignore[assignment]
 
+    def replace(self, **changes: Any) -> "Node":
+        """A copy with some fields changed (the nodes inside are shared)."""
+        return replace(self, **changes)
 
+    def to_json(self) -> dict[str, Any]:
+        """The meaning of the node as plain JSON data (no spans, no comments)."""
+        return {name: _plain(getattr(self, name)) for name in _meaning(type(self))}
+
+
+_MEANING: dict[type, tuple[str, ...]] = {}
+
+
+def _meaning(cls: type) -> tuple[str, ...]:
+    """The fields of `cls` that take part in equality, in declaration order."""
+    names = _MEANING.get(cls)
+    if names is None:
+        names = _MEANING[cls] = tuple(f.name for f in fields(cls) if f.name not in cls._presentation)
+    return names
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Node):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+@dataclass(kw_only=True, eq=False)
 class Gate(Node):
     """A condition plus a policy. `when is None` means the catch-all `otherwise`."""
 
@@ -106,6 +128,7 @@ class Gate(Node):
         return self.reply_to or DEFAULT_REPLY_TO
 
 
+@dataclass(kw_only=True, eq=False)
 class Produce(Node):
     """Generative face: an LLM writes the output."""
 
@@ -117,6 +140,7 @@ class Produce(Node):
     parse: Literal["list", "json"] | None = None
 
 
+@dataclass(kw_only=True, eq=False)
 class Call(Node):
     """Call face: a sub-machine produces the output."""
 
@@ -125,6 +149,7 @@ class Call(Node):
     input: dict[str, Any] | None = None
 
 
+@dataclass(kw_only=True, eq=False)
 class ToolUse(Node):
     """Tool face: a host callable produces the output."""
 
@@ -136,9 +161,10 @@ class ToolUse(Node):
 Face = Union[Produce, Call, ToolUse]
 
 
+@dataclass(kw_only=True, eq=False)
 class State(Node):
     name: str
-    face: Face = Field(discriminator="kind")
+    face: Face
     tier: Tier | None = None
     output: str
     accumulate: bool = False
@@ -152,6 +178,7 @@ class State(Node):
         return self.sample is not None or self.over is not None
 
 
+@dataclass(kw_only=True, eq=False)
 class Declaration(Node):
     """A declared tool or hook: its name and what it does."""
 
@@ -159,6 +186,7 @@ class Declaration(Node):
     description: str = ""
 
 
+@dataclass(kw_only=True, eq=False)
 class Machine(Node):
     name: str
     version: str | None = None  # the `mklang 0.4` line, when present
@@ -166,14 +194,34 @@ class Machine(Node):
     budget: int
     tier: Tier = "balanced"
     result: str | None = None
-    context: dict[str, Any] = Field(default_factory=dict)
-    tools: list[Declaration] = Field(default_factory=list)
-    hooks: list[Declaration] = Field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+    tools: list[Declaration] = field(default_factory=list)
+    hooks: list[Declaration] = field(default_factory=list)
     states: list[State]
     # Where the machine was loaded from; set by the loader, not part of meaning.
-    path: str | None = Field(default=None, exclude=True, repr=False)
+    path: str | None = field(default=None, repr=False)
 
     _presentation: ClassVar[frozenset[str]] = Node._presentation | {"path"}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> "Machine":
+        """Build a machine from plain data (the shape of `to_json`), validated by pydantic.
+
+        Raises `mklang.errors.LoadError` naming the first invalid field.
+        """
+        from pydantic import TypeAdapter, ValidationError
+
+        from mklang.errors import Diagnostic, LoadError
+
+        global _ADAPTER
+        if _ADAPTER is None:
+            _ADAPTER = TypeAdapter(cls)
+        try:
+            return _ADAPTER.validate_python(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise LoadError([Diagnostic(None, 1, 1, 1, 1, "error", "invalid-machine", f"{where}: {first['msg']}")]) from None
 
     def state(self, name: str) -> State | None:
         """The state called `name`, or None."""
@@ -181,3 +229,6 @@ class Machine(Node):
             if state.name == name:
                 return state
         return None
+
+
+_ADAPTER = None  # pydantic's validator of Machine, built on first use

@@ -123,7 +123,7 @@ def run_scenario(machine, scenario: Scenario, **options):
     host = ScriptedHost(scenario)
     settings = scenario.run
     if settings.get("budget") is not None:
-        machine = machine.model_copy(update={"budget": int(settings["budget"])})
+        machine = machine.replace(budget=int(settings["budget"]))
     kwargs = dict(
         provider=host.provider,
         tools=host.tools.functions(),

@@ -48,7 +48,7 @@ def machine(**changes) -> Machine:
     data = json.loads(json.dumps(MACHINE))
     for state in data["states"]:
         state["face"].update(changes.get(state["name"], {}))
-    return Machine.model_validate(data)
+    return Machine.from_data(data)
 
 
 class Model:
@@ -258,7 +258,7 @@ def test_fan_out_shares_the_providers_request_limit(tmp_path, server):
         return answer(request.user.upper(), input_tokens=2, output_tokens=1)
 
     server.handler = slow
-    result = mklang.run(Machine.model_validate(data), provider=make_provider(config_path=path), concurrency=5)
+    result = mklang.run(Machine.from_data(data), provider=make_provider(config_path=path), concurrency=5)
     assert result.status == "done"
     assert result.context["votes"] == [f"VOTE NUMBER {i}." for i in range(5)]
     assert (peak, server.count) == (2, 5)

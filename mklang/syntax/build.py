@@ -17,7 +17,6 @@ from typing import Any
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import TIERS, Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
 from mklang.syntax._parser import Token
-from mklang.syntax.construct import make
 from mklang.syntax.text import decode_block, decode_string
 
 PRODUCE_FIELDS = ("structure", "execution", "prompt", "reason", "parse")
@@ -35,8 +34,7 @@ class _Item:
 
 
 def _token_span(token: Token, file: str | None) -> Span:
-    return make(Span,
-        file=file, line=token.line, col=token.column, end_line=token.end_line, end_col=token.end_column
+    return Span(file=file, line=token.line, col=token.column, end_line=token.end_line, end_col=token.end_column
     )
 
 
@@ -89,8 +87,7 @@ class Builder:
 
     def _span(self, meta) -> Span:
         first, last = meta
-        return make(
-            Span, file=self.file, line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column
+        return Span(file=self.file, line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column
         )
 
     def _error(self, span: Span, code: str, message: str) -> None:
@@ -194,8 +191,7 @@ class Builder:
 
     def _declaration(self, key: str, meta, name: Token, description: str | None) -> _Item:
         span = self._span(meta)
-        node = make(Declaration, 
-            name=self._plain(name, f"a {key[:-1]} name"), description=description or "", span=span
+        node = Declaration(name=self._plain(name, f"a {key[:-1]} name"), description=description or "", span=span
         )
         return _Item(key, node, span)
 
@@ -218,12 +214,12 @@ class Builder:
 
     def call(self, meta, name, inputs) -> _Item:
         span = self._span(meta)
-        face = make(Call, machine=self._plain(name, "a machine name"), input=inputs, span=span)
+        face = Call(machine=self._plain(name, "a machine name"), input=inputs, span=span)
         return _Item("call", face, span)
 
     def tool_use(self, meta, name, inputs) -> _Item:
         span = self._span(meta)
-        return _Item("tool", make(ToolUse, tool=self._plain(name, "a tool name"), input=inputs, span=span), span)
+        return _Item("tool", ToolUse(tool=self._plain(name, "a tool name"), input=inputs, span=span), span)
 
     def output(self, meta, name) -> _Item:
         return _Item("output", self._plain(name, "an output key"), self._span(meta))
@@ -244,7 +240,7 @@ class Builder:
 
     def gate(self, meta, condition: dict, policy: dict) -> _Item:
         span = self._span(meta)
-        return _Item("gate", make(Gate, **condition, **policy, span=span), span)
+        return _Item("gate", Gate(**condition, **policy, span=span), span)
 
     def when(self, _meta, text, hook) -> dict:
         return {"when": text, "hook": hook}
@@ -297,8 +293,7 @@ class Builder:
             self._error(span, "no-output", f"{owner} has no output: add `output <key>`")
         if face is None or "output" not in fields:
             return _Item("state", None, span)
-        node = make(State, 
-            name=state_name,
+        node = State(name=state_name,
             face=face,
             gates=gates,
             span=span,
@@ -334,7 +329,7 @@ class Builder:
         if missing:
             return None
         values = {key: fields[key].value for key in PRODUCE_FIELDS if key in fields}
-        return make(Produce, **values, span=item.span)
+        return Produce(**values, span=item.span)
 
     def start(self, _meta, *items: _Item) -> Machine | None:
         return self.assemble_machine(items)
@@ -354,11 +349,10 @@ class Builder:
         states = [item.value for item in declarations["state"] if item.value is not None]
         if self.diagnostics:
             return None
-        return make(Machine, 
-            tools=[item.value for item in declarations["tools"]],
+        return Machine(tools=[item.value for item in declarations["tools"]],
             hooks=[item.value for item in declarations["hooks"]],
             states=states,
-            span=make(Span, file=self.file),
+            span=Span(file=self.file),
             field_spans={key: item.span for key, item in fields.items()},
             **{key: item.value for key, item in fields.items()},
         )

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Iterable
 
 from mklang.model import FieldComments, Machine, Node, Span
-from mklang.syntax.construct import make
 from mklang.syntax.lexemes import Lexeme
 
 
@@ -23,7 +22,7 @@ class _Slot:
         self.owner, self.key, self.span = owner, key, span
 
     def _field(self) -> FieldComments:
-        return self.owner.field_comments.setdefault(self.key, make(FieldComments, before=[], after=None))
+        return self.owner.field_comments.setdefault(self.key, FieldComments(before=[], after=None))
 
     def add_before(self, text: str) -> None:
         (self.owner.comments if self.key is None else self._field().before).append(text)

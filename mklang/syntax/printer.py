@@ -57,7 +57,7 @@ class _Out:
         self.lines.append(indent + text)
 
     def field(self, node: Node, key: str, indent: str, text: str) -> None:
-        notes = node.field_comments.get(key) or FieldComments.model_construct(before=[], after=None)
+        notes = node.field_comments.get(key) or FieldComments()
         self.statement(indent, text, notes.before, notes.after)
 
     def node(self, node: Node, indent: str, text: str) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Call, Declaration, Gate, Machine, Span, ToolUse
 from mklang.syntax.build import Builder, _Item
-from mklang.syntax.construct import make
 
 # YAML key -> `.mk` statement, where they differ.
 TOP_KEYS = {"mklang": "version", "machine": "name", "entry": "entry", "budget": "budget", "default_tier": "tier",
@@ -40,8 +39,7 @@ class _Reader:
 
     def span(self, node) -> Span:
         start, end = node.start_mark, node.end_mark
-        return make(Span, 
-            file=self.file, line=start.line + 1, col=start.column + 1, end_line=end.line + 1, end_col=end.column + 1
+        return Span(file=self.file, line=start.line + 1, col=start.column + 1, end_line=end.line + 1, end_col=end.column + 1
         )
 
     def error(self, node, code: str, message: str) -> None:
@@ -133,7 +131,7 @@ class _Reader:
                 continue
             description = self.text(fields["description"], "a description") if "description" in fields else ""
             name = self.name(fields["name"], f"a {key[:-1]} name")
-            found.append(make(Declaration, name=name, description=description, span=self.span(entry)))
+            found.append(Declaration(name=name, description=description, span=self.span(entry)))
         return found
 
     def states(self, node) -> list[_Item]:
@@ -190,12 +188,11 @@ class _Reader:
             else:
                 items.append(_Item(key, self.text(value_node, key), span))
         for key, value, span in faces:  # the `input` map applies to whichever face there is
-            face = (make(Call, machine=str(value), input=inputs, span=span) if key == "call"
-                    else make(ToolUse, tool=str(value), input=inputs, span=span))  # fmt: skip
+            face = (Call(machine=str(value), input=inputs, span=span) if key == "call"
+                    else ToolUse(tool=str(value), input=inputs, span=span))  # fmt: skip
             items.append(_Item(key, face, span))
         name_span, body = self.span(name_node), self.span(node)
-        span = make(Span, 
-            file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
+        span = Span(file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
         )
         return self.builder.assemble_state(name, name_span, span, items)
 
@@ -225,9 +222,7 @@ class _Reader:
             self.error(node, "missing-field", 'this gate needs a target: "to: <state>" or "to: END"')
             return None
         escalate = policy == "escalate"
-        return make(
-            Gate,
-            when=when,
+        return Gate(when=when,
             hook=self.name(nodes["hook"], "a hook name") if "hook" in nodes else None,
             policy=policy,
             target=None if policy == "fail" else self.name(nodes["to"], "a state name"),
