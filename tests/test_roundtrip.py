@@ -86,6 +86,48 @@ def test_suspending_at_every_loop_top_and_resuming_changes_nothing(machine_path,
         assert _outcome(resumed) == reference, f"resumed from loop-top {n} of {loop_tops}"
 
 
+class Spend:
+    """An observer that records, at each loop-top, the root's steps and the run's tokens."""
+
+    def __init__(self):
+        self.root_steps: list[int] = []
+        self.tokens: list[int] = []
+
+    def __call__(self, chain):
+        if len(chain) == 1:
+            self.root_steps.append(chain[0].steps)
+        self.tokens.append(sum(frame.usage.tokens for frame in chain))
+
+
+@pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))
+def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(machine_path, scenario, tmp_path):
+    machine = load_file(machine_path)
+    spend = Spend()
+    reference = _outcome(_start(machine, scenario, tmp_path / "ref.json", observer=spend))
+    trips = [("budget-exhausted", steps) for steps in sorted(set(spend.root_steps)) if steps < machine.budget]
+    if scenario.run.get("max_tokens") is None:
+        trips += [("cost-exhausted", tokens) for tokens in sorted(set(spend.tokens)) if tokens > 0]
+    resumed_count = 0
+    for reason, limit in trips:
+        checkpoint = tmp_path / f"{reason}-{limit}.json"
+        if reason == "budget-exhausted":
+            first = _start(machine.replace(budget=limit), scenario, checkpoint)
+            raise_budget = {"budget": machine.budget}
+        else:
+            host = ScriptedHost(scenario)
+            first = start(machine, dict(scenario.input), checkpoint=checkpoint, provider=host.provider,
+                          tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host,
+                          **{**_options(scenario), "max_tokens": limit})
+            raise_budget = {"max_tokens": 10**9}
+        if first.status != "suspended" or first.error != reason:
+            continue  # the run ended (or parked for a human) before the budget tripped
+        resumed = _resume(scenario, checkpoint, **raise_budget)
+        assert _outcome(resumed) == reference, f"resumed after {reason} at {limit}"
+        resumed_count += 1
+    if reference["status"] == "done" and len(set(spend.root_steps)) > 1:
+        assert resumed_count > 0, "a finished multi-step run must trip some budget"
+
+
 def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_path):
     root = _scripted_machines()[0][0].parent.parent  # examples/
     machine = load_file(root / "nested" / "brief.mk")
