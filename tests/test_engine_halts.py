@@ -123,3 +123,16 @@ def test_a_spent_token_budget_suspends_when_suspendable():
     result = run_mk(TWO_STATES.format(gates="otherwise -> END"), llm={"tokens": [5, 5]}, max_tokens=10,
                     suspendable=True)
     assert (result.status, result.error, result.at) == ("suspended", "cost-exhausted", "b")
+
+
+@pytest.mark.parametrize("second, extra, error", [
+    ('parse list\n      otherwise -> END', {}, "state-error: parse-list"),
+    ('when "x" -> END\n      when "y" hook missing -> END', {"judge": ["none"]}, "state-error: hook: unknown hook"),
+])
+def test_a_state_error_still_counts_what_the_state_paid_for(second, extra, error):
+    source = TWO_STATES.replace("{gates}", "").replace('prompt "q"', 'prompt "q"\n      ' + second)
+    result = run_mk(source.replace("{{", "{").replace("}}", "}"),
+                    llm={"produce": ["one", "not json"], "tokens": [3, 2], **extra})
+    assert result.status == "halted" and result.error.startswith(error)
+    assert len(result.trace) == 1  # a state-error records no step...
+    assert result.usage.tokens == 10  # ...but both produce calls were paid for

@@ -100,7 +100,7 @@ def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool
     try:
         run_frame(rt, level, frames[1:] or None)
     except Halt as halt:
-        result = RunResult("halted", halt.error, halt.at, None, root.context, root.trace, root.usage)
+        result = RunResult("halted", halt.error, halt.at, None, root.context, root.trace, root.usage + halt.usage)
     except Interrupted as interrupted:
         result = RunResult("halted", "interrupted", interrupted.args[0], None, root.context, root.trace, root.usage)
     except Suspend as suspend:

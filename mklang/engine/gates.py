@@ -58,7 +58,12 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
         if gate.when is None:
             return Choice(index, gate, usage, none_batches=none_batches, parsed_by=parsed_by)
         if gate.hook is not None:
-            if _ask_hook(rt, state, gate, context(), output):
+            try:
+                holds = _ask_hook(rt, state, gate, context(), output)
+            except Halt as halted:
+                halted.usage = usage  # judge batches before this hook were paid for
+                raise
+            if holds:
                 return Choice(index, gate, usage, none_batches=none_batches, parsed_by=parsed_by)
             position += 1
             continue

@@ -229,8 +229,12 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
         details.update(extra)
         charge = 1
     # Hooks and the judge see the context with this output deposited.
-    choice = select_gate(rt, frame, state, output, reasoning, lambda: _deposited_view(frame, state, output),
-                         prefix + ".g")
+    try:
+        choice = select_gate(rt, frame, state, output, reasoning, lambda: _deposited_view(frame, state, output),
+                             prefix + ".g")
+    except Halt as halted:
+        halted.usage = usage + halted.usage
+        raise
     if choice.usage.tokens or choice.usage.cost_usd:
         usage = usage + choice.usage
     if choice.fallback:
@@ -312,7 +316,12 @@ def _produce(rt: Runtime, level: Level, state: State, face: Produce, scope: Scop
     produced: Produced = rt.call(
         calls.next(), "produce", lambda: rt.provider.produce(system, user, tier, face.reason)
     )
-    return _parse(face, produced.text, state.name), produced.reasoning, produced.usage
+    try:
+        value = _parse(face, produced.text, state.name)
+    except Halt as halted:
+        halted.usage = produced.usage  # the answer was paid for even though it is unusable
+        raise
+    return value, produced.reasoning, produced.usage
 
 
 _FENCE = re.compile(r"^\s*```[\w-]*\s*\n(.*?)\n\s*```\s*$", re.S)
@@ -381,7 +390,8 @@ def _call(rt: Runtime, level: Level, state: State, face: Call, scope: Scope,
     try:
         run_frame(rt, child, below)
     except Halt as halted:
-        raise _CallFailed(f"call-failed: {halted.error}", child_frame.trace, child_frame.usage) from None
+        raise _CallFailed(f"call-failed: {halted.error}", child_frame.trace,
+                          child_frame.usage + halted.usage) from None
     return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
 
 
@@ -406,7 +416,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
                 rt, level, state, scope, Calls(f"{prefix}.{i + 1}"), None, branch=True
             )
         except Halt as halted:
-            return {"output": f"[branch-error: {halted.error}]", "usage": Usage().to_json()}
+            return {"output": f"[branch-error: {halted.error}]", "usage": halted.usage.to_json()}
         except _CallFailed as failed:
             return {"output": f"[branch-error: {failed.error}]", "usage": failed.usage.to_json(),
                     "sub_trace": failed.trace}

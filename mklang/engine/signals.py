@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from mklang.engine.frame import Frame
+from mklang.providers.base import Usage
 
 
 class Halt(Exception):
-    """The run stops for good: `error` is the halt kind (with detail), `at` the state."""
+    """The run stops for good: `error` is the halt kind (with detail), `at` the state.
 
-    def __init__(self, error: str, at: str | None):
+    `usage` is what the state had spent before it failed (a model answer that
+    did not parse was still paid for); the run's totals include it.
+    """
+
+    def __init__(self, error: str, at: str | None, usage: Usage = Usage()):
         super().__init__(error)
         self.error = error
         self.at = at
+        self.usage = usage
 
 
 class Suspend(Exception):
