@@ -12,18 +12,22 @@ __all__ = ["__version__", "load", "run", "resume"]
 
 
 def load(path):
-    """Load a `.mk` (or YAML `.mkl`/`.yaml`) machine file into a `Machine`."""
+    """Load a `.mk` (or YAML `.mkl`/`.yaml`) machine file into a `Machine`.
+
+    Raises `mklang.errors.LoadError` for syntax errors and for check errors.
+    """
+    from mklang.check import require_runnable
     from mklang.syntax import load_file
 
-    return load_file(path)
+    return require_runnable(load_file(path))
 
 
 def run(machine, context=None, **options):
     """Run `machine` (a `Machine` or a path) and return a `RunResult`."""
+    from mklang.check import require_runnable
     from mklang.engine import run as engine_run
 
-    if not hasattr(machine, "states"):
-        machine = load(machine)
+    machine = load(machine) if not hasattr(machine, "states") else require_runnable(machine)
     return engine_run(machine, context, **options)
 
 

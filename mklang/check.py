@@ -219,3 +219,15 @@ def check_file(path) -> list[Diagnostic]:
     except LoadError as error:
         return error.diagnostics
     return check(machine)
+
+
+def require_runnable(machine: Machine) -> Machine:
+    """The machine, when static checks find no error; else LoadError with the errors.
+
+    Running a machine that `mklang check` rejects would fail mid-run (or worse,
+    after paying for model calls); every way to run one checks it first.
+    """
+    errors = [d for d in check(machine) if d.severity == "error"]
+    if errors:
+        raise LoadError(errors)
+    return machine

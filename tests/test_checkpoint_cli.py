@@ -69,9 +69,10 @@ def as_json(*args: str, cwd: Path) -> tuple[int, dict]:
 
 
 def error_line(done: subprocess.CompletedProcess) -> str:
-    """A failure is exit 2, nothing on stdout and exactly one line on stderr."""
+    """A failure is exit 2, one error document on stdout (piped means JSON) and one line on stderr."""
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    assert done.stdout == ""
+    document = json.loads(done.stdout)
+    assert document["status"] == "error" and document["exit_code"] == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     return lines[0]

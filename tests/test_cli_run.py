@@ -99,13 +99,14 @@ def test_usage_errors_exit_2_with_one_line(project, args, needle):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
-    assert done.stdout == ""
+    document = json.loads(done.stdout)  # piped output is JSON: the one document is the error
+    assert (document["status"], document["exit_code"]) == ("error", 2) and needle in document["error"]
 
 
 def test_a_syntax_error_exits_2_naming_file_line_and_column(project):
     (project / "broken.mk").write_text("machine broken\nentry a\nbudget 5\nstate a {\n  output\n}\n", encoding="utf-8")
     done = mklang("run", "broken.mk", cwd=project)
-    assert done.returncode == 2 and done.stdout == ""
+    assert done.returncode == 2 and json.loads(done.stdout)["diagnostics"][0]["line"] == 5
     assert done.stderr.splitlines()[0].startswith("broken.mk:5:")
 
 
@@ -148,7 +149,7 @@ def test_test_json_output_lists_every_scenario(project):
 ])
 def test_a_bad_script_file_exits_2_with_one_line(project, text):
     (project / "bad.yaml").write_text(text, encoding="utf-8")
-    done = mklang("test", "greet.mk", "--script", "bad.yaml", cwd=project)
+    done = mklang("test", "greet.mk", "--script", "bad.yaml", "--format", "text", cwd=project)
     assert done.returncode == 2 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad.yaml" in lines[0]

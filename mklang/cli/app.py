@@ -9,9 +9,11 @@ MKLANG_DEBUG=1.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import sys
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Iterator
 
 import typer
@@ -44,17 +46,32 @@ def debug_enabled() -> bool:
     return os.environ.get("MKLANG_DEBUG") == "1"
 
 
-def fail(message: str, code: int = exitcodes.USAGE) -> "typer.Exit":
-    """Print one error line on stderr and return the Exit to raise."""
-    print(f"mklang: error: {message}", file=sys.stderr)
+# Set by `handle_errors(as_json=True)`: errors then also go to stdout as the one JSON document.
+_JSON_ERRORS: ContextVar[bool] = ContextVar("json_errors", default=False)
+
+
+def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> "typer.Exit":
+    """Report an error (one line on stderr; in JSON mode also a document on stdout)
+    and return the Exit to raise."""
+    if diagnostics is None:
+        print(f"mklang: error: {message}", file=sys.stderr)
+    if _JSON_ERRORS.get():
+        document = {"status": "error", "error": message, "exit_code": code}
+        if diagnostics is not None:
+            document["diagnostics"] = [d.to_json() for d in diagnostics]
+        print(json.dumps(document, ensure_ascii=False))
     return typer.Exit(code)
 
 
 @contextmanager
-def handle_errors() -> Iterator[None]:
-    """Map expected failures to one line and an exit code; re-raise in debug mode."""
+def handle_errors(as_json: bool = False) -> Iterator[None]:
+    """Map expected failures to one line and an exit code; re-raise in debug mode.
+
+    With `as_json`, stdout holds exactly one JSON document even on failure.
+    """
     from mklang.errors import CheckpointError, LoadError, MklangError
 
+    token = _JSON_ERRORS.set(as_json)
     try:
         yield
     except (typer.Exit, typer.Abort, SystemExit):
@@ -65,7 +82,7 @@ def handle_errors() -> Iterator[None]:
         from mklang.syntax.diagnostics import render_text
 
         print(render_text(error.diagnostics), file=sys.stderr)
-        raise typer.Exit(exitcodes.USAGE)
+        raise fail(str(error), exitcodes.USAGE, diagnostics=error.diagnostics)
     except (CheckpointError, MklangError) as error:
         if debug_enabled():
             raise
@@ -79,6 +96,8 @@ def handle_errors() -> Iterator[None]:
         if debug_enabled():
             raise
         raise fail(f"internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)", 1)
+    finally:
+        _JSON_ERRORS.reset(token)
 
 
 def version_callback(value: bool) -> None:

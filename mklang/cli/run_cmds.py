@@ -189,12 +189,13 @@ def run(
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Run a machine."""
-    with handle_errors():
+    with handle_errors(wants_json(format)):
         from mklang.engine import Control
+        from mklang.check import require_runnable
         from mklang.syntax import load_file
 
         as_json = wants_json(format)
-        loaded = load_file(machine)
+        loaded = require_runnable(load_file(machine))
         context: dict[str, Any] = {}
         if input_file is not None:
             context.update(_read_input(input_file))
@@ -265,7 +266,7 @@ def resume(
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
-    with handle_errors():
+    with handle_errors(wants_json(format)):
         from mklang.checkpoint import continue_checkpoint, open_checkpoint
         from mklang.engine import Control
 
@@ -304,7 +305,7 @@ def show(
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Status, reason, frame chain, spend against budgets, last steps and pending ask of a checkpoint."""
-    with handle_errors():
+    with handle_errors(wants_json(format)):
         from mklang.checkpoint.inspect import describe
         from mklang.cli.render import print_json, render_checkpoint
 
@@ -323,12 +324,13 @@ def test(
     format: OutputFormat = typer.Option(OutputFormat.text, "--format"),
 ) -> None:
     """Run the named scenarios of a script and compare them with their expectations."""
-    with handle_errors():
+    with handle_errors(wants_json(format)):
         from mklang.cli.render import print_json, stdout
         from mklang.scenarios import compare, load_script, run_scenario
+        from mklang.check import require_runnable
         from mklang.syntax import load_file
 
-        loaded = load_file(machine)
+        loaded = require_runnable(load_file(machine))
         scenarios = load_script(script)
         if scenario:
             missing = sorted(set(scenario) - {s.name for s in scenarios})
