@@ -61,10 +61,35 @@ def test_checkout_finds_the_top_level_grammar(tmp_path):
 
 
 def test_built_wheel_contains_grammar_parser_and_library(tmp_path):
-    builder = pytest.importorskip("hatchling.builders.wheel")
-    wheel = builder.WheelBuilder(str(ROOT)).build_standard(str(tmp_path))
+    from hatchling.builders.wheel import WheelBuilder
+
+    (wheel,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path), versions=["standard"])
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"mklang/grammar/mklang.lark", "mklang/syntax/_parser.py", "mklang/machines/chain_of_thought.mk"} <= names
+
+
+def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(tmp_path):
+    """Install the real wheel into a fresh environment and use it from another folder."""
+    from hatchling.builders.wheel import WheelBuilder
+
+    (wheel,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"), versions=["standard"])
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(env)], check=True)
+    python = env / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], check=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "uses_stdlib.mk").write_text(
+        "machine uses_stdlib\nentry think\nbudget 5\n"
+        "state think {\n  call chain_of_thought { question: \"why?\" }\n  output answer\n  otherwise -> END\n}\n"
+    )
+    probe = "import mklang, mklang.syntax.grammar as g; print(mklang.__file__); print(g.grammar_path())"
+    located = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True, check=True)
+    module, grammar = located.stdout.split()
+    assert module.startswith(str(env)) and grammar.startswith(str(env))
+    checked = subprocess.run([str(python), "-m", "mklang", "check", "uses_stdlib.mk"], cwd=elsewhere,
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr  # `call chain_of_thought` resolved in the installed library
 
 
 def test_version_is_printed_by_the_console_entry_point():
