@@ -69,17 +69,15 @@ class FileJournal:
         self._handle = None
         self._written = 0
         self._threshold = MIN_COMPACT_BYTES
-        self.chain: list[Frame] = []
 
     # --- snapshots --------------------------------------------------------
 
     def snapshot(self, chain: list[Frame], **fields: Any) -> None:
         """Write a full envelope of `chain` and start a fresh journal generation."""
-        self.chain = chain
         generation = self.envelope.generation + 1
         envelope = self.envelope.model_copy(update=dict(
             frames=[frame.to_json() for frame in chain],
-            usage=chain[0].usage.to_json(),
+            usage=sum((frame.usage for frame in chain), Usage()).to_json(),
             generation=generation,
             **self._host_update(),
             **fields,
@@ -124,7 +122,6 @@ class FileJournal:
     # --- the engine's port --------------------------------------------------
 
     def loop_top(self, chain: list[Frame]) -> None:
-        self.chain = chain
         if self._written >= self._threshold:
             self.snapshot(chain, status="running")
 
@@ -151,9 +148,8 @@ class FileJournal:
         # Paid for: durable before the engine uses it, so it is never paid twice.
         self._append({"k": "call", "key": key, "kind": kind, "v": encode_answer(kind, value)}, durable=True)
 
-    def finish(self, **fields: Any) -> None:
+    def finish(self, chain: list[Frame], **fields: Any) -> None:
         """Record a terminal or suspended status as a full envelope; drop the journal."""
-        chain = fields.pop("chain", None) or self.chain
         envelope = self.envelope.model_copy(update=dict(
             frames=[frame.to_json() for frame in chain],
             **self._host_update(),
