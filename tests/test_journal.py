@@ -1,0 +1,86 @@
+"""The crash journal in process: a run that dies at any loop-top, across compactions.
+
+`Crash` is raised from a loop-top observer: like SIGKILL, it stops the run
+with the checkpoint `running` and its journal as the process left them.
+The journal's compaction threshold is lowered so that these short runs
+rewrite their envelope many times.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_golden import EXAMPLES
+
+import mklang.checkpoint.journal as journal_module
+from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
+from mklang.checkpoint.envelope import load
+from mklang.scenarios import ScriptedHost, load_script
+from mklang.syntax import load_file
+
+
+class Crash(BaseException):
+    """Not an Exception: nothing in the engine may catch it, as nothing catches SIGKILL."""
+
+
+class CrashAt:
+    def __init__(self, n: int):
+        self.n, self.seen = n, 0
+
+    def __call__(self, chain):
+        self.seen += 1
+        if self.seen == self.n:
+            raise Crash
+
+
+def _host(scenario):
+    host = ScriptedHost(scenario)
+    return dict(provider=host.provider, tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host)
+
+
+def _outcome(result):
+    return json.loads(json.dumps({"status": result.status, "result": result.result, "context": result.context,
+                                  "trace": result.trace, "usage": result.usage.to_json()}))
+
+
+@pytest.fixture(autouse=True)
+def tiny_compaction(monkeypatch):
+    monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 512)
+
+
+@pytest.mark.parametrize("example, main, scenario_name", [
+    ("nested", "brief.mk", None),
+    ("map-reduce", "digest.mk", None),
+    ("triage", "triage.mk", "bug-answered-from-kb-after-one-repair"),
+])
+def test_a_run_that_dies_at_any_loop_top_resumes_to_the_same_run(example, main, scenario_name, tmp_path):
+    machine = load_file(EXAMPLES / example / main)
+    scenarios = load_script(EXAMPLES / example / "scenarios.yaml")
+    scenario = next(s for s in scenarios if scenario_name in (None, s.name))
+    counter = CrashAt(0)
+    reference = _outcome(start(machine, dict(scenario.input), checkpoint=tmp_path / "ref.json",
+                               observer=counter, **_host(scenario)))
+    assert reference["status"] == "done"
+    for n in range(2, counter.seen + 1):
+        checkpoint = tmp_path / f"cp{n}.json"
+        with pytest.raises(Crash):
+            start(machine, dict(scenario.input), checkpoint=checkpoint, observer=CrashAt(n), **_host(scenario))
+        assert load(checkpoint).status == "running"
+        resumed = continue_checkpoint(open_checkpoint(checkpoint), **_host(scenario))
+        assert _outcome(resumed) == reference, f"crashed at loop-top {n} of {counter.seen}"
+
+
+def test_long_runs_compact_their_journal_into_new_envelope_generations(tmp_path):
+    machine = load_file(EXAMPLES / "nested" / "brief.mk")
+    scenario = load_script(EXAMPLES / "nested" / "scenarios.yaml")[0]
+    checkpoint = tmp_path / "cp.json"
+    generations = []
+
+    def watch(chain):
+        generations.append(load(checkpoint).generation)
+
+    start(machine, dict(scenario.input), checkpoint=checkpoint, observer=watch, **_host(scenario))
+    assert generations[-1] > generations[0] + 2, generations  # rewritten several times along the way
+    assert load(checkpoint).status == "done"
+    assert not journal_module.journal_path(checkpoint).exists()  # a finished run leaves no journal
