@@ -72,6 +72,8 @@ def load_script(path: str | Path) -> list[Scenario]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise UsageError(f"{path}: cannot read the script: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: the script is not UTF-8 text") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

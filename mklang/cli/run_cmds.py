@@ -235,6 +235,8 @@ def _read_input(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise fail(f"{path}: cannot read --input: {error.strerror}")
+    except UnicodeDecodeError:
+        raise fail(f"{path}: --input is not UTF-8 text")
     except ValueError as error:
         raise fail(f"{path}: --input is not valid JSON: {error}")
     if not isinstance(data, dict):

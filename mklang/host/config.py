@@ -211,6 +211,8 @@ def _read(path: Path) -> HostConfig:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise UsageError(f"cannot read config {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: the config is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{path}: invalid TOML: {error}") from None
     where = str(path)
