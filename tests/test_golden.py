@@ -37,14 +37,14 @@ EXAMPLE_MAIN = {
 }
 
 
-def _scripted_machines() -> list[tuple[Path, Path]]:
+def scripted_machines() -> list[tuple[Path, Path]]:
     pairs = [(EXAMPLES / folder / main, EXAMPLES / folder / "scenarios.yaml") for folder, main in EXAMPLE_MAIN.items()]
     pairs += [(path, path.with_suffix(".scenarios.yaml")) for path in sorted(STDLIB.glob("*.mk"))]
     return pairs
 
 
 def _cases():
-    for machine, script in _scripted_machines():
+    for machine, script in scripted_machines():
         for scenario in load_script(script):
             label = f"{machine.parent.name}/{machine.stem}:{scenario.name}"
             yield pytest.param(machine, scenario, id=label)
@@ -79,7 +79,7 @@ def test_scenario_meets_its_expectations(machine_path, scenario, snapshot):
 
 def test_every_script_has_a_success_and_a_stop():
     """Each machine's script shows the happy path and at least one halt or suspension."""
-    for machine, script in _scripted_machines():
+    for machine, script in scripted_machines():
         statuses = {scenario.expect.get("status") for scenario in load_script(script)}
         assert "done" in statuses, machine
         assert statuses & {"halted", "halt", "suspended"}, machine

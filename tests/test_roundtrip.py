@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_golden import _scripted_machines
+from test_golden import scripted_machines
 
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load
@@ -48,7 +48,7 @@ def _outcome(result):
 
 
 def _cases():
-    for machine, script in _scripted_machines():
+    for machine, script in scripted_machines():
         for scenario in load_script(script):
             if scenario.run.get("budget") is None:
                 yield pytest.param(machine, scenario, id=f"{machine.parent.name}/{machine.stem}:{scenario.name}")
@@ -129,7 +129,7 @@ def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(ma
 
 
 def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_path):
-    root = _scripted_machines()[0][0].parent.parent  # examples/
+    root = scripted_machines()[0][0].parent.parent  # examples/
     machine = load_file(root / "nested" / "brief.mk")
     scenario = load_script(root / "nested" / "scenarios.yaml")[0]
     checkpoint = tmp_path / "cp.json"
@@ -152,7 +152,7 @@ def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_pa
 def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
     import mklang
 
-    root = _scripted_machines()[0][0].parent.parent
+    root = scripted_machines()[0][0].parent.parent
     machine = load_file(root / "approval" / "approval.mk")
     scenario = next(s for s in load_script(root / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     checkpoint = tmp_path / "cp.json"
