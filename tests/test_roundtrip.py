@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_golden import scripted_machines
+from test_golden import EXAMPLES, scripted_machines
 
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load
@@ -129,7 +129,7 @@ def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(ma
 
 
 def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_path):
-    root = scripted_machines()[0][0].parent.parent  # examples/
+    root = EXAMPLES
     machine = load_file(root / "nested" / "brief.mk")
     scenario = load_script(root / "nested" / "scenarios.yaml")[0]
     checkpoint = tmp_path / "cp.json"
@@ -152,7 +152,7 @@ def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_pa
 def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
     import mklang
 
-    root = scripted_machines()[0][0].parent.parent
+    root = EXAMPLES
     machine = load_file(root / "approval" / "approval.mk")
     scenario = next(s for s in load_script(root / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     checkpoint = tmp_path / "cp.json"
