@@ -33,7 +33,6 @@ PLUGIN = HERE / "ledger.py"
 DELAY = 0.04  # seconds per model request
 CONCURRENCY = 4  # the fan-out's branches in flight at once
 KILLS = 24  # at least 20 land inside the run; a run that ends first is skipped, not counted
-CONFIG_PATH: list[Path] = []  # set by the `config` fixture, read by `_start_run`
 LANDED: list[float] = []  # kill moments that landed inside a run
 
 
@@ -58,7 +57,6 @@ def server():
 @pytest.fixture(scope="module")
 def config(server, tmp_path_factory):
     path = tmp_path_factory.mktemp("cfg") / "mklang.toml"
-    CONFIG_PATH[:] = [path]
     path.write_text(
         "[tiers]\nfast = \"local:m\"\nbalanced = \"local:m\"\nreasoning = \"local:m\"\n\n"
         f"[providers.local]\nkind = \"openai\"\nbase_url = \"{server.openai_url}\"\n"
@@ -93,7 +91,7 @@ def reference(server, config, tmp_path_factory):
     folder = tmp_path_factory.mktemp("reference")
     ledger = folder / "ledger"
     before = server.count
-    process, started = _start_run(folder / "cp.json", ledger)
+    process, started = _start_run(folder / "cp.json", ledger, config)
     stdout, stderr = process.communicate(timeout=120)
     elapsed = time.monotonic() - started
     assert process.returncode == 0, stderr
@@ -101,10 +99,10 @@ def reference(server, config, tmp_path_factory):
             "tools": _keys(ledger), "elapsed": elapsed}
 
 
-def _start_run(checkpoint: Path, ledger: Path) -> tuple[subprocess.Popen, float]:
+def _start_run(checkpoint: Path, ledger: Path, config: Path) -> tuple[subprocess.Popen, float]:
     """Start `mklang run --checkpoint`; return it once its first checkpoint exists, and when that was."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "mklang", "run", str(MACHINE), "--config", str(CONFIG_PATH[0]),
+        [sys.executable, "-m", "mklang", "run", str(MACHINE), "--config", str(config),
          "--plugin", str(PLUGIN), "--checkpoint", str(checkpoint), "--concurrency", str(CONCURRENCY),
          "--format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(ledger),
@@ -130,7 +128,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_run(seed, reference, server,
     # Kill at a random moment of the run proper: from its first durable loop-top to its end.
     moment = rng.uniform(0.0, 0.9) * reference["elapsed"]
     before = server.count
-    process, _ = _start_run(checkpoint, ledger)
+    process, _ = _start_run(checkpoint, ledger, config)
     time.sleep(moment)
     process.send_signal(signal.SIGKILL)
     process.communicate()
