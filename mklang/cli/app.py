@@ -118,12 +118,12 @@ def _root(
 # Which module defines each command. Only the module of the command being run
 # is imported, which keeps start-up short; help imports them all.
 COMMAND_MODULES = {
-    "check": "syntax_cmds",
-    "fmt": "syntax_cmds",
     "run": "run_cmds",
     "test": "run_cmds",
     "resume": "run_cmds",
     "show": "run_cmds",
+    "check": "syntax_cmds",
+    "fmt": "syntax_cmds",
     "config": "provider_cmds",
     "graph": "authoring_cmds",
     "lsp": "authoring_cmds",
@@ -135,7 +135,8 @@ def _register_commands(args: list[str]) -> None:
 
     command = next((a for a in args if not a.startswith("-")), None)
     wanted = COMMAND_MODULES.get(command)
-    modules = [wanted] if wanted else sorted(set(COMMAND_MODULES.values()))
+    # Help lists commands in registration order: the order of COMMAND_MODULES.
+    modules = [wanted] if wanted else list(dict.fromkeys(COMMAND_MODULES.values()))
     for name in modules:
         importlib.import_module(f"mklang.cli.{name}")
 

@@ -41,7 +41,7 @@ def graph(
 
 @app.command()
 def lsp() -> None:
-    """Run the language server over stdio (needs the `mklang[lsp]` extra)."""
+    """Run the language server over stdio (install the lsp extra: pip install "mklang\\[lsp]")."""
     with handle_errors():
         try:
             from mklang.lsp.server import serve
