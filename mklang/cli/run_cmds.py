@@ -278,10 +278,11 @@ def resume(
         # Verify every recorded hash before any provider is set up.
         resumable = open_checkpoint(checkpoint, force=force, machine_path=str(machine) if machine else None)
         saved = resumable.envelope.host
-        if script is None and provider is None and model is None and replay is None and saved.script:
-            script, scenario = Path(saved.script), scenario or saved.scenario
-        elif script is None and provider is None and model is None and replay is None:
-            provider, model, config = saved.provider, saved.model, config or saved.config
+        if not any((script, provider, model, config, replay)):
+            # No host given: answer as the run did (scenario, cassette or provider; never re-record).
+            script = Path(saved.script) if saved.script else None
+            scenario = scenario or saved.scenario
+            provider, model, config, replay = saved.provider, saved.model, saved.config, saved.replay
         host = Host(script=script, scenario=scenario, provider=provider, model=model, config=config,
                     replay=replay, record=record, max_cost=max_cost or resumable.envelope.budgets.max_cost,
                     plugins=plugin if plugin is not None else saved.plugins)
