@@ -16,6 +16,7 @@ from typing import Any
 from mklang import __version__
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, save
 from mklang.checkpoint.journal import FileJournal, read_journal, recover
+from mklang.checkpoint.lock import RunLock, refuse_if_running
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.interpolate import assign, root_key
@@ -158,6 +159,7 @@ def resume(source: str | Path | Envelope, *, provider, force: bool = False,
             raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
         save(target, source)
         source = target
+    refuse_if_running(source)
     return continue_checkpoint(open_checkpoint(source, force=force, machine_path=machine_path),
                                provider=provider, **options)
 
@@ -174,19 +176,23 @@ def _execute(envelope: Envelope, chain: list[Frame], replay: dict, loader: Machi
         skip=scripted.skip if scripted is not None else None,
         replay=replay,
     )
-    journal.snapshot(chain, status="running")
-    rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=envelope.concurrency,
-                      hitl=envelope.hitl, control=control, journal=journal, loader=loader,
-                      observer=observer, run_id=envelope.run_id)
+    lock = RunLock(checkpoint).acquire()
     try:
-        result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
+        journal.snapshot(chain, status="running")
+        rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=envelope.concurrency,
+                          hitl=envelope.hitl, control=control, journal=journal, loader=loader,
+                          observer=observer, run_id=envelope.run_id)
+        try:
+            result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
+        finally:
+            journal.close()
+        usage = result.usage.to_json()
+        if result.status == "suspended":
+            journal.finish(result.frames, status="suspended", reason=result.error, detail=result.detail,
+                           ask=result.ask, reply_to=result.reply_to, at=result.at, usage=usage)
+        else:
+            journal.finish([chain[0]], status=result.status, error=result.error, at=result.at,
+                           result=result.result, usage=usage)
     finally:
-        journal.close()
-    usage = result.usage.to_json()
-    if result.status == "suspended":
-        journal.finish(chain=result.frames, status="suspended", reason=result.error, detail=result.detail,
-                       ask=result.ask, reply_to=result.reply_to, at=result.at, usage=usage)
-    else:
-        journal.finish(chain=[chain[0]], status=result.status, error=result.error, at=result.at,
-                       result=result.result, usage=usage)
+        lock.release()
     return result

@@ -7,6 +7,7 @@ from typing import Any
 
 from mklang.checkpoint.envelope import load
 from mklang.checkpoint.journal import read_journal
+from mklang.checkpoint.lock import holder
 from mklang.providers.base import Usage
 
 
@@ -59,9 +60,15 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
     }
     if envelope.status == "running":
         innermost = frames[-1]
-        summary["interrupted"] = (
-            f"the run was interrupted (killed, or still running) at {innermost['machine']}:{innermost['state']} "
-            f"({steps_after} journaled step(s) past the last snapshot); "
-            f"`mklang resume {path}` continues from there"
-        )
+        pid = holder(path)
+        where = f"{innermost['machine']}:{innermost['state']}"
+        if pid is not None:
+            summary["running_pid"] = pid
+            summary["interrupted"] = f"the run is still going in process {pid}, last durable at {where}"
+        else:
+            summary["interrupted"] = (
+                f"the run was interrupted at {where} ({steps_after} journaled step(s) past the last "
+                f"snapshot); `mklang resume {path}` continues from there"
+            )
+        summary["resumable"] = pid is None
     return summary

@@ -270,12 +270,14 @@ def resume(
     """Continue a suspended, interrupted or crashed run."""
     with handle_errors(wants_json(format)):
         from mklang.checkpoint import continue_checkpoint, open_checkpoint
+        from mklang.checkpoint.lock import refuse_if_running
         from mklang.engine import Control
 
         as_json = wants_json(format)
         values = parse_assignments(set_)
         seconds = parse_duration(max_time)
-        # Verify every recorded hash before any provider is set up.
+        # Verify every recorded hash, and that no other process runs it, before any provider is set up.
+        refuse_if_running(checkpoint)
         resumable = open_checkpoint(checkpoint, force=force, machine_path=str(machine) if machine else None)
         saved = resumable.envelope.host
         if not any((script, provider, model, config, replay)):

@@ -1,0 +1,68 @@
+"""One process per checkpoint: a run that is still going cannot be resumed twice.
+
+Two resumes of one checkpoint would pay for the same model calls. The run
+holds `<checkpoint>.lock` (flock) while it goes; the kernel drops it when
+the process dies, even by SIGKILL, so a crashed run is resumable at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import subprocess
+import sys
+
+import yaml
+from test_signals import EXAMPLE, _env, mklang, wait_for
+
+from mklang.checkpoint.lock import holder
+
+
+def _slow_run(folder, checkpoint) -> subprocess.Popen:
+    """The kill-9 example with a model slow enough (300 ms a call) to act while it runs."""
+    script = yaml.safe_load((EXAMPLE / "scenarios.yaml").read_text())
+    scenario = next(s for s in script["scenarios"] if s["name"] == "slow-model")
+    scenario["llm"]["delay_ms"] = 300
+    (folder / "slow.yaml").write_text(yaml.safe_dump({"scenarios": [scenario]}))
+    return subprocess.Popen([sys.executable, "-m", "mklang", "run", str(EXAMPLE / "report.mk"), "--script",
+                             str(folder / "slow.yaml"), "--checkpoint", str(checkpoint), "--format", "json"],
+                            cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    process = _slow_run(tmp_path, checkpoint)
+    wait_for(lambda: holder(checkpoint) == process.pid, process, "the run took its lock and named itself")
+
+    refused = mklang("resume", str(checkpoint), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert f"still going in process {process.pid}" in refused.stderr
+    shown = json.loads(mklang("show", str(checkpoint), "--format", "json", cwd=tmp_path).stdout)
+    assert (shown["status"], shown.get("running_pid"), shown["resumable"]) == ("running", process.pid, False), shown
+
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    deadline = time.monotonic() + 5
+    while holder(checkpoint) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert holder(checkpoint) is None  # the kernel released the lock with the process
+    shown = json.loads(mklang("show", str(checkpoint), "--format", "json", cwd=tmp_path).stdout)
+    assert shown["resumable"] and "interrupted" in shown["interrupted"]
+    resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not (tmp_path / "cp.json.lock").exists()  # a finished run leaves no lock behind
+
+
+def test_the_lock_file_is_owner_only_and_names_the_process(tmp_path):
+    from mklang.checkpoint.lock import RunLock
+
+    lock = RunLock(tmp_path / "cp.json").acquire()
+    try:
+        assert (lock.path.stat().st_mode & 0o777) == 0o600
+        assert holder(tmp_path / "cp.json") == os.getpid()  # held, and it names its process
+    finally:
+        lock.release()
+    assert not lock.path.exists()
