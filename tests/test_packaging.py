@@ -10,7 +10,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
 
 import mklang
 

@@ -351,7 +351,7 @@ def test(
                          "status": result.status, "error": result.error}
                         for item, result, problems in outcomes])
         else:
-            for item, result, problems in outcomes:
+            for item, _, problems in outcomes:
                 mark = "[green]PASS[/green]" if not problems else "[red]FAIL[/red]"
                 stdout.print(f"{mark} {item.name}", highlight=False)
                 for problem in problems:
