@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mklang.errors import UsageError
+from mklang.errors import UsageError, read_text
 from mklang.providers.scripted import ScriptedCallables, ScriptedProvider
 
 SCENARIO_KEYS = {"name", "input", "llm", "hooks", "tools", "run", "expect"}
@@ -68,12 +68,9 @@ def load_script(path: str | Path) -> list[Scenario]:
     import yaml
 
     path = Path(path)
+    text = read_text(path, "script")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UsageError(f"{path}: cannot read the script: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: the script is not UTF-8 text") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

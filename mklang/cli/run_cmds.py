@@ -231,12 +231,11 @@ def run(
 
 
 def _read_input(path: Path) -> dict[str, Any]:
+    from mklang.errors import read_text
+
+    text = read_text(path, "--input file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise fail(f"{path}: cannot read --input: {error.strerror}")
-    except UnicodeDecodeError:
-        raise fail(f"{path}: --input is not UTF-8 text")
+        data = json.loads(text)
     except ValueError as error:
         raise fail(f"{path}: --input is not valid JSON: {error}")
     if not isinstance(data, dict):

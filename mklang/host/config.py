@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from mklang.errors import UsageError
+from mklang.errors import UsageError, read_text
 
 TIERS = ("fast", "balanced", "reasoning")
 KINDS = ("openai", "anthropic")
@@ -207,12 +207,9 @@ def load_config(
 
 
 def _read(path: Path) -> HostConfig:
+    text = read_text(path, "config")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UsageError(f"cannot read config {path}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: the config is not UTF-8 text") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{path}: invalid TOML: {error}") from None
     where = str(path)
