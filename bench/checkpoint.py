@@ -84,8 +84,10 @@ def main() -> None:
         print("suspend / resume with 2 KB outputs")
         for steps in (10, 100, 1_000):
             size, write, resume = suspend_and_resume(folder, steps)
-            print(f"  {steps:>6} steps: envelope {size / 1024:8.1f} KiB   suspend write {write * 1000:7.1f} ms"
-                  f"   resume (verify, load, re-suspend) {resume * 1000:7.1f} ms")
+            print(
+                f"  {steps:>6} steps: envelope {size / 1024:8.1f} KiB   suspend write {write * 1000:7.1f} ms"
+                f"   resume (verify, load, re-suspend) {resume * 1000:7.1f} ms"
+            )
         print("checkpoint cost per step of a durable run (journal + compaction)")
         costs = {}
         for steps in sizes:

@@ -27,15 +27,15 @@ TARGETS_MS = {"version": 120, "check": 160, "load500": 200}
 
 def machine_text(states: int) -> str:
     """A chain of generative states with prose, fan-out and repair gates, ending at END."""
-    lines = [f"mklang 0.4\nmachine chain{states}\nentry s0\nbudget {states * 3}\n", "context {\n  topic: \"x\"\n}\n"]
+    lines = [f"mklang 0.4\nmachine chain{states}\nentry s0\nbudget {states * 3}\n", 'context {\n  topic: "x"\n}\n']
     for i in range(states):
         target = f"s{i + 1}" if i + 1 < states else "END"
         sample = "  sample 2\n" if i % 10 == 5 else ""
         lines.append(
-            f"state s{i} {{\n  tier fast\n{sample}  structure \"One paragraph about step {i}.\"\n"
+            f'state s{i} {{\n  tier fast\n{sample}  structure "One paragraph about step {i}."\n'
             f'  prompt """\n    Write step {i} about {{{{topic}}}}.\n    Keep it short.\n    """\n'
-            f"  output out{i}\n  when \"the text is off topic\" repair 2 -> s{i}\n"
-            f"  when \"the text is done\" -> {target}\n  otherwise -> {target}\n}}\n"
+            f'  output out{i}\n  when "the text is off topic" repair 2 -> s{i}\n'
+            f'  when "the text is done" -> {target}\n  otherwise -> {target}\n}}\n'
         )
     return "\n".join(lines)
 

@@ -74,8 +74,10 @@ def main() -> None:
     print(f"engine overhead per step, judged gate    : {judged:6.1f} us  (target <= 40 us)")
     print(f"  with an untrusted value fenced per step: {fenced:6.1f} us  (otherwise gate)")
     elapsed, ideal = fan_out()
-    print(f"50-branch fan-out, delay 100 ms, concurrency 8: {elapsed * 1000:6.0f} ms "
-          f"(ideal {ideal * 1000:.0f} ms, ratio {elapsed / ideal:.2f}x, target <= 1.5x)")
+    print(
+        f"50-branch fan-out, delay 100 ms, concurrency 8: {elapsed * 1000:6.0f} ms "
+        f"(ideal {ideal * 1000:.0f} ms, ratio {elapsed / ideal:.2f}x, target <= 1.5x)"
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.4.0"
 
-__all__ = ["__version__", "load", "run", "resume"]
+__all__ = ["__version__", "load", "resume", "run"]
 
 
 def load(path):

@@ -131,7 +131,11 @@ def check(machine: Machine) -> list[Diagnostic]:
         else:
             names[state.name] = state
     if machine.entry not in names:
-        out.error(_at(machine, "entry"), "unknown-entry", f'the entry state "{machine.entry}" is not defined{_suggest(machine.entry, names)}')
+        out.error(
+            _at(machine, "entry"),
+            "unknown-entry",
+            f'the entry state "{machine.entry}" is not defined{_suggest(machine.entry, names)}',
+        )
 
     tools = {decl.name for decl in machine.tools}
     hooks = {decl.name for decl in machine.hooks}
@@ -179,29 +183,46 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
         if find_machine(face.machine, near) is None:
             out.error(_at(state, "call"), "unknown-machine", f'no machine "{face.machine}" found for the call')
     if isinstance(face, ToolUse) and face.tool not in tools:
-        out.warning(_at(state, "tool"), "undeclared-tool", f'tool "{face.tool}" is not declared: add `tool {face.tool} "<what it does>"`')
+        out.warning(
+            _at(state, "tool"),
+            "undeclared-tool",
+            f'tool "{face.tool}" is not declared: add `tool {face.tool} "<what it does>"`',
+        )
 
     catch_all = None
     for gate in state.gates:
         if catch_all is not None:
             out.warning(gate.span, "dead-gate", "this gate comes after `otherwise` and never fires")
         if gate.target is not None and gate.target != END and gate.target not in names:
-            out.error(gate.span, "unknown-target", f'"{gate.target}" is not a state (or END){_suggest(gate.target, names)}')
+            out.error(
+                gate.span, "unknown-target", f'"{gate.target}" is not a state (or END){_suggest(gate.target, names)}'
+            )
         if gate.hook and gate.hook not in hooks:
-            out.warning(gate.span, "undeclared-hook", f'hook "{gate.hook}" is not declared: add `hook {gate.hook} "<what it decides>"`')
+            out.warning(
+                gate.span,
+                "undeclared-hook",
+                f'hook "{gate.hook}" is not declared: add `hook {gate.hook} "<what it decides>"`',
+            )
         if gate.when is None and catch_all is None:
             catch_all = gate
     if state.gates and catch_all is None:
-        out.warning(_head(state), "no-catch-all", f"{owner} has no `otherwise` gate: the run halts when no condition holds")
+        out.warning(
+            _head(state), "no-catch-all", f"{owner} has no `otherwise` gate: the run halts when no condition holds"
+        )
     elif catch_all is not None and catch_all.policy == "repair":
-        out.warning(catch_all.span, "repair-only-otherwise", "the only `otherwise` is a repair gate: once its budget is spent, nothing catches")
+        out.warning(
+            catch_all.span,
+            "repair-only-otherwise",
+            "the only `otherwise` is a repair gate: once its budget is spent, nothing catches",
+        )
 
     repairs = sum(gate.repair or 0 for gate in state.gates if gate.policy == "repair")
     if state.max_visits is not None and repairs and state.max_visits <= repairs:
         out.warning(
             _at(state, "max_visits"),
             "max-visits-under-repair",
-            f"max_visits {state.max_visits} is at or under the state's repair budget ({repairs}): repairs cannot all run",
+            f"max_visits {state.max_visits} is at or under the state's repair budget ({repairs}): "
+            "repairs cannot all run",
         )
     allowed = written | (set(FAN_OUT_KEYS) if state.sample is not None or state.over is not None else set())
     for key, field in _reads(state):

@@ -13,9 +13,10 @@ import re
 import shutil
 import subprocess
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mklang.errors import UsageError
 from mklang.model import END, Gate, Machine, State
@@ -265,9 +266,13 @@ def trace_of(document: Any) -> list[dict]:
         if isinstance(document.get("trace"), list):
             return document["trace"]
         frames = document.get("frames")
-        if isinstance(frames, list) and frames and isinstance(frames[0], dict):
-            if isinstance(frames[0].get("trace"), list):
-                return frames[0]["trace"]
+        if (
+            isinstance(frames, list)
+            and frames
+            and isinstance(frames[0], dict)
+            and isinstance(frames[0].get("trace"), list)
+        ):
+            return frames[0]["trace"]
     raise UsageError("not the JSON of a run (`trace`) or of a checkpoint (`frames`)")
 
 

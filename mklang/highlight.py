@@ -9,7 +9,7 @@ never yields an error token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pygments.lexer import RegexLexer, bygroups, include, words
 from pygments.token import (
@@ -45,12 +45,12 @@ class MkLexer(RegexLexer):
     """Lexer for mklang `.mk` machines."""
 
     name = "mklang"
-    aliases = ["mk", "mklang"]
-    filenames = ["*.mk"]
-    mimetypes = ["text/x-mklang"]
+    aliases: ClassVar[list[str]] = ["mk", "mklang"]
+    filenames: ClassVar[list[str]] = ["*.mk"]
+    mimetypes: ClassVar[list[str]] = ["text/x-mklang"]
     url = "https://github.com/mklang/mklang"
 
-    tokens = {
+    tokens: ClassVar[dict[str, list]] = {
         "root": [
             (r"[ \t\f]+", Whitespace),
             (r"\r?\n", Whitespace),
@@ -97,6 +97,4 @@ def highlight_source(text: str, *, line_numbers: bool = False, start_line: int =
     """`.mk` source as a rich renderable, for CLI views that show machine text."""
     from rich.syntax import Syntax
 
-    return Syntax(
-        text, MkLexer(), line_numbers=line_numbers, start_line=start_line, theme="ansi_dark", word_wrap=False
-    )
+    return Syntax(text, MkLexer(), line_numbers=line_numbers, start_line=start_line, theme="ansi_dark", word_wrap=False)

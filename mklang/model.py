@@ -14,7 +14,7 @@ every value they put into a node.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal
 
 Tier = Literal["fast", "balanced", "reasoning"]
 TIERS: tuple[str, ...] = ("fast", "balanced", "reasoning")
@@ -69,7 +69,7 @@ class Node:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def replace(self, **changes: Any) -> "Node":
+    def replace(self, **changes: Any) -> Node:
         """A copy with some fields changed (the nodes inside are shared)."""
         return replace(self, **changes)
 
@@ -158,7 +158,7 @@ class ToolUse(Node):
     input: dict[str, Any] | None = None
 
 
-Face = Union[Produce, Call, ToolUse]
+Face = Produce | Call | ToolUse
 
 
 @dataclass(kw_only=True, eq=False)
@@ -204,7 +204,7 @@ class Machine(Node):
     _presentation: ClassVar[frozenset[str]] = Node._presentation | {"path"}
 
     @classmethod
-    def from_data(cls, data: dict[str, Any]) -> "Machine":
+    def from_data(cls, data: dict[str, Any]) -> Machine:
         """Build a machine from plain data (the shape of `to_json`), validated by pydantic.
 
         Raises `mklang.errors.LoadError` naming the first invalid field.
@@ -221,7 +221,9 @@ class Machine(Node):
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
-            raise LoadError([Diagnostic(None, 1, 1, 1, 1, "error", "invalid-machine", f"{where}: {first['msg']}")]) from None
+            raise LoadError(
+                [Diagnostic(None, 1, 1, 1, 1, "error", "invalid-machine", f"{where}: {first['msg']}")]
+            ) from None
 
     def state(self, name: str) -> State | None:
         """The state called `name`, or None."""

@@ -88,8 +88,10 @@ def load_script(path: str | Path) -> list[Scenario]:
             raise UsageError(f"{where}: every scenario needs a 'name'")
         scenario = Scenario(
             name=raw["name"],
-            **{key: _mapping(raw.get(key), f"{where} ({raw['name']}): {key}")
-               for key in ("input", "llm", "hooks", "tools", "run", "expect")},
+            **{
+                key: _mapping(raw.get(key), f"{where} ({raw['name']}): {key}")
+                for key in ("input", "llm", "hooks", "tools", "run", "expect")
+            },
         )
         for key, allowed in (("run", RUN_KEYS), ("expect", EXPECT_KEYS)):
             unknown = set(getattr(scenario, key)) - allowed
@@ -107,8 +109,10 @@ def find_scenario(scenarios: list[Scenario], name: str | None, path: str) -> Sce
     if name is None:
         if len(scenarios) == 1:
             return scenarios[0]
-        raise UsageError(f"{path} holds {len(scenarios)} scenarios: pick one with --scenario "
-                         f"({', '.join(s.name for s in scenarios)})")
+        raise UsageError(
+            f"{path} holds {len(scenarios)} scenarios: pick one with --scenario "
+            f"({', '.join(s.name for s in scenarios)})"
+        )
     for scenario in scenarios:
         if scenario.name == name:
             return scenario
@@ -171,9 +175,11 @@ def compare(expect: dict[str, Any], result) -> list[str]:
     if "trace" in expect:
         want_trace = expect["trace"] or []
         if len(want_trace) != len(result.trace):
-            problems.append(f"trace: expected {len(want_trace)} steps, got {len(result.trace)}: "
-                            + " -> ".join(f"{s['state']}({s['policy']})" for s in result.trace))
-        for number, (want, got) in enumerate(zip(want_trace, result.trace), 1):
+            problems.append(
+                f"trace: expected {len(want_trace)} steps, got {len(result.trace)}: "
+                + " -> ".join(f"{s['state']}({s['policy']})" for s in result.trace)
+            )
+        for number, (want, got) in enumerate(zip(want_trace, result.trace, strict=False), 1):
             for key, value in _mapping(want, f"expect.trace[{number}]").items():
                 differ(f"trace[{number}].{key}", value, got.get(key))
     return problems

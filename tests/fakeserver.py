@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
@@ -51,19 +52,33 @@ class Reply:
     delay: float = 0.0  # seconds to wait before answering
 
 
-def answer(text: str, *, reasoning: str | None = None, input_tokens: int = 10, output_tokens: int = 5,
-           finish_reason: str | None = None, delay: float = 0.0) -> Reply:
+def answer(
+    text: str,
+    *,
+    reasoning: str | None = None,
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    finish_reason: str | None = None,
+    delay: float = 0.0,
+) -> Reply:
     """A successful completion; `reasoning` goes to `reasoning_content` / a `thinking` block."""
-    return Reply(text=text, reasoning=reasoning, input_tokens=input_tokens, output_tokens=output_tokens,
-                 finish_reason=finish_reason, delay=delay)
+    return Reply(
+        text=text,
+        reasoning=reasoning,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        finish_reason=finish_reason,
+        delay=delay,
+    )
 
 
 def refusal(message: str = "I can't help with that.") -> Reply:
     return Reply(refuse=message)
 
 
-def error(status: int, message: str = "scripted failure", *, retry_after: str | None = None,
-          delay: float = 0.0) -> Reply:
+def error(
+    status: int, message: str = "scripted failure", *, retry_after: str | None = None, delay: float = 0.0
+) -> Reply:
     """An error status with the API's JSON error body and an optional `Retry-After` header."""
     headers = {"Retry-After": retry_after} if retry_after is not None else {}
     return Reply(status=status, text=message, headers=headers, delay=delay)
@@ -133,13 +148,13 @@ class FakeServer:
         with self._lock:
             return len(self.requests)
 
-    def add(self, *replies: Reply) -> "FakeServer":
+    def add(self, *replies: Reply) -> FakeServer:
         """Queue replies, answered in order."""
         with self._lock:
             self._queue.extend(replies)
         return self
 
-    def start(self) -> "FakeServer":
+    def start(self) -> FakeServer:
         self._thread.start()
         return self
 
@@ -149,7 +164,7 @@ class FakeServer:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -207,7 +222,7 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             text = self.rfile.read(length).decode("utf-8")
             try:
@@ -239,7 +254,7 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     return Handler

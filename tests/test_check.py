@@ -61,7 +61,9 @@ RULE_CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("text", "expected"), RULE_CASES, ids=[f"{i}-{case[1][0][1]}" for i, case in enumerate(RULE_CASES)])
+@pytest.mark.parametrize(
+    ("text", "expected"), RULE_CASES, ids=[f"{i}-{case[1][0][1]}" for i, case in enumerate(RULE_CASES)]
+)
 def test_each_rule_reports_its_code_at_the_node(text, expected):
     assert codes(text) == sorted(expected, key=lambda e: (e[2], e[1]))
 
@@ -77,10 +79,19 @@ def test_declared_hooks_tools_and_written_keys_are_quiet():
 
 
 def test_all_findings_are_collected_and_sorted_by_position():
-    text = machine_text(produce("a", '  when "w" -> nowhere\n') + produce("c", "", "  sample 1\n"), "machine m\nentry a\nbudget 1\n")
+    text = machine_text(
+        produce("a", '  when "w" -> nowhere\n') + produce("c", "", "  sample 1\n"), "machine m\nentry a\nbudget 1\n"
+    )
     found = check(parse(text, "m.mk"))
     assert [(d.line, d.code) for d in found] == sorted((d.line, d.code) for d in found)
-    assert {d.code for d in found} >= {"unknown-target", "no-catch-all", "sample-too-small", "no-gates", "unreachable-state", "no-path-to-end"}
+    assert {d.code for d in found} >= {
+        "unknown-target",
+        "no-catch-all",
+        "sample-too-small",
+        "no-gates",
+        "unreachable-state",
+        "no-path-to-end",
+    }
     assert all(d.file == "m.mk" for d in found)
 
 

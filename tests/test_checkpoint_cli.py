@@ -56,8 +56,9 @@ COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run the CLI; no run of it may print a Python traceback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MKLANG_", "OPENAI_", "ANTHROPIC_"))}
-    done = subprocess.run([sys.executable, "-m", "mklang", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "mklang", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -104,8 +105,18 @@ def approval(tmp_path: Path) -> Path:
 
 
 def suspend_approval(cwd: Path, checkpoint: str = "cp.json") -> dict:
-    code, data = as_json("run", "approval/approval.mk", "--script", "approval/scenarios.yaml",
-                         "--scenario", "ask-then-publish", "--hitl", "--checkpoint", checkpoint, cwd=cwd)
+    code, data = as_json(
+        "run",
+        "approval/approval.mk",
+        "--script",
+        "approval/scenarios.yaml",
+        "--scenario",
+        "ask-then-publish",
+        "--hitl",
+        "--checkpoint",
+        checkpoint,
+        cwd=cwd,
+    )
     assert code == 3
     return data
 
@@ -113,11 +124,15 @@ def suspend_approval(cwd: Path, checkpoint: str = "cp.json") -> dict:
 # --- exit codes -----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("folder", "options", "code", "status", "error"), [
-    ("tight", [], 1, "halted", "budget-exhausted"),  # without a checkpoint a budget halts
-    ("tight", ["--checkpoint", "cp.json"], 3, "suspended", "budget-exhausted"),
-    ("roomy", ["--checkpoint", "cp.json", "--max-tokens", "7"], 3, "suspended", "cost-exhausted"),
-], ids=["budget-halts", "budget-suspends", "tokens-suspend"])
+@pytest.mark.parametrize(
+    ("folder", "options", "code", "status", "error"),
+    [
+        ("tight", [], 1, "halted", "budget-exhausted"),  # without a checkpoint a budget halts
+        ("tight", ["--checkpoint", "cp.json"], 3, "suspended", "budget-exhausted"),
+        ("roomy", ["--checkpoint", "cp.json", "--max-tokens", "7"], 3, "suspended", "cost-exhausted"),
+    ],
+    ids=["budget-halts", "budget-suspends", "tokens-suspend"],
+)
 def test_run_exit_codes_match_the_status(loop, folder, options, code, status, error):
     returned, data = run_loop(loop, folder, "finishes", *options)
     assert (returned, data["status"], data["error"]) == (code, status, error)
@@ -128,8 +143,18 @@ def test_run_exit_codes_match_the_status(loop, folder, options, code, status, er
 
 
 def test_no_hitl_on_the_command_line_wins_over_the_scenario(approval):
-    code, data = as_json("run", "approval/approval.mk", "--script", "approval/scenarios.yaml",
-                         "--scenario", "ask-then-publish", "--no-hitl", "--checkpoint", "cp.json", cwd=approval)
+    code, data = as_json(
+        "run",
+        "approval/approval.mk",
+        "--script",
+        "approval/scenarios.yaml",
+        "--scenario",
+        "ask-then-publish",
+        "--no-hitl",
+        "--checkpoint",
+        "cp.json",
+        cwd=approval,
+    )
     assert (code, data["status"]) == (0, "done")  # the escalation is an ordinary transition
 
 
@@ -193,10 +218,23 @@ def test_the_readme_approval_flow_run_show_resume(approval):
     assert "--set approval.answer=" in shown.stdout
     code, summary = as_json("show", "cp.json", cwd=approval)
     assert (code, summary["status"], summary["reason"], summary["reply_to"]) == (
-        0, "suspended", "escalated", "approval.answer")
+        0,
+        "suspended",
+        "escalated",
+        "approval.answer",
+    )
     assert [(f["machine"], f["state"]) for f in summary["frames"]] == [("approval", "decide")]
-    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes", "--script",
-                         "approval/scenarios.yaml", "--scenario", "ask-then-publish", cwd=approval)
+    code, done = as_json(
+        "resume",
+        "cp.json",
+        "--set",
+        "approval.answer=yes",
+        "--script",
+        "approval/scenarios.yaml",
+        "--scenario",
+        "ask-then-publish",
+        cwd=approval,
+    )
     assert code == 0
     assert done["result"] == "https://status.example.com/posts/118"
     assert done["context"]["approval"]["answer"] == "yes"
@@ -205,19 +243,37 @@ def test_the_readme_approval_flow_run_show_resume(approval):
 
 def test_editing_a_sub_machine_refuses_the_resume_naming_it_and_force_accepts(tmp_path):
     shutil.copytree(EXAMPLES / "nested", tmp_path / "nested")
-    _, reference = as_json("run", "nested/brief.mk", "--script", "nested/scenarios.yaml",
-                           "--scenario", "two-sections-one-corrected", cwd=tmp_path)
-    code, first = as_json("run", "nested/brief.mk", "--script", "nested/scenarios.yaml",
-                          "--scenario", "two-sections-one-corrected", "--checkpoint", "cp.json",
-                          "--max-tokens", "300", cwd=tmp_path)
+    _, reference = as_json(
+        "run",
+        "nested/brief.mk",
+        "--script",
+        "nested/scenarios.yaml",
+        "--scenario",
+        "two-sections-one-corrected",
+        cwd=tmp_path,
+    )
+    code, first = as_json(
+        "run",
+        "nested/brief.mk",
+        "--script",
+        "nested/scenarios.yaml",
+        "--scenario",
+        "two-sections-one-corrected",
+        "--checkpoint",
+        "cp.json",
+        "--max-tokens",
+        "300",
+        cwd=tmp_path,
+    )
     assert code == 3
     assert first["frames"] == [{"machine": "brief", "state": "add_section"}, {"machine": "section", "state": "check"}]
     sub = tmp_path / "nested" / "fact_check.mk"
     assert str(sub) in load(tmp_path / "cp.json").machines  # loaded by the run, so its hash is recorded
     sub.write_text(sub.read_text(encoding="utf-8") + "# reviewed\n", encoding="utf-8")
     # Hashes are verified before any provider is set up (this one has no API key).
-    line = error_line(mklang("resume", "cp.json", "--max-tokens", "100000", "--provider", "openai",
-                             "--model", "m", cwd=tmp_path))
+    line = error_line(
+        mklang("resume", "cp.json", "--max-tokens", "100000", "--provider", "openai", "--model", "m", cwd=tmp_path)
+    )
     assert "fact_check.mk" in line and "changed" in line and "--force" in line
     assert load(tmp_path / "cp.json").status == "suspended"  # the refusal leaves the checkpoint as it was
     code, resumed = as_json("resume", "cp.json", "--max-tokens", "100000", "--force", cwd=tmp_path)
@@ -231,15 +287,16 @@ def test_a_moved_root_machine_resumes_with_the_machine_option(approval):
     shutil.move(approval / "approval" / "approval.mk", approval / "moved" / "approval.mk")
     line = error_line(mklang("resume", "cp.json", "--set", "approval.answer=yes", cwd=approval))
     assert "approval.mk" in line and "--machine" in line
-    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes",
-                         "--machine", "moved/approval.mk", cwd=approval)
+    code, done = as_json(
+        "resume", "cp.json", "--set", "approval.answer=yes", "--machine", "moved/approval.mk", cwd=approval
+    )
     assert (code, done["status"]) == (0, "done")
 
 
 def test_resume_with_checkpoint_writes_the_re_suspension_elsewhere(loop):
     run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
     original = (loop / "cp.json").read_bytes()
-    code, again = as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
+    code, _again = as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
     assert code == 3
     assert (loop / "cp.json").read_bytes() == original
     assert load(loop / "other.json").status == "suspended"
@@ -250,10 +307,13 @@ def test_resume_with_checkpoint_writes_the_re_suspension_elsewhere(loop):
     assert load(loop / "cp.json").status == "suspended"  # still resumable from where it was
 
 
-@pytest.mark.parametrize(("scenario", "code", "reason"), [
-    ("finishes", 0, "already finished"),
-    ("gives-up", 1, "halted (gate-fail)"),
-])
+@pytest.mark.parametrize(
+    ("scenario", "code", "reason"),
+    [
+        ("finishes", 0, "already finished"),
+        ("gives-up", 1, "halted (gate-fail)"),
+    ],
+)
 def test_a_finished_checkpoint_refuses_to_resume(loop, scenario, code, reason):
     assert run_loop(loop, "roomy", scenario, "--checkpoint", "cp.json")[0] == code
     line = error_line(mklang("resume", "cp.json", cwd=loop))
@@ -268,16 +328,33 @@ def test_a_malformed_resume_option_is_a_usage_error(loop):
 
 
 def test_a_checkpoint_path_in_a_missing_folder_exits_2_with_one_line(loop):
-    line = error_line(mklang("run", "roomy/loop.mk", "--script", "loop.yaml", "--scenario", "finishes",
-                             "--checkpoint", "missing/cp.json", cwd=loop))
+    line = error_line(
+        mklang(
+            "run",
+            "roomy/loop.mk",
+            "--script",
+            "loop.yaml",
+            "--scenario",
+            "finishes",
+            "--checkpoint",
+            "missing/cp.json",
+            cwd=loop,
+        )
+    )
     assert "missing/cp.json" in line and "internal error" not in line
 
 
 # --- bad checkpoints -------------------------------------------------------
 
 
-VALID = {"format": 1, "mklang_version": "0", "run_id": "r", "status": "suspended",
-         "machine": {"name": "loop", "path": None, "sha256": None}, "frames": []}
+VALID = {
+    "format": 1,
+    "mklang_version": "0",
+    "run_id": "r",
+    "status": "suspended",
+    "machine": {"name": "loop", "path": None, "sha256": None},
+    "frames": [],
+}
 
 
 BAD = {
@@ -296,8 +373,10 @@ def _bad_cases(command: str, names: list[str]):
     return [pytest.param(command, *BAD[name], id=f"{command}-{name}") for name in names]
 
 
-@pytest.mark.parametrize(("command", "content", "needle"), _bad_cases("resume", list(BAD))
-                         + _bad_cases("show", ["missing", "truncated", "array"]))
+@pytest.mark.parametrize(
+    ("command", "content", "needle"),
+    _bad_cases("resume", list(BAD)) + _bad_cases("show", ["missing", "truncated", "array"]),
+)
 def test_a_bad_checkpoint_exits_2_with_one_clear_line(tmp_path, command, content, needle):
     if content is not None:
         (tmp_path / "cp.json").write_text(content, encoding="utf-8")

@@ -72,8 +72,9 @@ def _reap(pid: int) -> int:
 
 def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path):
     rng = random.Random(7)
-    factory = subprocess.Popen([sys.executable, "-c", FACTORY], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    factory = subprocess.Popen(
+        [sys.executable, "-c", FACTORY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     found, leftovers = 0, 0
     try:
         for kill in range(KILLS):
@@ -105,7 +106,8 @@ def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path
     assert leftovers >= 1, "no kill landed in the middle of a write"
 
 
-MACHINE = parse(textwrap.dedent("""\
+MACHINE = parse(
+    textwrap.dedent("""\
     machine tiny
     entry a
     budget 3
@@ -115,14 +117,20 @@ MACHINE = parse(textwrap.dedent("""\
       output out
       otherwise -> END
     }
-"""))
+""")
+)
 
 
 def _real_journal(tmp_path: Path) -> tuple[Path, bytes, int]:
     """A journal written by FileJournal: a generation, a nested level, and completed calls."""
     checkpoint = tmp_path / "cp.json"
-    envelope = Envelope(mklang_version="test", run_id="r", status="running",
-                        machine=MachineRef(name="tiny", path=None, sha256=None), frames=[])
+    envelope = Envelope(
+        mklang_version="test",
+        run_id="r",
+        status="running",
+        machine=MachineRef(name="tiny", path=None, sha256=None),
+        frames=[],
+    )
     journal = FileJournal(checkpoint, envelope)
     journal.snapshot([Frame.start(MACHINE)], status="running")
     journal.enter(1, Frame.start(MACHINE, {"x": 1}))
@@ -150,7 +158,7 @@ def test_a_journal_cut_at_any_byte_reads_back_as_its_complete_lines(tmp_path):
 
 
 def test_a_journal_of_another_generation_is_ignored(tmp_path):
-    checkpoint, full, generation = _real_journal(tmp_path)
+    checkpoint, _full, generation = _real_journal(tmp_path)
     assert read_journal(checkpoint, generation) != []
     assert read_journal(checkpoint, generation + 1) == []
     journal_path(checkpoint).unlink()
@@ -164,8 +172,9 @@ def test_the_journal_is_owner_only(tmp_path):
 
 
 def test_the_committed_schema_is_current():
-    done = subprocess.run([sys.executable, "scripts/write_schema.py", "--check"], cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "scripts/write_schema.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     schema = json.loads((ROOT / "docs" / "checkpoint.schema.json").read_text(encoding="utf-8"))
     assert schema["title"] == "Envelope"
@@ -178,10 +187,26 @@ def test_a_real_checkpoint_validates_against_the_schema(tmp_path):
     example = ROOT / "examples" / "approval"
     checkpoint = tmp_path / "cp.json"
     done = subprocess.run(
-        [sys.executable, "-m", "mklang", "run", str(example / "approval.mk"), "--script",
-         str(example / "scenarios.yaml"), "--scenario", "ask-then-publish", "--hitl",
-         "--checkpoint", str(checkpoint), "--format", "json"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "mklang",
+            "run",
+            str(example / "approval.mk"),
+            "--script",
+            str(example / "scenarios.yaml"),
+            "--scenario",
+            "ask-then-publish",
+            "--hitl",
+            "--checkpoint",
+            str(checkpoint),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 3, done.stderr
     document = json.loads(checkpoint.read_text(encoding="utf-8"))
     jsonschema.validate(document, schema)

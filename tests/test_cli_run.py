@@ -28,13 +28,22 @@ state hello {
 
 SCRIPT = {
     "scenarios": [
-        {"name": "polite", "input": {"name": "Ada"},
-         "llm": {"produce": {"<data-": "Hello, Ada.", "Greet": "unfenced"}, "judge": [0], "tokens": [3, 2]},
-         "expect": {"status": "done", "result": "Hello, Ada.",
-                    "trace": [{"state": "hello", "policy": "ok", "to": "END"}]}},
-        {"name": "rude", "input": {"name": "Bob"},
-         "llm": {"produce": ["Go away."], "judge": ["none"]},
-         "expect": {"status": "halt", "error": "gate-fail", "at": "hello"}},
+        {
+            "name": "polite",
+            "input": {"name": "Ada"},
+            "llm": {"produce": {"<data-": "Hello, Ada.", "Greet": "unfenced"}, "judge": [0], "tokens": [3, 2]},
+            "expect": {
+                "status": "done",
+                "result": "Hello, Ada.",
+                "trace": [{"state": "hello", "policy": "ok", "to": "END"}],
+            },
+        },
+        {
+            "name": "rude",
+            "input": {"name": "Bob"},
+            "llm": {"produce": ["Go away."], "judge": ["none"]},
+            "expect": {"status": "halt", "error": "gate-fail", "at": "hello"},
+        },
     ]
 }
 
@@ -42,8 +51,9 @@ SCRIPT = {
 def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run the CLI; no run of it may ever print a Python traceback."""
     env = {k: v for k, v in os.environ.items() if k != "MKLANG_DEBUG"}
-    done = subprocess.run([sys.executable, "-m", "mklang", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "mklang", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -81,19 +91,40 @@ def test_a_halted_run_exits_1_and_names_the_error_and_state(project):
 
 def test_set_values_parse_as_json_else_text_win_over_input_and_are_untrusted(project):
     (project / "in.json").write_text('{"name": "Lin", "extra": {"k": true}}', encoding="utf-8")
-    code, data = run_json(project, "--script", "greet.yaml", "--scenario", "polite", "--input", "in.json",
-                          "--set", "name=Grace", "--set", "n=3", "--set", "opts.deep=[1, 2]")
+    code, data = run_json(
+        project,
+        "--script",
+        "greet.yaml",
+        "--scenario",
+        "polite",
+        "--input",
+        "in.json",
+        "--set",
+        "name=Grace",
+        "--set",
+        "n=3",
+        "--set",
+        "opts.deep=[1, 2]",
+    )
     assert code == 0
     context = data["context"]
-    assert (context["name"], context["n"], context["opts"], context["extra"]) == ("Grace", 3, {"deep": [1, 2]}, {"k": True})
+    assert (context["name"], context["n"], context["opts"], context["extra"]) == (
+        "Grace",
+        3,
+        {"deep": [1, 2]},
+        {"k": True},
+    )
     assert data["result"] == "Hello, Ada."  # the scripted answer for a fenced prompt
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["run", "missing.mk"], "missing.mk"),
-    (["run", "greet.mk", "--set", "no-equals-sign"], "--set"),
-    (["run", "greet.mk", "--script", "greet.yaml", "--scenario", "nope"], "nope"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "missing.mk"], "missing.mk"),
+        (["run", "greet.mk", "--set", "no-equals-sign"], "--set"),
+        (["run", "greet.mk", "--script", "greet.yaml", "--scenario", "nope"], "nope"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(project, args, needle):
     done = mklang(*args, cwd=project)
     assert done.returncode == 2
@@ -138,15 +169,23 @@ def test_test_json_output_lists_every_scenario(project):
     assert done.returncode == 1
     assert json.loads(done.stdout) == [
         {"name": "polite", "passed": True, "problems": [], "status": "done", "error": None},
-        {"name": "rude", "passed": False, "problems": ['at: expected "somewhere", got "hello"'],
-         "status": "halted", "error": "gate-fail"},
+        {
+            "name": "rude",
+            "passed": False,
+            "problems": ['at: expected "somewhere", got "hello"'],
+            "status": "halted",
+            "error": "gate-fail",
+        },
     ]
 
 
-@pytest.mark.parametrize("text", [
-    "scenarios: [",                                          # not YAML
-    "scenarios:\n  - name: a\n    expect: {colour: red}\n",  # unknown expect key
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "scenarios: [",  # not YAML
+        "scenarios:\n  - name: a\n    expect: {colour: red}\n",  # unknown expect key
+    ],
+)
 def test_a_bad_script_file_exits_2_with_one_line(project, text):
     (project / "bad.yaml").write_text(text, encoding="utf-8")
     done = mklang("test", "greet.mk", "--script", "bad.yaml", "--format", "text", cwd=project)

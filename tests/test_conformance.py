@@ -50,8 +50,9 @@ def test_conformance(case, tmp_path):
     script.write_text(yaml.safe_dump(scenario_doc, sort_keys=False), encoding="utf-8")
     (scenario,) = load_script(script)
     host = ScriptedHost(scenario)
-    result = run_scenario(machine, scenario, provider=host.provider,
-                          tools=host.tools.functions(), hooks=host.hooks.functions())
+    result = run_scenario(
+        machine, scenario, provider=host.provider, tools=host.tools.functions(), hooks=host.hooks.functions()
+    )
     problems = compare(scenario.expect, result)
     for kind, count in case.get("calls", {}).items():
         if host.provider.calls[kind] != count:

@@ -58,8 +58,8 @@ def server():
 def config(server, tmp_path_factory):
     path = tmp_path_factory.mktemp("cfg") / "mklang.toml"
     path.write_text(
-        "[tiers]\nfast = \"local:m\"\nbalanced = \"local:m\"\nreasoning = \"local:m\"\n\n"
-        f"[providers.local]\nkind = \"openai\"\nbase_url = \"{server.openai_url}\"\n"
+        '[tiers]\nfast = "local:m"\nbalanced = "local:m"\nreasoning = "local:m"\n\n'
+        f'[providers.local]\nkind = "openai"\nbase_url = "{server.openai_url}"\n'
     )
     return path
 
@@ -71,8 +71,9 @@ def _env(ledger: Path) -> dict[str, str]:
 
 
 def _run(args: list[str], ledger: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mklang", *args], capture_output=True, text=True,
-                          env=_env(ledger), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mklang", *args], capture_output=True, text=True, env=_env(ledger), timeout=120
+    )
 
 
 def _comparable(result: dict) -> dict:
@@ -95,17 +96,38 @@ def reference(server, config, tmp_path_factory):
     stdout, stderr = process.communicate(timeout=120)
     elapsed = time.monotonic() - started
     assert process.returncode == 0, stderr
-    return {"result": _comparable(json.loads(stdout)), "requests": server.count - before,
-            "tools": _keys(ledger), "elapsed": elapsed}
+    return {
+        "result": _comparable(json.loads(stdout)),
+        "requests": server.count - before,
+        "tools": _keys(ledger),
+        "elapsed": elapsed,
+    }
 
 
 def _start_run(checkpoint: Path, ledger: Path, config: Path) -> tuple[subprocess.Popen, float]:
     """Start `mklang run --checkpoint`; return it once its first checkpoint exists, and when that was."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "mklang", "run", str(MACHINE), "--config", str(config),
-         "--plugin", str(PLUGIN), "--checkpoint", str(checkpoint), "--concurrency", str(CONCURRENCY),
-         "--format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(ledger),
+        [
+            sys.executable,
+            "-m",
+            "mklang",
+            "run",
+            str(MACHINE),
+            "--config",
+            str(config),
+            "--plugin",
+            str(PLUGIN),
+            "--checkpoint",
+            str(checkpoint),
+            "--concurrency",
+            str(CONCURRENCY),
+            "--format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(ledger),
     )
     deadline = time.monotonic() + 30
     while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -153,7 +175,8 @@ def test_kill_9_then_resume_gives_the_uninterrupted_run(seed, reference, server,
     assert set(keys) == set(reference["tools"])
     repeats = [key for key, count in Counter(keys).items() if count > 1]
     assert len(repeats) <= 1 and all(Counter(keys)[key] == 2 for key in repeats), (
-        "a tool runs again only when it was in flight, with the same idempotency key")
+        "a tool runs again only when it was in flight, with the same idempotency key"
+    )
 
 
 def test_at_least_20_kills_landed_at_different_moments():
@@ -163,8 +186,21 @@ def test_at_least_20_kills_landed_at_different_moments():
 def test_a_finished_run_refuses_to_resume(reference, config, tmp_path):
     ledger = tmp_path / "ledger"
     checkpoint = tmp_path / "cp.json"
-    done = _run(["run", str(MACHINE), "--config", str(config), "--plugin", str(PLUGIN),
-                 "--checkpoint", str(checkpoint), "--format", "json"], ledger)
+    done = _run(
+        [
+            "run",
+            str(MACHINE),
+            "--config",
+            str(config),
+            "--plugin",
+            str(PLUGIN),
+            "--checkpoint",
+            str(checkpoint),
+            "--format",
+            "json",
+        ],
+        ledger,
+    )
     assert done.returncode == 0, done.stderr
     again = _run(["resume", str(checkpoint)], ledger)
     assert again.returncode == 2

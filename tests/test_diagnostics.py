@@ -59,9 +59,7 @@ def test_caret_spans_the_offending_statement(tmp_path):
     path.write_text("machine m\nentry a\nbudget 3\nstate a {\n\ttool t\n}\n")
     found = Diagnostic(str(path), 5, 2, 5, 8, "warning", "undeclared-tool", 'tool "t" is not declared')
     assert render_text([found]) == (
-        f'{path}:5:2: warning: tool "t" is not declared [undeclared-tool]\n'
-        " 5 |  tool t\n"
-        "   |  ^^^^^^"
+        f'{path}:5:2: warning: tool "t" is not declared [undeclared-tool]\n 5 |  tool t\n   |  ^^^^^^'
     )
     assert render_text([found], color=True).count("\x1b[") == 4
     assert render_text([Diagnostic(None, 1, 1, 1, 1, "error", "syntax", "x")]) == "<text>:1:1: error: x [syntax]"

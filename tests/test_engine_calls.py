@@ -61,7 +61,9 @@ def test_the_child_trace_is_embedded_as_sub_trace(tmp_path):
     assert result.status == "done"
     call_step = result.trace[1]
     assert [(s["step"], s["state"], s["to"], s["output"]) for s in call_step["sub_trace"]] == [
-        (1, "a", "b", "x"), (2, "b", "END", "y")]
+        (1, "a", "b", "x"),
+        (2, "b", "END", "y"),
+    ]
     assert call_step["output"] == "y"
 
 

@@ -12,7 +12,6 @@ from mklang.errors import ProviderError
 from mklang.providers.base import Produced, Usage
 
 
-
 def over_items(xs: list[str], budget: int = 20, then: str = "END") -> str:
     """A machine fanning out over the author list `xs` (trusted: prompts stay unfenced)."""
     return f"""

@@ -32,7 +32,7 @@ MIXED_GATES = """
 def test_each_run_of_prose_gates_is_one_batch_in_document_order():
     provider = Recorder({"produce": ["out"], "judge": ["none"]})
     asked = []
-    hooks = {name: (lambda name: lambda context, output: asked.append(name) or False)(name) for name in ("h1", "h2")}
+    hooks = {name: (lambda n: lambda context, output: asked.append(n) or False)(name) for name in ("h1", "h2")}
     result = run_mk(MIXED_GATES, provider=provider, hooks=hooks)
     assert [j.conditions for j in provider.judged] == [["p1", "p2"], ["p3"], ["p4", "p5"]]
     assert asked == ["h1", "h2"]
@@ -62,8 +62,12 @@ def test_a_hook_gets_the_context_with_the_output_and_the_output():
           when "checked" hook check -> END
         }
     """
-    result = run_mk(source, {"topic": "t"}, llm={"produce": ["42"]},
-                    hooks={"check": lambda context, output: seen.append((dict(context), output)) or 1})
+    result = run_mk(
+        source,
+        {"topic": "t"},
+        llm={"produce": ["42"]},
+        hooks={"check": lambda context, output: seen.append((dict(context), output)) or 1},
+    )
     assert result.status == "done"
     assert seen == [({"topic": "t", "answer": "42"}, "42")]
 

@@ -26,11 +26,14 @@ TWO_STATES = """
 """
 
 
-@pytest.mark.parametrize("gates, judge, error, policy", [
-    ('otherwise fail', [0], "gate-fail", "fail"),
-    ('when "good" -> END', ["none"], "no-gate-matched", "no-gate-matched"),
-    ('when "good" -> END', ["unparseable"], "judge-unparseable", "judge-unparseable"),
-])
+@pytest.mark.parametrize(
+    "gates, judge, error, policy",
+    [
+        ("otherwise fail", [0], "gate-fail", "fail"),
+        ('when "good" -> END', ["none"], "no-gate-matched", "no-gate-matched"),
+        ('when "good" -> END', ["unparseable"], "judge-unparseable", "judge-unparseable"),
+    ],
+)
 def test_a_halting_gate_step_is_recorded_with_to_null(gates, judge, error, policy):
     result = run_mk(TWO_STATES.format(gates=gates), llm={"produce": ["one", "two"], "judge": judge, "tokens": [1, 1]})
     assert (result.status, result.error, result.at, result.result) == ("halted", error, "b", None)
@@ -120,19 +123,24 @@ def test_an_exhausted_token_budget_halts_before_the_first_call():
 
 
 def test_a_spent_token_budget_suspends_when_suspendable():
-    result = run_mk(TWO_STATES.format(gates="otherwise -> END"), llm={"tokens": [5, 5]}, max_tokens=10,
-                    suspendable=True)
+    result = run_mk(
+        TWO_STATES.format(gates="otherwise -> END"), llm={"tokens": [5, 5]}, max_tokens=10, suspendable=True
+    )
     assert (result.status, result.error, result.at) == ("suspended", "cost-exhausted", "b")
 
 
-@pytest.mark.parametrize("second, extra, error", [
-    ('parse list\n      otherwise -> END', {}, "state-error: parse-list"),
-    ('when "x" -> END\n      when "y" hook missing -> END', {"judge": ["none"]}, "state-error: hook: unknown hook"),
-])
+@pytest.mark.parametrize(
+    "second, extra, error",
+    [
+        ("parse list\n      otherwise -> END", {}, "state-error: parse-list"),
+        ('when "x" -> END\n      when "y" hook missing -> END', {"judge": ["none"]}, "state-error: hook: unknown hook"),
+    ],
+)
 def test_a_state_error_still_counts_what_the_state_paid_for(second, extra, error):
     source = TWO_STATES.replace("{gates}", "").replace('prompt "q"', 'prompt "q"\n      ' + second)
-    result = run_mk(source.replace("{{", "{").replace("}}", "}"),
-                    llm={"produce": ["one", "not json"], "tokens": [3, 2], **extra})
+    result = run_mk(
+        source.replace("{{", "{").replace("}}", "}"), llm={"produce": ["one", "not json"], "tokens": [3, 2], **extra}
+    )
     assert result.status == "halted" and result.error.startswith(error)
     assert len(result.trace) == 1  # a state-error records no step...
     assert result.usage.tokens == 10  # ...but both produce calls were paid for

@@ -121,7 +121,12 @@ def test_the_judge_gets_the_raw_output_and_reasoning():
     result = run_mk(source, {"topic": "t"}, provider=provider)
     assert result.status == "done"
     (judge,) = provider.judged
-    assert (judge.conditions, judge.output, judge.reasoning, judge.tier) == (["it is right"], "the answer", "because", "fast")
+    assert (judge.conditions, judge.output, judge.reasoning, judge.tier) == (
+        ["it is right"],
+        "the answer",
+        "because",
+        "fast",
+    )
     assert judge.context["o"] == "the answer"  # the judge sees the context with this output deposited
     assert provider.produced[0].reason is True
 

@@ -58,8 +58,11 @@ CHILD = """
 
 def traced(tmp_path):
     machine = write_machines(tmp_path, MACHINE, CHILD)
-    llm = {"produce": {"think": {"text": "T", "reasoning": "R"}, "a": "A", "b": "B", "child": "C"},
-           "judge": [0, "none"], "tokens": [2, 1]}
+    llm = {
+        "produce": {"think": {"text": "T", "reasoning": "R"}, "a": "A", "b": "B", "child": "C"},
+        "judge": [0, "none"],
+        "tokens": [2, 1],
+    }
     result = run_mk(machine, llm=llm, tools={"lookup": lambda args: "O"}, hooks={"fine": lambda c, o: True})
     assert result.status == "done", result.error
     return result

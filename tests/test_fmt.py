@@ -165,7 +165,9 @@ def _machine_file(tmp_path, text, name="m.mk"):
 
 
 def test_cli_fmt_prints_checks_and_writes(tmp_path):
-    messy = _machine_file(tmp_path, "entry a\nmachine m\nbudget 2\nstate a {\n  output o\n  tool t\n  otherwise -> END\n}\n")
+    messy = _machine_file(
+        tmp_path, "entry a\nmachine m\nbudget 2\nstate a {\n  output o\n  tool t\n  otherwise -> END\n}\n"
+    )
     canonical = format_machine(load_file(messy))
     runner = CliRunner()
     shown = runner.invoke(app, ["fmt", str(messy)])
@@ -179,7 +181,9 @@ def test_cli_fmt_prints_checks_and_writes(tmp_path):
 
 def test_cli_fmt_converts_yaml_and_reports_broken_files(tmp_path):
     yaml_file = _machine_file(
-        tmp_path, "machine: m\nentry: a\nbudget: 2\nstates:\n  a:\n    tool: t\n    output: o\n    gates:\n      - {to: END}\n", "m.mkl"
+        tmp_path,
+        "machine: m\nentry: a\nbudget: 2\nstates:\n  a:\n    tool: t\n    output: o\n    gates:\n      - {to: END}\n",
+        "m.mkl",
     )
     runner = CliRunner()
     converted = runner.invoke(app, ["fmt", str(yaml_file)])
@@ -202,7 +206,10 @@ def _string_free_lines(text: str) -> list[int]:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(MACHINE_FILES or [None]), st.lists(st.tuples(st.integers(0, 10**6), st.booleans()), min_size=1, max_size=6))
+@given(
+    st.sampled_from(MACHINE_FILES or [None]),
+    st.lists(st.tuples(st.integers(0, 10**6), st.booleans()), min_size=1, max_size=6),
+)
 def test_comments_anywhere_survive_fmt(path, places):
     if path is None:
         return
@@ -217,5 +224,7 @@ def test_comments_anywhere_survive_fmt(path, places):
     text = "\n".join(lines)
     machine = parse(text)
     formatted = format_machine(machine)
-    assert [n for n in range(len(places)) if f"# note {n}" in text] == [n for n in range(len(places)) if f"# note {n}" in formatted]
+    assert [n for n in range(len(places)) if f"# note {n}" in text] == [
+        n for n in range(len(places)) if f"# note {n}" in formatted
+    ]
     assert parse(formatted) == machine and format_machine(parse(formatted)) == formatted

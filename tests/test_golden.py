@@ -65,16 +65,21 @@ def _all_machine_files() -> list[Path]:
 def test_scenario_meets_its_expectations(machine_path, scenario, snapshot):
     result = run_scenario(load_file(machine_path), scenario)
     assert compare(scenario.expect, result) == []
-    assert _without_nonces({
-        "status": result.status,
-        "error": result.error,
-        "at": result.at,
-        "ask": result.ask,
-        "reply_to": result.reply_to,
-        "result": result.result,
-        "usage": result.usage.to_json(),
-        "trace": result.trace,
-    }) == snapshot
+    assert (
+        _without_nonces(
+            {
+                "status": result.status,
+                "error": result.error,
+                "at": result.at,
+                "ask": result.ask,
+                "reply_to": result.reply_to,
+                "result": result.result,
+                "usage": result.usage.to_json(),
+                "trace": result.trace,
+            }
+        )
+        == snapshot
+    )
 
 
 def test_every_script_has_a_success_and_a_stop():

@@ -202,8 +202,8 @@ def test_svg_with_graphviz():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=example_id)
 def test_graph_of_every_example(path, snapshot):
-    from mklang.cli.app import app
     import mklang.cli.authoring_cmds  # noqa: F401 - registers the command
+    from mklang.cli.app import app
 
     runner = CliRunner()
     outputs = {}
@@ -234,10 +234,16 @@ def write_machine(tmp_path: Path) -> Path:
 def test_cli_trace_and_errors(tmp_path):
     source = write_machine(tmp_path)
     run = tmp_path / "run.json"
-    run.write_text(json.dumps({"trace": [
-        {"state": "ask", "policy": "repair", "to": "ask", "gate": "the answer is short"},
-        {"state": "ask", "policy": "ok", "to": "END", "gate": "otherwise"},
-    ]}))
+    run.write_text(
+        json.dumps(
+            {
+                "trace": [
+                    {"state": "ask", "policy": "repair", "to": "ask", "gate": "the answer is short"},
+                    {"state": "ask", "policy": "ok", "to": "END", "gate": "otherwise"},
+                ]
+            }
+        )
+    )
     done = subprocess.run(
         [sys.executable, "-m", "mklang", "graph", str(source), "--trace", str(run)], capture_output=True, text=True
     )

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from pygments.token import Error, Keyword, Name, Number, Operator, String, Comment
+from pygments.token import Comment, Error, Keyword, Name, Number, Operator, String
 
 from mklang.highlight import MkLexer, highlight_source
 
@@ -151,7 +151,7 @@ def test_textmate_rules_match_what_they_name():
     repo = grammar()["repository"]
     target = re.compile(repo["target"]["match"])
     assert target.search("otherwise -> draft").group(3) == "draft"
-    assert target.search("when \"x\" repair 2 ->END").group(2) == "END"
+    assert target.search('when "x" repair 2 ->END').group(2) == "END"
     placeholder = re.compile(repo["placeholder"]["match"])
     assert placeholder.search('prompt "Reply to {{ ticket.body }} now"').group(2) == "ticket.body"
     state = re.compile(repo["declaration"]["patterns"][0]["match"])
@@ -159,6 +159,10 @@ def test_textmate_rules_match_what_they_name():
     keyword = re.compile(repo["keyword"]["match"])
     assert keyword.search("  max_visits 3") and not keyword.search("outputs")
     policy = re.compile(repo["policy"]["match"])
-    assert [m.group() for m in policy.finditer('when "x" repair 2 -> a  fail escalate')] == ["repair", "fail", "escalate"]
+    assert [m.group() for m in policy.finditer('when "x" repair 2 -> a  fail escalate')] == [
+        "repair",
+        "fail",
+        "escalate",
+    ]
     number = re.compile(repo["number"]["match"])
     assert number.search("ratio: -1.5e3").group() == "-1.5e3"

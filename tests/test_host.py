@@ -13,8 +13,9 @@ from mklang.host.plugins import load_plugins
 from mklang.host.registry import BUILTIN_TOOLS, Registry, calc
 
 
-@pytest.mark.parametrize(("expression", "value"), [("6 * 7", "42"), ("2 ** 10 - 24", "1000"), ("7 / 2", "3.5"),
-                                                   ("-(3 + 4) % 5", "3")])
+@pytest.mark.parametrize(
+    ("expression", "value"), [("6 * 7", "42"), ("2 ** 10 - 24", "1000"), ("7 / 2", "3.5"), ("-(3 + 4) % 5", "3")]
+)
 def test_calc_evaluates_arithmetic(expression, value):
     assert calc({"expression": expression}) == value
 
@@ -34,8 +35,13 @@ def _install_entry_point(folder, group, name, module, source):
 
 
 def test_entry_points_register_tools_and_the_host_api_wins(tmp_path, monkeypatch):
-    _install_entry_point(tmp_path, "mklang.tools", "shout", "shout_plugin",
-                         "def shout(arguments):\n    return arguments['text'].upper()\n")
+    _install_entry_point(
+        tmp_path,
+        "mklang.tools",
+        "shout",
+        "shout_plugin",
+        "def shout(arguments):\n    return arguments['text'].upper()\n",
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = Registry("mklang.tools", BUILTIN_TOOLS)
     assert registry.get("shout")({"text": "hi"}) == "HI"
@@ -52,10 +58,13 @@ def test_a_plugin_file_provides_tools_and_hooks(tmp_path):
     assert tools["echo"]({"text": "x"}) == "x" and hooks["always"]({}, "o") is True
 
 
-@pytest.mark.parametrize(("source", "message"), [
-    ("X = 1\n", "defines neither TOOLS nor HOOKS"),
-    ("TOOLS = {'a': 1}\n", "TOOLS must map names to callables"),
-])
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("X = 1\n", "defines neither TOOLS nor HOOKS"),
+        ("TOOLS = {'a': 1}\n", "TOOLS must map names to callables"),
+    ],
+)
 def test_a_bad_plugin_is_one_clear_error(tmp_path, source, message):
     plugin = tmp_path / "bad_plugin.py"
     plugin.write_text(source)
@@ -67,7 +76,8 @@ def test_run_uses_a_plugin_tool_from_the_command_line(tmp_path):
     plugin = tmp_path / "tools.py"
     plugin.write_text("TOOLS = {'reverse': lambda a: a['text'][::-1]}\n")
     machine = tmp_path / "m.mk"
-    machine.write_text(textwrap.dedent('''\
+    machine.write_text(
+        textwrap.dedent("""\
         machine m
         entry flip
         budget 2
@@ -77,15 +87,47 @@ def test_run_uses_a_plugin_tool_from_the_command_line(tmp_path):
           output flipped
           otherwise -> END
         }
-        '''))
-    done = subprocess.run([sys.executable, "-m", "mklang", "run", str(machine), "--plugin", str(plugin),
-                           "--set", "word=stressed", "--script", "/dev/null"], capture_output=True, text=True)
+        """)
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mklang",
+            "run",
+            str(machine),
+            "--plugin",
+            str(plugin),
+            "--set",
+            "word=stressed",
+            "--script",
+            "/dev/null",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2  # an empty script is a usage error, reported in one line
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     script = tmp_path / "s.yaml"
     script.write_text("scenarios:\n  - name: only\n")
-    done = subprocess.run([sys.executable, "-m", "mklang", "run", str(machine), "--plugin", str(plugin),
-                           "--set", "word=stressed", "--script", str(script), "--format", "json"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mklang",
+            "run",
+            str(machine),
+            "--plugin",
+            str(plugin),
+            "--set",
+            "word=stressed",
+            "--script",
+            str(script),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert '"result": "desserts"' in done.stdout

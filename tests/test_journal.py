@@ -40,8 +40,17 @@ def _host(scenario):
 
 
 def _outcome(result):
-    return json.loads(json.dumps({"status": result.status, "result": result.result, "context": result.context,
-                                  "trace": result.trace, "usage": result.usage.to_json()}))
+    return json.loads(
+        json.dumps(
+            {
+                "status": result.status,
+                "result": result.result,
+                "context": result.context,
+                "trace": result.trace,
+                "usage": result.usage.to_json(),
+            }
+        )
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -49,18 +58,22 @@ def tiny_compaction(monkeypatch):
     monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 512)
 
 
-@pytest.mark.parametrize("example, main, scenario_name", [
-    ("nested", "brief.mk", None),
-    ("map-reduce", "digest.mk", None),
-    ("triage", "triage.mk", "bug-answered-from-kb-after-one-repair"),
-])
+@pytest.mark.parametrize(
+    "example, main, scenario_name",
+    [
+        ("nested", "brief.mk", None),
+        ("map-reduce", "digest.mk", None),
+        ("triage", "triage.mk", "bug-answered-from-kb-after-one-repair"),
+    ],
+)
 def test_a_run_that_dies_at_any_loop_top_resumes_to_the_same_run(example, main, scenario_name, tmp_path):
     machine = load_file(EXAMPLES / example / main)
     scenarios = load_script(EXAMPLES / example / "scenarios.yaml")
     scenario = next(s for s in scenarios if scenario_name in (None, s.name))
     counter = CrashAt(0)
-    reference = _outcome(start(machine, dict(scenario.input), checkpoint=tmp_path / "ref.json",
-                               observer=counter, **_host(scenario)))
+    reference = _outcome(
+        start(machine, dict(scenario.input), checkpoint=tmp_path / "ref.json", observer=counter, **_host(scenario))
+    )
     assert reference["status"] == "done"
     for n in range(2, counter.seen + 1):
         checkpoint = tmp_path / f"cp{n}.json"

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
-
 import subprocess
 import sys
+import time
 
 import yaml
 from test_signals import EXAMPLE, _env, mklang, wait_for
@@ -27,9 +26,26 @@ def _slow_run(folder, checkpoint) -> subprocess.Popen:
     scenario = next(s for s in script["scenarios"] if s["name"] == "slow-model")
     scenario["llm"]["delay_ms"] = 300
     (folder / "slow.yaml").write_text(yaml.safe_dump({"scenarios": [scenario]}))
-    return subprocess.Popen([sys.executable, "-m", "mklang", "run", str(EXAMPLE / "report.mk"), "--script",
-                             str(folder / "slow.yaml"), "--checkpoint", str(checkpoint), "--format", "json"],
-                            cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mklang",
+            "run",
+            str(EXAMPLE / "report.mk"),
+            "--script",
+            str(folder / "slow.yaml"),
+            "--checkpoint",
+            str(checkpoint),
+            "--format",
+            "json",
+        ],
+        cwd=folder,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("pygls")
 
-from mklang.lsp.analysis import Document  # noqa: E402
-from mklang.syntax import format_machine, parse  # noqa: E402
+from mklang.lsp.analysis import Document
+from mklang.syntax import format_machine, parse
 
 TIMEOUT = 20
 

@@ -10,7 +10,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-
 import mklang
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,14 +79,15 @@ def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(t
     elsewhere.mkdir()
     (elsewhere / "uses_stdlib.mk").write_text(
         "machine uses_stdlib\nentry think\nbudget 5\n"
-        "state think {\n  call chain_of_thought { question: \"why?\" }\n  output answer\n  otherwise -> END\n}\n"
+        'state think {\n  call chain_of_thought { question: "why?" }\n  output answer\n  otherwise -> END\n}\n'
     )
     probe = "import mklang, mklang.syntax.grammar as g; print(mklang.__file__); print(g.grammar_path())"
     located = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True, check=True)
     module, grammar = located.stdout.split()
     assert module.startswith(str(env)) and grammar.startswith(str(env))
-    checked = subprocess.run([str(python), "-m", "mklang", "check", "uses_stdlib.mk"], cwd=elsewhere,
-                             capture_output=True, text=True)
+    checked = subprocess.run(
+        [str(python), "-m", "mklang", "check", "uses_stdlib.mk"], cwd=elsewhere, capture_output=True, text=True
+    )
     assert checked.returncode == 0, checked.stderr  # `call chain_of_thought` resolved in the installed library
 
 

@@ -31,7 +31,7 @@ def test_grammar_builds_in_strict_mode():
 def test_committed_standalone_parser_matches_the_grammar():
     from mklang.syntax import _parser
 
-    assert _parser.GRAMMAR_SHA256 == grammar_module.grammar_sha256(), (
+    assert grammar_module.grammar_sha256() == _parser.GRAMMAR_SHA256, (
         "grammar/mklang.lark changed: run `python -m mklang.syntax.grammar`"
     )
 
@@ -105,7 +105,14 @@ state vote {
 
 def test_spec_example_parses_into_the_model():
     m = parse(SPEC_EXAMPLE, "triage.mk")
-    assert (m.name, m.version, m.entry, m.budget, m.tier, m.result) == ("triage", "0.4", "classify", 25, "fast", "draft")
+    assert (m.name, m.version, m.entry, m.budget, m.tier, m.result) == (
+        "triage",
+        "0.4",
+        "classify",
+        25,
+        "fast",
+        "draft",
+    )
     assert m.context == {"ticket": {"body": "<the customer ticket>", "amount": 42}, "notes": []}
     assert [(d.name, d.description) for d in m.tools] == [("search_kb", "Look up KB facts. Input: {query}.")]
     assert [d.name for d in m.hooks] == ["amount_ok"]
@@ -146,11 +153,14 @@ def test_statements_in_any_order_give_the_same_state():
     ],
 )
 def test_strings(literal, value):
-    assert parse(one_state(f"  prompt {literal}\n  structure \"s\"\n  output o")).states[0].face.prompt == value
+    assert parse(one_state(f'  prompt {literal}\n  structure "s"\n  output o')).states[0].face.prompt == value
 
 
 def test_values_take_bare_keys_commas_newlines_and_trailing_separators():
-    source = HEADER + 'context {\n  a: 1, "b c": [1, 2.5, -3e2,],\n  d: { e: true, f: null, g: false, },\n  h: []\n  i: {}\n}\n'
+    source = (
+        HEADER
+        + 'context {\n  a: 1, "b c": [1, 2.5, -3e2,],\n  d: { e: true, f: null, g: false, },\n  h: []\n  i: {}\n}\n'
+    )
     source += 'state a {\n  tool t {\n    q: "x"\n    r: [\n      "y"\n    ]\n  }\n  output o\n  otherwise -> END\n}\n'
     m = parse(source)
     assert m.context == {"a": 1, "b c": [1, 2.5, -300.0], "d": {"e": True, "f": None, "g": False}, "h": [], "i": {}}
@@ -169,16 +179,25 @@ def test_keywords_can_name_states_and_keys():
 def test_nodes_and_fields_carry_spans():
     m = parse(SPEC_EXAMPLE, "triage.mk")
     classify = m.states[0]
-    assert (classify.span.file, classify.span.line, classify.span.col, classify.span.end_line) == ("triage.mk", 17, 1, 26)
+    assert (classify.span.file, classify.span.line, classify.span.col, classify.span.end_line) == (
+        "triage.mk",
+        17,
+        1,
+        26,
+    )
     assert (classify.gates[1].span.line, classify.gates[1].span.col) == (24, 3)
     assert classify.field_spans["prompt"].line == 19 and classify.field_spans["prompt"].end_line == 21
     assert m.field_spans["budget"].line == 5 and m.tools[0].span.line == 14
 
 
 def test_comments_are_attached_to_the_statements_they_precede():
-    source = "# top\n" + HEADER + (
-        "# about a\nstate a {  # on the line\n  # before output\n  output o\n"
-        '  prompt "p"\n  structure "s"\n  otherwise -> END  # done\n  # closing\n}\n# tail\n'
+    source = (
+        "# top\n"
+        + HEADER
+        + (
+            "# about a\nstate a {  # on the line\n  # before output\n  output o\n"
+            '  prompt "p"\n  structure "s"\n  otherwise -> END  # done\n  # closing\n}\n# tail\n'
+        )
     )
     m = parse(source)
     state = m.states[0]
@@ -217,7 +236,7 @@ def test_impossible_states_are_diagnostics(body, code):
 
 def test_missing_header_lines_are_all_reported():
     with pytest.raises(MkSyntaxError) as caught:
-        parse('state a {\n  output o\n  tool t\n  otherwise -> END\n}\n')
+        parse("state a {\n  output o\n  tool t\n  otherwise -> END\n}\n")
     assert [d.message for d in caught.value.diagnostics] == [
         "the file has no `machine <name>` line",
         "the file has no `entry <state>` line",

@@ -38,7 +38,13 @@ def test_recording_writes_readable_yaml_after_each_exchange(tmp_path):
     text = path.read_text()
     assert "user: |-\n      line one\n      line two\n" in text
     data = yaml.safe_load(text)["exchanges"]
-    assert data[0]["request"] == {"kind": "produce", "tier": "fast", "system": "sys", "user": "line one\nline two", "reason": True}
+    assert data[0]["request"] == {
+        "kind": "produce",
+        "tier": "fast",
+        "system": "sys",
+        "user": "line one\nline two",
+        "reason": True,
+    }
     assert data[0]["response"] == {
         "text": "answer 1\nsecond line",
         "reasoning": "thought",
@@ -48,10 +54,18 @@ def test_recording_writes_readable_yaml_after_each_exchange(tmp_path):
     recorder.judge(["a", "b"], {"x": [1, 2]}, None, {"k": ("t",)}, "balanced")
     judged = yaml.safe_load(path.read_text())["exchanges"][1]
     assert judged["request"] == {
-        "kind": "judge", "tier": "balanced", "conditions": ["a", "b"], "output": {"x": [1, 2]},
-        "reasoning": None, "context": {"k": ["t"]},
+        "kind": "judge",
+        "tier": "balanced",
+        "conditions": ["a", "b"],
+        "output": {"x": [1, 2]},
+        "reasoning": None,
+        "context": {"k": ["t"]},
     }
-    assert judged["response"] == {"choice": "none", "parsed_by": "strict", "usage": {"input_tokens": 5, "output_tokens": 1, "cost_usd": 0.5}}
+    assert judged["response"] == {
+        "choice": "none",
+        "parsed_by": "strict",
+        "usage": {"input_tokens": 5, "output_tokens": 1, "cost_usd": 0.5},
+    }
 
 
 def test_replay_answers_identical_requests_in_recorded_order_then_repeats_the_last(tmp_path):
@@ -91,7 +105,9 @@ def test_a_miss_names_the_closest_request_and_shows_a_diff(tmp_path):
     with pytest.raises(ProviderError) as caught:
         ReplayProvider(path).produce("s", "Translate the text into German.", "fast", False)
     lines = str(caught.value).splitlines()
-    assert lines[0] == "replay: cassette c.yaml holds no produce request like this one (tier fast); closest is exchange 1:"
+    assert (
+        lines[0] == "replay: cassette c.yaml holds no produce request like this one (tier fast); closest is exchange 1:"
+    )
     assert "-user: Translate the text into French." in lines
     assert "+user: Translate the text into German." in lines
 
@@ -139,6 +155,10 @@ def test_concurrent_recording_keeps_every_exchange(tmp_path):
 
 def test_fingerprint_covers_every_request_field():
     base = produce_request("s", "u", "fast", False)
-    variants = [produce_request("S", "u", "fast", False), produce_request("s", "U", "fast", False),
-                produce_request("s", "u", "balanced", False), produce_request("s", "u", "fast", True)]
+    variants = [
+        produce_request("S", "u", "fast", False),
+        produce_request("s", "U", "fast", False),
+        produce_request("s", "u", "balanced", False),
+        produce_request("s", "u", "fast", True),
+    ]
     assert len({fingerprint(base), *map(fingerprint, variants)}) == 5

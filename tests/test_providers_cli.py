@@ -64,8 +64,7 @@ def write_machine(path, summary_prompt="Summarize: {{draft}}"):
 
 def mklang(*args, server=None, env=None):
     environment = {
-        key: value for key, value in os.environ.items()
-        if not key.startswith(("OPENAI_", "ANTHROPIC_", "MKLANG_"))
+        key: value for key, value in os.environ.items() if not key.startswith(("OPENAI_", "ANTHROPIC_", "MKLANG_"))
     }
     environment["OPENAI_API_KEY"] = KEY
     if server is not None:
@@ -85,8 +84,19 @@ def run_json(process):
 def test_run_with_provider_openai_reports_the_servers_usage(workdir, server):
     model = Model()
     server.handler = model
-    process = mklang("run", write_machine(workdir / "essay.mk"), "--provider", "openai", "--model", "m",
-                     "--set", "topic=tides", "--format", "json", server=server)
+    process = mklang(
+        "run",
+        write_machine(workdir / "essay.mk"),
+        "--provider",
+        "openai",
+        "--model",
+        "m",
+        "--set",
+        "topic=tides",
+        "--format",
+        "json",
+        server=server,
+    )
     assert process.returncode == 0, process.stderr
     result = run_json(process)
     assert result["result"] == "A short summary."
@@ -99,15 +109,39 @@ def test_dollar_totals_come_from_the_config_prices(workdir, server):
     model = Model()
     server.handler = model
     (workdir / "mklang.toml").write_text(f'[prices."openai:m"]\ninput = {PRICE_IN}\noutput = {PRICE_OUT}\n')
-    process = mklang("run", write_machine(workdir / "essay.mk"), "--provider", "openai", "--model", "m",
-                     "--set", "topic=tides", "--max-cost", "5", "--format", "json", server=server)
+    process = mklang(
+        "run",
+        write_machine(workdir / "essay.mk"),
+        "--provider",
+        "openai",
+        "--model",
+        "m",
+        "--set",
+        "topic=tides",
+        "--max-cost",
+        "5",
+        "--format",
+        "json",
+        server=server,
+    )
     assert process.returncode == 0, process.stderr
     assert run_json(process)["usage"]["cost_usd"] == pytest.approx(model.cost(), rel=1e-12)
 
 
 def test_a_dollar_budget_without_a_price_exits_2_before_any_call(workdir, server):
-    process = mklang("run", write_machine(workdir / "essay.mk"), "--provider", "openai", "--model", "m",
-                     "--max-cost", "1", "--format", "json", server=server)
+    process = mklang(
+        "run",
+        write_machine(workdir / "essay.mk"),
+        "--provider",
+        "openai",
+        "--model",
+        "m",
+        "--max-cost",
+        "1",
+        "--format",
+        "json",
+        server=server,
+    )
     assert process.returncode == 2
     assert "--max-cost needs a price for openai:m" in process.stdout + process.stderr
     assert server.count == 0
@@ -116,8 +150,17 @@ def test_a_dollar_budget_without_a_price_exits_2_before_any_call(workdir, server
 def test_retries_running_out_halt_with_exit_1(workdir, server):
     (workdir / "mklang.toml").write_text("[providers.openai]\nretries = 1\nbackoff = 0.001\n")
     server.fallback = error(500, "boom")
-    process = mklang("run", write_machine(workdir / "essay.mk"), "--provider", "openai", "--model", "m",
-                     "--format", "json", server=server)
+    process = mklang(
+        "run",
+        write_machine(workdir / "essay.mk"),
+        "--provider",
+        "openai",
+        "--model",
+        "m",
+        "--format",
+        "json",
+        server=server,
+    )
     assert process.returncode == 1
     result = run_json(process)
     assert (result["status"], result["at"]) == ("halted", "draft")
@@ -128,8 +171,21 @@ def test_retries_running_out_halt_with_exit_1(workdir, server):
 def test_record_then_replay_offline_and_a_changed_prompt(workdir, server):
     machine = write_machine(workdir / "essay.mk")
     server.handler = Model()
-    recorded = mklang("run", machine, "--provider", "openai", "--model", "m", "--set", "topic=tides",
-                      "--record", "run.yaml", "--format", "json", server=server)
+    recorded = mklang(
+        "run",
+        machine,
+        "--provider",
+        "openai",
+        "--model",
+        "m",
+        "--set",
+        "topic=tides",
+        "--record",
+        "run.yaml",
+        "--format",
+        "json",
+        server=server,
+    )
     assert recorded.returncode == 0, recorded.stderr
     calls = server.count
     server.stop()
@@ -151,11 +207,41 @@ def test_record_then_replay_offline_and_a_changed_prompt(workdir, server):
 def test_the_api_key_never_reaches_any_output(workdir, server):
     machine = write_machine(workdir / "essay.mk")
     server.handler = Model()
-    first = mklang("run", machine, "--provider", "openai", "--model", "m", "--set", "topic=tides",
-                   "--record", "ok.yaml", "--checkpoint", "ok.json", "--format", "json", server=server)
+    first = mklang(
+        "run",
+        machine,
+        "--provider",
+        "openai",
+        "--model",
+        "m",
+        "--set",
+        "topic=tides",
+        "--record",
+        "ok.yaml",
+        "--checkpoint",
+        "ok.json",
+        "--format",
+        "json",
+        server=server,
+    )
     server.handler = lambda request: error(401, f"Incorrect API key provided: {KEY}")
-    second = mklang("run", machine, "--provider", "openai", "--model", "m", "--set", "topic=tides",
-                    "--record", "bad.yaml", "--checkpoint", "bad.json", "--format", "json", server=server)
+    second = mklang(
+        "run",
+        machine,
+        "--provider",
+        "openai",
+        "--model",
+        "m",
+        "--set",
+        "topic=tides",
+        "--record",
+        "bad.yaml",
+        "--checkpoint",
+        "bad.json",
+        "--format",
+        "json",
+        server=server,
+    )
     # with --checkpoint a provider error suspends (exit 3): the run can resume once the key is fixed
     assert (first.returncode, second.returncode) == (0, 3)
     assert run_json(second)["detail"] == "openai 401: Incorrect API key provided: ***"
@@ -175,7 +261,9 @@ def test_the_documented_config_is_valid(workdir):
     process = mklang("config", "--format", "json")
     assert process.returncode == 0, process.stderr
     assert json.loads(process.stdout)["tiers"] == {
-        "fast": "local:llama3.2", "balanced": "openai:gpt-4o-mini", "reasoning": "anthropic:claude-sonnet-4-5",
+        "fast": "local:llama3.2",
+        "balanced": "openai:gpt-4o-mini",
+        "reasoning": "anthropic:claude-sonnet-4-5",
     }
 
 

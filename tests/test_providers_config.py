@@ -70,7 +70,13 @@ def test_full_config_is_read(tmp_path):
         "reasoning": Route("an", "claude-sonnet"),
     }
     oa = config.provider("oa")
-    assert (oa.kind, oa.timeout, oa.retries, oa.params, oa.reasoning) == ("openai", 30, 5, {"temperature": 0}, "scratchpad")
+    assert (oa.kind, oa.timeout, oa.retries, oa.params, oa.reasoning) == (
+        "openai",
+        30,
+        5,
+        {"temperature": 0},
+        "scratchpad",
+    )
     assert config.provider("an").reasoning == "native"
     assert config.provider("local").max_in_flight == 2
     assert config.price(Route("oa", "gpt-4o")) == Price(2.5, 10.0)
@@ -103,7 +109,7 @@ def test_no_config_at_all():
 
 
 def test_missing_explicit_files_are_errors(tmp_path, monkeypatch):
-    with pytest.raises(UsageError, match="config file not found: .*nope.toml"):
+    with pytest.raises(UsageError, match=r"config file not found: .*nope\.toml"):
         load_config(tmp_path / "nope.toml")
     monkeypatch.setenv("MKLANG_CONFIG", str(tmp_path / "gone.toml"))
     with pytest.raises(UsageError, match=r"gone.toml \(from MKLANG_CONFIG\)"):
@@ -119,10 +125,10 @@ def test_missing_explicit_files_are_errors(tmp_path, monkeypatch):
         ('[tiers]\nfast = "nowhere:x"\n', r"\[tiers\] fast: unknown provider 'nowhere'"),
         ('[providers.x]\nkind = "openai"\n', r"\[providers.x\]: missing 'base_url'"),
         ('[providers.x]\nkind = "gemini"\nbase_url = "u"\n', r"kind must be one of openai, anthropic"),
-        ('[providers.openai]\ntimout = 3\n', r"unknown key 'timout'"),
+        ("[providers.openai]\ntimout = 3\n", r"unknown key 'timout'"),
         ('[providers.openai]\nbase_url = "localhost:11434"\n', r"base_url must start with http:// or https://"),
         ('[providers.openai]\nretries = "many"\n', r"retries has the wrong type \(str\)"),
-        ('[providers.openai]\nmax_in_flight = 0\n', r"max_in_flight must be positive"),
+        ("[providers.openai]\nmax_in_flight = 0\n", r"max_in_flight must be positive"),
         ('[prices."openai:x"]\ninput = 1\n', r"needs numbers 'input' and 'output'"),
         ('[prices."openai:x"]\ninput = -1\noutput = 1\n', r"must not be negative"),
         ("[models]\n", r"unknown key 'models'"),

@@ -326,7 +326,7 @@ def test_backoff_is_exponential_with_jitter_and_capped(server):
     with pytest.raises(ProviderError):
         transport.post("/chat/completions", {})
     assert len(slept) == 4
-    for delay, ceiling in zip(slept, [1, 2, 3, 3]):
+    for delay, ceiling in zip(slept, [1, 2, 3, 3], strict=False):
         assert ceiling / 2 <= delay <= ceiling
 
 

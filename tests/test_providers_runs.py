@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from fakeserver import FakeServer, answer, error, refusal
@@ -24,7 +25,12 @@ MACHINE = {
     "states": [
         {
             "name": "draft",
-            "face": {"kind": "produce", "prompt": "Write about {{topic}}.", "structure": "One paragraph.", "reason": True},
+            "face": {
+                "kind": "produce",
+                "prompt": "Write about {{topic}}.",
+                "structure": "One paragraph.",
+                "reason": True,
+            },
             "tier": "reasoning",
             "output": "draft",
             "gates": [
@@ -70,8 +76,12 @@ class Model:
             return answer(text, input_tokens=tokens[0], output_tokens=tokens[1])
         if request.user.startswith("Summarize"):
             return answer("A short summary.", input_tokens=tokens[0], output_tokens=tokens[1])
-        return answer(f"Draft number {number}.", reasoning="I considered the topic.",
-                      input_tokens=tokens[0], output_tokens=tokens[1])
+        return answer(
+            f"Draft number {number}.",
+            reasoning="I considered the topic.",
+            input_tokens=tokens[0],
+            output_tokens=tokens[1],
+        )
 
     def cost(self) -> float:
         return sum((i * PRICE_IN + o * PRICE_OUT) / 1e6 for i, o in self.served)
@@ -151,7 +161,7 @@ def test_500s_until_retries_run_out_halt_at_the_state(config, server):
 
 
 def test_timeout_halts_with_a_provider_error(config, server, tmp_path):
-    text = open(config).read().replace("timeout = 2", "timeout = 0.2").replace("retries = 2", "retries = 0")
+    text = Path(config).read_text().replace("timeout = 2", "timeout = 0.2").replace("retries = 2", "retries = 0")
     (tmp_path / "slow.toml").write_text(text)
     server.fallback = answer("too late", delay=1.0)
     result = run(str(tmp_path / "slow.toml"))
@@ -222,7 +232,9 @@ def test_no_api_key_in_cassette_trace_result_or_errors(config, server, tmp_path,
     server.handler = lambda request: error(401, f"Incorrect API key provided: {KEY}.")
     failed = mklang.run(machine(), {"topic": "tides"}, provider=provider)
     assert failed.status == "halted" and "Incorrect API key provided: ***" in failed.error
-    assert server.requests[0].headers.get("authorization", server.requests[0].headers.get("x-api-key", "")).endswith(KEY)
+    assert (
+        server.requests[0].headers.get("authorization", server.requests[0].headers.get("x-api-key", "")).endswith(KEY)
+    )
     outputs = [
         cassette.read_text(),
         json.dumps(done.to_json()),
@@ -236,13 +248,22 @@ def test_no_api_key_in_cassette_trace_result_or_errors(config, server, tmp_path,
 
 def test_fan_out_shares_the_providers_request_limit(tmp_path, server):
     path = tmp_path / "c.toml"
-    path.write_text(f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nmax_in_flight = 2\n')
+    path.write_text(
+        f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nmax_in_flight = 2\n'
+    )
     data = {
-        "name": "vote", "entry": "vote", "budget": 10,
-        "states": [{
-            "name": "vote", "sample": 5, "output": "votes", "gates": [{"target": "END"}],
-            "face": {"kind": "produce", "prompt": "Vote number {{index}}.", "structure": "A word."},
-        }],
+        "name": "vote",
+        "entry": "vote",
+        "budget": 10,
+        "states": [
+            {
+                "name": "vote",
+                "sample": 5,
+                "output": "votes",
+                "gates": [{"target": "END"}],
+                "face": {"kind": "produce", "prompt": "Vote number {{index}}.", "structure": "A word."},
+            }
+        ],
     }
     active = peak = 0
     lock = threading.Lock()

@@ -22,29 +22,56 @@ from mklang.syntax import load_file
 
 def _options(scenario):
     settings = scenario.run
-    return dict(max_tokens=settings.get("max_tokens"), max_cost=settings.get("max_cost"),
-                concurrency=settings.get("concurrency", 1), hitl=bool(settings.get("hitl", False)))
+    return dict(
+        max_tokens=settings.get("max_tokens"),
+        max_cost=settings.get("max_cost"),
+        concurrency=settings.get("concurrency", 1),
+        hitl=bool(settings.get("hitl", False)),
+    )
 
 
 def _start(machine, scenario, checkpoint, observer=None, control=None):
     host = ScriptedHost(scenario)
-    return start(machine, dict(scenario.input), checkpoint=checkpoint, provider=host.provider,
-                 tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host,
-                 observer=observer, control=control, **_options(scenario))
+    return start(
+        machine,
+        dict(scenario.input),
+        checkpoint=checkpoint,
+        provider=host.provider,
+        tools=host.tools.functions(),
+        hooks=host.hooks.functions(),
+        scripted=host,
+        observer=observer,
+        control=control,
+        **_options(scenario),
+    )
 
 
 def _resume(scenario, checkpoint, **options):
     host = ScriptedHost(scenario)
-    return continue_checkpoint(open_checkpoint(checkpoint), provider=host.provider,
-                               tools=host.tools.functions(), hooks=host.hooks.functions(),
-                               scripted=host, **options)
+    return continue_checkpoint(
+        open_checkpoint(checkpoint),
+        provider=host.provider,
+        tools=host.tools.functions(),
+        hooks=host.hooks.functions(),
+        scripted=host,
+        **options,
+    )
 
 
 def _outcome(result):
-    return json.loads(json.dumps({
-        "status": result.status, "error": result.error, "at": result.at, "result": result.result,
-        "context": result.context, "trace": result.trace, "usage": result.usage.to_json(),
-    }))
+    return json.loads(
+        json.dumps(
+            {
+                "status": result.status,
+                "error": result.error,
+                "at": result.at,
+                "result": result.result,
+                "context": result.context,
+                "trace": result.trace,
+                "usage": result.usage.to_json(),
+            }
+        )
+    )
 
 
 def _cases():
@@ -115,9 +142,16 @@ def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(ma
             raise_budget = {"budget": machine.budget}
         else:
             host = ScriptedHost(scenario)
-            first = start(machine, dict(scenario.input), checkpoint=checkpoint, provider=host.provider,
-                          tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host,
-                          **{**_options(scenario), "max_tokens": limit})
+            first = start(
+                machine,
+                dict(scenario.input),
+                checkpoint=checkpoint,
+                provider=host.provider,
+                tools=host.tools.functions(),
+                hooks=host.hooks.functions(),
+                scripted=host,
+                **{**_options(scenario), "max_tokens": limit},
+            )
             raise_budget = {"max_tokens": 10**9}
         if first.status != "suspended" or first.error != reason:
             continue  # the run ended (or parked for a human) before the budget tripped
@@ -161,8 +195,14 @@ def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
     envelope = load(checkpoint)
     for target in (checkpoint, envelope):
         host = ScriptedHost(scenario)
-        done = mklang.resume(target, provider=host.provider, tools=host.tools.functions(),
-                             hooks=host.hooks.functions(), scripted=host,
-                             set_values={"approval.answer": "yes"}, checkpoint=tmp_path / "again.json")
+        done = mklang.resume(
+            target,
+            provider=host.provider,
+            tools=host.tools.functions(),
+            hooks=host.hooks.functions(),
+            scripted=host,
+            set_values={"approval.answer": "yes"},
+            checkpoint=tmp_path / "again.json",
+        )
         assert done.status == "done" and done.context["approval"]["answer"] == "yes"
         assert done.trace[0] == first.trace[0]

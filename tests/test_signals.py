@@ -25,8 +25,16 @@ from mklang.checkpoint.envelope import load
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "kill-9-resume"
-RUN = ["run", str(EXAMPLE / "report.mk"), "--script", str(EXAMPLE / "scenarios.yaml"),
-       "--scenario", "slow-model", "--format", "json"]
+RUN = [
+    "run",
+    str(EXAMPLE / "report.mk"),
+    "--script",
+    str(EXAMPLE / "scenarios.yaml"),
+    "--scenario",
+    "slow-model",
+    "--format",
+    "json",
+]
 COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 MODEL_CALLS = 8  # outline + its judge, four drafts, assembly + its judge
 
@@ -38,15 +46,22 @@ def _env() -> dict[str, str]:
 
 
 def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "mklang", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "mklang", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
 
 def start(cwd: Path, *options: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mklang", *RUN, *options], cwd=cwd, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mklang", *RUN, *options],
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, process: subprocess.Popen, what: str) -> None:
@@ -188,8 +203,14 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result_paying_only_what_was_l
 
 
 def test_the_kill_9_demo_shows_equal_results(tmp_path):
-    done = subprocess.run([sys.executable, str(EXAMPLE / "demo.py")], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE / "demo.py")],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "equals the uninterrupted run's (status, result, context, trace, usage): yes" in done.stdout
     assert f"uninterrupted run {MODEL_CALLS};" in done.stdout

@@ -71,13 +71,23 @@ def test_every_construct_converts_to_mk_and_back_to_the_same_model(tmp_path):
     path.write_text(EVERYTHING)
     machine = load_file(path)
     assert (machine.name, machine.version, machine.tier, machine.result) == ("everything", "0.4", "fast", "draft")
-    assert [d.name for d in machine.tools] == ["search_kb"] and machine.hooks[0].description == "True when amount <= 100."
+    assert [d.name for d in machine.tools] == ["search_kb"] and machine.hooks[
+        0
+    ].description == "True when amount <= 100."
     classify, lookup, fan, vote = machine.states
     assert isinstance(classify.face, Produce) and classify.face.prompt == "Classify: {{ticket.body}}\n"
     assert (classify.face.reason, classify.face.parse, classify.max_visits) == (True, "json", 3)
-    assert [(g.policy, g.repair, g.hook) for g in classify.gates] == [("ok", None, "amount_ok"), ("repair", 2, None), ("ok", None, None)]
+    assert [(g.policy, g.repair, g.hook) for g in classify.gates] == [
+        ("ok", None, "amount_ok"),
+        ("repair", 2, None),
+        ("ok", None, None),
+    ]
     assert isinstance(lookup.face, ToolUse) and lookup.gates[0].reply_to == "manual.answer"
-    assert isinstance(fan.face, Call) and (fan.over, fan.accumulate, fan.face.input) == ("chunks", True, {"text": "{{item}}"})
+    assert isinstance(fan.face, Call) and (fan.over, fan.accumulate, fan.face.input) == (
+        "chunks",
+        True,
+        {"text": "{{item}}"},
+    )
     assert (vote.sample, vote.gates[1].policy) == (3, "fail")
     as_mk = format_machine(machine)
     assert parse(as_mk) == machine
@@ -96,10 +106,19 @@ def test_states_may_be_a_list_with_names():
     ("text", "expected"),
     [
         ("machine: m\nentry: a\nbudget: [1\n", [(4, 1, "syntax")]),
-        ("machine: m\nentry: a\nbudget: 3\nstates:\n  a:\n    tool: t\n    call: c\n    output: o\n    gates: [{to: END}]\n", [(7, 5, "two-faces")]),
-        ("machine: m\nentry: a\nbudget: 3\nstates:\n  a:\n    tool: t\n    outptu: o\n    gates: [{to: END}]\n", [(5, 3, "no-output"), (7, 5, "unknown-field")]),
+        (
+            "machine: m\nentry: a\nbudget: 3\nstates:\n  a:\n    tool: t\n    call: c\n    output: o\n    gates: [{to: END}]\n",
+            [(7, 5, "two-faces")],
+        ),
+        (
+            "machine: m\nentry: a\nbudget: 3\nstates:\n  a:\n    tool: t\n    outptu: o\n    gates: [{to: END}]\n",
+            [(5, 3, "no-output"), (7, 5, "unknown-field")],
+        ),
         ("machine: m\nentry: a\nbudget: lots\nstates: {}\n", [(3, 9, "invalid-number")]),
-        ("machine: m\nentry: a\nbudget: 3\nstates:\n  a:\n    tool: t\n    output: o\n    gates:\n      - {when: x}\n", [(9, 9, "missing-field")]),
+        (
+            "machine: m\nentry: a\nbudget: 3\nstates:\n  a:\n    tool: t\n    output: o\n    gates:\n      - {when: x}\n",
+            [(9, 9, "missing-field")],
+        ),
         ("", [(1, 1, "syntax")]),
     ],
     ids=["yaml-syntax", "two-faces", "unknown-field", "budget", "gate-target", "empty"],
@@ -115,8 +134,50 @@ from hypothesis import strategies as st  # noqa: E402
 
 from mklang.errors import LoadError  # noqa: E402
 
-yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.sampled_from(["2024-01-01", "{{x}}", "otherwise", "END", "!!set {a}", "[1", "a.b"]))
-yaml_trees = st.recursive(yaml_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.sampled_from(["machine", "entry", "budget", "states", "gates", "to", "when", "tool", "call", "input", "output", "context", "tools", "hooks", "name", "repair", "then", "over", "sample"]), st.text(max_size=4)), inner, max_size=5)), max_leaves=20)
+yaml_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.text(max_size=8),
+    st.sampled_from(["2024-01-01", "{{x}}", "otherwise", "END", "!!set {a}", "[1", "a.b"]),
+)
+yaml_trees = st.recursive(
+    yaml_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.one_of(
+                st.sampled_from(
+                    [
+                        "machine",
+                        "entry",
+                        "budget",
+                        "states",
+                        "gates",
+                        "to",
+                        "when",
+                        "tool",
+                        "call",
+                        "input",
+                        "output",
+                        "context",
+                        "tools",
+                        "hooks",
+                        "name",
+                        "repair",
+                        "then",
+                        "over",
+                        "sample",
+                    ]
+                ),
+                st.text(max_size=4),
+            ),
+            inner,
+            max_size=5,
+        ),
+    ),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -69,8 +69,18 @@ def journaled_model_calls(checkpoint: Path) -> int:
 
 def kill_mid_run(checkpoint: Path) -> int:
     """Start the run in the background; SIGKILL it once KILL_AFTER_CALLS model calls are durable."""
-    command = mklang("run", str(MACHINE), "--script", str(SCRIPT), "--scenario", SCENARIO,
-                     "--checkpoint", str(checkpoint), "--format", "json")
+    command = mklang(
+        "run",
+        str(MACHINE),
+        "--script",
+        str(SCRIPT),
+        "--scenario",
+        SCENARIO,
+        "--checkpoint",
+        str(checkpoint),
+        "--format",
+        "json",
+    )
     show(command)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -109,9 +119,11 @@ def main() -> int:
         same = all(resumed[key] == reference[key] for key in COMPARED)
         print("5. Result")
         print(f"   resumed result equals the uninterrupted run's ({', '.join(COMPARED)}): {'yes' if same else 'NO'}")
-        print(f"   model calls: uninterrupted run {model_calls(reference)}; "
-              f"killed run {killed_calls} (completed before the kill); resumed run {model_calls(resumed)}; "
-              f"killed + resumed = {killed_calls + model_calls(resumed)}")
+        print(
+            f"   model calls: uninterrupted run {model_calls(reference)}; "
+            f"killed run {killed_calls} (completed before the kill); resumed run {model_calls(resumed)}; "
+            f"killed + resumed = {killed_calls + model_calls(resumed)}"
+        )
         return 0 if same and code == 0 else 1
 
 

@@ -25,14 +25,27 @@ from mklang.errors import CheckpointError, LoadError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.model import Machine
 
-__all__ = ["start", "open_checkpoint", "continue_checkpoint", "resume", "Resumable"]
+__all__ = ["Resumable", "continue_checkpoint", "open_checkpoint", "resume", "start"]
 
 
-def start(machine: Machine, context: dict[str, Any] | None, *, checkpoint: str | Path, provider,
-          tools=None, hooks=None, max_tokens: int | None = None, max_cost: float | None = None,
-          max_time: float | None = None, concurrency: int = 8, hitl: bool = False,
-          host: HostSettings | None = None, scripted=None, control: Control | None = None,
-          observer=None) -> RunResult:
+def start(
+    machine: Machine,
+    context: dict[str, Any] | None,
+    *,
+    checkpoint: str | Path,
+    provider,
+    tools=None,
+    hooks=None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_time: float | None = None,
+    concurrency: int = 8,
+    hitl: bool = False,
+    host: HostSettings | None = None,
+    scripted=None,
+    control: Control | None = None,
+    observer=None,
+) -> RunResult:
     """Run `machine` durably: a resumable checkpoint exists from the first loop-top on.
 
     `scripted` (a `ScriptedHost`) lets the checkpoint save which scripted
@@ -52,8 +65,19 @@ def start(machine: Machine, context: dict[str, Any] | None, *, checkpoint: str |
         host=host or HostSettings(),
     )
     frame = Frame.start(machine, context or {})
-    return _execute(envelope, [frame], {}, loader, checkpoint, provider=provider, tools=tools, hooks=hooks,
-                    scripted=scripted, control=control, observer=observer)
+    return _execute(
+        envelope,
+        [frame],
+        {},
+        loader,
+        checkpoint,
+        provider=provider,
+        tools=tools,
+        hooks=hooks,
+        scripted=scripted,
+        control=control,
+        observer=observer,
+    )
 
 
 @dataclass
@@ -84,11 +108,15 @@ def open_checkpoint(path: str | Path, *, force: bool = False, machine_path: str 
             try:
                 current = file_sha256(actual)
             except OSError:
-                raise CheckpointError(f"{actual}: machine file of the checkpoint is missing "
-                                      f"(use --machine PATH if the root moved, or --force)") from None
+                raise CheckpointError(
+                    f"{actual}: machine file of the checkpoint is missing "
+                    f"(use --machine PATH if the root moved, or --force)"
+                ) from None
             if current != digest:
-                raise CheckpointError(f"{actual}: machine file changed since the checkpoint was written "
-                                      f"(resume with --force to accept the change)")
+                raise CheckpointError(
+                    f"{actual}: machine file changed since the checkpoint was written "
+                    f"(resume with --force to accept the change)"
+                )
     loader = MachineLoader()
 
     def machine_for(frame: dict[str, Any]) -> Machine:
@@ -113,18 +141,33 @@ def open_checkpoint(path: str | Path, *, force: bool = False, machine_path: str 
     return resumable
 
 
-def continue_checkpoint(resumable: Resumable, *, provider, tools=None, hooks=None,
-                        set_values: dict[str, Any] | None = None, max_tokens: int | None = None,
-                        max_cost: float | None = None, budget: int | None = None,
-                        max_time: float | None = None, hitl: bool | None = None,
-                        concurrency: int | None = None, checkpoint: str | Path | None = None,
-                        scripted=None, control: Control | None = None, observer=None) -> RunResult:
+def continue_checkpoint(
+    resumable: Resumable,
+    *,
+    provider,
+    tools=None,
+    hooks=None,
+    set_values: dict[str, Any] | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    budget: int | None = None,
+    max_time: float | None = None,
+    hitl: bool | None = None,
+    concurrency: int | None = None,
+    checkpoint: str | Path | None = None,
+    scripted=None,
+    control: Control | None = None,
+    observer=None,
+) -> RunResult:
     """Resume a verified checkpoint; raised budgets are new totals, spend included."""
     envelope = resumable.envelope
-    budgets = envelope.budgets.model_copy(update={
-        key: value for key, value in (("max_tokens", max_tokens), ("max_cost", max_cost), ("max_time", max_time))
-        if value is not None
-    })
+    budgets = envelope.budgets.model_copy(
+        update={
+            key: value
+            for key, value in (("max_tokens", max_tokens), ("max_cost", max_cost), ("max_time", max_time))
+            if value is not None
+        }
+    )
     chain = resumable.chain
     innermost = chain[-1]
     if budget is not None:
@@ -134,19 +177,35 @@ def continue_checkpoint(resumable: Resumable, *, provider, tools=None, hooks=Non
         innermost.tainted.add(root_key(dotted))
     if scripted is not None and resumable.position:
         scripted.restore(resumable.position)
-    envelope = envelope.model_copy(update=dict(
-        budgets=budgets,
-        hitl=envelope.hitl if hitl is None else hitl,
-        concurrency=concurrency or envelope.concurrency,
-        reason=None, ask=None, reply_to=None, detail=None,
-    ))
-    return _execute(envelope, chain, resumable.replay, resumable.loader, checkpoint or resumable.path,
-                    provider=provider, tools=tools, hooks=hooks, scripted=scripted, control=control,
-                    observer=observer)
+    envelope = envelope.model_copy(
+        update=dict(
+            budgets=budgets,
+            hitl=envelope.hitl if hitl is None else hitl,
+            concurrency=concurrency or envelope.concurrency,
+            reason=None,
+            ask=None,
+            reply_to=None,
+            detail=None,
+        )
+    )
+    return _execute(
+        envelope,
+        chain,
+        resumable.replay,
+        resumable.loader,
+        checkpoint or resumable.path,
+        provider=provider,
+        tools=tools,
+        hooks=hooks,
+        scripted=scripted,
+        control=control,
+        observer=observer,
+    )
 
 
-def resume(source: str | Path | Envelope, *, provider, force: bool = False,
-           machine_path: str | None = None, **options: Any) -> RunResult:
+def resume(
+    source: str | Path | Envelope, *, provider, force: bool = False, machine_path: str | None = None, **options: Any
+) -> RunResult:
     """Python API: verify and resume a checkpoint in one call.
 
     `source` is a checkpoint file or an `Envelope`; an envelope is first
@@ -160,18 +219,33 @@ def resume(source: str | Path | Envelope, *, provider, force: bool = False,
         save(target, source)
         source = target
     refuse_if_running(source)
-    return continue_checkpoint(open_checkpoint(source, force=force, machine_path=machine_path),
-                               provider=provider, **options)
+    return continue_checkpoint(
+        open_checkpoint(source, force=force, machine_path=machine_path), provider=provider, **options
+    )
 
 
-def _execute(envelope: Envelope, chain: list[Frame], replay: dict, loader: MachineLoader,
-             checkpoint: str | Path, *, provider, tools, hooks, scripted, control, observer) -> RunResult:
+def _execute(
+    envelope: Envelope,
+    chain: list[Frame],
+    replay: dict,
+    loader: MachineLoader,
+    checkpoint: str | Path,
+    *,
+    provider,
+    tools,
+    hooks,
+    scripted,
+    control,
+    observer,
+) -> RunResult:
     budgets = envelope.budgets
     control = control or Control()
     if budgets.max_time is not None:
         control.deadline = time.monotonic() + budgets.max_time
     journal = FileJournal(
-        checkpoint, envelope, hashes=loader.hashes,
+        checkpoint,
+        envelope,
+        hashes=loader.hashes,
         position=scripted.position if scripted is not None else None,
         skip=scripted.skip if scripted is not None else None,
         replay=replay,
@@ -179,20 +253,38 @@ def _execute(envelope: Envelope, chain: list[Frame], replay: dict, loader: Machi
     lock = RunLock(checkpoint).acquire()
     try:
         journal.snapshot(chain, status="running")
-        rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=envelope.concurrency,
-                          hitl=envelope.hitl, control=control, journal=journal, loader=loader,
-                          observer=observer, run_id=envelope.run_id)
+        rt = make_runtime(
+            provider,
+            tools=tools,
+            hooks=hooks,
+            concurrency=envelope.concurrency,
+            hitl=envelope.hitl,
+            control=control,
+            journal=journal,
+            loader=loader,
+            observer=observer,
+            run_id=envelope.run_id,
+        )
         try:
             result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
         finally:
             journal.close()
         usage = result.usage.to_json()
         if result.status == "suspended":
-            journal.finish(result.frames, status="suspended", reason=result.error, detail=result.detail,
-                           ask=result.ask, reply_to=result.reply_to, at=result.at, usage=usage)
+            journal.finish(
+                result.frames,
+                status="suspended",
+                reason=result.error,
+                detail=result.detail,
+                ask=result.ask,
+                reply_to=result.reply_to,
+                at=result.at,
+                usage=usage,
+            )
         else:
-            journal.finish([chain[0]], status=result.status, error=result.error, at=result.at,
-                           result=result.result, usage=usage)
+            journal.finish(
+                [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
+            )
     finally:
         lock.release()
     return result

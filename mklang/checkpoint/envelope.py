@@ -8,11 +8,13 @@ functions in `MIGRATIONS`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -117,10 +119,8 @@ def _write_atomic(path: Path, payload: bytes) -> None:
             os.fsync(handle.fileno())
         os.replace(temp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-        except FileNotFoundError:
-            pass
         raise
     fsync_folder(folder)
 
@@ -135,8 +135,7 @@ def fsync_folder(folder: Path) -> None:
 
 
 def dump(envelope: Envelope) -> bytes:
-    return json.dumps(envelope.model_dump(mode="json"), ensure_ascii=False,
-                      separators=(",", ":")).encode("utf-8")
+    return json.dumps(envelope.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def save(path: str | Path, envelope: Envelope) -> None:

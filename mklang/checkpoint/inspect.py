@@ -46,8 +46,13 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         "run_id": envelope.run_id,
         "machine": envelope.machine.model_dump(),
         "frames": [
-            {"machine": f["machine"], "state": f["state"], "steps": f["steps"], "budget": f["budget"],
-             "remaining": max(0, f["budget"] - f["steps"])}
+            {
+                "machine": f["machine"],
+                "state": f["state"],
+                "steps": f["steps"],
+                "budget": f["budget"],
+                "remaining": max(0, f["budget"] - f["steps"]),
+            }
             for f in frames
         ],
         "tokens": {"spent": tokens, "budget": budgets.max_tokens, "remaining": remaining(budgets.max_tokens, tokens)},

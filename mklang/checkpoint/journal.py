@@ -16,11 +16,13 @@ only thing a crash can leave, is dropped on recovery.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mklang.checkpoint.envelope import Envelope, dump, save, write_atomic
 from mklang.engine.frame import Frame
@@ -53,11 +55,16 @@ def decode_answer(kind: str, data: Any) -> Any:
 class FileJournal:
     """The engine's persistence port for runs started with `--checkpoint`."""
 
-    def __init__(self, path: str | Path, envelope: Envelope, *,
-                 position: Callable[[], dict] | None = None,
-                 skip: Callable[[str, str | None], None] | None = None,
-                 replay: dict[str, dict[str, Any]] | None = None,
-                 hashes: dict[str, str] | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        envelope: Envelope,
+        *,
+        position: Callable[[], dict] | None = None,
+        skip: Callable[[str, str | None], None] | None = None,
+        replay: dict[str, dict[str, Any]] | None = None,
+        hashes: dict[str, str] | None = None,
+    ):
         self.path = Path(path)
         self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
         self.journal = journal_path(path)
@@ -75,13 +82,15 @@ class FileJournal:
     def snapshot(self, chain: list[Frame], **fields: Any) -> None:
         """Write a full envelope of `chain` and start a fresh journal generation."""
         generation = self.envelope.generation + 1
-        envelope = self.envelope.model_copy(update=dict(
-            frames=[frame.to_json() for frame in chain],
-            usage=sum((frame.usage for frame in chain), Usage()).to_json(),
-            generation=generation,
-            **self._host_update(),
-            **fields,
-        ))
+        envelope = self.envelope.model_copy(
+            update=dict(
+                frames=[frame.to_json() for frame in chain],
+                usage=sum((frame.usage for frame in chain), Usage()).to_json(),
+                generation=generation,
+                **self._host_update(),
+                **fields,
+            )
+        )
         payload = dump(envelope)
         write_atomic(self.path, payload)
         self.envelope = envelope
@@ -102,7 +111,7 @@ class FileJournal:
         # Answers not yet replayed must survive a second crash.
         lines += [{"k": "call", "key": key, **entry} for key, entry in self.replay_set.items()]
         write_atomic(self.journal, b"".join(_line(line) for line in lines))
-        self._handle = open(self.journal, "ab")
+        self._handle = open(self.journal, "ab")  # noqa: SIM115 - held open across appends
         self._written = 0
 
     def _append(self, record: dict[str, Any], durable: bool) -> None:
@@ -150,18 +159,18 @@ class FileJournal:
 
     def finish(self, chain: list[Frame], **fields: Any) -> None:
         """Record a terminal or suspended status as a full envelope; drop the journal."""
-        envelope = self.envelope.model_copy(update=dict(
-            frames=[frame.to_json() for frame in chain],
-            **self._host_update(),
-            **fields,
-        ))
+        envelope = self.envelope.model_copy(
+            update=dict(
+                frames=[frame.to_json() for frame in chain],
+                **self._host_update(),
+                **fields,
+            )
+        )
         save(self.path, envelope)
         self.envelope = envelope
         self.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.journal.unlink()
-        except FileNotFoundError:
-            pass
 
     def close(self) -> None:
         if self._handle is not None:
@@ -191,8 +200,9 @@ def read_journal(checkpoint: str | Path, generation: int) -> list[dict[str, Any]
     return records[1:]
 
 
-def recover(chain: list[Frame], records: list[dict[str, Any]],
-            machine_for: Callable[[dict[str, Any]], Any]) -> tuple[list[Frame], dict, dict | None]:
+def recover(
+    chain: list[Frame], records: list[dict[str, Any]], machine_for: Callable[[dict[str, Any]], Any]
+) -> tuple[list[Frame], dict, dict | None]:
     """Replay journal records onto the envelope's frames.
 
     Returns the frame chain at the last durable loop-top, the completed calls
@@ -206,7 +216,7 @@ def recover(chain: list[Frame], records: list[dict[str, Any]],
         kind = record.get("k")
         if kind == "enter":
             depth = record["d"]
-            chain = chain[:depth] + [Frame.from_json(record["f"], machine_for(record["f"]))]
+            chain = [*chain[:depth], Frame.from_json(record["f"], machine_for(record["f"]))]
         elif kind == "step":
             depth = record["d"]
             chain = chain[: depth + 1]

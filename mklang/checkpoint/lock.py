@@ -9,6 +9,7 @@ still going is refused (and `mklang show` can tell the two apart).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -26,7 +27,7 @@ class RunLock:
         self.path = lock_path(checkpoint)
         self._descriptor: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as error:
@@ -45,10 +46,8 @@ class RunLock:
     def release(self) -> None:
         if self._descriptor is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
         os.close(self._descriptor)  # closing drops the lock
         self._descriptor = None
 
@@ -70,8 +69,10 @@ def holder(checkpoint: str | Path) -> int | None:
 
 
 def still_running(checkpoint: str | Path, pid: object) -> CheckpointError:
-    return CheckpointError(f"{checkpoint}: the run is still going in process {pid}; "
-                           f"wait for it, or stop it (Ctrl-C suspends it) before resuming")
+    return CheckpointError(
+        f"{checkpoint}: the run is still going in process {pid}; "
+        f"wait for it, or stop it (Ctrl-C suspends it) before resuming"
+    )
 
 
 def refuse_if_running(checkpoint: str | Path) -> None:

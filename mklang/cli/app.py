@@ -12,9 +12,9 @@ import enum
 import json
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
 
 import typer
 
@@ -50,7 +50,7 @@ def debug_enabled() -> bool:
 _JSON_ERRORS: ContextVar[bool] = ContextVar("json_errors", default=False)
 
 
-def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> "typer.Exit":
+def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> typer.Exit:
     """Report an error (one line on stderr; in JSON mode also a document on stdout)
     and return the Exit to raise."""
     if diagnostics is None:
@@ -82,20 +82,20 @@ def handle_errors(as_json: bool = False) -> Iterator[None]:
         from mklang.syntax.diagnostics import render_text
 
         print(render_text(error.diagnostics), file=sys.stderr)
-        raise fail(str(error), exitcodes.USAGE, diagnostics=error.diagnostics)
+        raise fail(str(error), exitcodes.USAGE, diagnostics=error.diagnostics) from None
     except (CheckpointError, MklangError) as error:
         if debug_enabled():
             raise
-        raise fail(str(error))
+        raise fail(str(error)) from None
     except KeyboardInterrupt:
         if debug_enabled():
             raise
         print("mklang: interrupted", file=sys.stderr)
-        raise typer.Exit(exitcodes.INTERRUPTED)
-    except Exception as error:  # noqa: BLE001 - the last line of defence
+        raise typer.Exit(exitcodes.INTERRUPTED) from None
+    except Exception as error:
         if debug_enabled():
             raise
-        raise fail(f"internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)", 1)
+        raise fail(f"internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)", 1) from None
     finally:
         _JSON_ERRORS.reset(token)
 
@@ -110,7 +110,9 @@ def version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=version_callback, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     """Run, check and resume LLM agent state machines written in .mk files."""
 

@@ -47,6 +47,6 @@ def lsp() -> None:
             from mklang.lsp.server import serve
         except ImportError as error:
             if getattr(error, "name", "") and error.name.split(".")[0] in ("pygls", "lsprotocol"):
-                raise fail("the language server needs pygls: pip install 'mklang[lsp]'", exitcodes.USAGE)
+                raise fail("the language server needs pygls: pip install 'mklang[lsp]'", exitcodes.USAGE) from None
             raise
         serve()

@@ -70,8 +70,11 @@ def main(args: list[str]) -> int | None:
         return None
     try:
         return check_paths(*parsed)
-    except Exception as error:  # noqa: BLE001 - the same last line of defence as the typer path
+    except Exception as error:
         if os.environ.get("MKLANG_DEBUG") == "1":
             raise
-        print(f"mklang: error: internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)", file=sys.stderr)
+        print(
+            f"mklang: error: internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)",
+            file=sys.stderr,
+        )
         return exitcodes.HALT

@@ -75,8 +75,11 @@ def render_result(result, console: Console = stdout) -> None:
     if result.status == "done":
         console.print(Text("result: ", style="bold") + Text(_short(result.result, 2000)))
     if result.status == "suspended" and result.ask:
-        console.print(Text("ask: ", style="bold yellow") + Text(result.ask)
-                      + Text(f"  (reply with --set {result.reply_to}=...)", style="dim"))
+        console.print(
+            Text("ask: ", style="bold yellow")
+            + Text(result.ask)
+            + Text(f"  (reply with --set {result.reply_to}=...)", style="dim")
+        )
 
 
 class LiveView:
@@ -86,7 +89,7 @@ class LiveView:
         self.max_tokens = max_tokens
         self.live = Live(Text(""), console=stderr, transient=True, refresh_per_second=8)
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         self.live.__enter__()
         return self
 
@@ -118,8 +121,12 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
     chain = Tree(Text(f"frames of {summary['machine']['name']}", style="bold"))
     node = chain
     for frame in summary["frames"]:
-        node = node.add(Text(f"{frame['machine']} at {frame['state']}   steps {frame['steps']}/{frame['budget']}"
-                             f" ({frame['remaining']} left)"))
+        node = node.add(
+            Text(
+                f"{frame['machine']} at {frame['state']}   steps {frame['steps']}/{frame['budget']}"
+                f" ({frame['remaining']} left)"
+            )
+        )
     console.print(chain)
     for label, key in (("tokens", "tokens"), ("dollars", "cost_usd")):
         spend = summary[key]
@@ -130,8 +137,10 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
         _add_steps(tree, summary["last_steps"])
         console.print(tree)
     if summary.get("ask"):
-        console.print(Text("ask: ", style="bold yellow") + Text(summary["ask"])
-                      + Text(f"  (reply with: mklang resume {summary['path']} --set {summary['reply_to']}=...)",
-                             style="dim"))
+        console.print(
+            Text("ask: ", style="bold yellow")
+            + Text(summary["ask"])
+            + Text(f"  (reply with: mklang resume {summary['path']} --set {summary['reply_to']}=...)", style="dim")
+        )
     if not summary["resumable"]:
         console.print(Text("this run has finished and cannot be resumed", style="dim"))

@@ -7,9 +7,10 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import typer
 
@@ -19,12 +20,15 @@ from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
 EXIT_BY_STATUS = {"done": exitcodes.OK, "halted": exitcodes.HALT, "suspended": exitcodes.SUSPENDED}
 
 # Options shared by `run` and `resume` (typer needs them spelled out per command).
-SetOpt = typer.Option(None, "--set", metavar="K.PATH=VALUE",
-                      help="Set a context value (JSON when it parses, else text). Repeatable.")
+SetOpt = typer.Option(
+    None, "--set", metavar="K.PATH=VALUE", help="Set a context value (JSON when it parses, else text). Repeatable."
+)
 FormatOpt = typer.Option(OutputFormat.auto, "--format", help="auto: rich on a terminal, JSON when piped.")
 MaxTokensOpt = typer.Option(None, "--max-tokens", min=0, help="Token budget of the whole run (a new total on resume).")
 MaxCostOpt = typer.Option(None, "--max-cost", min=0.0, help="Dollar budget of the whole run (needs prices).")
-MaxTimeOpt = typer.Option(None, "--max-time", metavar="DURATION", help="Wall-clock budget of this process: 90s, 10m, 1h30m.")
+MaxTimeOpt = typer.Option(
+    None, "--max-time", metavar="DURATION", help="Wall-clock budget of this process: 90s, 10m, 1h30m."
+)
 ProviderOpt = typer.Option(None, "--provider", help="openai, anthropic or ollama (else from the config).")
 ModelOpt = typer.Option(None, "--model", help="Model used for every tier.")
 ConfigOpt = typer.Option(None, "--config", help="Host config TOML (tiers, providers, prices).")
@@ -34,8 +38,9 @@ ReplayOpt = typer.Option(None, "--replay", help="Answer from a recorded cassette
 RecordOpt = typer.Option(None, "--record", help="Record every provider exchange into a cassette.")
 ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Fan-out branches in flight (default 8).")
 HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend for a human reply.")
-PluginOpt = typer.Option(None, "--plugin", metavar="MODULE|FILE.py",
-                         help="Load host tools and hooks (its TOOLS and HOOKS maps). Repeatable.")
+PluginOpt = typer.Option(
+    None, "--plugin", metavar="MODULE|FILE.py", help="Load host tools and hooks (its TOOLS and HOOKS maps). Repeatable."
+)
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -66,8 +71,19 @@ def parse_duration(text: str | None) -> float | None:
 class Host:
     """Provider, tools and hooks of a run: scripted from a scenario, or real."""
 
-    def __init__(self, *, script=None, scenario=None, provider=None, model=None, config=None,
-                 replay=None, record=None, max_cost=None, plugins=None):
+    def __init__(
+        self,
+        *,
+        script=None,
+        scenario=None,
+        provider=None,
+        model=None,
+        config=None,
+        replay=None,
+        record=None,
+        max_cost=None,
+        plugins=None,
+    ):
         from mklang.checkpoint.envelope import HostSettings
         from mklang.host.plugins import load_plugins
 
@@ -75,7 +91,9 @@ class Host:
         self.scripted = None
         if script is not None:
             if provider or model or replay or record:
-                raise fail("--script answers offline: it cannot be combined with --provider, --model, --replay or --record")
+                raise fail(
+                    "--script answers offline: it cannot be combined with --provider, --model, --replay or --record"
+                )
             from mklang.scenarios import ScriptedHost, find_scenario, load_script
 
             self.scenario = find_scenario(load_script(script), scenario, str(script))
@@ -88,8 +106,9 @@ class Host:
                 raise fail("--scenario needs --script")
             from mklang.providers.factory import make_provider
 
-            self.provider = make_provider(provider=provider, model=model, config_path=config,
-                                          record=record, replay=replay, max_cost=max_cost)
+            self.provider = make_provider(
+                provider=provider, model=model, config_path=config, record=record, replay=replay, max_cost=max_cost
+            )
             self.tools = {}
             self.hooks = {}
         plugin_paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
@@ -100,9 +119,11 @@ class Host:
         self.settings = HostSettings(
             script=str(Path(script).resolve()) if script else None,
             scenario=self.scenario.name if self.scenario else None,
-            provider=provider, model=model,
+            provider=provider,
+            model=model,
             config=str(Path(config).resolve()) if config else None,
-            replay=str(replay) if replay else None, record=str(record) if record else None,
+            replay=str(replay) if replay else None,
+            record=str(record) if record else None,
             plugins=plugin_paths,
         )
 
@@ -129,8 +150,7 @@ def interrupts(control) -> Iterator[None]:
             print("mklang: interrupted again: exiting now; the last durable checkpoint stays", file=sys.stderr)
             os._exit(exitcodes.INTERRUPTED)
         control.interrupted.set()
-        print("mklang: interrupt received: stopping at the next state boundary (again to exit now)",
-              file=sys.stderr)
+        print("mklang: interrupt received: stopping at the next state boundary (again to exit now)", file=sys.stderr)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -170,28 +190,30 @@ def report(result, as_json: bool, checkpoint: Path | None = None) -> None:
 @app.command()
 def run(
     machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
-    set_: Optional[list[str]] = SetOpt,
-    input_file: Optional[Path] = typer.Option(None, "--input", help="JSON map merged into the context."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Persist the run here; suspend instead of halting on budgets."),
-    hitl: Optional[bool] = HitlOpt,
-    max_tokens: Optional[int] = MaxTokensOpt,
-    max_cost: Optional[float] = MaxCostOpt,
-    max_time: Optional[str] = MaxTimeOpt,
-    provider: Optional[str] = ProviderOpt,
-    model: Optional[str] = ModelOpt,
-    config: Optional[Path] = ConfigOpt,
-    script: Optional[Path] = ScriptOpt,
-    scenario: Optional[str] = ScenarioOpt,
-    replay: Optional[Path] = ReplayOpt,
-    record: Optional[Path] = RecordOpt,
-    concurrency: Optional[int] = ConcurrencyOpt,
-    plugin: Optional[list[str]] = PluginOpt,
+    set_: list[str] | None = SetOpt,
+    input_file: Path | None = typer.Option(None, "--input", help="JSON map merged into the context."),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", help="Persist the run here; suspend instead of halting on budgets."
+    ),
+    hitl: bool | None = HitlOpt,
+    max_tokens: int | None = MaxTokensOpt,
+    max_cost: float | None = MaxCostOpt,
+    max_time: str | None = MaxTimeOpt,
+    provider: str | None = ProviderOpt,
+    model: str | None = ModelOpt,
+    config: Path | None = ConfigOpt,
+    script: Path | None = ScriptOpt,
+    scenario: str | None = ScenarioOpt,
+    replay: Path | None = ReplayOpt,
+    record: Path | None = RecordOpt,
+    concurrency: int | None = ConcurrencyOpt,
+    plugin: list[str] | None = PluginOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Run a machine."""
     with handle_errors(wants_json(format)):
-        from mklang.engine import Control
         from mklang.check import require_runnable
+        from mklang.engine import Control
         from mklang.syntax import load_file
 
         as_json = wants_json(format)
@@ -201,12 +223,23 @@ def run(
             context.update(_read_input(input_file))
         context.update(parse_assignments(set_))
         seconds = parse_duration(max_time)
-        host = Host(script=script, scenario=scenario, provider=provider, model=model, config=config,
-                    replay=replay, record=record, max_cost=max_cost, plugins=plugin)
+        host = Host(
+            script=script,
+            scenario=scenario,
+            provider=provider,
+            model=model,
+            config=config,
+            replay=replay,
+            record=record,
+            max_cost=max_cost,
+            plugins=plugin,
+        )
         if host.scenario is not None:
             context = {**host.scenario.input, **context}
         options = dict(
-            provider=host.provider, tools=host.tools, hooks=host.hooks,
+            provider=host.provider,
+            tools=host.tools,
+            hooks=host.hooks,
             max_tokens=host.run_setting("max_tokens", max_tokens),
             max_cost=host.run_setting("max_cost", max_cost),
             max_time=seconds,
@@ -219,8 +252,16 @@ def run(
                 if checkpoint is not None:
                     from mklang.checkpoint import start
 
-                    result = start(loaded, context, checkpoint=checkpoint, host=host.settings,
-                                   scripted=host.scripted, control=control, observer=view, **options)
+                    result = start(
+                        loaded,
+                        context,
+                        checkpoint=checkpoint,
+                        host=host.settings,
+                        scripted=host.scripted,
+                        control=control,
+                        observer=view,
+                        **options,
+                    )
                 else:
                     from mklang.engine import run as engine_run
 
@@ -237,7 +278,7 @@ def _read_input(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except ValueError as error:
-        raise fail(f"{path}: --input is not valid JSON: {error}")
+        raise fail(f"{path}: --input is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise fail(f"{path}: --input must hold a JSON object")
     return data
@@ -246,24 +287,24 @@ def _read_input(path: Path) -> dict[str, Any]:
 @app.command()
 def resume(
     checkpoint: Path = typer.Argument(..., help="The checkpoint file of a suspended or crashed run."),
-    set_: Optional[list[str]] = SetOpt,
-    max_tokens: Optional[int] = MaxTokensOpt,
-    max_cost: Optional[float] = MaxCostOpt,
-    max_time: Optional[str] = MaxTimeOpt,
-    budget: Optional[int] = typer.Option(None, "--budget", min=0, help="New step budget of the innermost frame."),
+    set_: list[str] | None = SetOpt,
+    max_tokens: int | None = MaxTokensOpt,
+    max_cost: float | None = MaxCostOpt,
+    max_time: str | None = MaxTimeOpt,
+    budget: int | None = typer.Option(None, "--budget", min=0, help="New step budget of the innermost frame."),
     force: bool = typer.Option(False, "--force", help="Resume even if a machine file changed."),
-    machine: Optional[Path] = typer.Option(None, "--machine", help="Where the root machine file is now."),
-    out: Optional[Path] = typer.Option(None, "--checkpoint", help="Write a re-suspension here (default: the same file)."),
-    hitl: Optional[bool] = HitlOpt,
-    provider: Optional[str] = ProviderOpt,
-    model: Optional[str] = ModelOpt,
-    config: Optional[Path] = ConfigOpt,
-    script: Optional[Path] = ScriptOpt,
-    scenario: Optional[str] = ScenarioOpt,
-    replay: Optional[Path] = ReplayOpt,
-    record: Optional[Path] = RecordOpt,
-    concurrency: Optional[int] = ConcurrencyOpt,
-    plugin: Optional[list[str]] = PluginOpt,
+    machine: Path | None = typer.Option(None, "--machine", help="Where the root machine file is now."),
+    out: Path | None = typer.Option(None, "--checkpoint", help="Write a re-suspension here (default: the same file)."),
+    hitl: bool | None = HitlOpt,
+    provider: str | None = ProviderOpt,
+    model: str | None = ModelOpt,
+    config: Path | None = ConfigOpt,
+    script: Path | None = ScriptOpt,
+    scenario: str | None = ScenarioOpt,
+    replay: Path | None = ReplayOpt,
+    record: Path | None = RecordOpt,
+    concurrency: int | None = ConcurrencyOpt,
+    plugin: list[str] | None = PluginOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
@@ -284,18 +325,37 @@ def resume(
             script = Path(saved.script) if saved.script else None
             scenario = scenario or saved.scenario
             provider, model, config, replay = saved.provider, saved.model, saved.config, saved.replay
-        host = Host(script=script, scenario=scenario, provider=provider, model=model, config=config,
-                    replay=replay, record=record, max_cost=max_cost or resumable.envelope.budgets.max_cost,
-                    plugins=plugin if plugin is not None else saved.plugins)
+        host = Host(
+            script=script,
+            scenario=scenario,
+            provider=provider,
+            model=model,
+            config=config,
+            replay=replay,
+            record=record,
+            max_cost=max_cost or resumable.envelope.budgets.max_cost,
+            plugins=plugin if plugin is not None else saved.plugins,
+        )
         control = Control()
         budgets = resumable.envelope.budgets
         try:
             with interrupts(control), live_view(as_json, max_tokens or budgets.max_tokens) as view:
                 result = continue_checkpoint(
-                    resumable, provider=host.provider, tools=host.tools, hooks=host.hooks,
-                    set_values=values, max_tokens=max_tokens, max_cost=max_cost, budget=budget,
-                    max_time=seconds, hitl=hitl, concurrency=concurrency, checkpoint=out,
-                    scripted=host.scripted, control=control, observer=view,
+                    resumable,
+                    provider=host.provider,
+                    tools=host.tools,
+                    hooks=host.hooks,
+                    set_values=values,
+                    max_tokens=max_tokens,
+                    max_cost=max_cost,
+                    budget=budget,
+                    max_time=seconds,
+                    hitl=hitl,
+                    concurrency=concurrency,
+                    checkpoint=out,
+                    scripted=host.scripted,
+                    control=control,
+                    observer=view,
                 )
         finally:
             host.close()
@@ -324,14 +384,14 @@ def show(
 def test(
     machine: Path = typer.Argument(..., help="The machine file."),
     script: Path = typer.Option(..., "--script", help="The scenario script (YAML)."),
-    scenario: Optional[list[str]] = typer.Option(None, "--scenario", help="Only these scenarios."),
+    scenario: list[str] | None = typer.Option(None, "--scenario", help="Only these scenarios."),
     format: OutputFormat = typer.Option(OutputFormat.text, "--format"),
 ) -> None:
     """Run the named scenarios of a script and compare them with their expectations."""
     with handle_errors(wants_json(format)):
+        from mklang.check import require_runnable
         from mklang.cli.render import print_json, stdout
         from mklang.scenarios import compare, load_script, run_scenario
-        from mklang.check import require_runnable
         from mklang.syntax import load_file
 
         loaded = require_runnable(load_file(machine))
@@ -346,9 +406,18 @@ def test(
             result = run_scenario(loaded, item)
             outcomes.append((item, result, compare(item.expect, result)))
         if wants_json(format):
-            print_json([{"name": item.name, "passed": not problems, "problems": problems,
-                         "status": result.status, "error": result.error}
-                        for item, result, problems in outcomes])
+            print_json(
+                [
+                    {
+                        "name": item.name,
+                        "passed": not problems,
+                        "problems": problems,
+                        "status": result.status,
+                        "error": result.error,
+                    }
+                    for item, result, problems in outcomes
+                ]
+            )
         else:
             for item, _, problems in outcomes:
                 mark = "[green]PASS[/green]" if not problems else "[red]FAIL[/red]"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List
 
 import typer
 
@@ -19,7 +18,7 @@ from mklang.cli.check_fast import check_paths, expand
 
 @app.command("check")
 def check_command(
-    files: List[Path] = typer.Argument(..., help="Machine files (.mk, .mkl, .yaml) or directories of .mk files."),
+    files: list[Path] = typer.Argument(..., help="Machine files (.mk, .mkl, .yaml) or directories of .mk files."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text (stderr) or json (stdout)."),
 ) -> None:
     """Report errors and warnings; exit 2 when there is any error."""
@@ -30,7 +29,7 @@ def check_command(
 
 @app.command("fmt")
 def fmt_command(
-    files: List[Path] = typer.Argument(..., help="Machine files or directories of .mk files."),
+    files: list[Path] = typer.Argument(..., help="Machine files or directories of .mk files."),
     check: bool = typer.Option(False, "--check", help="List files that are not canonical; exit 1 if any."),
     write: bool = typer.Option(False, "--write", help="Rewrite files in place (YAML machines are written as .mk)."),
 ) -> None:

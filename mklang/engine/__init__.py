@@ -15,7 +15,7 @@ from mklang.host.registry import BUILTIN_TOOLS, Registry
 from mklang.model import Machine
 from mklang.providers.base import Usage
 
-__all__ = ["RunResult", "Control", "run", "continue_run", "make_runtime"]
+__all__ = ["Control", "RunResult", "continue_run", "make_runtime", "run"]
 
 
 @dataclass
@@ -51,20 +51,36 @@ class RunResult:
         }
         data["calls"] = dict(self.calls)
         if self.status == "suspended":
-            data.update(reason=self.error, ask=self.ask, reply_to=self.reply_to,
-                        frames=[{"machine": f.machine.name, "state": f.state} for f in self.frames])
+            data.update(
+                reason=self.error,
+                ask=self.ask,
+                reply_to=self.reply_to,
+                frames=[{"machine": f.machine.name, "state": f.state} for f in self.frames],
+            )
             if self.detail:
                 data["detail"] = self.detail
         return data
 
 
-def make_runtime(provider, *, tools=None, hooks=None, concurrency: int = 8, hitl: bool = False,
-                 control: Control | None = None, journal=None, loader: MachineLoader | None = None,
-                 observer=None, run_id: str | None = None) -> Runtime:
+def make_runtime(
+    provider,
+    *,
+    tools=None,
+    hooks=None,
+    concurrency: int = 8,
+    hitl: bool = False,
+    control: Control | None = None,
+    journal=None,
+    loader: MachineLoader | None = None,
+    observer=None,
+    run_id: str | None = None,
+) -> Runtime:
     """Assemble what every level of a run shares. Tools and hooks may be registries or maps."""
     return Runtime(
         provider=provider,
-        tools=tools if hasattr(tools, "get") and not isinstance(tools, dict) else Registry("mklang.tools", BUILTIN_TOOLS, tools),
+        tools=tools
+        if hasattr(tools, "get") and not isinstance(tools, dict)
+        else Registry("mklang.tools", BUILTIN_TOOLS, tools),
         hooks=hooks if hasattr(hooks, "get") and not isinstance(hooks, dict) else Registry("mklang.hooks", None, hooks),
         load_machine=loader or MachineLoader(),
         concurrency=max(1, int(concurrency)),
@@ -76,19 +92,41 @@ def make_runtime(provider, *, tools=None, hooks=None, concurrency: int = 8, hitl
     )
 
 
-def run(machine: Machine, context: dict[str, Any] | None = None, *, provider, tools=None, hooks=None,
-        max_tokens: int | None = None, max_cost: float | None = None, max_time: float | None = None,
-        concurrency: int = 8, suspendable: bool = False, hitl: bool = False,
-        control: Control | None = None, journal=None, loader: MachineLoader | None = None,
-        observer=None) -> RunResult:
+def run(
+    machine: Machine,
+    context: dict[str, Any] | None = None,
+    *,
+    provider,
+    tools=None,
+    hooks=None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_time: float | None = None,
+    concurrency: int = 8,
+    suspendable: bool = False,
+    hitl: bool = False,
+    control: Control | None = None,
+    journal=None,
+    loader: MachineLoader | None = None,
+    observer=None,
+) -> RunResult:
     """Run `machine` from its entry with host `context` (tainted) under the host budgets."""
     loader = loader or MachineLoader()
     loader.add(machine)
     control = control or Control()
     if max_time is not None:
         control.deadline = time.monotonic() + max_time
-    rt = make_runtime(provider, tools=tools, hooks=hooks, concurrency=concurrency, hitl=hitl,
-                      control=control, journal=journal, loader=loader, observer=observer)
+    rt = make_runtime(
+        provider,
+        tools=tools,
+        hooks=hooks,
+        concurrency=concurrency,
+        hitl=hitl,
+        control=control,
+        journal=journal,
+        loader=loader,
+        observer=observer,
+    )
     frame = Frame.start(machine, context or {})
     return continue_run(rt, [frame], Caps(max_tokens, max_cost), suspendable)
 
@@ -107,8 +145,19 @@ def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool
         innermost = suspend.frames[-1]
         # Each frame counts its own spend; the run's spend so far is their sum.
         spent = sum((frame.usage for frame in suspend.frames[1:]), root.usage)
-        result = RunResult("suspended", suspend.reason, innermost.state, None, root.context, root.trace,
-                           spent, suspend.frames, suspend.ask, suspend.reply_to, suspend.detail)
+        result = RunResult(
+            "suspended",
+            suspend.reason,
+            innermost.state,
+            None,
+            root.context,
+            root.trace,
+            spent,
+            suspend.frames,
+            suspend.ask,
+            suspend.reply_to,
+            suspend.detail,
+        )
     else:
         result = RunResult("done", None, None, root.result(), root.context, root.trace, root.usage)
     result.calls = dict(sorted(rt.live_calls.items()))

@@ -41,8 +41,7 @@ class Frame:
     last_output: Any = None
 
     @classmethod
-    def start(cls, machine: Machine, inputs: dict[str, Any] | None = None,
-              tainted: set[str] | None = None) -> "Frame":
+    def start(cls, machine: Machine, inputs: dict[str, Any] | None = None, tainted: set[str] | None = None) -> Frame:
         """A fresh run: the machine's context defaults overlaid with `inputs`.
 
         `inputs` maps dotted paths (or top-level keys) to values.
@@ -76,9 +75,11 @@ class Frame:
         self.visits[name] = self.visits.get(name, 0) + 1
         self.steps += record["charge"]
         spent = step["usage"]
-        self.usage = Usage(self.usage.input_tokens + spent["input_tokens"],
-                           self.usage.output_tokens + spent["output_tokens"],
-                           self.usage.cost_usd + spent["cost_usd"])
+        self.usage = Usage(
+            self.usage.input_tokens + spent["input_tokens"],
+            self.usage.output_tokens + spent["output_tokens"],
+            self.usage.cost_usd + spent["cost_usd"],
+        )
         if "output" in step or "branches" in step:
             self.deposit(state, step_output(step))
         if record.get("repair") is not None:
@@ -128,7 +129,7 @@ class Frame:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], machine: Machine) -> "Frame":
+    def from_json(cls, data: dict[str, Any], machine: Machine) -> Frame:
         return cls(
             machine=machine,
             state=data["state"],

@@ -8,8 +8,9 @@ model call with a "none of the above" option.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from mklang.engine.frame import Frame
 from mklang.engine.keys import Calls
@@ -27,7 +28,7 @@ class Choice:
 
     index: int | None = None
     gate: Gate | None = None
-    usage: Usage = Usage()
+    usage: Usage = field(default_factory=Usage)
     fallback: bool = False
     none_batches: int = 0
     halt: str | None = None
@@ -38,14 +39,22 @@ def _is_prose(gate: Gate) -> bool:
     return gate.when is not None and gate.hook is None
 
 
-def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasoning: str | None,
-                context: Callable[[], dict], call_prefix: str) -> Choice:
+def select_gate(
+    rt: Runtime,
+    frame: Frame,
+    state: State,
+    output: Any,
+    reasoning: str | None,
+    context: Callable[[], dict],
+    call_prefix: str,
+) -> Choice:
     """Pick the first true eligible gate. `context` builds the post-deposit context lazily;
     judge calls get idempotency keys under `call_prefix`."""
     calls = None
     gates = state.gates
     eligible = [
-        index for index, gate in enumerate(gates)
+        index
+        for index, gate in enumerate(gates)
         if gate.policy != "repair" or frame.repair_left[(state.name, index)] > 0
     ]
     usage = Usage()
@@ -74,8 +83,11 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
         tier = state.tier or frame.machine.tier
         calls = calls or Calls(call_prefix)
         verdict = rt.call(
-            calls.next(), "judge",
-            lambda: rt.provider.judge([gates[i].when for i in batch], output, reasoning, context(), tier),
+            calls.next(),
+            "judge",
+            lambda batch=batch, tier=tier: rt.provider.judge(
+                [gates[i].when for i in batch], output, reasoning, context(), tier
+            ),
         )
         usage = usage + verdict.usage
         parsed_by = verdict.parsed_by or parsed_by
@@ -86,15 +98,16 @@ def select_gate(rt: "Runtime", frame: Frame, state: State, output: Any, reasonin
         if verdict.choice == UNPARSEABLE or not (0 <= verdict.choice < len(batch)):
             for fallback in eligible:
                 if gates[fallback].when is None:
-                    return Choice(fallback, gates[fallback], usage, fallback=True, none_batches=none_batches,
-                                  parsed_by=parsed_by)
+                    return Choice(
+                        fallback, gates[fallback], usage, fallback=True, none_batches=none_batches, parsed_by=parsed_by
+                    )
             return Choice(usage=usage, none_batches=none_batches, halt="judge-unparseable", parsed_by=parsed_by)
         chosen = batch[verdict.choice]
         return Choice(chosen, gates[chosen], usage, none_batches=none_batches, parsed_by=parsed_by)
     return Choice(usage=usage, none_batches=none_batches, halt="no-gate-matched", parsed_by=parsed_by)
 
 
-def _ask_hook(rt: "Runtime", state: State, gate: Gate, context: dict, output: Any) -> bool:
+def _ask_hook(rt: Runtime, state: State, gate: Gate, context: dict, output: Any) -> bool:
     hook = rt.hooks.get(gate.hook)
     if hook is None:
         raise Halt(f"state-error: hook: unknown hook '{gate.hook}'", state.name)

@@ -71,7 +71,7 @@ class Scope:
     Branch locals (`index`, `item`) shadow context keys of the same name.
     """
 
-    __slots__ = ("context", "tainted", "locals", "tainted_locals")
+    __slots__ = ("context", "locals", "tainted", "tainted_locals")
 
     def __init__(
         self,
@@ -117,7 +117,7 @@ def render(template: str, scope: Scope) -> str:
     if not paths:
         return template
     out = [literals[0]]
-    for path, literal in zip(paths, literals[1:]):
+    for path, literal in zip(paths, literals[1:], strict=False):
         out.append(render_value(scope.get(path)))
         out.append(literal)
     return "".join(out)
@@ -171,7 +171,7 @@ def render_prompt(template: str, scope: Scope) -> tuple[str, bool]:
         while any(tainted and nonce in text for text, tainted in values):
             nonce = secrets.token_hex(6)
     out = [literals[0]]
-    for (text, tainted), literal in zip(values, literals[1:]):
+    for (text, tainted), literal in zip(values, literals[1:], strict=False):
         out.append(f"<data-{nonce}>\n{text}\n</data-{nonce}>" if tainted else text)
         out.append(literal)
     return "".join(out), nonce is not None

@@ -4,7 +4,7 @@
 class Calls:
     """Hands out idempotency keys for the model and tool calls of one step branch."""
 
-    __slots__ = ("prefix", "count")
+    __slots__ = ("count", "prefix")
 
     def __init__(self, prefix: str):
         self.prefix = prefix

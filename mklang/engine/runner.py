@@ -15,15 +15,16 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from mklang.engine.frame import Frame
 from mklang.engine.gates import select_gate
+from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
 from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt, Interrupted, Suspend
-from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
 from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.model import END, Call, Gate, Machine, Produce, State, ToolUse
@@ -51,7 +52,7 @@ class Caps:
     tokens: int | None = None
     cost: float | None = None
 
-    def minus(self, usage: Usage) -> "Caps":
+    def minus(self, usage: Usage) -> Caps:
         return Caps(
             None if self.tokens is None else self.tokens - usage.tokens,
             None if self.cost is None else self.cost - usage.cost_usd,
@@ -122,17 +123,18 @@ class Runtime:
 class Level:
     """One run level in flight: its frame plus where it sits in the run."""
 
-    __slots__ = ("frame", "depth", "caps", "suspendable", "branch", "scope", "chain")
+    __slots__ = ("branch", "caps", "chain", "depth", "frame", "scope", "suspendable")
 
-    def __init__(self, frame: Frame, depth: int, caps: Caps, suspendable: bool, branch: bool,
-                 scope: str, chain: list[Frame]):
+    def __init__(
+        self, frame: Frame, depth: int, caps: Caps, suspendable: bool, branch: bool, scope: str, chain: list[Frame]
+    ):
         self.frame = frame
         self.depth = depth
         self.caps = caps
         self.suspendable = suspendable and not branch  # fan-out branches never suspend
         self.branch = branch
         self.scope = scope
-        self.chain = chain + [frame]  # root..this level, for durable loop-tops
+        self.chain = [*chain, frame]  # root..this level, for durable loop-tops
 
 
 def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> Frame:
@@ -220,8 +222,7 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
                 rt, level, state, Scope(frame.context, frame.tainted), Calls(prefix + ".0"), resume
             )
         except _CallFailed as failed:
-            step = _step(step_no, state, "call-failed", None, None,
-                         {"sub_trace": failed.trace}, failed.usage)
+            step = _step(step_no, state, "call-failed", None, None, {"sub_trace": failed.trace}, failed.usage)
             return {"step": step, "charge": 1, "feedback": feedback}, failed.error
         details["output"] = output
         if reasoning is not None:
@@ -230,8 +231,9 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
         charge = 1
     # Hooks and the judge see the context with this output deposited.
     try:
-        choice = select_gate(rt, frame, state, output, reasoning, lambda: _deposited_view(frame, state, output),
-                             prefix + ".g")
+        choice = select_gate(
+            rt, frame, state, output, reasoning, lambda: _deposited_view(frame, state, output), prefix + ".g"
+        )
     except Halt as halted:
         halted.usage = usage + halted.usage
         raise
@@ -256,8 +258,9 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
     return record, None
 
 
-def _step(number: int, state: State, policy: str, to: str | None, gate: Gate | None,
-          details: dict[str, Any], usage: Usage) -> dict[str, Any]:
+def _step(
+    number: int, state: State, policy: str, to: str | None, gate: Gate | None, details: dict[str, Any], usage: Usage
+) -> dict[str, Any]:
     """A trace step (SPEC section 6), keys in one readable order."""
     step = {
         "step": number,
@@ -291,8 +294,15 @@ class _CallFailed(Exception):
         self.usage = usage
 
 
-def _run_face(rt: Runtime, level: Level, state: State, scope: Scope, calls: Calls,
-              resume: list[Frame] | None, branch: bool = False):
+def _run_face(
+    rt: Runtime,
+    level: Level,
+    state: State,
+    scope: Scope,
+    calls: Calls,
+    resume: list[Frame] | None,
+    branch: bool = False,
+):
     """Produce one output with the state's face: (output, reasoning, usage, trace extras)."""
     face = state.face
     if isinstance(face, Produce):
@@ -313,9 +323,7 @@ def _produce(rt: Runtime, level: Level, state: State, face: Produce, scope: Scop
     if fenced:
         system = f"{system}\n\n{FENCE_NOTICE}"
     tier = state.tier or frame.machine.tier
-    produced: Produced = rt.call(
-        calls.next(), "produce", lambda: rt.provider.produce(system, user, tier, face.reason)
-    )
+    produced: Produced = rt.call(calls.next(), "produce", lambda: rt.provider.produce(system, user, tier, face.reason))
     try:
         value = _parse(face, produced.text, state.name)
     except Halt as halted:
@@ -362,8 +370,16 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
     return observation if isinstance(observation, str) else json.dumps(observation)
 
 
-def _call(rt: Runtime, level: Level, state: State, face: Call, scope: Scope,
-          resume: list[Frame] | None, branch: bool, calls: Calls):
+def _call(
+    rt: Runtime,
+    level: Level,
+    state: State,
+    face: Call,
+    scope: Scope,
+    resume: list[Frame] | None,
+    branch: bool,
+    calls: Calls,
+):
     if level.depth + 1 > MAX_CALL_DEPTH:
         raise Halt("call-depth-exceeded", state.name)
     frame = level.frame
@@ -385,13 +401,13 @@ def _call(rt: Runtime, level: Level, state: State, face: Call, scope: Scope,
         below = None
         if not (level.branch or branch):
             rt.journal.enter(level.depth + 1, child_frame)
-    child = Level(child_frame, level.depth + 1, caps, level.suspendable, level.branch or branch,
-                  child_scope, level.chain)
+    child = Level(
+        child_frame, level.depth + 1, caps, level.suspendable, level.branch or branch, child_scope, level.chain
+    )
     try:
         run_frame(rt, child, below)
     except Halt as halted:
-        raise _CallFailed(f"call-failed: {halted.error}", child_frame.trace,
-                          child_frame.usage + halted.usage) from None
+        raise _CallFailed(f"call-failed: {halted.error}", child_frame.trace, child_frame.usage + halted.usage) from None
     return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
 
 
@@ -418,8 +434,11 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
         except Halt as halted:
             return {"output": f"[branch-error: {halted.error}]", "usage": halted.usage.to_json()}
         except _CallFailed as failed:
-            return {"output": f"[branch-error: {failed.error}]", "usage": failed.usage.to_json(),
-                    "sub_trace": failed.trace}
+            return {
+                "output": f"[branch-error: {failed.error}]",
+                "usage": failed.usage.to_json(),
+                "sub_trace": failed.trace,
+            }
         except ProviderError as error:
             return {"output": f"[branch-error: provider-error: {error}]", "usage": Usage().to_json()}
         record = {"output": output, "usage": usage.to_json()}

@@ -13,18 +13,19 @@ class Halt(Exception):
     did not parse was still paid for); the run's totals include it.
     """
 
-    def __init__(self, error: str, at: str | None, usage: Usage = Usage()):
+    def __init__(self, error: str, at: str | None, usage: Usage | None = None):
         super().__init__(error)
         self.error = error
         self.at = at
-        self.usage = usage
+        self.usage = usage if usage is not None else Usage()
 
 
 class Suspend(Exception):
     """The run parks at a loop-top; `frames` runs root..innermost once fully raised."""
 
-    def __init__(self, frame: Frame, reason: str, ask: str | None = None,
-                 reply_to: str | None = None, detail: str | None = None):
+    def __init__(
+        self, frame: Frame, reason: str, ask: str | None = None, reply_to: str | None = None, detail: str | None = None
+    ):
         super().__init__(reason)
         self.frames = [frame]
         self.reason = reason

@@ -76,7 +76,7 @@ class Route:
         return f"{self.provider}:{self.model}"
 
     @classmethod
-    def parse(cls, text: str, where: str) -> "Route":
+    def parse(cls, text: str, where: str) -> Route:
         provider, sep, model = text.partition(":")
         if not sep or not provider or not model:
             raise UsageError(f"{where}: expected 'provider:model', got {text!r}")
@@ -136,7 +136,7 @@ class HostConfig:
     def price(self, route: Route) -> Price | None:
         return self.prices.get(route.key)
 
-    def with_overrides(self, provider: str | None, model: str | None) -> "HostConfig":
+    def with_overrides(self, provider: str | None, model: str | None) -> HostConfig:
         """Apply `--provider` / `--model`: each replaces that half of every tier's route."""
         if provider is None and model is None:
             return self

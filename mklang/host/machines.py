@@ -46,7 +46,9 @@ class MachineLoader:
         near_dir = Path(near).parent if near else Path.cwd()
         path = find_machine(name, near_dir)
         if path is None:
-            raise UsageError(f"machine '{name}' not found (looked beside {near_dir}, in ./machines/ and the standard library)")
+            raise UsageError(
+                f"machine '{name}' not found (looked beside {near_dir}, in ./machines/ and the standard library)"
+            )
         try:
             return self.load_path(path)
         except LoadError as error:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 import inspect
 import operator
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 Tool = Callable[..., str]
 Hook = Callable[[dict, Any], bool]
@@ -65,8 +66,9 @@ BUILTIN_TOOLS: dict[str, Tool] = {"calc": calc, "word_count": word_count}
 class Registry:
     """Named host callables of one kind, looked up lazily."""
 
-    def __init__(self, group: str, builtins: Mapping[str, Callable] | None = None,
-                 given: Mapping[str, Callable] | None = None):
+    def __init__(
+        self, group: str, builtins: Mapping[str, Callable] | None = None, given: Mapping[str, Callable] | None = None
+    ):
         self.group = group
         self._builtins = dict(builtins or {})
         self._given = dict(given or {})

@@ -176,8 +176,8 @@ class Document:
         prefix = self.line_prefix(pos)
         model = self.model
         if re.search(r"->\s*\w*$", prefix):
-            names = [s.name for s in model.states] if model else sorted(
-                {s.name for s in self.symbols if s.role == "state"}
+            names = (
+                [s.name for s in model.states] if model else sorted({s.name for s in self.symbols if s.role == "state"})
             )
             return [Completion(name, "state", self._state_detail(name)) for name in names] + [
                 Completion(END, "state", "finish the run")
@@ -282,7 +282,9 @@ def writers(machine: Machine, path: str) -> list[str]:
             found.append(f"state `{state.name}` {mode} it (`output {key}`)")
         for gate in state.gates:
             if gate.policy == "escalate" and gate.effective_reply_to.split(".")[0] == key:
-                found.append(f"the human reply to the escalation in `{state.name}` (`reply_to {gate.effective_reply_to}`)")
+                found.append(
+                    f"the human reply to the escalation in `{state.name}` (`reply_to {gate.effective_reply_to}`)"
+                )
     if not found and key in FAN_OUT_KEYS:
         found.append(f"fan-out: {FAN_OUT_KEYS[key]}")
     return found

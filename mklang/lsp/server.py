@@ -119,9 +119,7 @@ def hover(params: lsp.HoverParams) -> lsp.Hover | None:
     if found is None:
         return None
     text, where = found
-    return lsp.Hover(
-        contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text), range=to_client(doc, where)
-    )
+    return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text), range=to_client(doc, where))
 
 
 @server.feature(lsp.TEXT_DOCUMENT_FORMATTING)

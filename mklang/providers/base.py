@@ -7,7 +7,7 @@ engine's hot loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 
 NONE = "none"  # the judge's "none of the above"
 UNPARSEABLE = "unparseable"  # the judge's answer could not be read
@@ -21,7 +21,7 @@ class Usage:
     output_tokens: int = 0
     cost_usd: float = 0.0
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
@@ -40,7 +40,7 @@ class Usage:
         }
 
     @classmethod
-    def from_json(cls, data: dict | None) -> "Usage":
+    def from_json(cls, data: dict | None) -> Usage:
         data = data or {}
         return cls(
             int(data.get("input_tokens", 0)),
@@ -58,7 +58,7 @@ class Produced:
     usage: Usage
 
 
-Choice = Union[int, Literal["none", "unparseable"]]
+Choice = int | Literal["none", "unparseable"]
 
 
 @dataclass(frozen=True)

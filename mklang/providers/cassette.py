@@ -170,17 +170,25 @@ class ReplayProvider:
             return queue[index]
 
     def _miss(self, request: dict[str, Any]) -> str:
-        head = f"replay: cassette {self._path.name} holds no {request['kind']} request like this one (tier {request['tier']})"
+        head = (
+            f"replay: cassette {self._path.name} holds no {request['kind']} request like this one "
+            f"(tier {request['tier']})"
+        )
         wanted = _lines(request)
         candidates = [e for e in self._exchanges if e["request"].get("kind") == request["kind"]] or self._exchanges
         if not candidates:
             return f"{head}; the cassette is empty"
-        scored = [(difflib.SequenceMatcher(None, _lines(e["request"]), wanted).ratio(), i, e) for i, e in enumerate(candidates)]
+        scored = [
+            (difflib.SequenceMatcher(None, _lines(e["request"]), wanted).ratio(), i, e)
+            for i, e in enumerate(candidates)
+        ]
         _, _, closest = max(scored, key=lambda item: (item[0], -item[1]))
         number = self._exchanges.index(closest) + 1
         diff = [
             line.rstrip("\n")
-            for line in difflib.unified_diff(_lines(closest["request"]), wanted, "recorded", "requested", n=1, lineterm="")
+            for line in difflib.unified_diff(
+                _lines(closest["request"]), wanted, "recorded", "requested", n=1, lineterm=""
+            )
         ]
         shown = diff[2:][:DIFF_LINES]
         more = ["  ..."] if len(diff) - 2 > DIFF_LINES else []
@@ -202,7 +210,11 @@ def load(path: Path) -> list[dict[str, Any]]:
         raise UsageError(f"cannot read cassette {path}: {error.strerror}") from None
     except yaml.YAMLError as error:
         raise UsageError(f"{path}: not a valid YAML cassette: {error}") from None
-    if not isinstance(data, dict) or data.get("mklang_cassette") != FORMAT or not isinstance(data.get("exchanges"), list):
+    if (
+        not isinstance(data, dict)
+        or data.get("mklang_cassette") != FORMAT
+        or not isinstance(data.get("exchanges"), list)
+    ):
         raise UsageError(f"{path}: not an mklang cassette (expected 'mklang_cassette: {FORMAT}' and 'exchanges')")
     for number, exchange in enumerate(data["exchanges"], 1):
         if not (

@@ -14,8 +14,9 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -104,7 +105,9 @@ class HttpTransport:
         try:
             data = response.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ProviderError(f"{self.config.name} 200: response is not JSON: {self._snippet(response.text)}") from None
+            raise ProviderError(
+                f"{self.config.name} 200: response is not JSON: {self._snippet(response.text)}"
+            ) from None
         if not isinstance(data, dict):
             raise ProviderError(f"{self.config.name} 200: response is not a JSON object")
         return data

@@ -42,9 +42,7 @@ def fresh_nonce(*texts: str) -> str:
             return nonce
 
 
-def build_prompt(
-    conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any]
-) -> tuple[str, str]:
+def build_prompt(conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any]) -> tuple[str, str]:
     """The (system, user) messages of one judge call."""
     output_text, context_text = as_text(output), as_text(context)
     nonce = fresh_nonce(output_text, context_text, reasoning or "")

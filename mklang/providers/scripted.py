@@ -14,7 +14,8 @@ import json
 import re
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mklang.errors import ProviderError, UsageError
 from mklang.providers.base import NONE, UNPARSEABLE, Produced, Usage, Verdict

@@ -15,7 +15,7 @@ from mklang.syntax.parser import parse
 YAML_SUFFIXES = (".mkl", ".yaml", ".yml")
 SUFFIXES = (".mk", *YAML_SUFFIXES)
 
-__all__ = ["parse", "load_file", "format_machine", "SUFFIXES"]
+__all__ = ["SUFFIXES", "format_machine", "load_file", "parse"]
 
 
 def load_file(path) -> Machine:
@@ -26,7 +26,9 @@ def load_file(path) -> Machine:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise LoadError([Diagnostic(name, 1, 1, 1, 1, "error", "unreadable", f"cannot read the file: {reason}")]) from None
+        raise LoadError(
+            [Diagnostic(name, 1, 1, 1, 1, "error", "unreadable", f"cannot read the file: {reason}")]
+        ) from None
     if path.suffix.lower() in YAML_SUFFIXES:
         from mklang.syntax.yaml_front import parse_yaml
 

@@ -34,8 +34,7 @@ class _Item:
 
 
 def _token_span(token: Token, file: str | None) -> Span:
-    return Span(file=file, line=token.line, col=token.column, end_line=token.end_line, end_col=token.end_column
-    )
+    return Span(file=file, line=token.line, col=token.column, end_line=token.end_line, end_col=token.end_column)
 
 
 # Value-bearing keywords; every other string terminal is a keyword or bracket
@@ -80,15 +79,18 @@ class Builder:
         meta = (self._first, self._last)  # the node's first and last token: its extent
         self._first = outer if outer is not None else self._first
         silent = _silent_terminals()
-        args = [v for v, child in zip(values, node.children) if not (isinstance(child, Token) and child.type in silent)]
+        args = [
+            v
+            for v, child in zip(values, node.children, strict=False)
+            if not (isinstance(child, Token) and child.type in silent)
+        ]
         return getattr(self, node.data)(meta, *args)
 
     # -- helpers -------------------------------------------------------------
 
     def _span(self, meta) -> Span:
         first, last = meta
-        return Span(file=self.file, line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column
-        )
+        return Span(file=self.file, line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column)
 
     def _error(self, span: Span, code: str, message: str) -> None:
         self.diagnostics.append(
@@ -191,8 +193,7 @@ class Builder:
 
     def _declaration(self, key: str, meta, name: Token, description: str | None) -> _Item:
         span = self._span(meta)
-        node = Declaration(name=self._plain(name, f"a {key[:-1]} name"), description=description or "", span=span
-        )
+        node = Declaration(name=self._plain(name, f"a {key[:-1]} name"), description=description or "", span=span)
         return _Item(key, node, span)
 
     # -- state statements ----------------------------------------------------
@@ -281,7 +282,9 @@ class Builder:
     # -- assembly ------------------------------------------------------------
 
     def state(self, meta, name, *items: _Item) -> _Item:
-        return self.assemble_state(self._plain(name, "a state name"), _token_span(name, self.file), self._span(meta), items)
+        return self.assemble_state(
+            self._plain(name, "a state name"), _token_span(name, self.file), self._span(meta), items
+        )
 
     def assemble_state(self, state_name: str, name_span: Span, span: Span, items) -> _Item:
         """A state from its statements (shared with the YAML front end)."""
@@ -293,12 +296,17 @@ class Builder:
             self._error(span, "no-output", f"{owner} has no output: add `output <key>`")
         if face is None or "output" not in fields:
             return _Item("state", None, span)
-        node = State(name=state_name,
+        node = State(
+            name=state_name,
             face=face,
             gates=gates,
             span=span,
             field_spans={key: item.span for key, item in fields.items()},
-            **{key: fields[key].value for key in ("tier", "output", "accumulate", "sample", "over", "max_visits") if key in fields},
+            **{
+                key: fields[key].value
+                for key in ("tier", "output", "accumulate", "sample", "over", "max_visits")
+                if key in fields
+            },
         )
         return _Item("state", node, span)
 
@@ -310,7 +318,9 @@ class Builder:
             if kind and kind not in kinds:
                 kinds[kind] = item
         if not kinds:
-            self._error(name_span, "no-face", f"{owner} has no face: give it a prompt and a structure, a call, or a tool")
+            self._error(
+                name_span, "no-face", f"{owner} has no face: give it a prompt and a structure, a call, or a tool"
+            )
             return None
         if len(kinds) > 1:
             (first, _), (second, item) = list(kinds.items())[:2]
@@ -325,7 +335,9 @@ class Builder:
             return item.value
         missing = [key for key in ("prompt", "structure") if key not in fields]
         for key in missing:
-            self._error(item.span, "missing-field", f"{owner} has no {key}: a generative state needs a prompt and a structure")
+            self._error(
+                item.span, "missing-field", f"{owner} has no {key}: a generative state needs a prompt and a structure"
+            )
         if missing:
             return None
         values = {key: fields[key].value for key in PRODUCE_FIELDS if key in fields}
@@ -339,7 +351,7 @@ class Builder:
         declarations = {"tools": [], "hooks": [], "state": []}
         singles = []
         for item in items:
-            (declarations[item.key] if item.key in declarations else singles).append(item)
+            (declarations.get(item.key, singles)).append(item)
         fields = self._fields(singles, "the machine")
         for key, word in (("name", "machine <name>"), ("entry", "entry <state>"), ("budget", "budget <steps>")):
             if key not in fields:
@@ -349,7 +361,8 @@ class Builder:
         states = [item.value for item in declarations["state"] if item.value is not None]
         if self.diagnostics:
             return None
-        return Machine(tools=[item.value for item in declarations["tools"]],
+        return Machine(
+            tools=[item.value for item in declarations["tools"]],
             hooks=[item.value for item in declarations["hooks"]],
             states=states,
             span=Span(file=self.file),

@@ -9,7 +9,7 @@ multi-line statement (a context map) move above that statement.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from mklang.model import FieldComments, Machine, Node, Span
 from mklang.syntax.lexemes import Lexeme

@@ -10,9 +10,7 @@ import bisect
 import re
 from dataclasses import dataclass
 
-_LEXEME = re.compile(
-    r'"""[\s\S]*?"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*|->|[A-Za-z_][A-Za-z0-9_.]*|-?[0-9][0-9.eE+-]*|\S'
-)
+_LEXEME = re.compile(r'"""[\s\S]*?"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*|->|[A-Za-z_][A-Za-z0-9_.]*|-?[0-9][0-9.eE+-]*|\S')
 
 
 @dataclass(frozen=True)

@@ -49,5 +49,5 @@ def find_machine(name: str, near_dir) -> Path | None:
             return found.resolve()
     try:
         return _plugin(name)
-    except Exception:  # noqa: BLE001 - a broken plugin must not break checking
+    except Exception:
         return None

@@ -64,7 +64,11 @@ GROUPS = (
     ({"MACHINE", "ENTRY", "STATE"}, _HEADER, "a header line (machine, entry, budget, ...) or a state"),
     ({"PROMPT", "OUTPUT", "WHEN"}, _STATEMENT, "a state statement (prompt, output, when, otherwise, ...)"),
     ({"_ARROW", "REPAIR"}, {"_ARROW", "REPAIR", "ESCALATE", "FAIL"}, 'a policy ("->", repair, escalate or fail)'),
-    ({"STRING", "NUMBER", "LBRACE"}, {"STRING", "TRIPLE_STRING", "NUMBER", "TRUE", "FALSE", "NULL", "LBRACE", "LBRACKET"}, "a value"),
+    (
+        {"STRING", "NUMBER", "LBRACE"},
+        {"STRING", "TRIPLE_STRING", "NUMBER", "TRUE", "FALSE", "NULL", "LBRACE", "LBRACKET"},
+        "a value",
+    ),
 )
 
 # Labelled snippets of common mistakes: the parser state and token type where
@@ -91,9 +95,9 @@ EXAMPLES = {
     'a condition is prose in quotes: when "the reply is complete" -> END': [
         "state a {\n when the reply is good -> END\n}\n",
     ],
-    'map entries are written `key: value`': ["context { a = 1 }\n", "context {\n a 1\n}\n"],
+    "map entries are written `key: value`": ["context { a = 1 }\n", "context {\n a 1\n}\n"],
     'the "{" of a state goes on the same line as its name: state classify {': ["state a\n", "state a\n{\n"],
-    "a state's statements start on the line after its \"{\"": ['state a { output x }\n'],
+    'a state\'s statements start on the line after its "{"': ["state a { output x }\n"],
     "repair needs a number of attempts: repair 2 -> target": ["state a {\n otherwise repair -> a\n}\n"],
     'a gate needs a policy before its target: "-> target"': [
         "state a {\n otherwise END\n}\n",
@@ -168,11 +172,17 @@ def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> 
             block = source.startswith('"""', offset) or source[max(0, offset - 2) : offset] == '""'
             if not source.startswith('"""', offset) and block:
                 col -= 2  # point at the opening quotes, not at the third one
-            message = 'this """ block is never closed' if block else 'this string is not closed on its line (use """ for several lines)'
+            message = (
+                'this """ block is never closed'
+                if block
+                else 'this string is not closed on its line (use """ for several lines)'
+            )
         elif char == "'":
             message = 'strings use double quotes: "..."'
         else:
-            message = f"expected {_describe(error.allowed or set(), previous and previous.text)} {where}, not {_quote(char)}"
+            message = (
+                f"expected {_describe(error.allowed or set(), previous and previous.text)} {where}, not {_quote(char)}"
+            )
     else:
         token = error.token
         expected = error.accepts or error.expected

@@ -39,7 +39,8 @@ class _Reader:
 
     def span(self, node) -> Span:
         start, end = node.start_mark, node.end_mark
-        return Span(file=self.file, line=start.line + 1, col=start.column + 1, end_line=end.line + 1, end_col=end.column + 1
+        return Span(
+            file=self.file, line=start.line + 1, col=start.column + 1, end_line=end.line + 1, end_col=end.column + 1
         )
 
     def error(self, node, code: str, message: str) -> None:
@@ -52,7 +53,11 @@ class _Reader:
         """A JSON-like value (context, input maps); dates, sets and other YAML types are refused."""
         value = self.value(node)
         if not _is_json(value):
-            self.error(node, "invalid-value", f"{what} must hold JSON values only (text, numbers, true/false, null, lists, maps)")
+            self.error(
+                node,
+                "invalid-value",
+                f"{what} must hold JSON values only (text, numbers, true/false, null, lists, maps)",
+            )
             return {}
         return value
 
@@ -109,7 +114,11 @@ class _Reader:
             if not _VERSION.match(str(value)):
                 self.error(node, "invalid-value", f'mklang must be a version number like 0.4, not "{value}"')
             return str(value)
-        return self.name(node, {"name": "a machine name", "entry": "a state name"}.get(field, "a context path"), dotted=field == "result")
+        return self.name(
+            node,
+            {"name": "a machine name", "entry": "a state name"}.get(field, "a context path"),
+            dotted=field == "result",
+        )
 
     def name(self, node, what: str, dotted: bool = False) -> str:
         """A name (or, when `dotted`, a context path) written as a YAML scalar."""
@@ -178,7 +187,11 @@ class _Reader:
                 match = _PLACEHOLDER.match(value) if isinstance(value, str) else None
                 path = match.group(1) if match else value
                 if not isinstance(path, str) or not _NAME.match(path):
-                    self.error(value_node, "invalid-name", f'over must name a context list, as "{{{{list}}}}" or list, not {value!r}')
+                    self.error(
+                        value_node,
+                        "invalid-name",
+                        f'over must name a context list, as "{{{{list}}}}" or list, not {value!r}',
+                    )
                 items.append(_Item(key, path if isinstance(path, str) else "_", span))
             elif key in ("tier", "parse"):
                 allowed = ("fast", "balanced", "reasoning") if key == "tier" else ("list", "json")
@@ -192,7 +205,8 @@ class _Reader:
                     else ToolUse(tool=str(value), input=inputs, span=span))  # fmt: skip
             items.append(_Item(key, face, span))
         name_span, body = self.span(name_node), self.span(node)
-        span = Span(file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
+        span = Span(
+            file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
         )
         return self.builder.assemble_state(name, name_span, span, items)
 
@@ -222,13 +236,16 @@ class _Reader:
             self.error(node, "missing-field", 'this gate needs a target: "to: <state>" or "to: END"')
             return None
         escalate = policy == "escalate"
-        return Gate(when=when,
+        return Gate(
+            when=when,
             hook=self.name(nodes["hook"], "a hook name") if "hook" in nodes else None,
             policy=policy,
             target=None if policy == "fail" else self.name(nodes["to"], "a state name"),
             repair=repair,
             ask=self.text(nodes["ask"], "ask") if escalate and "ask" in nodes else None,
-            reply_to=self.name(nodes["reply_to"], "reply_to", dotted=True) if escalate and "reply_to" in nodes else None,
+            reply_to=self.name(nodes["reply_to"], "reply_to", dotted=True)
+            if escalate and "reply_to" in nodes
+            else None,
             span=self.span(node),
         )
 
@@ -255,7 +272,9 @@ def parse_yaml(text: str, filename: str | None = None) -> Machine:
         mark = getattr(error, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = getattr(error, "problem", None) or "not a valid YAML document"
-        raise MkSyntaxError([Diagnostic(filename, line, col, line, col + 1, "error", "syntax", f"YAML: {problem}")]) from None
+        raise MkSyntaxError(
+            [Diagnostic(filename, line, col, line, col + 1, "error", "syntax", f"YAML: {problem}")]
+        ) from None
     if root is None:
         raise MkSyntaxError([Diagnostic(filename, 1, 1, 1, 1, "error", "syntax", "the YAML document is empty")])
     reader = _Reader(filename)
@@ -264,7 +283,18 @@ def parse_yaml(text: str, filename: str | None = None) -> Machine:
     except yaml.YAMLError as error:  # a tag the safe constructor refuses
         mark = getattr(error, "problem_mark", None) or root.start_mark
         raise MkSyntaxError(
-            [Diagnostic(filename, mark.line + 1, mark.column + 1, mark.line + 1, mark.column + 2, "error", "syntax", f"YAML: {getattr(error, 'problem', error)}")]
+            [
+                Diagnostic(
+                    filename,
+                    mark.line + 1,
+                    mark.column + 1,
+                    mark.line + 1,
+                    mark.column + 2,
+                    "error",
+                    "syntax",
+                    f"YAML: {getattr(error, 'problem', error)}",
+                )
+            ]
         ) from None
     if reader.builder.diagnostics:
         raise MkSyntaxError(sorted(reader.builder.diagnostics, key=lambda d: (d.line, d.col)))

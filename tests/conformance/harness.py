@@ -61,9 +61,9 @@ class Recorder(ScriptedProvider):
     `judge_usage` is charged per judge call (the scripted judge charges nothing).
     """
 
-    def __init__(self, llm: dict[str, Any] | None = None, judge_usage: Usage = Usage()):
+    def __init__(self, llm: dict[str, Any] | None = None, judge_usage: Usage | None = None):
         super().__init__(llm)
-        self.judge_usage = judge_usage
+        self.judge_usage = judge_usage if judge_usage is not None else Usage()
         self.produced: list[Produce] = []
         self.judged: list[Judge] = []
         self._record = threading.Lock()
@@ -79,8 +79,14 @@ class Recorder(ScriptedProvider):
         return Verdict(super().judge(conditions, output, reasoning, context, tier).choice, self.judge_usage)
 
 
-def run_mk(machine: Machine | str, context: dict[str, Any] | None = None, *,
-           provider=None, llm: dict[str, Any] | None = None, **options):
+def run_mk(
+    machine: Machine | str,
+    context: dict[str, Any] | None = None,
+    *,
+    provider=None,
+    llm: dict[str, Any] | None = None,
+    **options,
+):
     """Run a machine (or inline source) with a scripted provider unless one is given."""
     if isinstance(machine, str):
         machine = mk(machine)
