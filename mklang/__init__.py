@@ -22,17 +22,26 @@ def load(path):
     return require_runnable(load_file(path))
 
 
-def run(machine, context=None, **options):
-    """Run `machine` (a `Machine` or a path) and return a `RunResult`."""
+def run(machine, context=None, *, provider, tools=None, hooks=None, scripted=None, checkpoint=None, **options):
+    """Run `machine` (a `Machine` or a path) and return a `RunResult`.
+
+    With `checkpoint=PATH` the run persists there and suspends instead of
+    halting on budgets. Other options are those of `mklang.session.start`.
+    """
     from mklang.check import require_runnable
-    from mklang.engine import run as engine_run
+    from mklang.session import Host, start
 
     machine = load(machine) if not hasattr(machine, "states") else require_runnable(machine)
-    return engine_run(machine, context, **options)
+    host = Host(provider, tools or {}, hooks or {}, scripted=scripted)
+    return start(machine, context, host, checkpoint=checkpoint, **options)
 
 
-def resume(source, **options):
-    """Continue a suspended or crashed run from a checkpoint path or an `Envelope`."""
-    from mklang.checkpoint import resume as checkpoint_resume
+def resume(source, *, provider, tools=None, hooks=None, scripted=None, **options):
+    """Continue a suspended or crashed run from a checkpoint path or an `Envelope`.
 
-    return checkpoint_resume(source, **options)
+    Options are those of `mklang.session.resume`.
+    """
+    from mklang.session import Host
+    from mklang.session import resume as resume_session
+
+    return resume_session(source, Host(provider, tools or {}, hooks or {}, scripted=scripted), **options)

@@ -9,14 +9,13 @@ resume options: raised budgets, unchanged budgets, `--set`, `--force`,
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import mklang
 
 from mklang.checkpoint.envelope import load
 
@@ -51,16 +50,6 @@ scenarios:
 """
 
 COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
-
-
-def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """Run the CLI; no run of it may print a Python traceback."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MKLANG_", "OPENAI_", "ANTHROPIC_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "mklang", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
 
 
 def as_json(*args: str, cwd: Path) -> tuple[int, dict]:

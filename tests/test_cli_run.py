@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import mklang
 
 MACHINE = """\
 machine greet
@@ -46,16 +44,6 @@ SCRIPT = {
         },
     ]
 }
-
-
-def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """Run the CLI; no run of it may ever print a Python traceback."""
-    env = {k: v for k, v in os.environ.items() if k != "MKLANG_DEBUG"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mklang", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
 
 
 @pytest.fixture

@@ -8,15 +8,14 @@ rewrite their envelope many times.
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from conftest import outcome
 from test_golden import EXAMPLES
 
 import mklang.checkpoint.journal as journal_module
-from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load
-from mklang.scenarios import ScriptedHost, load_script
+from mklang.scenarios import load_script
+from mklang.session import Host, resume, start
 from mklang.syntax import load_file
 
 
@@ -32,25 +31,6 @@ class CrashAt:
         self.seen += 1
         if self.seen == self.n:
             raise Crash
-
-
-def _host(scenario):
-    host = ScriptedHost(scenario)
-    return dict(provider=host.provider, tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host)
-
-
-def _outcome(result):
-    return json.loads(
-        json.dumps(
-            {
-                "status": result.status,
-                "result": result.result,
-                "context": result.context,
-                "trace": result.trace,
-                "usage": result.usage.to_json(),
-            }
-        )
-    )
 
 
 @pytest.fixture(autouse=True)
@@ -71,17 +51,17 @@ def test_a_run_that_dies_at_any_loop_top_resumes_to_the_same_run(example, main, 
     scenarios = load_script(EXAMPLES / example / "scenarios.yaml")
     scenario = next(s for s in scenarios if scenario_name in (None, s.name))
     counter = CrashAt(0)
-    reference = _outcome(
-        start(machine, dict(scenario.input), checkpoint=tmp_path / "ref.json", observer=counter, **_host(scenario))
+    reference = outcome(
+        start(machine, None, Host.for_scenario(scenario), checkpoint=tmp_path / "ref.json", observer=counter)
     )
     assert reference["status"] == "done"
     for n in range(2, counter.seen + 1):
         checkpoint = tmp_path / f"cp{n}.json"
         with pytest.raises(Crash):
-            start(machine, dict(scenario.input), checkpoint=checkpoint, observer=CrashAt(n), **_host(scenario))
+            start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, observer=CrashAt(n))
         assert load(checkpoint).status == "running"
-        resumed = continue_checkpoint(open_checkpoint(checkpoint), **_host(scenario))
-        assert _outcome(resumed) == reference, f"crashed at loop-top {n} of {counter.seen}"
+        resumed = resume(checkpoint, Host.for_scenario(scenario))
+        assert outcome(resumed) == reference, f"crashed at loop-top {n} of {counter.seen}"
 
 
 def test_long_runs_compact_their_journal_into_new_envelope_generations(tmp_path):
@@ -93,7 +73,7 @@ def test_long_runs_compact_their_journal_into_new_envelope_generations(tmp_path)
     def watch(chain):
         generations.append(load(checkpoint).generation)
 
-    start(machine, dict(scenario.input), checkpoint=checkpoint, observer=watch, **_host(scenario))
+    start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, observer=watch)
     assert generations[-1] > generations[0] + 2, generations  # rewritten several times along the way
     assert load(checkpoint).status == "done"
     assert not journal_module.journal_path(checkpoint).exists()  # a finished run leaves no journal

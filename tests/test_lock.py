@@ -15,7 +15,8 @@ import sys
 import time
 
 import yaml
-from test_signals import EXAMPLE, _env, mklang, wait_for
+from conftest import cli_env, mklang, wait_for
+from test_signals import EXAMPLE
 
 from mklang.checkpoint.lock import holder
 
@@ -41,7 +42,7 @@ def _slow_run(folder, checkpoint) -> subprocess.Popen:
             "json",
         ],
         cwd=folder,
-        env=_env(),
+        env=cli_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,70 +8,29 @@ status must equal the uninterrupted run's.
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from conftest import outcome
 from test_golden import EXAMPLES, scripted_machines
 
-from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load
 from mklang.engine import Control
 from mklang.scenarios import ScriptedHost, load_script
+from mklang.session import Host, resume, start
 from mklang.syntax import load_file
 
-
-def _options(scenario):
-    settings = scenario.run
-    return dict(
-        max_tokens=settings.get("max_tokens"),
-        max_cost=settings.get("max_cost"),
-        concurrency=settings.get("concurrency", 1),
-        hitl=bool(settings.get("hitl", False)),
-    )
+COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 
 
-def _start(machine, scenario, checkpoint, observer=None, control=None):
-    host = ScriptedHost(scenario)
-    return start(
-        machine,
-        dict(scenario.input),
-        checkpoint=checkpoint,
-        provider=host.provider,
-        tools=host.tools.functions(),
-        hooks=host.hooks.functions(),
-        scripted=host,
-        observer=observer,
-        control=control,
-        **_options(scenario),
-    )
+def _start(machine, scenario, checkpoint, **options):
+    return start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, **options)
 
 
 def _resume(scenario, checkpoint, **options):
-    host = ScriptedHost(scenario)
-    return continue_checkpoint(
-        open_checkpoint(checkpoint),
-        provider=host.provider,
-        tools=host.tools.functions(),
-        hooks=host.hooks.functions(),
-        scripted=host,
-        **options,
-    )
+    return resume(checkpoint, Host.for_scenario(scenario), **options)
 
 
 def _outcome(result):
-    return json.loads(
-        json.dumps(
-            {
-                "status": result.status,
-                "error": result.error,
-                "at": result.at,
-                "result": result.result,
-                "context": result.context,
-                "trace": result.trace,
-                "usage": result.usage.to_json(),
-            }
-        )
-    )
+    return outcome(result, COMPARED)
 
 
 def _cases():
@@ -141,17 +100,7 @@ def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(ma
             first = _start(machine.replace(budget=limit), scenario, checkpoint)
             raise_budget = {"budget": machine.budget}
         else:
-            host = ScriptedHost(scenario)
-            first = start(
-                machine,
-                dict(scenario.input),
-                checkpoint=checkpoint,
-                provider=host.provider,
-                tools=host.tools.functions(),
-                hooks=host.hooks.functions(),
-                scripted=host,
-                **{**_options(scenario), "max_tokens": limit},
-            )
+            first = _start(machine, scenario, checkpoint, max_tokens=limit)
             raise_budget = {"max_tokens": 10**9}
         if first.status != "suspended" or first.error != reason:
             continue  # the run ended (or parked for a human) before the budget tripped

@@ -11,7 +11,6 @@ resumed run must equal the uninterrupted one.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import cli_env, mklang, wait_for
 
 from mklang.checkpoint.envelope import load
 
@@ -41,36 +41,15 @@ MODEL_CALLS = 8  # outline + its judge, four drafts, assembly + its judge
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "MKLANG_DEBUG"}
-
-
-def mklang(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "mklang", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=60
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
-
-
 def start(cwd: Path, *options: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "mklang", *RUN, *options],
         cwd=cwd,
-        env=_env(),
+        env=cli_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def wait_for(condition, process: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"the run ended or stalled before {what}: {process.communicate()}")
-        time.sleep(0.002)
 
 
 def journaled_calls(checkpoint: Path) -> int:
@@ -206,7 +185,7 @@ def test_the_kill_9_demo_shows_equal_results(tmp_path):
     done = subprocess.run(
         [sys.executable, str(EXAMPLE / "demo.py")],
         cwd=tmp_path,
-        env=_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=120,

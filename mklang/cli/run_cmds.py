@@ -10,12 +10,16 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
+
+if TYPE_CHECKING:
+    from mklang.checkpoint.envelope import HostSettings
+    from mklang.session import Host
 
 EXIT_BY_STATUS = {"done": exitcodes.OK, "halted": exitcodes.HALT, "suspended": exitcodes.SUSPENDED}
 
@@ -66,79 +70,6 @@ def parse_duration(text: str | None) -> float | None:
         raise fail(f"--max-time expects a duration such as 90s, 10m or 1h30m, got {text!r}")
     hours, minutes, seconds = (float(group or 0) for group in match.groups())
     return hours * 3600 + minutes * 60 + seconds
-
-
-class Host:
-    """Provider, tools and hooks of a run: scripted from a scenario, or real."""
-
-    def __init__(
-        self,
-        *,
-        script=None,
-        scenario=None,
-        provider=None,
-        model=None,
-        config=None,
-        replay=None,
-        record=None,
-        max_cost=None,
-        plugins=None,
-    ):
-        from mklang.checkpoint.envelope import HostSettings
-        from mklang.host.plugins import load_plugins
-
-        self.scenario = None
-        self.scripted = None
-        if script is not None:
-            if provider or model or replay or record:
-                raise fail(
-                    "--script answers offline: it cannot be combined with --provider, --model, --replay or --record"
-                )
-            from mklang.scenarios import ScriptedHost, find_scenario, load_script
-
-            self.scenario = find_scenario(load_script(script), scenario, str(script))
-            self.scripted = ScriptedHost(self.scenario)
-            self.provider = self.scripted.provider
-            self.tools = self.scripted.tools.functions()
-            self.hooks = self.scripted.hooks.functions()
-        else:
-            if scenario is not None:
-                raise fail("--scenario needs --script")
-            from mklang.providers.factory import make_provider
-
-            self.provider = make_provider(
-                provider=provider, model=model, config_path=config, record=record, replay=replay, max_cost=max_cost
-            )
-            self.tools = {}
-            self.hooks = {}
-        plugin_paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
-        plugin_tools, plugin_hooks = load_plugins(plugin_paths)
-        # Scripted answers win over plugins: a scenario pins what the tools say.
-        self.tools = {**plugin_tools, **self.tools}
-        self.hooks = {**plugin_hooks, **self.hooks}
-        self.settings = HostSettings(
-            script=str(Path(script).resolve()) if script else None,
-            scenario=self.scenario.name if self.scenario else None,
-            provider=provider,
-            model=model,
-            config=str(Path(config).resolve()) if config else None,
-            replay=str(replay) if replay else None,
-            record=str(record) if record else None,
-            plugins=plugin_paths,
-        )
-
-    def run_setting(self, key: str, given: Any, default: Any = None) -> Any:
-        """A CLI flag wins over the scenario's `run:` setting, which wins over the default."""
-        if given is not None:
-            return given
-        if self.scenario is not None and self.scenario.run.get(key) is not None:
-            return self.scenario.run[key]
-        return default
-
-    def close(self) -> None:
-        closer = getattr(self.provider, "close", None)
-        if closer is not None:
-            closer()
 
 
 @contextmanager
@@ -212,6 +143,7 @@ def run(
 ) -> None:
     """Run a machine."""
     with handle_errors(wants_json(format)):
+        from mklang import session
         from mklang.check import require_runnable
         from mklang.engine import Control
         from mklang.syntax import load_file
@@ -223,51 +155,35 @@ def run(
             context.update(_read_input(input_file))
         context.update(parse_assignments(set_))
         seconds = parse_duration(max_time)
-        host = Host(
-            script=script,
-            scenario=scenario,
-            provider=provider,
-            model=model,
-            config=config,
-            replay=replay,
-            record=record,
-            max_cost=max_cost,
-            plugins=plugin,
-        )
-        if host.scenario is not None:
-            context = {**host.scenario.input, **context}
-        options = dict(
-            provider=host.provider,
-            tools=host.tools,
-            hooks=host.hooks,
-            max_tokens=host.run_setting("max_tokens", max_tokens),
-            max_cost=host.run_setting("max_cost", max_cost),
-            max_time=seconds,
-            concurrency=host.run_setting("concurrency", concurrency, 1 if host.scripted else 8),
-            hitl=bool(host.run_setting("hitl", hitl, False)),
-        )
         control = Control()
-        try:
-            with interrupts(control), live_view(as_json, options["max_tokens"]) as view:
-                if checkpoint is not None:
-                    from mklang.checkpoint import start
-
-                    result = start(
-                        loaded,
-                        context,
-                        checkpoint=checkpoint,
-                        host=host.settings,
-                        scripted=host.scripted,
-                        control=control,
-                        observer=view,
-                        **options,
-                    )
-                else:
-                    from mklang.engine import run as engine_run
-
-                    result = engine_run(loaded, context, control=control, observer=view, **options)
-        finally:
-            host.close()
+        with (
+            session.Host.build(
+                script=script,
+                scenario=scenario,
+                provider=provider,
+                model=model,
+                config=config,
+                replay=replay,
+                record=record,
+                max_cost=max_cost,
+                plugins=plugin,
+            ) as host,
+            interrupts(control),
+            live_view(as_json, host.run_setting("max_tokens", max_tokens)) as view,
+        ):
+            result = session.start(
+                loaded,
+                context,
+                host,
+                checkpoint=checkpoint,
+                max_tokens=max_tokens,
+                max_cost=max_cost,
+                max_time=seconds,
+                concurrency=concurrency,
+                hitl=hitl,
+                control=control,
+                observer=view,
+            )
         report(result, as_json, checkpoint)
 
 
@@ -309,42 +225,36 @@ def resume(
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
     with handle_errors(wants_json(format)):
-        from mklang.checkpoint import continue_checkpoint, open_checkpoint
-        from mklang.checkpoint.lock import refuse_if_running
+        from mklang import session
         from mklang.engine import Control
 
         as_json = wants_json(format)
         values = parse_assignments(set_)
         seconds = parse_duration(max_time)
-        # Verify every recorded hash, and that no other process runs it, before any provider is set up.
-        refuse_if_running(checkpoint)
-        resumable = open_checkpoint(checkpoint, force=force, machine_path=str(machine) if machine else None)
-        saved = resumable.envelope.host
-        if not any((script, provider, model, config, replay)):
-            # No host given: answer as the run did (scenario, cassette or provider; never re-record).
-            script = Path(saved.script) if saved.script else None
-            scenario = scenario or saved.scenario
-            provider, model, config, replay = saved.provider, saved.model, saved.config, saved.replay
-        host = Host(
-            script=script,
-            scenario=scenario,
-            provider=provider,
-            model=model,
-            config=config,
-            replay=replay,
-            record=record,
-            max_cost=max_cost or resumable.envelope.budgets.max_cost,
-            plugins=plugin if plugin is not None else saved.plugins,
-        )
+
         control = Control()
-        budgets = resumable.envelope.budgets
-        try:
-            with interrupts(control), live_view(as_json, max_tokens or budgets.max_tokens) as view:
-                result = continue_checkpoint(
+        with session.opened(checkpoint, force=force, machine_path=str(machine) if machine else None) as resumable:
+            budgets = resumable.envelope.budgets
+            with (
+                _resumed_host(
+                    resumable.envelope.host,
+                    script,
+                    scenario,
+                    provider,
+                    model,
+                    config,
+                    replay,
+                    record,
+                    max_cost or budgets.max_cost,
+                    plugin,
+                ) as host,
+                interrupts(control),
+                live_view(as_json, max_tokens or budgets.max_tokens) as view,
+            ):
+                result = session.proceed(
                     resumable,
-                    provider=host.provider,
-                    tools=host.tools,
-                    hooks=host.hooks,
+                    host,
+                    checkpoint=out,
                     set_values=values,
                     max_tokens=max_tokens,
                     max_cost=max_cost,
@@ -352,14 +262,43 @@ def resume(
                     max_time=seconds,
                     hitl=hitl,
                     concurrency=concurrency,
-                    checkpoint=out,
-                    scripted=host.scripted,
                     control=control,
                     observer=view,
                 )
-        finally:
-            host.close()
         report(result, as_json, out or checkpoint)
+
+
+def _resumed_host(
+    saved: HostSettings,
+    script: Path | None,
+    scenario: str | None,
+    provider: str | None,
+    model: str | None,
+    config: Path | None,
+    replay: Path | None,
+    record: Path | None,
+    max_cost: float | None,
+    plugins: list[str] | None,
+) -> Host:
+    """The host given on the command line, else the one the run was hosted by (never re-recording)."""
+    from mklang.session import Host
+
+    if not any((script, provider, model, config, replay)):
+        script = Path(saved.script) if saved.script else None
+        scenario = scenario or saved.scenario
+        provider, model, replay = saved.provider, saved.model, Path(saved.replay) if saved.replay else None
+        config = Path(saved.config) if saved.config else None
+    return Host.build(
+        script=script,
+        scenario=scenario,
+        provider=provider,
+        model=model,
+        config=config,
+        replay=replay,
+        record=record,
+        max_cost=max_cost,
+        plugins=plugins if plugins is not None else saved.plugins,
+    )
 
 
 @app.command()

@@ -1,0 +1,219 @@
+"""Build a run the one way the CLI, the Python API and the tests all use.
+
+A `Host` is what a run is answered by: a provider, tools and hooks, either
+scripted from a scenario or real (a provider from the config, plugins), plus
+the `HostSettings` a checkpoint records so that a resume can rebuild it
+without secrets. `start` runs a machine with a host (durably when given a
+checkpoint); `resume` continues a checkpoint with one. This module sits above
+the engine and the checkpoint package; `mklang/host/` stays below both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mklang.checkpoint import Resumable
+from mklang.checkpoint.envelope import Envelope, HostSettings
+from mklang.engine import Control, RunResult
+from mklang.errors import CheckpointError, UsageError
+from mklang.model import Machine
+from mklang.scenarios import Scenario, ScriptedHost
+
+__all__ = ["Host", "opened", "proceed", "resume", "start"]
+
+
+@dataclass
+class Host:
+    """Provider, tools and hooks of a run, and how to record them in a checkpoint."""
+
+    provider: Any
+    tools: dict[str, Any] = field(default_factory=dict)
+    hooks: dict[str, Any] = field(default_factory=dict)
+    scripted: ScriptedHost | None = None  # lets a checkpoint save which scripted answers were used
+    scenario: Scenario | None = None
+    settings: HostSettings = field(default_factory=HostSettings)
+
+    @classmethod
+    def for_scenario(cls, scenario: Scenario, settings: HostSettings | None = None) -> Host:
+        """A host answering from a scenario's scripted model, tools and hooks."""
+        scripted = ScriptedHost(scenario)
+        return cls(
+            provider=scripted.provider,
+            tools=scripted.tools.functions(),
+            hooks=scripted.hooks.functions(),
+            scripted=scripted,
+            scenario=scenario,
+            settings=settings or HostSettings(scenario=scenario.name),
+        )
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        script: str | Path | None = None,
+        scenario: str | None = None,
+        provider: str | None = None,
+        model: str | None = None,
+        config: str | Path | None = None,
+        replay: str | Path | None = None,
+        record: str | Path | None = None,
+        max_cost: float | None = None,
+        plugins: list[str] | None = None,
+    ) -> Host:
+        """A host from the options of `mklang run`: a scenario script, or a real provider."""
+        from mklang.host.plugins import load_plugins
+
+        plugin_paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
+        settings = HostSettings(
+            script=str(Path(script).resolve()) if script else None,
+            provider=provider,
+            model=model,
+            config=str(Path(config).resolve()) if config else None,
+            replay=str(replay) if replay else None,
+            record=str(record) if record else None,
+            plugins=plugin_paths,
+        )
+        if script is not None:
+            if provider or model or replay or record:
+                raise UsageError(
+                    "--script answers offline: it cannot be combined with --provider, --model, --replay or --record"
+                )
+            from mklang.scenarios import find_scenario, load_script
+
+            found = find_scenario(load_script(script), scenario, str(script))
+            host = cls.for_scenario(found, settings.model_copy(update={"scenario": found.name}))
+        else:
+            if scenario is not None:
+                raise UsageError("--scenario needs --script")
+            from mklang.providers.factory import make_provider
+
+            host = cls(
+                provider=make_provider(
+                    provider=provider, model=model, config_path=config, record=record, replay=replay, max_cost=max_cost
+                ),
+                settings=settings,
+            )
+        plugin_tools, plugin_hooks = load_plugins(plugin_paths)
+        # Scripted answers win over plugins: a scenario pins what the tools say.
+        host.tools = {**plugin_tools, **host.tools}
+        host.hooks = {**plugin_hooks, **host.hooks}
+        return host
+
+    def run_setting(self, key: str, given: Any, default: Any = None) -> Any:
+        """A caller's value wins over the scenario's `run:` setting, which wins over the default."""
+        if given is not None:
+            return given
+        if self.scenario is not None and self.scenario.run.get(key) is not None:
+            return self.scenario.run[key]
+        return default
+
+    def close(self) -> None:
+        closer = getattr(self.provider, "close", None)
+        if closer is not None:
+            closer()
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start(
+    machine: Machine,
+    context: dict[str, Any] | None,
+    host: Host,
+    *,
+    checkpoint: str | Path | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_time: float | None = None,
+    concurrency: int | None = None,
+    hitl: bool | None = None,
+    suspendable: bool = False,
+    control: Control | None = None,
+    observer: Any = None,
+) -> RunResult:
+    """Run `machine` with `host`; with a checkpoint the run persists and suspends.
+
+    Without one, `suspendable` makes budgets suspend into the result's frames.
+
+    A scenario's input lies under `context`, and its `run:` settings under the
+    given options. Scripted branches run one at a time unless asked otherwise,
+    because scripted list answers are served in call order.
+    """
+    if host.scenario is not None:
+        context = {**host.scenario.input, **(context or {})}
+    options: dict[str, Any] = dict(
+        provider=host.provider,
+        tools=host.tools,
+        hooks=host.hooks,
+        max_tokens=host.run_setting("max_tokens", max_tokens),
+        max_cost=host.run_setting("max_cost", max_cost),
+        max_time=max_time,
+        concurrency=host.run_setting("concurrency", concurrency, 1 if host.scripted else 8),
+        hitl=bool(host.run_setting("hitl", hitl, False)),
+        control=control,
+        observer=observer,
+    )
+    if checkpoint is None:
+        from mklang.engine import run
+
+        return run(machine, context, suspendable=suspendable, **options)
+    from mklang.checkpoint import start as start_durably
+
+    return start_durably(machine, context, checkpoint=checkpoint, host=host.settings, scripted=host.scripted, **options)
+
+
+@contextmanager
+def opened(source: str | Path, *, force: bool = False, machine_path: str | None = None) -> Iterator[Resumable]:
+    """Read and verify a checkpoint that no other process is running.
+
+    Everything that can make it unresumable is raised here, before the caller
+    sets up any provider.
+    """
+    from mklang.checkpoint import open_checkpoint
+    from mklang.checkpoint.lock import refuse_if_running
+
+    refuse_if_running(source)
+    yield open_checkpoint(source, force=force, machine_path=machine_path)
+
+
+def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
+    """Continue an opened checkpoint with `host`; options are those of `continue_checkpoint`."""
+    from mklang.checkpoint import continue_checkpoint
+
+    return continue_checkpoint(
+        resumable, provider=host.provider, tools=host.tools, hooks=host.hooks, scripted=host.scripted, **options
+    )
+
+
+def resume(
+    source: str | Path | Envelope,
+    host: Host,
+    *,
+    force: bool = False,
+    machine_path: str | None = None,
+    checkpoint: str | Path | None = None,
+    **options: Any,
+) -> RunResult:
+    """Verify a checkpoint, then continue it with `host`.
+
+    `source` is a checkpoint file or an `Envelope`; an envelope is first
+    written to `checkpoint` (required then). A re-suspension goes to
+    `checkpoint`, by default the same file. Other options are those of
+    `mklang.checkpoint.continue_checkpoint`.
+    """
+    from mklang.checkpoint.envelope import save
+
+    if isinstance(source, Envelope):
+        if checkpoint is None:
+            raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
+        save(checkpoint, source)
+        source = checkpoint
+    with opened(source, force=force, machine_path=machine_path) as resumable:
+        return proceed(resumable, host, checkpoint=checkpoint, **options)
