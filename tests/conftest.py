@@ -1,4 +1,12 @@
-"""Helpers shared by the test modules (import them with `from conftest import ...`)."""
+"""Helpers shared by the test modules (import them with `from conftest import ...`),
+and suite-wide fixtures.
+
+`checkpoints_match_the_schema` (autouse) holds the published schema,
+docs/checkpoint.schema.json, to everything the suite writes: every envelope
+serialized in the test process, and every checkpoint file a test leaves in
+its `tmp_path` (so those written by `mklang` subprocesses too). A
+checkpoint the schema rejects fails the test that wrote it.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +15,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import jsonschema
+import pytest
+
+from mklang.checkpoint.envelope import Envelope, load
+from mklang.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,3 +65,62 @@ def outcome(result: Any, fields: tuple[str, ...] = ("status", "result", "context
     """The comparable, JSON-shaped part of a `RunResult`."""
     data = result.to_json()
     return json.loads(json.dumps({key: data[key] for key in fields}))
+
+
+SCHEMA_PATH = ROOT / "docs" / "checkpoint.schema.json"
+SCHEMA_VALIDATOR = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
+NOT_CHECKPOINTS = {".journal", ".lock", ".mk", ".mkl", ".yaml", ".yml", ".toml", ".py", ".txt", ".log"}
+
+
+def schema_violations(document: Any) -> list[str]:
+    """Each way `document` breaks the checkpoint schema, as `path: message`."""
+    return [
+        f"{'/'.join(str(part) for part in error.absolute_path) or '<root>'}: {error.message}"
+        for error in SCHEMA_VALIDATOR.iter_errors(document)
+    ]
+
+
+def _left_checkpoints(folder: Path) -> Iterator[tuple[Path, Any]]:
+    """Files under `folder` that mklang itself loads as checkpoints, with their JSON."""
+    for path in sorted(folder.rglob("*")):
+        if path.suffix in NOT_CHECKPOINTS or path.is_symlink() or not path.is_file():
+            continue
+        with path.open("rb") as handle:
+            if handle.read(1) != b"{":
+                continue
+        try:
+            load(path)
+        except CheckpointError:
+            continue  # not a checkpoint, or one a test broke on purpose
+        yield path, json.loads(path.read_bytes())
+
+
+@pytest.fixture(autouse=True)
+def checkpoints_match_the_schema(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    found: list[str] = []
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+
+    def check(document: Any) -> None:
+        found.extend(f"serialized envelope: {problem}" for problem in schema_violations(document))
+
+    def model_dump(self: Envelope, *args: Any, **kwargs: Any) -> Any:
+        document = dump_python(self, *args, **kwargs)
+        if kwargs.get("mode") == "json" and not kwargs.get("exclude") and not kwargs.get("include"):
+            check(document)
+        return document
+
+    def model_dump_json(self: Envelope, *args: Any, **kwargs: Any) -> str:
+        text = dump_json(self, *args, **kwargs)
+        if not kwargs.get("exclude") and not kwargs.get("include"):
+            check(json.loads(text))
+        return text
+
+    dump_python, dump_json = Envelope.model_dump, Envelope.model_dump_json
+    monkeypatch.setattr(Envelope, "model_dump", model_dump)
+    monkeypatch.setattr(Envelope, "model_dump_json", model_dump_json)
+    yield
+    if folder is not None:
+        for path, document in _left_checkpoints(folder):
+            found.extend(f"{path.name}: {problem}" for problem in schema_violations(document))
+    if found:
+        pytest.fail("checkpoints that docs/checkpoint.schema.json rejects:\n" + "\n".join(found[:20]), pytrace=False)

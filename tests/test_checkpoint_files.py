@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load
@@ -182,7 +183,6 @@ def test_the_committed_schema_is_current():
 
 
 def test_a_real_checkpoint_validates_against_the_schema(tmp_path):
-    jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((ROOT / "docs" / "checkpoint.schema.json").read_text(encoding="utf-8"))
     example = ROOT / "examples" / "approval"
     checkpoint = tmp_path / "cp.json"

@@ -1,11 +1,15 @@
 """Diagnostics as a user sees them: each broken file in tests/diagnostics/ through the CLI.
 
 Paths are relative (the test runs inside the fixture directory), so the
-snapshots hold exactly what a terminal shows.
+snapshots hold exactly what a terminal shows. Each fixture states on its
+first line the codes it must produce (`# expect: code, code`); the test
+holds the file to exactly those, so a snapshot update cannot quietly
+accept a different diagnosis.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,14 @@ from mklang.syntax.diagnostics import render_text
 
 FIXTURES = Path(__file__).resolve().parent / "diagnostics"
 BROKEN = sorted(FIXTURES.glob("*.mk"))
+EXPECT = "# expect: "
+
+
+def expected_codes(path: Path) -> set[str]:
+    """The codes a fixture's first line says it must produce."""
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith(EXPECT), f"{path.name}: the first line must be `{EXPECT}<code>, ...`"
+    return {code.strip() for code in first.removeprefix(EXPECT).split(",")}
 
 
 @pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
@@ -31,11 +43,16 @@ def test_broken_file_diagnostics(path, snapshot, monkeypatch):
     assert f"exit {result.exit_code}\n{result.stderr}" == snapshot
 
 
+@pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
+def test_broken_file_produces_the_codes_it_states(path, monkeypatch):
+    monkeypatch.chdir(FIXTURES)
+    result = CliRunner().invoke(app, ["check", "--format", "json", path.name])
+    assert {record["code"] for record in json.loads(result.stdout)} == expected_codes(path)
+
+
 def test_fixtures_cover_at_least_fifteen_distinct_codes(monkeypatch):
     monkeypatch.chdir(FIXTURES)
     result = CliRunner().invoke(app, ["check", "--format", "json", *[p.name for p in BROKEN]])
-    import json
-
     codes = {record["code"] for record in json.loads(result.stdout)}
     assert len(codes) >= 15
     syntax_messages = {record["message"] for record in json.loads(result.stdout) if record["code"] == "syntax"}

@@ -1,3 +1,4 @@
+# expect: budget-infeasible
 machine m
 entry a
 budget 3

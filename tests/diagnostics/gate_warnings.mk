@@ -1,3 +1,4 @@
+# expect: dead-gate, max-visits-under-repair, repair-only-otherwise, undeclared-hook
 machine m
 entry a
 budget 10

@@ -1,3 +1,4 @@
+# expect: invalid-string
 machine m
 entry a
 budget 10

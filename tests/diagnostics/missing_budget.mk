@@ -1,3 +1,4 @@
+# expect: missing-field
 machine m
 entry a
 

@@ -1,3 +1,4 @@
+# expect: no-face, no-output
 machine m
 entry a
 budget 10

@@ -1,3 +1,4 @@
+# expect: duplicate-state, no-gates
 machine m
 entry a
 budget 10

@@ -1,3 +1,4 @@
+# expect: no-path-to-end
 machine m
 entry a
 budget 10

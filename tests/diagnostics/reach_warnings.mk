@@ -1,3 +1,4 @@
+# expect: no-catch-all, undeclared-tool, unreachable-state, unwritten-context-key
 machine m
 entry a
 budget 10

@@ -1,3 +1,4 @@
+# expect: sample-too-small, sample-with-over
 machine m
 entry a
 budget 10

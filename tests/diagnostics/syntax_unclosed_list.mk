@@ -1,3 +1,4 @@
+# expect: syntax
 machine m
 entry a
 budget 10

@@ -1,3 +1,4 @@
+# expect: two-faces
 machine m
 entry a
 budget 10

@@ -1,3 +1,4 @@
+# expect: unknown-entry
 machine m
 entry start
 budget 10

@@ -1,3 +1,4 @@
+# expect: unknown-machine
 machine m
 entry a
 budget 10

@@ -1,3 +1,4 @@
+# expect: unknown-target, unreachable-state
 machine m
 entry a
 budget 10
