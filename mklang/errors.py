@@ -53,15 +53,3 @@ class CheckpointError(MklangError):
 
 class ProviderError(MklangError):
     """A model provider failed after its retries; the run halts `provider-error`."""
-
-
-def read_text(path, what: str) -> str:
-    """A user-supplied text file (`what` names it in errors), or one UsageError line."""
-    from pathlib import Path
-
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"{path}: cannot read the {what}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: the {what} is not UTF-8 text") from None

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mklang.errors import UsageError, read_text
+from mklang.errors import UsageError
+from mklang.limits import load_yaml, read_text
 from mklang.providers.scripted import ScriptedCallables, ScriptedProvider
 
 SCENARIO_KEYS = {"name", "input", "llm", "hooks", "tools", "run", "expect"}
@@ -70,7 +71,7 @@ def load_script(path: str | Path) -> list[Scenario]:
     path = Path(path)
     text = read_text(path, "script")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mklang.errors import CheckpointError
+from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 
 FORMAT = 1
 Status = Literal["running", "suspended", "done", "halted"]
@@ -154,7 +155,9 @@ def load(path: str | Path) -> Envelope:
     if not raw.strip():
         raise CheckpointError(f"{path}: the checkpoint is empty")
     try:
-        data = json.loads(raw)
+        data = load_json(raw, MAX_CHECKPOINT_DEPTH)
+    except NestingError as error:
+        raise CheckpointError(f"{path}: the checkpoint holds values {error}") from None
     except ValueError as error:
         raise CheckpointError(f"{path}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(data, dict):

@@ -27,6 +27,7 @@ from typing import Any
 from mklang.checkpoint.envelope import Envelope, dump, save, write_atomic
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError
+from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
 from mklang.providers.base import Produced, Usage, Verdict
 
 MIN_COMPACT_BYTES = 256 * 1024
@@ -192,7 +193,7 @@ def read_journal(checkpoint: str | Path, generation: int) -> list[dict[str, Any]
     records = []
     for line in raw.split(b"\n")[:-1]:  # the part after the last newline is torn
         try:
-            records.append(json.loads(line))
+            records.append(load_json(line, MAX_CHECKPOINT_DEPTH))
         except ValueError:
             break
     if not records or records[0].get("k") != "gen" or records[0].get("g") != generation:

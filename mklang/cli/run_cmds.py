@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
+from mklang.limits import NestingError, load_json, read_text
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import HostSettings
@@ -55,7 +55,9 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         if not sep or not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
             raise fail(f"--set expects K.PATH=VALUE, got {item!r}")
         try:
-            values[key] = json.loads(raw)
+            values[key] = load_json(raw)
+        except NestingError as error:
+            raise fail(f"--set {key}: the value is {error}") from None
         except ValueError:
             values[key] = raw
     return values
@@ -188,11 +190,9 @@ def run(
 
 
 def _read_input(path: Path) -> dict[str, Any]:
-    from mklang.errors import read_text
-
     text = read_text(path, "--input file")
     try:
-        data = json.loads(text)
+        data = load_json(text)
     except ValueError as error:
         raise fail(f"{path}: --input is not valid JSON: {error}") from None
     if not isinstance(data, dict):

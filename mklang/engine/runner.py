@@ -27,8 +27,9 @@ from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt, Interrupted, Suspend
 from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
+from mklang.limits import NestingError, load_json
 from mklang.model import END, Call, Gate, Machine, Produce, State, ToolUse
-from mklang.providers.base import Produced, Usage
+from mklang.providers.base import Produced, Usage, deadline
 
 MAX_CALL_DEPTH = 8
 FENCE_NOTICE = (
@@ -109,7 +110,8 @@ class Runtime:
             return answer
         with self._count_lock:
             self.live_calls[kind] += 1
-        value = live()
+        with deadline(self.control.deadline):
+            value = live()
         self.journal.record(key, kind, value)
         return value
 
@@ -341,8 +343,10 @@ def _parse(face: Produce, text: str, at: str) -> Any:
     fenced = _FENCE.match(text)
     body = fenced.group(1) if fenced else text
     try:
-        value = json.loads(body)
-    except ValueError as error:
+        value = load_json(body)
+    except NestingError as error:
+        raise Halt(f"state-error: parse-{face.parse}: the answer is {error}", at) from None
+    except json.JSONDecodeError as error:
         raise Halt(f"state-error: parse-{face.parse}: the answer is not JSON ({error.msg})", at) from None
     if face.parse == "list" and not isinstance(value, list):
         raise Halt(f"state-error: parse-list: expected a JSON array, got {type(value).__name__}", at)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from mklang.errors import UsageError, read_text
+from mklang.errors import UsageError
+from mklang.limits import read_text
 
 TIERS = ("fast", "balanced", "reasoning")
 KINDS = ("openai", "anthropic")
@@ -212,6 +213,8 @@ def _read(path: Path) -> HostConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{path}: invalid TOML: {error}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid TOML: values nested too deeply") from None
     where = str(path)
     _only_keys(data, {"tiers", "providers", "prices"}, where)
     providers: dict[str, ProviderConfig] = {}

@@ -30,28 +30,61 @@ _OPERATORS: dict[type, Callable[..., Any]] = {
 }
 
 
+# `calc` limits (docs/limits.md): a model writes the expression, so it must not
+# be able to make the host compute or print a number of millions of digits.
+CALC_MAX_LENGTH = 1000  # characters of one expression
+CALC_MAX_DIGITS = 100  # decimal digits of any operand or result
+CALC_MAX_EXPONENT = 64
+_CALC_LIMIT = 10**CALC_MAX_DIGITS
+
+
 def _arith(node: ast.AST) -> float | int:
+    """The value of an arithmetic node; every operand and result stays within the limits."""
     if isinstance(node, ast.Expression):
         return _arith(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _bounded(node.value, "operand")
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         left, right = _arith(node.left), _arith(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ValueError("exponent too large")
-        return _OPERATORS[type(node.op)](left, right)
+        if isinstance(node.op, ast.Pow):
+            _check_power(left, right)
+        return _bounded(_OPERATORS[type(node.op)](left, right), "result")
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
         return _OPERATORS[type(node.op)](_arith(node.operand))
     raise ValueError("only numbers and + - * / // % ** ( ) are allowed")
 
 
+def _check_power(base: float | int, exponent: float | int) -> None:
+    """Refuse a power before computing it when its result would be too large."""
+    if abs(exponent) > CALC_MAX_EXPONENT:
+        raise ValueError(f"exponent larger than {CALC_MAX_EXPONENT}")
+    if (
+        isinstance(base, int)
+        and abs(base) > 1
+        and exponent > 0
+        and len(str(abs(base))) * exponent > CALC_MAX_DIGITS + 1
+    ):
+        raise ValueError(f"result larger than {CALC_MAX_DIGITS} digits")
+
+
+def _bounded(value: float | int, what: str) -> float | int:
+    if isinstance(value, complex):
+        raise ValueError(f"{what} is not a real number")
+    if not abs(value) < _CALC_LIMIT:  # also refuses inf and nan
+        raise ValueError(f"{what} larger than {CALC_MAX_DIGITS} digits")
+    return value
+
+
 def calc(input: dict) -> str:
     """Built-in tool: evaluate an arithmetic `expression` without `eval`."""
     expression = str(input.get("expression", ""))
+    shown = expression if len(expression) <= 80 else expression[:77] + "..."
     try:
+        if len(expression) > CALC_MAX_LENGTH:
+            raise ValueError(f"longer than {CALC_MAX_LENGTH} characters")
         value = _arith(ast.parse(expression, mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError) as error:
-        raise ValueError(f"cannot evaluate {expression!r}: {error}") from None
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError) as error:
+        raise ValueError(f"cannot evaluate {shown!r}: {error}") from None
     return str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 

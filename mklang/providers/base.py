@@ -6,6 +6,10 @@ engine's hot loop.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -90,3 +94,26 @@ class Provider(Protocol):
         context: dict[str, Any],
         tier: str,
     ) -> Verdict: ...
+
+
+# The run's wall-clock deadline, for the calls made while it is set. The engine
+# sets it around every provider call (in whichever thread makes it), so an
+# HTTP client can shorten its timeouts and give up retrying when `--max-time`
+# would pass, instead of waiting out a full timeout on a hanging server.
+_deadline: ContextVar[float | None] = ContextVar("mklang_deadline", default=None)
+
+
+@contextmanager
+def deadline(when: float | None) -> Iterator[None]:
+    """Calls inside must finish by `when`, a `time.monotonic()` value (None: no deadline)."""
+    token = _deadline.set(when)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def seconds_left() -> float | None:
+    """Seconds until the current deadline (negative once passed), or None without one."""
+    when = _deadline.get()
+    return None if when is None else when - time.monotonic()

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from mklang.errors import ProviderError, UsageError
+from mklang.limits import load_yaml, read_text
 from mklang.providers.base import Produced, Provider, Usage, Verdict
 
 FORMAT = 1
@@ -202,12 +203,10 @@ def _lines(request: dict[str, Any]) -> list[str]:
 
 def load(path: Path) -> list[dict[str, Any]]:
     """The exchanges of a cassette file; `UsageError` when it cannot be used."""
+    if not path.is_file():
+        raise UsageError(f"cassette not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"cassette not found: {path}") from None
-    except OSError as error:
-        raise UsageError(f"cannot read cassette {path}: {error.strerror}") from None
+        data = load_yaml(read_text(path, "cassette"))
     except yaml.YAMLError as error:
         raise UsageError(f"{path}: not a valid YAML cassette: {error}") from None
     if (

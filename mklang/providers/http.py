@@ -22,6 +22,7 @@ import httpx
 
 from mklang.errors import ProviderError
 from mklang.host.config import ProviderConfig
+from mklang.providers.base import seconds_left
 
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 REASON_LIMIT = 200
@@ -75,11 +76,12 @@ class HttpTransport:
         name = self.config.name
         attempts = self.config.retries + 1
         for attempt in range(attempts):
+            timeout = self._timeout()
             try:
                 with self._slots:
-                    response = self._client.post(path, json=body)
+                    response = self._client.post(path, json=body, timeout=timeout)
             except httpx.TimeoutException:
-                failure, delay = f"timeout: no answer within {self.config.timeout:g}s", None
+                failure, delay = f"timeout: no answer within {timeout.read:.3g}s", None
             except httpx.TransportError as error:
                 failure, delay = f"connection-error: {self._clean(str(error) or type(error).__name__)}", None
             else:
@@ -91,8 +93,22 @@ class HttpTransport:
                 delay = retry_after(response.headers.get("retry-after"))
             if attempt + 1 == attempts:
                 break
-            self._sleep(self._delay(attempt, delay))
+            pause = self._delay(attempt, delay)
+            left = seconds_left()
+            if left is not None and pause >= left:
+                raise ProviderError(f"{name} {failure} (no time left for a retry before the --max-time deadline)")
+            self._sleep(pause)
         raise ProviderError(f"{name} {failure} (after {attempts} attempt{'s' if attempts > 1 else ''})")
+
+    def _timeout(self) -> httpx.Timeout:
+        """The configured timeouts, shortened to what is left before the run's deadline."""
+        left = seconds_left()
+        if left is not None and left <= 0:
+            raise ProviderError(f"{self.config.name} timeout: the --max-time deadline passed before the request")
+        read, connect = self.config.timeout, self.config.connect_timeout
+        if left is not None:
+            read, connect = min(read, left), min(connect, left)
+        return httpx.Timeout(read, connect=connect, pool=read)
 
     def _delay(self, attempt: int, retry_after_seconds: float | None) -> float:
         """The server's Retry-After when it gave one, else exponential backoff with jitter."""

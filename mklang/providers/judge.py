@@ -14,6 +14,7 @@ import re
 import secrets
 from typing import Any
 
+from mklang.limits import load_json
 from mklang.providers.base import NONE, UNPARSEABLE, Choice
 
 SYSTEM = (
@@ -79,7 +80,7 @@ def parse_choice(text: str, count: int) -> tuple[Choice, str | None]:
 
 def _read_number(text: str) -> tuple[int | None, str | None]:
     try:
-        data = json.loads(text)
+        data = load_json(text)
     except ValueError:
         data = None
     if isinstance(data, dict) and set(data) == {"choice"}:

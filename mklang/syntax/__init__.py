@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mklang.errors import Diagnostic, LoadError
+from mklang.limits import UnreadableText, read_bounded
 from mklang.model import Machine
 from mklang.syntax.parser import parse
 
@@ -23,11 +24,10 @@ def load_file(path) -> Machine:
     path = Path(path)
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        text = read_bounded(path)
+    except UnreadableText as error:
         raise LoadError(
-            [Diagnostic(name, 1, 1, 1, 1, "error", "unreadable", f"cannot read the file: {reason}")]
+            [Diagnostic(name, 1, 1, 1, 1, "error", "unreadable", f"cannot read the file: {error.reason}")]
         ) from None
     if path.suffix.lower() in YAML_SUFFIXES:
         from mklang.syntax.yaml_front import parse_yaml

@@ -266,8 +266,10 @@ def parse_yaml(text: str, filename: str | None = None) -> Machine:
     """A YAML machine document as a `Machine`; raises MkSyntaxError with YAML positions."""
     import yaml
 
+    from mklang.limits import compose_yaml
+
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = compose_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)

@@ -1,0 +1,125 @@
+"""Reading user-supplied data (files, YAML, JSON) within fixed limits (docs/limits.md).
+
+Scenario scripts, configs, machines, `--input`, `--set` values, cassettes,
+model answers under `parse json` and checkpoints can all come from someone
+else. Each is read through this module, so an alias bomb, a huge file or a
+value nested a thousand deep is refused with one line before it can exhaust
+memory, the stack or a later resume. The limits are far above what real
+machines, scripts and data need.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mklang.errors import UsageError
+
+MAX_FILE_BYTES = 8 * 1024 * 1024  # any one file read as text
+MAX_DEPTH = 64  # nesting of JSON and YAML values (lists and maps inside each other)
+MAX_CHECKPOINT_DEPTH = 3 * MAX_DEPTH  # a checkpoint nests values inside frames, steps and sub-traces
+MAX_YAML_NODES = 100_000  # YAML values counted with every alias expanded
+MAX_YAML_ALIASES = 1_000  # `*name` references in one YAML document
+
+
+class UnreadableText(Exception):
+    """A text file that cannot be used; `reason` says why in a few words."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NestingError(ValueError):
+    """A JSON value nested deeper than the limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"nested more than {limit} levels deep")
+
+
+def read_bounded(path: str | Path) -> str:
+    """The UTF-8 text of a file of at most `MAX_FILE_BYTES`; `UnreadableText` otherwise."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise UnreadableText(error.strerror or type(error).__name__) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise UnreadableText(f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnreadableText("not UTF-8 text") from None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A user-supplied text file (`what` names it in errors), or one UsageError line."""
+    try:
+        return read_bounded(path)
+    except UnreadableText as error:
+        raise UsageError(f"{path}: cannot read the {what}: {error.reason}") from None
+
+
+# -- JSON ---------------------------------------------------------------------
+
+
+def load_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """`json.loads` that refuses values nested deeper than `max_depth` (`NestingError`)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise NestingError(max_depth) from None
+    if json_depth(value) > max_depth:
+        raise NestingError(max_depth)
+    return value
+
+
+def json_depth(value: Any) -> int:
+    """How deep lists and maps nest in `value` (a scalar is 0), without recursion."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+# -- YAML ---------------------------------------------------------------------
+
+
+def compose_yaml(text: str) -> Any:
+    """The node tree of a one-document YAML text (None when empty), within the limits.
+
+    Parsing uses libyaml when PyYAML has it (same marks as the pure-Python
+    parser, which still words syntax errors, so messages do not depend on the
+    install); the limits are checked event by event, before the composer
+    recurses or an alias is followed, so no document can exhaust the stack
+    or memory. Errors are `yaml.MarkedYAMLError`s with a position.
+    """
+    import yaml
+
+    from mklang.yaml_composer import LimitError, compose
+
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is None:
+        return compose(yaml.SafeLoader(text))
+    try:
+        return compose(fast(text))
+    except LimitError:
+        raise
+    except yaml.YAMLError:  # the pure-Python parser words syntax errors as they always were
+        return compose(yaml.SafeLoader(text))
+
+
+def load_yaml(text: str) -> Any:
+    """The data of a one-document YAML text with the safe types, within the limits."""
+    import yaml
+
+    node = compose_yaml(text)
+    return None if node is None else yaml.constructor.SafeConstructor().construct_document(node)

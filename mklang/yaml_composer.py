@@ -1,0 +1,80 @@
+"""The YAML composer behind `mklang.limits.compose_yaml` (imported only when YAML is read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from mklang.limits import MAX_DEPTH, MAX_YAML_ALIASES, MAX_YAML_NODES
+
+
+class LimitError(yaml.MarkedYAMLError):
+    """A document over one of the limits (not a syntax error)."""
+
+
+class LimitedComposer(yaml.composer.Composer, yaml.resolver.Resolver):
+    """PyYAML's composer fed by a parser's events, counting depth, nodes and aliases."""
+
+    def __init__(self, parser: Any):
+        yaml.composer.Composer.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+        self._parser = parser
+        self._open: list[tuple[str | None, int]] = []  # (anchor, expanded size so far) of open collections
+        self._sizes: dict[str, int] = {}  # expanded size of each closed anchor
+        self._nodes = 0
+        self._aliases = 0
+
+    def check_event(self, *choices: Any) -> bool:
+        return bool(self._parser.check_event(*choices))
+
+    def peek_event(self) -> Any:
+        return self._parser.peek_event()
+
+    def get_event(self) -> Any:
+        event = self._parser.get_event()
+        self._count(event)
+        return event
+
+    def _count(self, event: Any) -> None:
+        if isinstance(event, yaml.events.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                self._refuse(event, f"the document has more than {MAX_YAML_ALIASES} aliases")
+            if any(anchor == event.anchor for anchor, _ in self._open):
+                self._refuse(event, f"the alias *{event.anchor} refers to a value that contains it")
+            self._add(event, self._sizes.get(event.anchor, 1))
+        elif isinstance(event, yaml.events.ScalarEvent):
+            self._add(event, 1)
+            if event.anchor:
+                self._sizes[event.anchor] = 1
+        elif isinstance(event, yaml.events.CollectionStartEvent):
+            if len(self._open) >= MAX_DEPTH:
+                self._refuse(event, f"the document nests values more than {MAX_DEPTH} levels deep")
+            self._open.append((event.anchor, 1))
+        elif isinstance(event, yaml.events.CollectionEndEvent):
+            anchor, size = self._open.pop()
+            if anchor:
+                self._sizes[anchor] = size
+            self._add(event, size)
+
+    def _add(self, event: Any, size: int) -> None:
+        """Count `size` expanded nodes into the enclosing collection (or the document)."""
+        if self._open:
+            anchor, open_size = self._open[-1]
+            self._open[-1] = (anchor, open_size + size)
+        else:
+            self._nodes += size
+        if self._nodes + sum(open_size for _, open_size in self._open) > MAX_YAML_NODES:
+            self._refuse(event, f"the document has more than {MAX_YAML_NODES} values once aliases are expanded")
+
+    def _refuse(self, event: Any, problem: str) -> None:
+        raise LimitError(problem=problem, problem_mark=event.start_mark)
+
+
+def compose(parser: Any) -> Any:
+    """The single document's node tree (None when empty); the parser is disposed of."""
+    try:
+        return LimitedComposer(parser).get_single_node()
+    finally:
+        parser.dispose()

@@ -1,0 +1,206 @@
+"""Hostile input is refused with one line (exit 2) before any spend, or ends in a clean halt.
+
+One test per attack of issue 10 item 8; the limits are in docs/limits.md.
+Every run is a real `python -m mklang` subprocess of this tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fakeserver
+from fakeserver import FakeServer, answer
+
+from mklang.limits import MAX_DEPTH
+
+ROOT = Path(__file__).resolve().parents[2]
+
+JSON_MACHINE = """\
+mklang 0.4
+machine deep
+entry ask
+budget 3
+
+state ask {
+  prompt "Give JSON about {{topic}}"
+  structure "JSON"
+  parse json
+  output data
+  otherwise -> END
+}
+"""
+
+
+def mklang(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 60):
+    """Run this tree's CLI; returns the completed process (text mode)."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    environment.pop("MKLANG_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "mklang", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit 2 with one `mklang: error:` line on stderr that holds every needle, and no traceback."""
+    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-500:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Path:
+    path = tmp_path / "deep.mk"
+    path.write_text(JSON_MACHINE)
+    return path
+
+
+# -- HTTP deadline ----------------------------------------------------------------
+
+
+def test_max_time_holds_against_a_hanging_server(machine: Path):
+    """A server that never answers: `--max-time 2s` ends the run about then, retries included."""
+    with FakeServer() as server:
+        server.fallback = answer("{}", delay=60)
+        started = time.monotonic()
+        done = mklang(
+            "run", str(machine), "--set", "topic=x", "--max-time", "2s", "--provider", "openai", "--model", "m",
+            "--format", "json",
+            env={"OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "sk-test"},
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    result = json.loads(done.stdout)
+    assert done.returncode == 1 and result["status"] == "halted", done.stdout
+    assert "--max-time deadline" in result["error"]
+    assert elapsed < 6, f"took {elapsed:.1f}s (the default timeout is 120s, with 3 retries)"
+
+
+# -- YAML: alias bombs, depth, size -------------------------------------------------
+
+
+def alias_bomb(indent: str = "") -> str:
+    """Nine levels of nine aliases each: 387 million values once expanded."""
+    lines = [f"{indent}l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for level in range(1, 9):
+        lines.append(f"{indent}l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+def script(input_yaml: str = "      topic: x\n", produce: str = '{"a": 1}') -> str:
+    return f"scenarios:\n  - name: s\n    input:\n{input_yaml}    llm:\n      produce: [{json.dumps(produce)}]\n"
+
+
+def test_alias_bomb_in_a_scenario_input_is_refused(machine: Path, tmp_path: Path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(script(alias_bomb("      ")))
+    done = mklang("run", str(machine), "--script", str(bomb), timeout=20)
+    one_line_error(done, f"{bomb}:", "values once aliases are expanded")
+
+
+def test_alias_bomb_in_a_yaml_machine_context_is_a_diagnostic(tmp_path: Path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(
+        "machine: m\nentry: a\nbudget: 2\ncontext:\n"
+        + alias_bomb("  ")
+        + "states:\n  a:\n    tool: t\n    output: o\n    gates:\n      - {to: END}\n"
+    )
+    done = mklang("check", str(path), timeout=20)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{path}:" in done.stderr and "once aliases are expanded" in done.stderr
+
+
+def test_yaml_nested_a_hundred_thousand_deep_is_refused(machine: Path, tmp_path: Path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(script(f"      topic: {'[' * 100_000}\n"))
+    one_line_error(mklang("run", str(machine), "--script", str(deep)), "more than 64 levels deep")
+
+
+def test_a_recursive_alias_is_refused(machine: Path, tmp_path: Path):
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(script("      topic: &t [x, *t]\n"))
+    one_line_error(mklang("run", str(machine), "--script", str(loop)), "refers to a value that contains it")
+
+
+def test_a_script_larger_than_the_document_limit_is_refused(machine: Path, tmp_path: Path):
+    big = tmp_path / "big.yaml"
+    big.write_text(script(f"      topic: {'x' * (9 * 1024 * 1024)}\n"))
+    one_line_error(mklang("run", str(machine), "--script", str(big)), "larger than 8 MiB")
+
+
+# -- JSON nesting depth --------------------------------------------------------------
+
+
+def test_input_nested_too_deep_is_refused(machine: Path, tmp_path: Path):
+    data = tmp_path / "in.json"
+    data.write_text('{"topic": ' + nested(1_000) + "}")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(script())
+    done = mklang("run", str(machine), "--script", str(plain), "--input", str(data))
+    one_line_error(done, "--input", f"nested more than {MAX_DEPTH} levels deep")
+
+
+def test_set_value_nested_too_deep_is_refused(machine: Path, tmp_path: Path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(script())
+    done = mklang("run", str(machine), "--script", str(plain), "--set", f"topic={nested(MAX_DEPTH + 1)}")
+    one_line_error(done, "--set topic", "nested more than")
+
+
+def test_deep_answer_under_parse_json_halts_and_the_checkpoint_still_reads(machine: Path, tmp_path: Path):
+    answers = tmp_path / "answers.yaml"
+    answers.write_text(script(produce=nested(300)))
+    checkpoint = tmp_path / "cp.json"
+    done = mklang("run", str(machine), "--script", str(answers), "--checkpoint", str(checkpoint), "--format", "json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 1, done.stderr
+    assert result["error"] == f"state-error: parse-json: the answer is nested more than {MAX_DEPTH} levels deep"
+    shown = mklang("show", str(checkpoint), "--format", "json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "halted", shown.stderr
+
+
+def test_checkpoint_nested_too_deep_is_refused(tmp_path: Path):
+    checkpoint = tmp_path / "cp.json"
+    checkpoint.write_text('{"format": 1, "frames": ' + nested(5_000) + "}")
+    one_line_error(mklang("resume", str(checkpoint)), f"{checkpoint}:", "nested more than")
+
+
+# -- calc ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "expression, problem",
+    [
+        ("(((9**64)**64)**64)**64", "result larger than 100 digits"),
+        ("9**64**64", "larger than 100 digits"),
+        ("1" * 500, "operand larger than 100 digits"),
+        ("1e308 * 10", "operand larger than 100 digits"),
+        ("2.0 ** 63 * 2.0 ** 63 * 2.0 ** 63 * 2.0 ** 63 * 2.0 ** 63 * 2.0 ** 63", "result larger than 100 digits"),
+        ("-" * 5_000 + "1", "longer than 1000 characters"),
+        ("(-8) ** 0.5", "not a real number"),
+    ],
+)
+def test_calc_refuses_huge_numbers_at_once(expression: str, problem: str):
+    from mklang.host.registry import calc
+
+    with pytest.raises(ValueError, match="cannot evaluate") as refused:
+        calc({"expression": expression})
+    assert problem in str(refused.value) and len(str(refused.value)) < 200
+    assert calc({"expression": "2 ** 64 - 1"}) == "18446744073709551615"
