@@ -87,9 +87,11 @@ def test_a_fan_out_step_records_its_branches_and_charges_one_step_each():
 
 
 def test_fan_out_charges_max_1_n_steps_against_the_budget():
-    result = run_mk(over_items(["a", "b", "c"], budget=7, then="each"), provider=SlowEcho({}))
-    # 3 + 3 steps leave 1 < 3 but the loop-top only checks steps >= budget: a third fan-out runs.
-    assert (result.status, result.error, len(result.trace)) == ("halted", "budget-exhausted", 3)
+    provider = SlowEcho({})
+    result = run_mk(over_items(["a", "b", "c"], budget=7, then="each"), provider=provider)
+    # 3 + 3 steps leave 1: the third fan-out launches one branch, then halts at its state.
+    assert (result.status, result.error, result.at, len(result.trace)) == ("halted", "budget-exhausted", "each", 2)
+    assert result.usage.tokens == 7 * 2  # 3 + 3 + 1 branches: the cut fan-out's spend counts
 
 
 def test_gates_judge_the_whole_list():
@@ -174,10 +176,43 @@ def test_branches_never_suspend(tmp_path):
           otherwise -> a
         }
     """
+    machine = write_machines(tmp_path, parent, child.replace("budget 10", "budget 2"))
+    # A branch's own step budget is the branch's business: it fails into a marker.
+    result = run_mk(machine, llm={"tokens": [5, 5]}, suspendable=True)
+    assert result.status == "done"
+    assert result.result == ["[branch-error: call-failed: budget-exhausted]"] * 2
+
+
+def test_a_run_wide_ceiling_inside_branches_suspends_the_fan_out_instead_of_a_marker(tmp_path):
+    parent = """
+        machine cut_fan
+        entry each
+        budget 5
+        context { xs: ["a", "b"] }
+        state each {
+          over xs
+          call cut_fan_child
+          output o
+          otherwise -> END
+        }
+    """
+    child = """
+        machine cut_fan_child
+        entry a
+        budget 10
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> a
+        }
+    """
     machine = write_machines(tmp_path, parent, child)
     result = run_mk(machine, llm={"tokens": [5, 5]}, max_tokens=25, suspendable=True)
-    assert result.status == "done"
-    assert result.result == ["[branch-error: call-failed: cost-exhausted]"] * 2
+    assert (result.status, result.reason, result.at) == ("suspended", "cost-exhausted", "each")
+    assert result.usage.tokens == 30  # the call that crossed 25 was in flight; both branches' spend counts
+    halted = run_mk(machine, llm={"tokens": [5, 5]}, max_tokens=25)
+    assert (halted.status, halted.error, halted.at, halted.usage.tokens) == ("halted", "cost-exhausted", "each", 30)
 
 
 def test_at_most_8_branches_run_at_once_by_default():

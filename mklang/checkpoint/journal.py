@@ -86,7 +86,7 @@ class FileJournal:
         envelope = self.envelope.model_copy(
             update=dict(
                 frames=[frame.to_json() for frame in chain],
-                usage=sum((frame.usage for frame in chain), Usage()).to_json(),
+                usage=sum((frame.spent for frame in chain), Usage()).to_json(),
                 generation=generation,
                 **self._host_update(),
                 **fields,

@@ -134,7 +134,9 @@ def run(
 def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool) -> RunResult:
     """Run (or resume) the chain `frames`, root first, and report the outcome."""
     root = frames[0]
-    level = Level(root, 0, caps, suspendable, False, "r", [])
+    rt.caps = caps
+    rt.spent = sum((frame.spent for frame in frames), Usage())
+    level = Level(root, 0, suspendable, False, "r", [])
     try:
         run_frame(rt, level, frames[1:] or None)
     except Halt as halt:
@@ -144,7 +146,7 @@ def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool
     except Suspend as suspend:
         innermost = suspend.frames[-1]
         # Each frame counts its own spend; the run's spend so far is their sum.
-        spent = sum((frame.usage for frame in suspend.frames[1:]), root.usage)
+        spent = sum((frame.spent for frame in suspend.frames[1:]), root.spent)
         result = RunResult(
             "suspended",
             suspend.reason,

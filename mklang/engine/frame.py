@@ -39,6 +39,20 @@ class Frame:
     visits: dict[str, int] = field(default_factory=dict)
     trace: list[dict[str, Any]] = field(default_factory=list)
     last_output: Any = None
+    # Finished branches of the fan-out a budget cut short at this loop-top, by index:
+    # resume launches only the others (SPEC section 4, "Budgets across fan-out").
+    branches: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def spent(self) -> Usage:
+        """What this level has paid for: its steps, plus the kept branches of a cut fan-out."""
+        return sum((Usage.from_json(branch["usage"]) for branch in self.branches.values()), self.usage)
+
+    def keep_branches(self, done: dict[int, dict[str, Any]], lost: Usage) -> None:
+        """Park a fan-out cut short: keep its finished branches; `lost` is what branches
+        stopped mid-way spent (they run again on resume), counted in this level's usage."""
+        self.branches = done
+        self.usage = self.usage + lost
 
     @classmethod
     def start(cls, machine: Machine, inputs: dict[str, Any] | None = None, tainted: set[str] | None = None) -> Frame:
@@ -85,6 +99,7 @@ class Frame:
         if record.get("repair") is not None:
             self.repair_left[(name, record["repair"])] -= 1
         self.feedback = record.get("feedback")
+        self.branches = {}
         self.trace.append(step)
         if step.get("to") is not None:
             self.state = step["to"]
@@ -126,6 +141,11 @@ class Frame:
             "visits": dict(sorted(self.visits.items())),
             "trace": self.trace,
             "last_output": self.last_output,
+            **(
+                {"branches": [[index, branch] for index, branch in sorted(self.branches.items())]}
+                if self.branches
+                else {}
+            ),
         }
 
     @classmethod
@@ -143,4 +163,5 @@ class Frame:
             visits={k: int(v) for k, v in data.get("visits", {}).items()},
             trace=list(data.get("trace", [])),
             last_output=data.get("last_output"),
+            branches={int(index): branch for index, branch in data.get("branches", [])},
         )

@@ -16,15 +16,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from mklang.engine.frame import Frame
 from mklang.engine.gates import select_gate
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
 from mklang.engine.keys import Calls
-from mklang.engine.signals import Halt, Interrupted, Suspend
+from mklang.engine.signals import Halt, Interrupted, Stopped, Suspend
 from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.limits import NestingError, load_json
@@ -48,21 +48,47 @@ class Control:
 
 @dataclass
 class Caps:
-    """What a run level may still spend: the host budgets minus its ancestors' spend."""
+    """The host's token and dollar budgets of the whole run (None: no ceiling)."""
 
     tokens: int | None = None
     cost: float | None = None
-
-    def minus(self, usage: Usage) -> Caps:
-        return Caps(
-            None if self.tokens is None else self.tokens - usage.tokens,
-            None if self.cost is None else self.cost - usage.cost_usd,
-        )
 
     def spent(self, usage: Usage) -> bool:
         return (self.tokens is not None and usage.tokens >= self.tokens) or (
             self.cost is not None and usage.cost_usd >= self.cost
         )
+
+
+class Workers:
+    """The run's one concurrency limit: at most `limit` threads work for it, the caller included.
+
+    A fan-out hands a branch to a new thread only while a slot is free and runs it
+    itself otherwise, so nested fan-outs (inside calls or branches) never wait for
+    each other's slots and never multiply threads. Each thread makes one model or
+    tool call at a time, so calls in flight never exceed `limit` either.
+    """
+
+    def __init__(self, limit: int):
+        self._spare = threading.Semaphore(limit - 1)
+
+    def spawn(self, task: Callable[[], Any]) -> Future | None:
+        """Run `task` on a thread of its own, or return None when every slot is taken."""
+        if not self._spare.acquire(blocking=False):
+            return None
+        future: Future = Future()
+
+        def work() -> None:
+            try:
+                value = task()
+            except BaseException as error:  # handed to the waiting fan-out, which re-raises it
+                self._spare.release()
+                future.set_exception(error)
+            else:
+                self._spare.release()
+                future.set_result(value)
+
+        threading.Thread(target=work, name="mklang-branch", daemon=True).start()
+        return future
 
 
 class NullJournal:
@@ -93,6 +119,8 @@ class Runtime:
     hooks: Any
     load_machine: Callable[[str, str | None], Machine]
     concurrency: int = 8
+    caps: Caps = field(default_factory=Caps)
+    spent: Usage = field(default_factory=Usage)  # the whole run's spend, every level and branch, live
     hitl: bool = False
     control: Control = field(default_factory=Control)
     journal: Any = field(default_factory=NullJournal)
@@ -101,18 +129,26 @@ class Runtime:
     live_calls: Counter = field(default_factory=Counter)  # calls this process paid for, by kind
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    workers: Workers = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.workers = Workers(self.concurrency)
 
     def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
         """Every model and tool call goes through here: the journal answers it when it
-        completed before a crash; otherwise it runs, is counted and is journaled."""
-        answer = self.journal.replay(key, kind, name)
-        if answer is not None:
-            return answer
-        with self._count_lock:
-            self.live_calls[kind] += 1
-        with deadline(self.control.deadline):
-            value = live()
-        self.journal.record(key, kind, value)
+        completed before a crash; otherwise it runs, is counted and is journaled.
+        Either way its spend joins the run's live total, which every budget check reads."""
+        value = self.journal.replay(key, kind, name)
+        if value is None:
+            with self._count_lock:
+                self.live_calls[kind] += 1
+            with deadline(self.control.deadline):
+                value = live()
+            self.journal.record(key, kind, value)
+        usage = getattr(value, "usage", None)
+        if usage is not None:
+            with self._count_lock:
+                self.spent = self.spent + usage
         return value
 
     def states(self, machine: Machine) -> dict[str, State]:
@@ -125,14 +161,11 @@ class Runtime:
 class Level:
     """One run level in flight: its frame plus where it sits in the run."""
 
-    __slots__ = ("branch", "caps", "chain", "depth", "frame", "scope", "suspendable")
+    __slots__ = ("branch", "chain", "depth", "frame", "scope", "suspendable")
 
-    def __init__(
-        self, frame: Frame, depth: int, caps: Caps, suspendable: bool, branch: bool, scope: str, chain: list[Frame]
-    ):
+    def __init__(self, frame: Frame, depth: int, suspendable: bool, branch: bool, scope: str, chain: list[Frame]):
         self.frame = frame
         self.depth = depth
-        self.caps = caps
         self.suspendable = suspendable and not branch  # fan-out branches never suspend
         self.branch = branch
         self.scope = scope
@@ -153,13 +186,9 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             rt.journal.loop_top(level.chain)
             if rt.observer is not None:
                 rt.observer(level.chain)
-        reason = _loop_top_reason(rt, level)
+        reason = exhausted(rt, level)
         if reason:
-            if level.suspendable:
-                raise Suspend(frame, reason)
-            if reason == "interrupted":
-                raise Interrupted(frame.state)
-            raise Halt(reason, frame.state)
+            _stop(level, reason)
         state = states[frame.state]
         visits = frame.visits.get(state.name, 0) + 1
         if state.max_visits is not None and visits > state.max_visits:
@@ -172,6 +201,11 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             raise Halt(f"provider-error: {error}", state.name) from None
         except Suspend as suspend:
             suspend.frames.insert(0, frame)
+            raise
+        except _Cut as cut:
+            _stop(level, cut.reason, cut.usage)
+        except Stopped as stopped:  # a level below, inside this branch, stopped: count this level's spend
+            stopped.usage = frame.usage + stopped.usage
             raise
         resume = None
         frame.apply(state, record)
@@ -188,12 +222,18 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             raise Suspend(frame, "escalated", ask=gate.ask, reply_to=gate.effective_reply_to)
 
 
-def _loop_top_reason(rt: Runtime, level: Level) -> str | None:
-    """SPEC section 4 guard order: steps, then token/cost (and time), then interrupts."""
+def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
+    """Why `level` may not start another state, or another branch of a fan-out that has
+    `launched` branches already; None when it may. The one budget check: loop-tops and
+    fan-outs both call it. SPEC section 4 order: steps, token/cost (then time), interrupts.
+
+    Tokens, dollars and time are the whole run's (every level, every branch, live);
+    steps are the level's own, a branch counting one.
+    """
     frame = level.frame
-    if frame.steps >= frame.budget:
+    if frame.steps + launched >= frame.budget:
         return "budget-exhausted"
-    if level.caps.spent(frame.usage):
+    if rt.caps.spent(rt.spent):
         return "cost-exhausted"
     control = rt.control
     if control.deadline is not None and time.monotonic() >= control.deadline:
@@ -201,6 +241,30 @@ def _loop_top_reason(rt: Runtime, level: Level) -> str | None:
     if control.interrupted.is_set() and not level.branch:
         return "interrupted"
     return None
+
+
+def _stop(level: Level, reason: str, usage: Usage | None = None) -> NoReturn:
+    """End `level` at its loop-top for `reason`: suspend when it can; inside a fan-out
+    branch stop the branch for a run-wide ceiling; else halt (or stop at once on an
+    interrupt). `usage` is what the state had spent before it was cut short."""
+    frame = level.frame
+    usage = usage if usage is not None else Usage()
+    if level.suspendable:
+        raise Suspend(frame, reason)
+    if reason == "interrupted":
+        raise Interrupted(frame.state)
+    if level.branch and reason != "budget-exhausted":
+        raise Stopped(reason, frame.usage + usage)
+    raise Halt(reason, frame.state, usage)
+
+
+class _Cut(Exception):
+    """A fan-out stopped launching branches (a budget, the clock or an interrupt)."""
+
+    def __init__(self, reason: str, usage: Usage):
+        super().__init__(reason)
+        self.reason = reason
+        self.usage = usage
 
 
 def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | None):
@@ -387,7 +451,6 @@ def _call(
     if level.depth + 1 > MAX_CALL_DEPTH:
         raise Halt("call-depth-exceeded", state.name)
     frame = level.frame
-    caps = level.caps.minus(frame.usage)
     child_scope = f"{calls.prefix}/"
     if resume:
         child_frame, below = resume[0], resume[1:]
@@ -405,9 +468,7 @@ def _call(
         below = None
         if not (level.branch or branch):
             rt.journal.enter(level.depth + 1, child_frame)
-    child = Level(
-        child_frame, level.depth + 1, caps, level.suspendable, level.branch or branch, child_scope, level.chain
-    )
+    child = Level(child_frame, level.depth + 1, level.suspendable, level.branch or branch, child_scope, level.chain)
     try:
         run_frame(rt, child, below)
     except Halt as halted:
@@ -416,7 +477,12 @@ def _call(
 
 
 def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
-    """Run the branches of `sample N` / `over path`; outputs keep input order."""
+    """Run the branches of `sample N` / `over path`; outputs keep input order.
+
+    Before each branch launches, `exhausted` decides whether it may; once it may
+    not, the branches in flight finish and the fan-out is cut (`_Cut`): the
+    level suspends with the finished branches kept in its frame, or halts.
+    """
     frame = level.frame
     if state.over is not None:
         items = lookup(frame.context, state.over)
@@ -452,12 +518,42 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
         return record
 
     count = len(locals_list)
-    workers = max(1, min(rt.concurrency, count))
-    if workers == 1:
-        branches = [branch(i) for i in range(count)]
-    else:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mklang-branch") as pool:
-            branches = list(pool.map(branch, range(count)))
+    done = {i: record for i, record in frame.branches.items() if i < count}
+    kept = set(done)
+    running: dict[int, Future] = {}
+    reason = None
+    for i in range(count):
+        if i in kept:
+            continue
+        reason = exhausted(rt, level, len(done) + len(running))
+        if reason:
+            break
+        future = rt.workers.spawn(lambda i=i: branch(i))
+        if future is None:  # no slot free: this thread runs the branch itself
+            future = Future()
+            try:
+                future.set_result(branch(i))
+            except Exception as error:
+                future.set_exception(error)
+        running[i] = future
+        if future.done() and future.exception() is not None:
+            break
+    lost, failure = Usage(), None
+    for i, future in running.items():
+        try:
+            done[i] = future.result()
+        except Stopped as stopped:  # a run-wide ceiling stopped this branch mid-way
+            reason, lost = reason or stopped.reason, lost + stopped.usage
+        except BaseException as error:  # after every branch in flight has finished
+            failure = failure or error
+    if failure is not None:
+        raise failure
+    if len(done) < count:
+        new = sum((Usage.from_json(done[i]["usage"]) for i in done if i not in kept), lost)
+        if level.suspendable:
+            frame.keep_branches(done, lost)
+        raise _Cut(reason or "budget-exhausted", new)
+    branches = [done[i] for i in range(count)]
     usage = Usage()
     for record in branches:
         usage = usage + Usage.from_json(record["usage"])

@@ -36,3 +36,16 @@ class Suspend(Exception):
 
 class Interrupted(Exception):
     """An interrupt reached a run that cannot suspend: it ends at once (exit 130)."""
+
+
+class Stopped(Exception):
+    """A run-wide ceiling (tokens, dollars, time) stopped a level inside a fan-out branch.
+
+    Branches cannot suspend, so the branch is not done: the fan-out keeps it out of
+    its list and stops launching. `usage` is what the branch spent before it stopped.
+    """
+
+    def __init__(self, reason: str, usage: Usage):
+        super().__init__(reason)
+        self.reason = reason
+        self.usage = usage
