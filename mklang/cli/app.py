@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,11 +51,22 @@ def debug_enabled() -> bool:
 _JSON_ERRORS: ContextVar[bool] = ContextVar("json_errors", default=False)
 
 
+# C0 and C1 controls but tab and newline, plus the bidirectional overrides that
+# reorder what a reader sees: model answers, server messages and checkpoint
+# fields may hold any of them, and a terminal would obey an ESC sequence.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: each control character is shown as its escape (`\\x1b`)."""
+    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> typer.Exit:
     """Report an error (one line on stderr; in JSON mode also a document on stdout)
     and return the Exit to raise."""
     if diagnostics is None:
-        print(f"mklang: error: {message}", file=sys.stderr)
+        print(f"mklang: error: {printable(message)}", file=sys.stderr)
     if _JSON_ERRORS.get():
         document = {"status": "error", "error": message, "exit_code": code}
         if diagnostics is not None:

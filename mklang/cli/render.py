@@ -1,6 +1,8 @@
 """Rich rendering of run results for people; JSON for scripts.
 
-Results go to stdout, progress and diagnostics to stderr.
+Results go to stdout, progress and diagnostics to stderr. Every text that a
+model, a tool, a server or a checkpoint file supplied passes `printable`, so
+no escape sequence reaches the terminal; JSON output is the exact data.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from rich.live import Live
 from rich.text import Text
 from rich.tree import Tree
 
+from mklang.cli.app import printable
+
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False)
 
@@ -26,7 +30,7 @@ def print_json(data: Any) -> None:
 
 def _short(value: Any, width: int = 70) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -35,11 +39,11 @@ def _add_steps(tree: Tree, trace: list[dict[str, Any]]) -> None:
         target = step.get("to") or "■"
         label = Text()
         label.append(f"{step['step']:>3} ", style="dim")
-        label.append(step["state"], style="bold cyan")
-        label.append(f" ─{step['policy']}→ ", style="magenta" if step["policy"] != "ok" else "dim")
-        label.append(str(target), style="cyan")
+        label.append(printable(step["state"]), style="bold cyan")
+        label.append(f" ─{printable(str(step['policy']))}→ ", style="magenta" if step["policy"] != "ok" else "dim")
+        label.append(printable(str(target)), style="cyan")
         if step.get("gate"):
-            label.append(f"  [{step.get('gate_via')}] {_short(step['gate'], 40)}", style="dim")
+            label.append(f"  [{printable(str(step.get('gate_via')))}] {_short(step['gate'], 40)}", style="dim")
         node = tree.add(label)
         if "branches" in step:
             for index, branch in enumerate(step["branches"]):
@@ -56,12 +60,12 @@ def render_result(result, console: Console = stdout) -> None:
     head = Text()
     head.append(result.status, style=_STATUS_STYLE.get(result.status, "bold"))
     if result.error:
-        head.append(f"  {result.error}", style="red" if result.status == "halted" else "yellow")
+        head.append(f"  {printable(result.error)}", style="red" if result.status == "halted" else "yellow")
     if result.at:
-        head.append(f"  at {result.at}")
+        head.append(f"  at {printable(result.at)}")
     console.print(head)
     if result.detail:
-        console.print(Text(result.detail, style="dim"))
+        console.print(Text(printable(result.detail), style="dim"))
     tree = Tree(Text("trace", style="bold"))
     _add_steps(tree, result.trace)
     console.print(tree)
@@ -77,8 +81,8 @@ def render_result(result, console: Console = stdout) -> None:
     if result.status == "suspended" and result.ask:
         console.print(
             Text("ask: ", style="bold yellow")
-            + Text(result.ask)
-            + Text(f"  (reply with --set {result.reply_to}=...)", style="dim")
+            + Text(printable(result.ask))
+            + Text(f"  (reply with --set {printable(str(result.reply_to))}=...)", style="dim")
         )
 
 
@@ -98,7 +102,7 @@ class LiveView:
 
     def __call__(self, chain: list) -> None:
         frame = chain[-1]
-        path = " › ".join(f"{f.machine.name}:{f.state}" for f in chain)
+        path = printable(" › ".join(f"{f.machine.name}:{f.state}" for f in chain))
         tokens = sum(f.usage.tokens for f in chain)
         budget = f"/{self.max_tokens}" if self.max_tokens else ""
         self.live.update(Text(f"▶ {path}   steps {frame.steps}/{frame.budget}   tokens {tokens}{budget}"))
@@ -107,24 +111,26 @@ class LiveView:
 def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> None:
     """`mklang show` for people."""
     head = Text()
-    head.append(summary["status"], style=_STATUS_STYLE.get(summary["status"], "bold yellow"))
+    head.append(printable(str(summary["status"])), style=_STATUS_STYLE.get(summary["status"], "bold yellow"))
     for key in ("reason", "error"):
         if summary.get(key):
-            head.append(f"  {summary[key]}")
+            head.append(f"  {printable(str(summary[key]))}")
     if summary.get("at"):
-        head.append(f"  at {summary['at']}")
+        head.append(f"  at {printable(str(summary['at']))}")
     console.print(head)
     if summary.get("detail"):
-        console.print(Text(summary["detail"], style="dim"))
+        console.print(Text(printable(summary["detail"]), style="dim"))
     if summary.get("interrupted"):
-        console.print(Text(summary["interrupted"], style="yellow"))
-    chain = Tree(Text(f"frames of {summary['machine']['name']}", style="bold"))
+        console.print(Text(printable(summary["interrupted"]), style="yellow"))
+    chain = Tree(Text(printable(f"frames of {summary['machine']['name']}"), style="bold"))
     node = chain
     for frame in summary["frames"]:
         node = node.add(
             Text(
-                f"{frame['machine']} at {frame['state']}   steps {frame['steps']}/{frame['budget']}"
-                f" ({frame['remaining']} left)"
+                printable(
+                    f"{frame['machine']} at {frame['state']}   steps {frame['steps']}/{frame['budget']}"
+                    f" ({frame['remaining']} left)"
+                )
             )
         )
     console.print(chain)
@@ -139,8 +145,11 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
     if summary.get("ask"):
         console.print(
             Text("ask: ", style="bold yellow")
-            + Text(summary["ask"])
-            + Text(f"  (reply with: mklang resume {summary['path']} --set {summary['reply_to']}=...)", style="dim")
+            + Text(printable(summary["ask"]))
+            + Text(
+                printable(f"  (reply with: mklang resume {summary['path']} --set {summary['reply_to']}=...)"),
+                style="dim",
+            )
         )
     if not summary["resumable"]:
         console.print(Text("this run has finished and cannot be resumed", style="dim"))

@@ -213,3 +213,29 @@ def test_calc_refuses_huge_numbers_at_once(expression: str, problem: str):
         calc({"expression": expression})
     assert problem in str(refused.value) and len(str(refused.value)) < 200
     assert calc({"expression": "2 ** 64 - 1"}) == "18446744073709551615"
+
+
+# -- terminal output -------------------------------------------------------------------
+
+ECHO_MACHINE = JSON_MACHINE.replace("  parse json\n", "")
+HOSTILE_TEXT = "fine\x1b[2J\x1b]0;owned\x07\r\u202eevil"
+
+
+def test_model_output_reaches_the_terminal_escaped_and_json_exact(tmp_path: Path):
+    machine = tmp_path / "echo.mk"
+    machine.write_text(ECHO_MACHINE)
+    answers = tmp_path / "answers.yaml"
+    answers.write_text(script(produce=HOSTILE_TEXT))
+    shown = mklang("run", str(machine), "--script", str(answers), "--format", "text")
+    assert shown.returncode == 0, shown.stderr
+    for raw in ("\x1b", "\x07", "\r", "\u202e"):
+        assert raw not in shown.stdout + shown.stderr
+    assert "result: fine\\x1b[2J\\x1b]0;owned\\x07 \\u202eevil" in shown.stdout  # \r is whitespace
+    exact = mklang("run", str(machine), "--script", str(answers), "--format", "json")
+    assert json.loads(exact.stdout)["result"] == HOSTILE_TEXT
+
+
+def test_an_error_line_is_escaped(tmp_path: Path):
+    missing = tmp_path / "no\x1b[2Jsuch.mk"
+    done = mklang("resume", str(missing))
+    assert "\x1b" not in done.stderr and "no\\x1b[2Jsuch.mk" in one_line_error(done)
