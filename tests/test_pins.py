@@ -1,0 +1,555 @@
+"""Behaviour that no other test held in place: each test here fails when the rule it names is dropped.
+
+Durability (which file descriptors reach `fsync`, and when), the spend a
+provider reports and prices, retry delays, trace keys of real judge
+answers, spend before a failing hook, deposits and placeholders at their
+edges, static checks at their boundaries, fmt's line width, the spend in a
+running snapshot, and a lock file that names a process that is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conformance.harness import Recorder, mk, run_mk, write_machines
+from conftest import mklang
+from fakeserver import FakeServer, answer, error, raw
+
+from mklang.check import check
+from mklang.checkpoint import start
+from mklang.checkpoint.envelope import Envelope, MachineRef, load, write_atomic
+from mklang.checkpoint.journal import FileJournal, journal_path
+from mklang.checkpoint.lock import RunLock, holder, lock_path, refuse_if_running
+from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
+from mklang.engine.frame import Frame
+from mklang.errors import CheckpointError, LoadError
+from mklang.host.config import ProviderConfig
+from mklang.providers import http
+from mklang.providers.base import Produced, Usage
+from mklang.providers.factory import make_provider
+from mklang.providers.http import HttpTransport
+from mklang.syntax import format_machine, load_file, parse
+
+# --- fsync: the temp file, the folder, the journal's call lines --------------
+
+
+class FsyncSpy:
+    """Wraps `os.fsync`; for each call records the path behind the descriptor, its bytes then,
+    and the bytes of `watched` then."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, watched: Path | None = None):
+        self.synced: list[tuple[str, bytes | None]] = []
+        self.watched_then: list[bytes] = []
+        self._watched = watched
+        self._fsync = os.fsync
+        monkeypatch.setattr(os, "fsync", self)
+
+    def __call__(self, descriptor: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{descriptor}")
+        self.synced.append((path, Path(path).read_bytes() if os.path.isfile(path) else None))
+        if self._watched is not None:
+            self.watched_then.append(self._watched.read_bytes())
+        self._fsync(descriptor)
+
+
+def test_an_atomic_write_fsyncs_the_whole_temp_file_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    target = tmp_path / "cp.json"
+    target.write_bytes(b"old")
+    spy = FsyncSpy(monkeypatch, watched=target)
+    write_atomic(target, b"new payload")
+    [(temp, temp_content), (folder, _)] = spy.synced
+    assert Path(temp).parent == tmp_path and Path(temp).name.startswith(".cp.json.") and temp.endswith(".tmp")
+    assert temp_content == b"new payload"  # flushed before the fsync, all of it
+    assert folder == str(tmp_path)
+    assert spy.watched_then == [b"old", b"new payload"]  # temp synced before the rename, the folder after
+    assert [p.name for p in tmp_path.iterdir()] == ["cp.json"]
+
+
+def _journal(tmp_path: Path) -> tuple[FileJournal, Frame]:
+    machine = mk("""
+        machine m
+        entry a
+        budget 3
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> END
+        }
+    """)
+    envelope = Envelope(
+        mklang_version="test",
+        run_id="r",
+        status="running",
+        machine=MachineRef(name="m", path=None, sha256=None),
+        frames=[],
+    )
+    return FileJournal(tmp_path / "cp.json", envelope), Frame.start(machine)
+
+
+def test_a_journaled_call_line_is_fsynced_once_it_is_in_the_file(tmp_path, monkeypatch):
+    journal, frame = _journal(tmp_path)
+    journal.snapshot([frame], status="running")
+    spy = FsyncSpy(monkeypatch)
+    journal.record("r:1.0#1", "produce", Produced("answer", None, Usage(3, 4)))
+    journal.close()
+    [(path, content)] = spy.synced
+    assert path == str(journal_path(tmp_path / "cp.json"))
+    assert content is not None
+    last = json.loads(content.splitlines()[-1])
+    assert (last["k"], last["key"], last["v"]["text"]) == ("call", "r:1.0#1", "answer")
+
+
+def test_every_call_of_a_checkpointed_run_is_durable_before_the_run_goes_on(tmp_path, monkeypatch):
+    machine = write_machines(
+        tmp_path,
+        """
+        machine m
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "first"
+          output x
+          when "good" -> b
+          otherwise fail
+        }
+        state b {
+          structure "s"
+          prompt "second"
+          output y
+          otherwise -> END
+        }
+        """,
+    )
+    spy = FsyncSpy(monkeypatch)
+    journal = str(journal_path(tmp_path / "cp.json"))
+    result = start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1", "2"]}))
+    assert result.status == "done"
+    durable = {
+        json.loads(line)["key"]
+        for path, content in spy.synced
+        if path == journal and content
+        for line in content.splitlines()
+        if json.loads(line)["k"] == "call"
+    }
+    assert len(durable) == sum(result.calls.values()) == 3  # two produce calls and one judge call
+
+
+# --- Anthropic prompt caching: cache tokens are input tokens ----------------
+
+
+def _anthropic_config(tmp_path: Path, server: FakeServer) -> str:
+    path = tmp_path / "mklang.toml"
+    path.write_text(
+        textwrap.dedent(f"""
+            [tiers]
+            default = "p:m1"
+            [providers.p]
+            kind = "anthropic"
+            base_url = "{server.anthropic_url}"
+            retries = 0
+            [prices."p:m1"]
+            input = 2.5
+            output = 10.0
+        """)
+    )
+    return str(path)
+
+
+def _anthropic_body(text: str, usage: dict[str, int]) -> str:
+    return json.dumps(
+        {
+            "id": "msg",
+            "type": "message",
+            "role": "assistant",
+            "model": "m1",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "usage": usage,
+        }
+    )
+
+
+def test_anthropic_cache_creation_and_cache_read_tokens_count_and_cost_as_input(tmp_path):
+    usage = {
+        "input_tokens": 11,
+        "cache_creation_input_tokens": 200,
+        "cache_read_input_tokens": 3000,
+        "output_tokens": 7,
+    }
+    with FakeServer() as server:
+        server.add(raw(_anthropic_body("hello", usage)), raw(_anthropic_body('{"choice": 1}', usage)))
+        provider = make_provider(config_path=_anthropic_config(tmp_path, server))
+        produced = provider.produce("", "hi", "fast", False)
+        verdict = provider.judge(["holds"], "hello", None, {}, "fast")
+    expected = Usage(3211, 7, (3211 * 2.5 + 7 * 10.0) / 1_000_000)
+    assert produced.usage == expected
+    assert verdict.usage == expected
+
+
+# --- retries: the Retry-After cap and the backoff jitter ---------------------
+
+
+def _transport(server: FakeServer, slept: list[float], **options: Any) -> HttpTransport:
+    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url, **options)
+    return HttpTransport(config, {}, sleep=slept.append)
+
+
+def test_retry_after_is_capped_at_max_backoff_and_never_jittered(monkeypatch):
+    monkeypatch.setattr(http.random, "uniform", lambda low, high: low)
+    slept: list[float] = []
+    with FakeServer() as server:
+        server.add(error(429, retry_after="100"), error(503, retry_after="2"), answer("ok"))
+        _transport(server, slept, retries=2, backoff=1, max_backoff=3).post("/chat/completions", {})
+    assert slept == [3.0, 2.0]
+
+
+@pytest.mark.parametrize(("draw", "expected"), [(0.5, [0.5, 1.0, 1.5, 1.5]), (1.0, [1.0, 2.0, 3.0, 3.0])])
+def test_backoff_doubles_to_its_cap_and_is_scaled_by_a_jitter_between_half_and_whole(monkeypatch, draw, expected):
+    bounds: list[tuple[float, float]] = []
+
+    def uniform(low: float, high: float) -> float:
+        bounds.append((low, high))
+        return draw
+
+    monkeypatch.setattr(http.random, "uniform", uniform)
+    slept: list[float] = []
+    with FakeServer() as server:
+        server.fallback = error(502)
+        with pytest.raises(Exception, match="after 5 attempts"):
+            _transport(server, slept, retries=4, backoff=1, max_backoff=3).post("/chat/completions", {})
+    assert slept == expected
+    assert bounds == [(0.5, 1.0)] * 4
+
+
+# --- the trace of real judge answers -----------------------------------------
+
+JUDGED = """
+    machine judged
+    entry a
+    budget 3
+    hook never "False."
+    state a {
+      structure "s"
+      prompt "p"
+      output o
+      when "first" -> END
+      when "second" hook never -> END
+      when "third" -> END
+      otherwise fail
+    }
+"""
+
+
+@pytest.mark.parametrize(
+    ("replies", "parse"),
+    [
+        (['{"choice": 1}'], "strict"),
+        (["1"], "bare"),
+        (["I would say 1"], "last"),
+        (["2", '{"choice": 1}'], "strict"),  # the last batch's reading is the one kept
+        (['{"choice": 2}', "1"], "bare"),
+    ],
+)
+def test_judge_parse_in_the_trace_says_how_the_last_judge_answer_was_read(tmp_path, replies, parse):
+    path = tmp_path / "mklang.toml"
+    with FakeServer() as server:
+        server.add(answer("the output"), *[answer(reply) for reply in replies])
+        path.write_text(
+            f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nretries = 0\n'
+        )
+        result = run_mk(JUDGED, provider=make_provider(config_path=str(path)), hooks={"never": lambda c, o: False})
+    assert result.status == "done", result.error
+    assert result.trace[0]["judge_parse"] == parse
+
+
+def test_no_judge_call_leaves_no_judge_parse():
+    result = run_mk(JUDGED, llm={"judge": [0]}, hooks={"never": lambda c, o: False})
+    assert result.status == "done" and "judge_parse" not in result.trace[0]
+
+
+# --- spend before a hook fails ------------------------------------------------
+
+
+@pytest.mark.parametrize("hooks", [{"boom": lambda context, output: 1 / 0}, {}], ids=["raises", "unknown"])
+def test_judge_tokens_spent_before_a_failing_hook_are_charged_to_the_halted_run(hooks):
+    machine = """
+        machine m
+        entry a
+        budget 3
+        hook boom "x"
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "judged first" -> END
+          when "then the hook" hook boom -> END
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["out"], "judge": ["none"], "tokens": [10, 2]}, judge_usage=Usage(7, 1, 0.5))
+    result = run_mk(machine, provider=provider, hooks=hooks)
+    assert (result.status, result.at) == ("halted", "a")
+    assert result.error.startswith("state-error: hook:")
+    assert result.usage == Usage(17, 3, 0.5)
+
+
+# --- deposits: accumulate onto what is already there -------------------------
+
+
+@pytest.mark.parametrize(
+    ("initial", "expected"),
+    [
+        ('notes: "first"', ["first", "second"]),
+        ("notes: 0", [0, "second"]),
+        ("notes: null", ["second"]),
+        ('notes: ["first"]', ["first", "second"]),
+        ("other: 1", ["second"]),
+    ],
+)
+def test_accumulate_turns_an_existing_scalar_into_the_head_of_a_list(initial, expected):
+    machine = f"""
+        machine m
+        entry a
+        budget 3
+        context {{ {initial} }}
+        state a {{
+          structure "s"
+          prompt "p"
+          output notes
+          accumulate
+          when "judged" -> END
+          otherwise -> END
+        }}
+    """
+    provider = Recorder({"produce": ["second"], "judge": [0]})
+    result = run_mk(machine, provider=provider)
+    assert result.context["notes"] == expected
+    assert provider.judged[0].context["notes"] == expected  # the judge sees the deposit once, as it will be
+
+
+# --- placeholders: negative indices and a lone placeholder with spaces -------
+
+
+def test_negative_list_indices_count_from_the_end_and_out_of_range_is_empty():
+    machine = """
+        machine m
+        entry a
+        budget 3
+        context { xs: ["a", "b", "c"] }
+        state a {
+          structure "s"
+          prompt "{{xs.-1}} {{xs.-3}} [{{xs.-4}}] {{xs.1}} [{{xs.3}}] {{ xs.-2 }}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["x"]})
+    run_mk(machine, provider=provider)
+    assert provider.produced[0].user == "c a [] b [] b"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('"{{ xs }}"', ["a", "b"]),
+        ('"  {{xs}}  "', ["a", "b"]),
+        ('"{{ xs.-1 }}"', "b"),
+        ('"{{ n }}"', 3),
+        ('"{{ xs }}!"', "1. a\n2. b!"),
+        ('"{{n}}{{n}}"', "33"),
+    ],
+)
+def test_a_lone_placeholder_passes_the_raw_value_even_with_spaces(value, expected):
+    machine = f"""
+        machine m
+        entry a
+        budget 3
+        tool look "x"
+        context {{ xs: ["a", "b"], n: 3 }}
+        state a {{
+          tool look {{ q: {value} }}
+          output o
+          otherwise -> END
+        }}
+    """
+    received: list[Any] = []
+    result = run_mk(machine, tools={"look": lambda arguments: received.append(arguments["q"]) or "seen"})
+    assert result.status == "done"
+    assert received == [expected]
+
+
+# --- check: a budget exactly the shortest path --------------------------------
+
+
+def _chain(budget: int, first: str = "") -> str:
+    return f"""
+        machine m
+        entry a
+        budget {budget}
+        context {{ xs: [1] }}
+        state a {{
+          {first}
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> b
+        }}
+        state b {{
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> END
+        }}
+    """
+
+
+@pytest.mark.parametrize(("first", "shortest"), [("", 2), ("sample 3", 4), ("over xs", 2)])
+def test_a_budget_equal_to_the_shortest_path_is_feasible_and_one_less_is_not(first, shortest):
+    assert [d.code for d in check(mk(_chain(shortest, first)))] == []
+    [found] = check(mk(_chain(shortest - 1, first)))
+    assert found.code == "budget-infeasible"
+    assert found.message == f"budget {shortest - 1} is below the shortest path to END ({shortest} steps)"
+
+
+def test_a_run_at_a_budget_equal_to_the_shortest_path_finishes():
+    result = run_mk(_chain(4, "sample 3"), llm={"produce": ["x"]})
+    assert result.status == "done" and [step["state"] for step in result.trace] == ["a", "b"]
+
+
+# --- negative numbers: budget, repair, max_visits -----------------------------
+
+NEGATIVE_MK = """\
+machine m
+entry a
+budget -3
+state a {
+  structure "s"
+  prompt "p"
+  output o
+  max_visits -1
+  when "bad" repair -2 -> a
+  otherwise -> END
+}
+"""
+
+NEGATIVE_YAML = """\
+mklang: "0.4"
+machine: m
+entry: a
+budget: -3
+states:
+  a:
+    structure: s
+    prompt: p
+    output: o
+    max_visits: -1
+    gates:
+      - when: bad
+        then: {repair: -2}
+        to: a
+      - when: otherwise
+        then: ok
+        to: END
+"""
+
+
+@pytest.mark.parametrize(("name", "text"), [("m.mk", NEGATIVE_MK), ("m.yaml", NEGATIVE_YAML)])
+def test_negative_budget_repair_and_max_visits_are_load_errors(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(LoadError) as caught:
+        load_file(path)
+    found = {(d.code, d.message, d.line) for d in caught.value.diagnostics}
+    what = {message.split(" must")[0]: (code, line) for code, message, line in found}
+    assert {code for code, _, _ in found} == {"invalid-number"}
+    assert set(what) == {"budget", "max_visits", "a repair budget" if name.endswith(".mk") else "repair"}
+    assert what["budget"][1] == 4 if name.endswith(".yaml") else 3
+    assert all('not "-' in message for _, message, _ in found)
+
+
+@pytest.mark.parametrize("option", ["--budget", "--max-tokens"])
+def test_resume_refuses_a_negative_budget_before_reading_the_checkpoint(tmp_path, option):
+    done = mklang("resume", str(tmp_path / "missing.json"), option, "-1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert option in done.stderr and "missing.json" not in done.stderr
+
+
+# --- fmt: the line-width boundary of input maps -------------------------------
+
+
+@pytest.mark.parametrize(("extra", "inline"), [(0, True), (1, False)])
+def test_fmt_keeps_an_input_map_inline_up_to_88_columns(extra, inline):
+    def machine(width: int) -> str:
+        return f'machine m\nentry a\nbudget 1\ntool t "x"\nstate a {{\n  tool t {{ q: "{"x" * width}" }}\n  output o\n  otherwise -> END\n}}\n'
+
+    # Find the value width whose inline line is exactly 88 columns.
+    line = next(line for line in format_machine(parse(machine(1), "m.mk")).splitlines() if "tool t {" in line)
+    width = 1 + 88 - len(line) + extra
+    text = format_machine(parse(machine(width), "m.mk"))
+    lines = [line for line in text.splitlines() if line.startswith("  tool t")]
+    assert len(lines) == 1
+    assert (len(lines[0]) == 88 + extra) if inline else lines[0] == "  tool t {"
+    assert parse(text, "m.mk") == parse(machine(width), "m.mk")
+
+
+# --- a running snapshot counts the spend of every level -----------------------
+
+
+def test_a_running_snapshot_adds_the_spend_of_nested_levels(tmp_path):
+    journal, root = _journal(tmp_path)
+    child = Frame.start(root.machine)
+    root.usage = Usage(100, 20, 0.25)
+    child.usage = Usage(5, 1, 0.5)
+    journal.snapshot([root, child], status="running")
+    journal.close()
+    envelope = load(tmp_path / "cp.json")
+    assert envelope.usage == Usage(105, 21, 0.75).to_json()
+    assert [frame["usage"] for frame in envelope.frames] == [root.usage.to_json(), child.usage.to_json()]
+
+
+# --- a lock file that names a process that is gone ----------------------------
+
+
+def test_a_stale_lock_file_does_not_block_and_is_taken_over(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    lock_path(checkpoint).write_text(f"{os.getpid()}\n")  # a pid, but no process holds the lock
+    assert holder(checkpoint) is None
+    refuse_if_running(checkpoint)
+    lock = RunLock(checkpoint).acquire()
+    try:
+        assert lock_path(checkpoint).read_text() == f"{os.getpid()}\n"
+        assert holder(checkpoint) == os.getpid()
+        with pytest.raises(CheckpointError, match=f"still going in process {os.getpid()}"):
+            refuse_if_running(checkpoint)
+        with pytest.raises(CheckpointError, match=f"still going in process {os.getpid()}"):
+            RunLock(checkpoint).acquire()
+    finally:
+        lock.release()
+    assert holder(checkpoint) is None
+
+
+def test_a_longer_stale_pid_is_replaced_not_overwritten_in_place(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    lock_path(checkpoint).write_text("123456789012\n")
+    lock = RunLock(checkpoint).acquire()
+    try:
+        assert lock_path(checkpoint).read_text() == f"{os.getpid()}\n"
+    finally:
+        lock.release()
+
+
+def test_a_held_lock_whose_file_names_no_pid_reports_an_unknown_holder(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    lock = RunLock(checkpoint).acquire()
+    try:
+        lock_path(checkpoint).write_text("garbage\n")
+        assert holder(checkpoint) == -1
+    finally:
+        lock.release()
