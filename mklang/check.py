@@ -11,7 +11,7 @@ import heapq
 import re
 from pathlib import Path
 
-from mklang.errors import Diagnostic, LoadError
+from mklang.errors import Diagnostic, LoadError, Severity
 from mklang.model import END, Call, Machine, Node, Produce, Span, State, ToolUse
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)[^{}]*\}\}")
@@ -24,7 +24,7 @@ class _Findings:
         self.file = machine.span.file if machine.span is not None and machine.span.file else machine.path
         self.found: list[Diagnostic] = []
 
-    def add(self, where: Span | None, severity: str, code: str, message: str) -> None:
+    def add(self, where: Span | None, severity: Severity, code: str, message: str) -> None:
         span = where or Span()
         self.found.append(
             Diagnostic(self.file, span.line, span.col, span.end_line, span.end_col, severity, code, message)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+Severity = Literal["error", "warning"]
+
 
 @dataclass(frozen=True)
 class Diagnostic:
@@ -18,7 +20,7 @@ class Diagnostic:
     col: int
     end_line: int
     end_col: int
-    severity: Literal["error", "warning"]
+    severity: Severity
     code: str
     message: str
 

@@ -14,7 +14,10 @@ every value they put into a node.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 Tier = Literal["fast", "balanced", "reasoning"]
 TIERS: tuple[str, ...] = ("fast", "balanced", "reasoning")
@@ -78,10 +81,10 @@ class Node:
         return {name: _plain(getattr(self, name)) for name in _meaning(type(self))}
 
 
-_MEANING: dict[type, tuple[str, ...]] = {}
+_MEANING: dict[type[Node], tuple[str, ...]] = {}
 
 
-def _meaning(cls: type) -> tuple[str, ...]:
+def _meaning(cls: type[Node]) -> tuple[str, ...]:
     """The fields of `cls` that take part in equality, in declaration order."""
     names = _MEANING.get(cls)
     if names is None:
@@ -233,4 +236,4 @@ class Machine(Node):
         return None
 
 
-_ADAPTER = None  # pydantic's validator of Machine, built on first use
+_ADAPTER: TypeAdapter[Machine] | None = None  # pydantic's validator of Machine, built on first use

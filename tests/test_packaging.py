@@ -64,6 +64,9 @@ def test_built_wheel_contains_grammar_parser_and_library(tmp_path):
     (wheel,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path), versions=["standard"])
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"mklang/grammar/mklang.lark", "mklang/syntax/_parser.py", "mklang/machines/chain_of_thought.mk"} <= names
+    # Type information and the licence notices ship with the code.
+    assert {"mklang/py.typed", "mklang/syntax/PARSER-NOTICE"} <= names
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
 
 def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(tmp_path):

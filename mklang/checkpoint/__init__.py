@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mklang import __version__
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, save
@@ -20,10 +20,15 @@ from mklang.checkpoint.lock import RunLock, refuse_if_running
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.interpolate import assign, root_key
-from mklang.engine.runner import Caps
+from mklang.engine.runner import Caps, Observer
 from mklang.errors import CheckpointError, LoadError
 from mklang.host.machines import MachineLoader, file_sha256
+from mklang.host.registry import HostCallables
 from mklang.model import Machine
+from mklang.providers.base import Provider
+
+if TYPE_CHECKING:
+    from mklang.scenarios import ScriptedHost
 
 __all__ = ["Resumable", "continue_checkpoint", "open_checkpoint", "resume", "start"]
 
@@ -33,18 +38,18 @@ def start(
     context: dict[str, Any] | None,
     *,
     checkpoint: str | Path,
-    provider,
-    tools=None,
-    hooks=None,
+    provider: Provider,
+    tools: HostCallables = None,
+    hooks: HostCallables = None,
     max_tokens: int | None = None,
     max_cost: float | None = None,
     max_time: float | None = None,
     concurrency: int = 8,
     hitl: bool = False,
     host: HostSettings | None = None,
-    scripted=None,
+    scripted: ScriptedHost | None = None,
     control: Control | None = None,
-    observer=None,
+    observer: Observer | None = None,
 ) -> RunResult:
     """Run `machine` durably: a resumable checkpoint exists from the first loop-top on.
 
@@ -144,9 +149,9 @@ def open_checkpoint(path: str | Path, *, force: bool = False, machine_path: str 
 def continue_checkpoint(
     resumable: Resumable,
     *,
-    provider,
-    tools=None,
-    hooks=None,
+    provider: Provider,
+    tools: HostCallables = None,
+    hooks: HostCallables = None,
     set_values: dict[str, Any] | None = None,
     max_tokens: int | None = None,
     max_cost: float | None = None,
@@ -155,9 +160,9 @@ def continue_checkpoint(
     hitl: bool | None = None,
     concurrency: int | None = None,
     checkpoint: str | Path | None = None,
-    scripted=None,
+    scripted: ScriptedHost | None = None,
     control: Control | None = None,
-    observer=None,
+    observer: Observer | None = None,
 ) -> RunResult:
     """Resume a verified checkpoint; raised budgets are new totals, spend included."""
     envelope = resumable.envelope
@@ -204,7 +209,12 @@ def continue_checkpoint(
 
 
 def resume(
-    source: str | Path | Envelope, *, provider, force: bool = False, machine_path: str | None = None, **options: Any
+    source: str | Path | Envelope,
+    *,
+    provider: Provider,
+    force: bool = False,
+    machine_path: str | None = None,
+    **options: Any,
 ) -> RunResult:
     """Python API: verify and resume a checkpoint in one call.
 
@@ -213,30 +223,31 @@ def resume(
     persisting. Other options are those of `continue_checkpoint`.
     """
     if isinstance(source, Envelope):
-        target = options.get("checkpoint")
-        if target is None:
+        path = options.get("checkpoint")
+        if path is None:
             raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
-        save(target, source)
-        source = target
-    refuse_if_running(source)
+        save(path, source)
+    else:
+        path = source
+    refuse_if_running(path)
     return continue_checkpoint(
-        open_checkpoint(source, force=force, machine_path=machine_path), provider=provider, **options
+        open_checkpoint(path, force=force, machine_path=machine_path), provider=provider, **options
     )
 
 
 def _execute(
     envelope: Envelope,
     chain: list[Frame],
-    replay: dict,
+    replay: dict[str, dict[str, Any]],
     loader: MachineLoader,
     checkpoint: str | Path,
     *,
-    provider,
-    tools,
-    hooks,
-    scripted,
-    control,
-    observer,
+    provider: Provider,
+    tools: HostCallables,
+    hooks: HostCallables,
+    scripted: ScriptedHost | None,
+    control: Control | None,
+    observer: Observer | None,
 ) -> RunResult:
     budgets = envelope.budgets
     control = control or Control()

@@ -33,7 +33,7 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
     tokens, cost = usage.tokens, usage.cost_usd
     budgets = envelope.budgets
 
-    def remaining(limit, spent):
+    def remaining(limit: float | None, spent: float) -> float | None:
         return None if limit is None else max(0, limit - spent)
 
     summary = {

@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mklang.checkpoint.envelope import Envelope, dump, save, write_atomic
 from mklang.engine.frame import Frame
@@ -61,7 +61,7 @@ class FileJournal:
         path: str | Path,
         envelope: Envelope,
         *,
-        position: Callable[[], dict] | None = None,
+        position: Callable[[], dict[str, Any]] | None = None,
         skip: Callable[[str, str | None], None] | None = None,
         replay: dict[str, dict[str, Any]] | None = None,
         hashes: dict[str, str] | None = None,
@@ -74,7 +74,7 @@ class FileJournal:
         self.skip = skip
         self.replay_set = dict(replay or {})
         self._lock = threading.Lock()
-        self._handle = None
+        self._handle: BinaryIO | None = None
         self._written = 0
         self._threshold = MIN_COMPACT_BYTES
 
@@ -120,6 +120,7 @@ class FileJournal:
         `durable` lines are also fsynced (they survive a power cut)."""
         data = _line(record)
         with self._lock:
+            assert self._handle is not None, "appending before a generation was opened"
             try:
                 self._handle.write(data)
                 self._handle.flush()
@@ -203,7 +204,7 @@ def read_journal(checkpoint: str | Path, generation: int) -> list[dict[str, Any]
 
 def recover(
     chain: list[Frame], records: list[dict[str, Any]], machine_for: Callable[[dict[str, Any]], Any]
-) -> tuple[list[Frame], dict, dict | None]:
+) -> tuple[list[Frame], dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Replay journal records onto the envelope's frames.
 
     Returns the frame chain at the last durable loop-top, the completed calls

@@ -148,7 +148,7 @@ def _register_commands(args: list[str]) -> None:
     import importlib
 
     command = next((a for a in args if not a.startswith("-")), None)
-    wanted = COMMAND_MODULES.get(command)
+    wanted = COMMAND_MODULES.get(command) if command else None
     # Help lists commands in registration order: the order of COMMAND_MODULES.
     modules = [wanted] if wanted else list(dict.fromkeys(COMMAND_MODULES.values()))
     for name in modules:

@@ -46,7 +46,7 @@ def lsp() -> None:
         try:
             from mklang.lsp.server import serve
         except ImportError as error:
-            if getattr(error, "name", "") and error.name.split(".")[0] in ("pygls", "lsprotocol"):
+            if (error.name or "").split(".")[0] in ("pygls", "lsprotocol"):
                 raise fail("the language server needs pygls: pip install 'mklang[lsp]'", exitcodes.USAGE) from None
             raise
         serve()

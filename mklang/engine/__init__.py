@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mklang.engine.frame import Frame
-from mklang.engine.runner import Caps, Control, Level, NullJournal, Runtime, run_frame
+from mklang.engine.runner import Caps, Control, Journal, Level, NullJournal, Observer, Runtime, run_frame
 from mklang.engine.signals import Halt, Interrupted, Suspend
 from mklang.host.machines import MachineLoader
-from mklang.host.registry import BUILTIN_TOOLS, Registry
+from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
-from mklang.providers.base import Usage
+from mklang.providers.base import Provider, Usage
 
 __all__ = ["Control", "RunResult", "continue_run", "make_runtime", "run"]
 
@@ -63,25 +63,23 @@ class RunResult:
 
 
 def make_runtime(
-    provider,
+    provider: Provider,
     *,
-    tools=None,
-    hooks=None,
+    tools: HostCallables = None,
+    hooks: HostCallables = None,
     concurrency: int = 8,
     hitl: bool = False,
     control: Control | None = None,
-    journal=None,
+    journal: Journal | None = None,
     loader: MachineLoader | None = None,
-    observer=None,
+    observer: Observer | None = None,
     run_id: str | None = None,
 ) -> Runtime:
     """Assemble what every level of a run shares. Tools and hooks may be registries or maps."""
     return Runtime(
         provider=provider,
-        tools=tools
-        if hasattr(tools, "get") and not isinstance(tools, dict)
-        else Registry("mklang.tools", BUILTIN_TOOLS, tools),
-        hooks=hooks if hasattr(hooks, "get") and not isinstance(hooks, dict) else Registry("mklang.hooks", None, hooks),
+        tools=as_registry("mklang.tools", BUILTIN_TOOLS, tools),
+        hooks=as_registry("mklang.hooks", None, hooks),
         load_machine=loader or MachineLoader(),
         concurrency=max(1, int(concurrency)),
         hitl=hitl,
@@ -96,9 +94,9 @@ def run(
     machine: Machine,
     context: dict[str, Any] | None = None,
     *,
-    provider,
-    tools=None,
-    hooks=None,
+    provider: Provider,
+    tools: HostCallables = None,
+    hooks: HostCallables = None,
     max_tokens: int | None = None,
     max_cost: float | None = None,
     max_time: float | None = None,
@@ -106,9 +104,9 @@ def run(
     suspendable: bool = False,
     hitl: bool = False,
     control: Control | None = None,
-    journal=None,
+    journal: Journal | None = None,
     loader: MachineLoader | None = None,
-    observer=None,
+    observer: Observer | None = None,
 ) -> RunResult:
     """Run `machine` from its entry with host `context` (tainted) under the host budgets."""
     loader = loader or MachineLoader()

@@ -64,7 +64,7 @@ class Frame:
         for path, value in (inputs or {}).items():
             assign(context, path, value)
         repair_left = {
-            (state.name, index): gate.repair
+            (state.name, index): gate.repair or 0
             for state in machine.states
             for index, gate in enumerate(state.gates)
             if gate.policy == "repair"

@@ -16,23 +16,38 @@ from mklang.engine.frame import Frame
 from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt
 from mklang.model import Gate, State
-from mklang.providers.base import NONE, UNPARSEABLE, Usage
+from mklang.providers.base import NONE, UNPARSEABLE, Usage, Verdict
 
 if TYPE_CHECKING:
     from mklang.engine.runner import Runtime
 
 
-@dataclass
-class Choice:
-    """The outcome of gate selection: a gate (by index into `state.gates`) or a halt kind."""
+@dataclass(kw_only=True)
+class _Judged:
+    """What selecting cost and how the judge answered, whatever the outcome."""
 
-    index: int | None = None
-    gate: Gate | None = None
     usage: Usage = field(default_factory=Usage)
-    fallback: bool = False
     none_batches: int = 0
-    halt: str | None = None
     parsed_by: str | None = None  # how the last judge answer was read (strict, bare, last)
+
+
+@dataclass(kw_only=True)
+class Selected(_Judged):
+    """A gate fired: `index` into `state.gates`."""
+
+    index: int
+    gate: Gate
+    fallback: bool = False  # the judge's answer was unreadable and `otherwise` caught it
+
+
+@dataclass(kw_only=True)
+class NoGate(_Judged):
+    """No gate fired: the run halts with `halt` (`judge-unparseable` or `no-gate-matched`)."""
+
+    halt: str
+
+
+Choice = Selected | NoGate
 
 
 def _is_prose(gate: Gate) -> bool:
@@ -45,7 +60,7 @@ def select_gate(
     state: State,
     output: Any,
     reasoning: str | None,
-    context: Callable[[], dict],
+    context: Callable[[], dict[str, Any]],
     call_prefix: str,
 ) -> Choice:
     """Pick the first true eligible gate. `context` builds the post-deposit context lazily;
@@ -65,15 +80,15 @@ def select_gate(
         index = eligible[position]
         gate = gates[index]
         if gate.when is None:
-            return Choice(index, gate, usage, none_batches=none_batches, parsed_by=parsed_by)
+            return Selected(index=index, gate=gate, usage=usage, none_batches=none_batches, parsed_by=parsed_by)
         if gate.hook is not None:
             try:
-                holds = _ask_hook(rt, state, gate, context(), output)
+                holds = _ask_hook(rt, state, gate.hook, context(), output)
             except Halt as halted:
                 halted.usage = usage  # judge batches before this hook were paid for
                 raise
             if holds:
-                return Choice(index, gate, usage, none_batches=none_batches, parsed_by=parsed_by)
+                return Selected(index=index, gate=gate, usage=usage, none_batches=none_batches, parsed_by=parsed_by)
             position += 1
             continue
         batch_end = position
@@ -82,13 +97,8 @@ def select_gate(
         batch = eligible[position:batch_end]
         tier = state.tier or frame.machine.tier
         calls = calls or Calls(call_prefix)
-        verdict = rt.call(
-            calls.next(),
-            "judge",
-            lambda batch=batch, tier=tier: rt.provider.judge(
-                [gates[i].when for i in batch], output, reasoning, context(), tier
-            ),
-        )
+        conditions = [when for i in batch if (when := gates[i].when) is not None]
+        verdict: Verdict = rt.call(calls.next(), "judge", _judge(rt, conditions, output, reasoning, context, tier))
         usage = usage + verdict.usage
         parsed_by = verdict.parsed_by or parsed_by
         if verdict.choice == NONE:
@@ -98,20 +108,37 @@ def select_gate(
         if verdict.choice == UNPARSEABLE or not (0 <= verdict.choice < len(batch)):
             for fallback in eligible:
                 if gates[fallback].when is None:
-                    return Choice(
-                        fallback, gates[fallback], usage, fallback=True, none_batches=none_batches, parsed_by=parsed_by
+                    return Selected(
+                        index=fallback,
+                        gate=gates[fallback],
+                        usage=usage,
+                        fallback=True,
+                        none_batches=none_batches,
+                        parsed_by=parsed_by,
                     )
-            return Choice(usage=usage, none_batches=none_batches, halt="judge-unparseable", parsed_by=parsed_by)
+            return NoGate(halt="judge-unparseable", usage=usage, none_batches=none_batches, parsed_by=parsed_by)
         chosen = batch[verdict.choice]
-        return Choice(chosen, gates[chosen], usage, none_batches=none_batches, parsed_by=parsed_by)
-    return Choice(usage=usage, none_batches=none_batches, halt="no-gate-matched", parsed_by=parsed_by)
+        return Selected(index=chosen, gate=gates[chosen], usage=usage, none_batches=none_batches, parsed_by=parsed_by)
+    return NoGate(halt="no-gate-matched", usage=usage, none_batches=none_batches, parsed_by=parsed_by)
 
 
-def _ask_hook(rt: Runtime, state: State, gate: Gate, context: dict, output: Any) -> bool:
-    hook = rt.hooks.get(gate.hook)
+def _judge(
+    rt: Runtime,
+    conditions: list[str],
+    output: Any,
+    reasoning: str | None,
+    context: Callable[[], dict[str, Any]],
+    tier: str,
+) -> Callable[[], Verdict]:
+    """The live judge call for one batch (run only when the journal has no answer)."""
+    return lambda: rt.provider.judge(conditions, output, reasoning, context(), tier)
+
+
+def _ask_hook(rt: Runtime, state: State, name: str, context: dict[str, Any], output: Any) -> bool:
+    hook = rt.hooks.get(name)
     if hook is None:
-        raise Halt(f"state-error: hook: unknown hook '{gate.hook}'", state.name)
+        raise Halt(f"state-error: hook: unknown hook '{name}'", state.name)
     try:
         return bool(hook(context, output))
     except Exception as error:  # a host predicate failed: halt, do not crash
-        raise Halt(f"state-error: hook: {gate.hook}: {error}", state.name) from None
+        raise Halt(f"state-error: hook: {name}: {error}", state.name) from None

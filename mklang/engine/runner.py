@@ -10,6 +10,7 @@ extended by every enclosing call level with its own frame.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import threading
@@ -18,18 +19,18 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from mklang.engine.frame import Frame
-from mklang.engine.gates import select_gate
+from mklang.engine.gates import NoGate, Selected, select_gate
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
 from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt, Interrupted, Stopped, Suspend
 from mklang.errors import CheckpointError, MklangError, ProviderError
-from mklang.host.registry import wants_idempotency_key
+from mklang.host.registry import Registry, wants_idempotency_key
 from mklang.limits import NestingError, load_json
 from mklang.model import END, Call, Gate, Machine, Produce, State, ToolUse
-from mklang.providers.base import Produced, Usage, deadline
+from mklang.providers.base import Produced, Provider, Usage, deadline
 
 MAX_CALL_DEPTH = 8
 FENCE_NOTICE = (
@@ -71,11 +72,11 @@ class Workers:
     def __init__(self, limit: int):
         self._spare = threading.Semaphore(limit - 1)
 
-    def spawn(self, task: Callable[[], Any]) -> Future | None:
+    def spawn(self, task: Callable[[], Any]) -> Future[Any] | None:
         """Run `task` on a thread of its own, or return None when every slot is taken."""
         if not self._spare.acquire(blocking=False):
             return None
-        future: Future = Future()
+        future: Future[Any] = Future()
 
         def work() -> None:
             try:
@@ -89,6 +90,21 @@ class Workers:
 
         threading.Thread(target=work, name="mklang-branch", daemon=True).start()
         return future
+
+
+class Journal(Protocol):
+    """The engine's persistence port: what a run reports as it goes, and the
+    answers of calls that completed before a crash."""
+
+    def loop_top(self, chain: list[Frame]) -> None: ...
+
+    def enter(self, depth: int, frame: Frame) -> None: ...
+
+    def step(self, depth: int, record: dict[str, Any]) -> None: ...
+
+    def replay(self, key: str, kind: str, name: str | None) -> Any: ...
+
+    def record(self, key: str, kind: str, value: Any) -> None: ...
 
 
 class NullJournal:
@@ -110,23 +126,26 @@ class NullJournal:
         pass
 
 
+Observer = Callable[[list[Frame]], None]
+
+
 @dataclass
 class Runtime:
     """Everything shared by all levels of one run."""
 
-    provider: Any
-    tools: Any
-    hooks: Any
+    provider: Provider
+    tools: Registry
+    hooks: Registry
     load_machine: Callable[[str, str | None], Machine]
     concurrency: int = 8
     caps: Caps = field(default_factory=Caps)
     spent: Usage = field(default_factory=Usage)  # the whole run's spend, every level and branch, live
     hitl: bool = False
     control: Control = field(default_factory=Control)
-    journal: Any = field(default_factory=NullJournal)
-    observer: Callable[[list[Frame]], None] | None = None  # called at every loop-top, e.g. a live view
+    journal: Journal = field(default_factory=NullJournal)
+    observer: Observer | None = None  # called at every loop-top, e.g. a live view
     run_id: str = ""  # prefixes tool idempotency keys, so two runs never share one
-    live_calls: Counter = field(default_factory=Counter)  # calls this process paid for, by kind
+    live_calls: Counter[str] = field(default_factory=Counter)  # calls this process paid for, by kind
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     workers: Workers = field(init=False)
@@ -267,7 +286,9 @@ class _Cut(Exception):
         self.usage = usage
 
 
-def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | None):
+def _run_state(
+    rt: Runtime, level: Level, state: State, resume: list[Frame] | None
+) -> tuple[dict[str, Any], str | None]:
     """Run `state` once: output, deposit (via the record), gate, policy.
 
     Returns (record for Frame.apply, halt error or None).
@@ -305,18 +326,21 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
         raise
     if choice.usage.tokens or choice.usage.cost_usd:
         usage = usage + choice.usage
-    if choice.fallback:
+    if isinstance(choice, Selected) and choice.fallback:
         details["judge_fallback"] = True
     if choice.none_batches:
         details["judge_none"] = choice.none_batches
     if choice.parsed_by:
         details["judge_parse"] = choice.parsed_by
-    record: dict[str, Any] = {"charge": charge, "feedback": feedback, "gate": choice.index}
+    if isinstance(choice, NoGate):
+        record: dict[str, Any] = {"charge": charge, "feedback": feedback, "gate": None}
+        record["step"] = _step(step_no, state, choice.halt, None, None, details, usage)
+        return record, choice.halt
     gate = choice.gate
-    if choice.halt or gate.policy == "fail":
-        policy = choice.halt or "fail"
-        record["step"] = _step(step_no, state, policy, None, gate, details, usage)
-        return record, choice.halt or "gate-fail"
+    record = {"charge": charge, "feedback": feedback, "gate": choice.index}
+    if gate.policy == "fail":
+        record["step"] = _step(step_no, state, "fail", None, gate, details, usage)
+        return record, "gate-fail"
     record["step"] = _step(step_no, state, gate.policy, gate.target, gate, details, usage)
     if gate.policy == "repair":
         record["repair"] = choice.index
@@ -352,8 +376,11 @@ def _deposited_view(frame: Frame, state: State, output: Any) -> dict[str, Any]:
     return preview.context
 
 
+_FaceResult = tuple[Any, str | None, Usage, dict[str, Any]]  # output, reasoning, usage, trace extras
+
+
 class _CallFailed(Exception):
-    def __init__(self, error: str, trace: list, usage: Usage):
+    def __init__(self, error: str, trace: list[dict[str, Any]], usage: Usage):
         super().__init__(error)
         self.error = error
         self.trace = trace
@@ -368,7 +395,7 @@ def _run_face(
     calls: Calls,
     resume: list[Frame] | None,
     branch: bool = False,
-):
+) -> _FaceResult:
     """Produce one output with the state's face: (output, reasoning, usage, trace extras)."""
     face = state.face
     if isinstance(face, Produce):
@@ -378,7 +405,9 @@ def _run_face(
     return _call(rt, level, state, face, scope, resume if not branch else None, branch, calls)
 
 
-def _produce(rt: Runtime, level: Level, state: State, face: Produce, scope: Scope, calls: Calls):
+def _produce(
+    rt: Runtime, level: Level, state: State, face: Produce, scope: Scope, calls: Calls
+) -> tuple[Any, str | None, Usage]:
     frame = level.frame
     user, fenced = render_prompt(face.prompt, scope)
     if frame.feedback:
@@ -424,7 +453,7 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
     arguments = resolve_input(face.input or {}, scope)
     key = calls.next()
 
-    def live() -> str:
+    def live() -> Any:
         if wants_idempotency_key(tool):
             return tool(arguments, idempotency_key=f"{rt.run_id}/{key}")
         return tool(arguments)
@@ -447,7 +476,7 @@ def _call(
     resume: list[Frame] | None,
     branch: bool,
     calls: Calls,
-):
+) -> _FaceResult:
     if level.depth + 1 > MAX_CALL_DEPTH:
         raise Halt("call-depth-exceeded", state.name)
     frame = level.frame
@@ -476,7 +505,7 @@ def _call(
     return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
 
 
-def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
+def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list[Any], list[dict[str, Any]], Usage]:
     """Run the branches of `sample N` / `over path`; outputs keep input order.
 
     Before each branch launches, `exhausted` decides whether it may; once it may
@@ -493,7 +522,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
         locals_list = [{"index": i, "item": item} for i, item in enumerate(items)]
     else:
         item_tainted = frozenset()
-        locals_list = [{"index": i} for i in range(state.sample)]
+        locals_list = [{"index": i} for i in range(state.sample or 0)]
 
     def branch(i: int) -> dict[str, Any]:
         scope = Scope(frame.context, frame.tainted, locals_list[i], item_tainted)
@@ -520,7 +549,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
     count = len(locals_list)
     done = {i: record for i, record in frame.branches.items() if i < count}
     kept = set(done)
-    running: dict[int, Future] = {}
+    running: dict[int, Future[Any]] = {}
     reason = None
     for i in range(count):
         if i in kept:
@@ -528,7 +557,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str):
         reason = exhausted(rt, level, len(done) + len(running))
         if reason:
             break
-        future = rt.workers.spawn(lambda i=i: branch(i))
+        future = rt.workers.spawn(functools.partial(branch, i))
         if future is None:  # no slot free: this thread runs the branch itself
             future = Future()
             try:

@@ -267,7 +267,7 @@ def _provider(name: str, table: dict, where: str, prices: dict[str, Price]) -> P
     return ProviderConfig(name=name, **values)
 
 
-_TYPES = {
+_TYPES: dict[str, Any] = {  # key -> the type(s) isinstance accepts
     "kind": str,
     "base_url": str,
     "api_key_env": str,

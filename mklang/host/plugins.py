@@ -22,6 +22,7 @@ def _import(spec: str) -> ModuleType:
         if not path.is_file():
             raise UsageError(f"--plugin {spec}: no such file")
         module_spec = importlib.util.spec_from_file_location(f"mklang_plugin_{path.stem}", path)
+        assert module_spec is not None and module_spec.loader is not None, "a .py path always has a loader"
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
         return module

@@ -42,7 +42,7 @@ def _arith(node: ast.AST) -> float | int:
     """The value of an arithmetic node; every operand and result stays within the limits."""
     if isinstance(node, ast.Expression):
         return _arith(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
         return _bounded(node.value, "operand")
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         left, right = _arith(node.left), _arith(node.right)
@@ -105,9 +105,9 @@ class Registry:
         self.group = group
         self._builtins = dict(builtins or {})
         self._given = dict(given or {})
-        self._entry_points: dict[str, Callable] | None = None
+        self._entry_points: dict[str, Any] | None = None  # an EntryPoint until first used, then its callable
 
-    def _load_entry_points(self) -> dict[str, Callable]:
+    def _load_entry_points(self) -> dict[str, Any]:
         if self._entry_points is None:
             from importlib.metadata import entry_points
 
@@ -126,6 +126,14 @@ class Registry:
                 points[name] = point.load()
             return points[name]
         return self._builtins.get(name)
+
+
+HostCallables = Registry | Mapping[str, Callable[..., Any]] | None  # what a host may pass as tools or hooks
+
+
+def as_registry(group: str, builtins: Mapping[str, Callable[..., Any]] | None, given: HostCallables) -> Registry:
+    """`given` itself when it is already a registry, else a registry over it."""
+    return given if isinstance(given, Registry) else Registry(group, builtins, given)
 
 
 def wants_idempotency_key(tool: Callable) -> bool:

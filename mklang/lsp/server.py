@@ -11,7 +11,7 @@ from __future__ import annotations
 from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path
-from pygls.workspace import TextDocument
+from pygls.workspace import ServerTextPosition, ServerTextRange, TextDocument
 
 from mklang import __version__
 from mklang.lsp.analysis import Document, Pos, Range, span_range
@@ -30,7 +30,7 @@ SEVERITIES = {"error": lsp.DiagnosticSeverity.Error, "warning": lsp.DiagnosticSe
 def to_client(doc: TextDocument, where: Range) -> lsp.Range:
     (sl, sc), (el, ec) = where
     return doc.range_to_client_units(
-        lsp.Range(start=lsp.Position(line=sl, character=sc), end=lsp.Position(line=el, character=ec))
+        ServerTextRange(start=ServerTextPosition(line=sl, character=sc), end=ServerTextPosition(line=el, character=ec))
     )
 
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
-NONE = "none"  # the judge's "none of the above"
-UNPARSEABLE = "unparseable"  # the judge's answer could not be read
+NONE: Final = "none"  # the judge's "none of the above"
+UNPARSEABLE: Final = "unparseable"  # the judge's answer could not be read
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Usage:
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
@@ -44,7 +44,7 @@ class Usage:
         }
 
     @classmethod
-    def from_json(cls, data: dict | None) -> Usage:
+    def from_json(cls, data: dict[str, Any] | None) -> Usage:
         data = data or {}
         return cls(
             int(data.get("input_tokens", 0)),

@@ -85,7 +85,7 @@ def _plain(value: Any) -> Any:
 class RecordingProvider:
     """Wraps a real provider and writes each completed exchange to the cassette at once."""
 
-    def __init__(self, inner: Provider, path: str | os.PathLike):
+    def __init__(self, inner: Provider, path: str | os.PathLike[str]):
         self._inner = inner
         self._path = Path(path)
         self._exchanges: list[dict[str, Any]] = []
@@ -138,7 +138,7 @@ class RecordingProvider:
 class ReplayProvider:
     """Answers from a cassette with no network; thread-safe."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self._path = Path(path)
         self._exchanges = load(self._path)
         self._queues: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -222,10 +222,11 @@ def load(path: Path) -> list[dict[str, Any]]:
             and isinstance(exchange.get("response"), dict)
         ):
             raise UsageError(f"{path}: exchange {number} needs a request and a response")
-    return data["exchanges"]
+    exchanges: list[dict[str, Any]] = data["exchanges"]
+    return exchanges
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no types
     """Multi-line strings as `|` blocks, so prompts read as they were sent."""
 
 
@@ -238,4 +239,5 @@ _Dumper.add_representer(str, _str)
 
 
 def dump(data: dict[str, Any]) -> str:
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    text: str = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    return text

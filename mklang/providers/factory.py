@@ -25,9 +25,9 @@ def make_provider(
     *,
     provider: str | None = None,
     model: str | None = None,
-    config_path: str | os.PathLike | None = None,
-    record: str | os.PathLike | None = None,
-    replay: str | os.PathLike | None = None,
+    config_path: str | os.PathLike[str] | None = None,
+    record: str | os.PathLike[str] | None = None,
+    replay: str | os.PathLike[str] | None = None,
     max_cost: float | None = None,
 ) -> Provider:
     """The provider for one run. Raises `UsageError` for anything the operator must fix first."""

@@ -115,7 +115,7 @@ class HttpTransport:
         if retry_after_seconds is not None:
             return min(retry_after_seconds, self.config.max_backoff)
         ceiling = min(self.config.max_backoff, self.config.backoff * 2**attempt)
-        return ceiling * random.uniform(0.5, 1.0)
+        return float(ceiling * random.uniform(0.5, 1.0))
 
     def _decode(self, response: httpx.Response) -> dict[str, Any]:
         try:

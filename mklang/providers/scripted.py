@@ -84,7 +84,9 @@ class ScriptedProvider:
             answer = answer["text"]
         return Produced(_as_text(answer), reasoning if reason else None, self.tokens)
 
-    def judge(self, conditions, output, reasoning, context, tier) -> Verdict:
+    def judge(
+        self, conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
+    ) -> Verdict:
         with self._lock:
             answer = self.judge_answers.next("\n".join(conditions))
             self.calls["judge"] += 1

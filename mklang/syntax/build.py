@@ -348,8 +348,8 @@ class Builder:
 
     def assemble_machine(self, items) -> Machine | None:
         """The machine from its top-level statements (shared with the YAML front end)."""
-        declarations = {"tools": [], "hooks": [], "state": []}
-        singles = []
+        declarations: dict[str, list[_Item]] = {"tools": [], "hooks": [], "state": []}
+        singles: list[_Item] = []
         for item in items:
             (declarations.get(item.key, singles)).append(item)
         fields = self._fields(singles, "the machine")

@@ -21,17 +21,17 @@ class _Slot:
     def __init__(self, owner: Node, key: str | None, span: Span):
         self.owner, self.key, self.span = owner, key, span
 
-    def _field(self) -> FieldComments:
-        return self.owner.field_comments.setdefault(self.key, FieldComments(before=[], after=None))
+    def _field(self, key: str) -> FieldComments:
+        return self.owner.field_comments.setdefault(key, FieldComments(before=[], after=None))
 
     def add_before(self, text: str) -> None:
-        (self.owner.comments if self.key is None else self._field().before).append(text)
+        (self.owner.comments if self.key is None else self._field(self.key).before).append(text)
 
     def set_after(self, text: str) -> None:
         if self.key is None:
             self.owner.line_comment = text
         else:
-            self._field().after = text
+            self._field(self.key).after = text
 
 
 def _slots(node: Node, children: Iterable[Node]) -> list[_Slot]:
@@ -45,7 +45,9 @@ def attach(machine: Machine, found: list[Lexeme]) -> None:
     blocks = {id(state): _slots(state, state.gates) for state in machine.states}
     for comment in found:
         text = comment.text.rstrip()
-        state = next((s for s in machine.states if s.span.line < comment.line <= s.span.end_line), None)
+        state = next(
+            (s for s in machine.states if s.span is not None and s.span.line < comment.line <= s.span.end_line), None
+        )
         slots, closing = (blocks[id(state)], state) if state is not None else (top, machine)
         if not comment.own_line:
             starting = [slot for slot in slots + top if slot.span.line == comment.line]

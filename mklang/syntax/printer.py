@@ -75,15 +75,15 @@ def _gate_text(gate: Gate) -> str:
     if gate.policy == "fail":
         words.append("fail")
     elif gate.policy == "repair":
-        words += ["repair", str(gate.repair), "->", gate.target]
+        words += ["repair", str(gate.repair), "->", str(gate.target)]
     elif gate.policy == "escalate":
-        words += ["escalate", "->", gate.target]
+        words += ["escalate", "->", str(gate.target)]
         if gate.ask is not None:
             words += ["ask", encode_string(gate.ask)]
         if gate.reply_to is not None:
             words += ["reply_to", gate.reply_to]
     else:
-        words += ["->", gate.target]
+        words += ["->", str(gate.target)]
     return " ".join(words)
 
 

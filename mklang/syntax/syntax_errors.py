@@ -159,6 +159,7 @@ def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> 
     offset = min(error.pos_in_stream or 0, len(source))
     line, col = error.line if error.line > 0 else 1, error.column if error.column > 0 else 1
     previous, opened = lexemes.before(source, offset)
+    previous_text = previous.text if previous else None
     where = f"after {_quote(previous.text)}" if previous else "at the start of the file"
     end_col = col + 1
     if isinstance(error, UnexpectedToken) and error.token.type not in ("_NL", "$END"):
@@ -180,18 +181,16 @@ def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> 
         elif char == "'":
             message = 'strings use double quotes: "..."'
         else:
-            message = (
-                f"expected {_describe(error.allowed or set(), previous and previous.text)} {where}, not {_quote(char)}"
-            )
+            message = f"expected {_describe(error.allowed or set(), previous_text)} {where}, not {_quote(char)}"
     else:
         token = error.token
         expected = error.accepts or error.expected
-        message = f"expected {_describe(expected, previous and previous.text)} {where}"
+        message = f"expected {_describe(expected, previous_text)} {where}"
         if token.type == "$END":
             message += ", but the file ends"
         elif token.type != "_NL":
             message += f", not {_quote(str(token))}"
         if opened and (token.type == "$END" or {"RBRACE", "RBRACKET"} & set(expected)):
-            block = opened[-1]
-            message += f' (the "{block.text}" at line {block.line} is still open)'
+            unclosed = opened[-1]
+            message += f' (the "{unclosed.text}" at line {unclosed.line} is still open)'
     return Diagnostic(file, line, col, line, end_col, "error", "syntax", message)

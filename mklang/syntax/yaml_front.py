@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from mklang.errors import Diagnostic, MkSyntaxError
-from mklang.model import Call, Declaration, Gate, Machine, Span, ToolUse
+from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolUse
 from mklang.syntax.build import Builder, _Item
 
 # YAML key -> `.mk` statement, where they differ.
@@ -90,7 +90,7 @@ class _Reader:
         for key, key_node, node in self.mapping(root, "the machine", allowed):
             span = self.span(key_node)
             if key in ("tools", "hooks"):
-                items += [_Item(key, decl, decl.span) for decl in self.declarations(node, key)]
+                items += [_Item(key, decl, decl.span or span) for decl in self.declarations(node, key)]
             elif key == "states":
                 items += self.states(node)
             else:
@@ -214,14 +214,17 @@ class _Reader:
         if not isinstance(node, self.yaml.SequenceNode):
             self.error(node, "invalid-value", "gates must be a list")
             return []
-        return [_Item("gate", gate, gate.span) for gate in map(self.gate, node.value) if gate is not None]
+        return [
+            _Item("gate", gate, gate.span or self.span(node)) for gate in map(self.gate, node.value) if gate is not None
+        ]
 
     def gate(self, node) -> Gate | None:
         nodes = {key: value for key, _, value in self.mapping(node, "a gate", GATE_KEYS)}
         fields = {key: self.value(value) for key, value in nodes.items()}
         when = None if fields.get("when") in (None, "otherwise") else self.text(nodes["when"], "when")
         then = fields.get("then", "ok")
-        policy, repair = "ok", None
+        policy: Policy = "ok"
+        repair = None
         if fields.get("fail") or then == "fail":
             policy = "fail"
         elif fields.get("escalate") or then == "escalate":
@@ -300,4 +303,5 @@ def parse_yaml(text: str, filename: str | None = None) -> Machine:
         ) from None
     if reader.builder.diagnostics:
         raise MkSyntaxError(sorted(reader.builder.diagnostics, key=lambda d: (d.line, d.col)))
+    assert machine is not None, "the builder returns no machine only with diagnostics"
     return machine
