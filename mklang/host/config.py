@@ -16,6 +16,8 @@ built.
 from __future__ import annotations
 
 import os
+import re
+import sys
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -53,10 +55,21 @@ class ProviderConfig:
     params: dict[str, Any] = field(default_factory=dict)  # extra request body fields
 
     def api_key(self) -> str | None:
-        """The key from the environment, or None (a local server needs none)."""
+        """The key from the environment, or None (a local server needs none).
+
+        A key with whitespace (a pasted newline, a trailing `\\r`) or other than
+        printable ASCII is refused here, before any request could carry it into
+        a header error; the message names the variable, never the value.
+        """
         if not self.api_key_env:
             return None
-        return os.environ.get(self.api_key_env) or None
+        key = os.environ.get(self.api_key_env) or None
+        if key is not None and not (key.isascii() and key.isprintable() and not any(c.isspace() for c in key)):
+            raise UsageError(
+                f"{self.api_key_env} holds whitespace, control or non-ASCII characters "
+                "(a stray newline or \\r?); set it to the key alone"
+            )
+        return key
 
     def describe(self) -> dict[str, Any]:
         """Everything about this provider that is safe to print: no key, only whether it is set."""
@@ -157,6 +170,17 @@ class HostConfig:
         self.provider(tiers[TIERS[0]].provider)  # fail early on an unknown name
         return replace(self, tiers=tiers)
 
+    def builtin_changes(self) -> list[str]:
+        """How this config redirects a built-in provider: its endpoint or its key variable."""
+        changes = []
+        for name, builtin in builtin_providers().items():
+            mine = self.providers.get(name)
+            if mine is not None and mine.base_url != builtin.base_url:
+                changes.append(f"sends the built-in provider {name} to {mine.base_url}")
+            if mine is not None and mine.api_key_env != builtin.api_key_env:
+                changes.append(f"has the built-in provider {name} read its key from {mine.api_key_env}")
+        return changes
+
     def describe(self) -> dict[str, Any]:
         """The resolved config as JSON-ready data, for `mklang config`."""
         used = {route.provider for route in self.tiers.values()} | set(self.providers)
@@ -166,6 +190,26 @@ class HostConfig:
             "providers": {name: self.provider(name).describe() for name in sorted(used)},
             "prices": {key: {"input": p.input, "output": p.output} for key, p in sorted(self.prices.items())},
         }
+
+
+# `api_key_env` rule (docs/limits.md): a config names only variables that look
+# like a model provider's key, so a config file cannot have a run send another
+# secret (a GitHub token, cloud credentials, the checkpoint key) to an endpoint.
+_KEY_ENV = re.compile(r"[A-Z][A-Z0-9_]*_KEY")
+_OTHER_SECRETS = re.compile(
+    r"^(MKLANG|AWS|AZURE|GCP|GOOGLE_APPLICATION|GITHUB|GH|GITLAB|SSH|GPG|PGP|NPM|PYPI|DOCKER)_|SECRET|PRIVATE|PASSWORD|TOKEN"
+)
+
+
+def _check_key_env(name: str, provider: str, label: str) -> None:
+    """Refuse an `api_key_env` that does not look like this provider's key variable."""
+    vendor = provider.upper() if provider in builtin_providers() else None
+    if not _KEY_ENV.fullmatch(name) or _OTHER_SECRETS.search(name) or (vendor and vendor not in name):
+        must = f", contain {vendor}" if vendor else ""
+        raise UsageError(
+            f"{label}: api_key_env {name!r} does not look like a model key variable "
+            f"(it must be upper case, end in _KEY{must}, and not name another kind of secret)"
+        )
 
 
 def search_paths() -> list[Path]:
@@ -204,6 +248,9 @@ def load_config(
     """Find, read and validate the config, then apply `--provider` / `--model`."""
     path = find_config(config_path)
     config = HostConfig(None, {}, {}, {}) if path is None else _read(path)
+    if path is not None and config_path is None and path == Path("mklang.toml").absolute():
+        for notice in config.builtin_changes():
+            print(f"mklang: note: {path} (found in the working folder) {notice}", file=sys.stderr)
     return config.with_overrides(provider, model)
 
 
@@ -262,6 +309,8 @@ def _provider(name: str, table: dict, where: str, prices: dict[str, Price]) -> P
         values["reasoning"] = "native" if values["kind"] == "anthropic" else "scratchpad"
     for key, value in values.items():
         _check_type(key, value, label)
+    if values.get("api_key_env") is not None:
+        _check_key_env(values["api_key_env"], name, label)
     if base is not None:
         return replace(base, **values)
     return ProviderConfig(name=name, **values)

@@ -14,6 +14,7 @@ import json
 import random
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,8 +152,26 @@ class HttpTransport:
 
 
 def redact(text: str, secret: str | None) -> str:
-    """Replace every occurrence of the secret (when there is one) with `***`."""
-    return text.replace(secret, "***") if secret else text
+    """Replace the secret (when there is one) with `***`, in every encoding an error may echo it.
+
+    A server or a library can quote a key as Python `repr` (of the text or of
+    its bytes), JSON-escaped, or URL-encoded; each of those forms is removed.
+    """
+    if not secret:
+        return text
+    forms = {
+        secret,
+        repr(secret)[1:-1],
+        repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        urllib.parse.quote(secret),
+        urllib.parse.quote(secret, safe=""),
+        urllib.parse.quote_plus(secret, safe=""),
+    }
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, "***")
+    return text
 
 
 def retry_after(value: str | None) -> float | None:

@@ -12,6 +12,7 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 import pytest
 from conftest import cli_env, mklang
@@ -239,3 +240,66 @@ def test_an_error_line_is_escaped(tmp_path: Path):
     missing = tmp_path / "no\x1b[2Jsuch.mk"
     done = mklang("resume", str(missing))
     assert "\x1b" not in done.stderr and "no\\x1b[2Jsuch.mk" in one_line_error(done)
+
+
+# -- API keys and found configs ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["sk-live-123\r", "sk-live-123\n", "sk live 123", "sk-livé-123", "sk-live-\x1b123"])
+def test_a_malformed_key_is_refused_before_any_request_without_showing_it(machine: Path, key: str):
+    with FakeServer() as server:
+        server.fallback = answer('{"a": 1}')
+        done = mklang(
+            "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m",
+            env=cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY=key),
+        )  # fmt: skip
+        assert server.count == 0
+    line = one_line_error(done, "OPENAI_API_KEY")
+    assert "sk-liv" not in done.stdout + done.stderr and "123" not in line
+
+
+def test_a_key_echoed_by_the_server_is_redacted_in_every_encoding(machine: Path):
+    key = 'sk-a+b/c="d'
+    echoes = [key, repr(key), json.dumps(key), quote(key), quote(key, safe=""), quote_plus(key)]
+    with FakeServer() as server:
+        server.add(error(400, "bad request from " + " and ".join(echoes)))
+        done = mklang(
+            "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m", "--format", "json",
+            env=cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY=key),
+        )  # fmt: skip
+    assert done.returncode == 1 and "bad request from ***" in json.loads(done.stdout)["error"]
+    for echo in echoes:
+        assert echo not in done.stdout + done.stderr, echo
+
+
+def found_config(folder: Path, provider_table: str) -> Path:
+    path = folder / "mklang.toml"
+    path.write_text("[providers.openai]\n" + provider_table)
+    return path
+
+
+def test_a_found_config_that_redirects_a_builtin_provider_is_named(machine: Path, tmp_path: Path):
+    with FakeServer() as server:
+        server.fallback = answer('{"a": 1}')
+        config = found_config(tmp_path, f'base_url = "{server.openai_url}"\n')
+        args = ("run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m")
+        done = mklang(*args, cwd=tmp_path, env=cli_env(OPENAI_API_KEY="sk-test"))
+        named = mklang(*args, "--config", str(config), env=cli_env(OPENAI_API_KEY="sk-test"))
+    assert done.returncode == 0, done.stderr
+    note = f"mklang: note: {config} (found in the working folder) sends the built-in provider openai to {server.openai_url}"
+    assert note in done.stderr.splitlines()
+    assert named.returncode == 0 and "note:" not in named.stderr
+
+
+@pytest.mark.parametrize(
+    "variable", ["GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "MKLANG_CHECKPOINT_KEY", "ANTHROPIC_API_KEY"]
+)
+def test_api_key_env_must_look_like_this_providers_key(machine: Path, tmp_path: Path, variable: str):
+    found_config(tmp_path, f'api_key_env = "{variable}"\n')
+    with FakeServer() as server:
+        done = mklang(
+            "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m", cwd=tmp_path,
+            env=cli_env(OPENAI_BASE_URL=server.openai_url, **{variable: "secret-value"}),
+        )  # fmt: skip
+        assert server.count == 0
+    one_line_error(done, "mklang.toml", f"api_key_env {variable!r} does not look like a model key variable")
