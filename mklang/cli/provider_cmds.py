@@ -49,7 +49,8 @@ def render_text(data: dict[str, Any]) -> str:
         lines.append(f"  {name}: {p['kind']} {p['base_url']} (key: {key})")
         lines.append(
             f"    timeout {p['timeout']:g}s, connect {p['connect_timeout']:g}s, retries {p['retries']}, "
-            f"backoff {p['backoff']:g}s..{p['max_backoff']:g}s, max_in_flight {p['max_in_flight']}, "
+            f"backoff {p['backoff']:g}s..{p['max_backoff']:g}s, "
+            f"max_in_flight {p['max_in_flight'] or 'per --concurrency'}, "
             f"max_tokens {p['max_tokens']}, reasoning {p['reasoning']}"
         )
         if p["params"]:

@@ -48,7 +48,7 @@ class ProviderConfig:
     retries: int = 3  # extra attempts after the first, on 429, 5xx and connection errors
     backoff: float = 1.0  # first retry delay in seconds; doubles per attempt, with jitter
     max_backoff: float = 30.0  # ceiling for one delay, Retry-After included
-    max_in_flight: int = 8  # requests in flight at once against this provider
+    max_in_flight: int | None = None  # a cap of this provider's own; None: the run's --concurrency decides
     max_tokens: int = 4096  # answer length cap sent to Anthropic (OpenAI-compatible: set it in params)
     reasoning: Literal["native", "scratchpad"] = "scratchpad"
     thinking_budget: int = 2048  # Anthropic `thinking.budget_tokens` for `reason` states

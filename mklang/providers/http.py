@@ -9,6 +9,7 @@ is raised. The API key is scrubbed from every message this module builds.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import random
@@ -40,10 +41,13 @@ class Reply:
 
 
 class HttpTransport:
-    """POSTs JSON to one provider with pooling, a semaphore of `max_in_flight`, and retries.
+    """POSTs JSON to one provider with pooling and retries.
 
-    Thread-safe: fan-out branches share it. `sleep` is injectable so tests
-    can observe the delays without waiting for them.
+    Thread-safe: fan-out branches share it. How many requests are in flight
+    is the run's one limit (`--concurrency`); a provider's `max_in_flight`,
+    when the config sets one, caps its own requests further (a semaphore and
+    a pool of that size). `sleep` is injectable so tests can observe the
+    delays without waiting for them.
     """
 
     def __init__(
@@ -57,8 +61,11 @@ class HttpTransport:
         self.config = config
         self._secret = secret
         self._sleep = sleep
-        self._slots = threading.BoundedSemaphore(config.max_in_flight)
-        limits = httpx.Limits(max_connections=config.max_in_flight, max_keepalive_connections=config.max_in_flight)
+        cap = config.max_in_flight
+        self._slots: contextlib.AbstractContextManager[Any] = (
+            threading.BoundedSemaphore(cap) if cap is not None else contextlib.nullcontext()
+        )
+        limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
         self._client = httpx.Client(
             base_url=config.base_url.rstrip("/"),
             headers=headers,
