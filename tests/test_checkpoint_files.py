@@ -71,6 +71,14 @@ def _reap(pid: int) -> int:
     raise AssertionError(f"writer {pid} survived SIGKILL")
 
 
+def _wait_for(path: Path) -> None:
+    for _ in range(10_000):
+        if path.exists():
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"no writer wrote {path}")
+
+
 def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path):
     rng = random.Random(7)
     factory = subprocess.Popen(
@@ -84,6 +92,8 @@ def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path
             factory.stdin.write(f"{folder}\n")
             factory.stdin.flush()
             pid = int(factory.stdout.readline())
+            if kill % 2:  # after a first whole version, however slow the machine is
+                _wait_for(folder / "cp.json")
             time.sleep(rng.uniform(0.0, 0.08))
             os.kill(pid, signal.SIGKILL)
             _reap(pid)
@@ -103,7 +113,7 @@ def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path
         factory.stdin.close()
         factory.wait(timeout=10)
     # The kills must have hit both moments: with a whole file present, and mid-write.
-    assert found >= KILLS // 4, f"only {found} of {KILLS} kills happened after a first write"
+    assert found >= KILLS // 2, f"only {found} of {KILLS} kills found a whole checkpoint"
     assert leftovers >= 1, "no kill landed in the middle of a write"
 
 
