@@ -8,14 +8,11 @@ output, syntax) are reported by the front end when the file is loaded.
 from __future__ import annotations
 
 import heapq
-import re
 from pathlib import Path
 
 from mklang.errors import Diagnostic, LoadError, Severity
-from mklang.model import END, Call, Machine, Node, Produce, Span, State, ToolUse
-
-_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)[^{}]*\}\}")
-FAN_OUT_KEYS = ("item", "index")
+from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
+from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, root_key
 
 
 class _Findings:
@@ -103,9 +100,9 @@ def _reads(state: State) -> list[tuple[str, str]]:
     elif isinstance(face, (Call, ToolUse)) and face.input:
         field = "call" if isinstance(face, Call) else "tool"
         texts += [(value, field) for value in _strings(face.input)]
-    keys = [(match.group(1), field) for text, field in texts for match in _PLACEHOLDER.finditer(text)]
+    keys = [(root_key(match.group(1)), field) for text, field in texts for match in PLACEHOLDER.finditer(text)]
     if state.over:
-        keys.append((state.over.split(".")[0], "over"))
+        keys.append((root_key(state.over), "over"))
     return keys
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from mklang.errors import UsageError
-from mklang.model import END, Gate, Machine, State
+from mklang.model import Gate, Machine, State
+from mklang.vocabulary import END
 
 FORMATS = ("mermaid", "dot", "svg")
 INSTALL_GRAPHVIZ = (

@@ -24,21 +24,16 @@ from pygments.token import (
     Whitespace,
 )
 
+from mklang import vocabulary
+
 if TYPE_CHECKING:
     from rich.syntax import Syntax
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 PATH = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*"
 
-# Statements that open a line, at the top level or inside a state.
-KEYWORDS = (
-    "mklang", "machine", "entry", "budget", "tier", "result", "context",
-    "state", "prompt", "structure", "execution", "reason", "parse",
-    "input", "output", "accumulate", "sample", "over", "max_visits",
-    "when", "otherwise", "ask", "reply_to",
-)  # fmt: skip
-POLICIES = ("repair", "escalate", "fail")
-CONSTANTS = ("fast", "balanced", "reasoning", "list", "json", "true", "false", "null")
+KEYWORDS = tuple(word for word in vocabulary.KEYWORDS if word not in vocabulary.POLICY_KEYWORDS)
+CONSTANTS = (*vocabulary.TIERS, *vocabulary.PARSE_MODES, *vocabulary.LITERALS)
 
 
 class MkLexer(RegexLexer):
@@ -46,7 +41,7 @@ class MkLexer(RegexLexer):
 
     name = "mklang"
     aliases: ClassVar[list[str]] = ["mk", "mklang"]
-    filenames: ClassVar[list[str]] = ["*.mk"]
+    filenames: ClassVar[list[str]] = [f"*{vocabulary.MK_SUFFIX}"]
     mimetypes: ClassVar[list[str]] = ["text/x-mklang"]
     url = "https://github.com/mklang/mklang"
 
@@ -64,7 +59,7 @@ class MkLexer(RegexLexer):
             (rf"\b(state|entry)(\s+)({IDENT})\b", bygroups(Keyword.Declaration, Whitespace, Name.Class)),
             (rf"\b(machine|call)(\s+)({IDENT})\b", bygroups(Keyword.Declaration, Whitespace, Name.Namespace)),
             (rf"\b(tool|hook)(\s+)({IDENT})\b", bygroups(Keyword.Declaration, Whitespace, Name.Function)),
-            (words(POLICIES, suffix=r"\b"), Keyword.Reserved),
+            (words(vocabulary.POLICY_KEYWORDS, suffix=r"\b"), Keyword.Reserved),
             (words(KEYWORDS, suffix=r"\b"), Keyword),
             (words(CONSTANTS, prefix=r"\b", suffix=r"\b"), Keyword.Constant),
             (r"\bEND\b", Keyword.Constant),
@@ -73,7 +68,7 @@ class MkLexer(RegexLexer):
             (r"[{}\[\]:,]", Punctuation),
         ],
         "interpolation": [
-            (r"\{\{[^{}\n]*\}\}", String.Interpol),
+            (vocabulary.PLACEHOLDER.pattern, String.Interpol),
         ],
         "string": [
             (r'"', String.Double, "#pop"),

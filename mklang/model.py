@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
 
-Tier = Literal["fast", "balanced", "reasoning"]
-TIERS: tuple[str, ...] = ("fast", "balanced", "reasoning")
+from mklang.vocabulary import Tier
+
 Policy = Literal["ok", "repair", "escalate", "fail"]
-END = "END"
 DEFAULT_REPLY_TO = "human.reply"
 LANGUAGE_VERSION = "0.4"
 

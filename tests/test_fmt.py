@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from mklang.cli.app import app
 from mklang.cli.syntax_cmds import fmt_command  # noqa: F401 - registers the command
-from mklang.model import TIERS, Call, Declaration, Gate, Machine, Produce, State, ToolUse
+from mklang.model import Call, Declaration, Gate, Machine, Produce, State, ToolUse
 from mklang.syntax import format_machine, load_file, parse
+from mklang.vocabulary import TIERS
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE_FILES = sorted(ROOT.glob("examples/**/*.mk")) + sorted(ROOT.glob("machines/*.mk"))

@@ -19,13 +19,14 @@ from mklang.checkpoint.journal import FileJournal, read_journal, recover
 from mklang.checkpoint.lock import RunLock, refuse_if_running
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
-from mklang.engine.interpolate import assign, root_key
+from mklang.engine.interpolate import assign
 from mklang.engine.runner import Caps, Observer
 from mklang.errors import CheckpointError, LoadError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.host.registry import HostCallables
 from mklang.model import Machine
 from mklang.providers.base import Provider
+from mklang.vocabulary import root_key
 
 if TYPE_CHECKING:
     from mklang.scenarios import ScriptedHost

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from mklang import exitcodes
+from mklang.vocabulary import MK_SUFFIX
 
 FORMATS = ("text", "json", "auto")
 
@@ -22,7 +23,7 @@ def expand(paths: list[Path]) -> list[Path]:
     """Files as given; directories searched for `*.mk`."""
     files: list[Path] = []
     for path in paths:
-        files += sorted(path.rglob("*.mk")) if path.is_dir() else [path]
+        files += sorted(path.rglob(f"*{MK_SUFFIX}")) if path.is_dir() else [path]
     return files
 
 

@@ -35,8 +35,9 @@ def fmt_command(
 ) -> None:
     """Print machines in the canonical .mk layout (YAML machines convert to .mk)."""
     from mklang.errors import LoadError
-    from mklang.syntax import YAML_SUFFIXES, format_machine, load_file
+    from mklang.syntax import format_machine, load_file
     from mklang.syntax.diagnostics import render_text
+    from mklang.vocabulary import MK_SUFFIX, YAML_SUFFIXES
 
     if check and write:
         raise fail("--check and --write cannot be combined")
@@ -54,7 +55,7 @@ def fmt_command(
                 if is_yaml or path.read_text(encoding="utf-8") != text:
                     changed.append(path)
             elif write:
-                target = path.with_suffix(".mk") if is_yaml else path
+                target = path.with_suffix(MK_SUFFIX) if is_yaml else path
                 if is_yaml or path.read_text(encoding="utf-8") != text:
                     target.write_text(text, encoding="utf-8")
                     print(f"wrote {target}", file=sys.stderr)

@@ -13,9 +13,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from mklang.engine.interpolate import assign, lookup, root_key
+from mklang.engine.interpolate import assign, lookup
 from mklang.model import Machine, State
 from mklang.providers.base import Usage
+from mklang.vocabulary import root_key
 
 
 def step_output(step: dict[str, Any]) -> Any:

@@ -7,12 +7,12 @@ first segment of its path names a tainted key.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from functools import lru_cache
 from typing import Any
 
-PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][\w-]*(?:\.[\w-]+)*)\s*\}\}")
+from mklang.vocabulary import PLACEHOLDER
+
 _MISSING = object()
 
 
@@ -46,10 +46,6 @@ def assign(context: dict[str, Any], path: str, value: Any) -> None:
             target[part] = child
         target = child
     target[parts[-1]] = value
-
-
-def root_key(path: str) -> str:
-    return path.partition(".")[0]
 
 
 def render_value(value: Any) -> str:

@@ -23,14 +23,15 @@ from typing import Any, NoReturn, Protocol
 
 from mklang.engine.frame import Frame
 from mklang.engine.gates import NoGate, Selected, select_gate
-from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, root_key
+from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input
 from mklang.engine.keys import Calls
 from mklang.engine.signals import Halt, Interrupted, Stopped, Suspend
 from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import Registry, wants_idempotency_key
 from mklang.limits import NestingError, load_json
-from mklang.model import END, Call, Gate, Machine, Produce, State, ToolUse
+from mklang.model import Call, Gate, Machine, Produce, State, ToolUse
 from mklang.providers.base import Produced, Provider, Usage, deadline
+from mklang.vocabulary import END, root_key
 
 MAX_CALL_DEPTH = 8
 FENCE_NOTICE = (

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from mklang.errors import UsageError
 from mklang.limits import read_text
+from mklang.vocabulary import TIERS
 
-TIERS = ("fast", "balanced", "reasoning")
 KINDS = ("openai", "anthropic")
 
 

@@ -26,18 +26,11 @@ from pygments.token import Comment, Name, Punctuation, String, Whitespace
 from mklang.errors import Diagnostic, LoadError
 from mklang.graph import condition_text, face_text, fan_out_text, policy_text
 from mklang.highlight import MkLexer
-from mklang.model import END, Machine, State
+from mklang.model import Machine, State
+from mklang.vocabulary import END, FAN_OUT_KEYS, HEADER_KEYWORDS, OPEN_PLACEHOLDER, STATE_KEYWORDS
 
 Pos = tuple[int, int]
 Range = tuple[Pos, Pos]
-
-TOP_KEYWORDS = ("mklang", "machine", "entry", "budget", "tier", "result", "context", "tool", "hook", "state")
-STATE_KEYWORDS = (
-    "prompt", "structure", "execution", "reason", "parse", "call", "tool", "input", "tier",
-    "output", "accumulate", "sample", "over", "max_visits", "when", "otherwise", "hook",
-    "repair", "escalate", "fail", "ask", "reply_to",
-)  # fmt: skip
-FAN_OUT_KEYS = {"item": "the element of the `over` list this branch handles", "index": "the 0-based branch number"}
 
 
 @dataclass(frozen=True)
@@ -182,14 +175,14 @@ class Document:
             return [Completion(name, "state", self._state_detail(name)) for name in names] + [
                 Completion(END, "state", "finish the run")
             ]
-        if re.search(r"\{\{\s*[\w.]*$", prefix):
+        if OPEN_PLACEHOLDER.search(prefix):
             return [Completion(path, "key", detail) for path, detail in context_keys(model).items()]
         if re.fullmatch(r"\s*\w*", prefix):
             block = self._block_at(self.offset(pos))
             if block == "state":
                 return [Completion(word, "keyword") for word in STATE_KEYWORDS]
             if block is None:
-                return [Completion(word, "keyword") for word in TOP_KEYWORDS]
+                return [Completion(word, "keyword") for word in HEADER_KEYWORDS]
         return []
 
     def _block_at(self, offset: int) -> str | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 
 from mklang.errors import UsageError
-from mklang.host.config import TIERS, HostConfig, ProviderConfig, load_config
+from mklang.host.config import HostConfig, ProviderConfig, load_config
 from mklang.providers.anthropic import AnthropicClient
 from mklang.providers.base import Provider
 from mklang.providers.http import ProviderClient
 from mklang.providers.openai import OpenAIClient
 from mklang.providers.routed import RoutedProvider, Target
+from mklang.vocabulary import TIERS
 
 CLIENTS: dict[str, type[ProviderClient]] = {"openai": OpenAIClient, "anthropic": AnthropicClient}
 
@@ -60,7 +61,7 @@ def build_routed(config: HostConfig, *, max_cost: float | None = None) -> Routed
                     f'add [prices."{route.key}"] input = ..., output = ... (USD per million tokens) to the config'
                 )
     clients: dict[str, ProviderClient] = {}
-    targets = {}
+    targets: dict[str, Target] = {}
     for tier, route in routes.items():
         if route.provider not in clients:
             clients[route.provider] = make_client(config.provider(route.provider))

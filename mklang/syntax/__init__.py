@@ -12,11 +12,9 @@ from mklang.errors import Diagnostic, LoadError
 from mklang.limits import UnreadableText, read_bounded
 from mklang.model import Machine
 from mklang.syntax.parser import parse
+from mklang.vocabulary import YAML_SUFFIXES
 
-YAML_SUFFIXES = (".mkl", ".yaml", ".yml")
-SUFFIXES = (".mk", *YAML_SUFFIXES)
-
-__all__ = ["SUFFIXES", "format_machine", "load_file", "parse"]
+__all__ = ["format_machine", "load_file", "parse"]
 
 
 def load_file(path) -> Machine:

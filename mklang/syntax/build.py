@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mklang.errors import Diagnostic, MkSyntaxError
-from mklang.model import TIERS, Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
+from mklang.model import Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
 from mklang.syntax._parser import Token
-from mklang.syntax.text import decode_block, decode_string
+from mklang.syntax.text import decode_block, decode_string, either
+from mklang.vocabulary import PARSE_MODES, TIERS
 
 PRODUCE_FIELDS = ("structure", "execution", "prompt", "reason", "parse")
 FACE_WORDS = {"produce": "a prompt", "call": "a call", "tool": "a tool"}
-PARSE_MODES = ("list", "json")
 
 
 @dataclass
@@ -114,8 +114,7 @@ class Builder:
 
     def _choice(self, token, allowed: tuple[str, ...], what: str, span: Span | None = None) -> str | None:
         if token not in allowed:
-            words = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
-            self._error(self._where(token, span), "invalid-value", f'{what} must be {words}, not "{token}"')
+            self._error(self._where(token, span), "invalid-value", f'{what} must be {either(allowed)}, not "{token}"')
             return None
         return str(token)
 

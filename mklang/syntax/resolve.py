@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SUFFIXES = (".mk", ".mkl", ".yaml", ".yml")
+from mklang.vocabulary import SUFFIXES
+
 _PACKAGE = Path(__file__).resolve().parent.parent
 
 

@@ -14,6 +14,8 @@ import functools
 from mklang.errors import Diagnostic
 from mklang.syntax import lexemes
 from mklang.syntax._parser import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from mklang.syntax.text import either
+from mklang.vocabulary import HEADER_KEYWORDS, PARSE_MODES, STATE_KEYWORDS, TIERS
 
 WORDS = {
     "NAME": "a name",
@@ -49,17 +51,15 @@ NAME_AFTER = {
     "result": "a context key",
     "over": "a context path",
     "reply_to": "a context path",
-    "tier": "a tier (fast, balanced or reasoning)",
-    "parse": "list or json",
+    "tier": f"a tier ({either(TIERS)})",
+    "parse": either(PARSE_MODES),
 }
 
 # Sets of terminals that read better as one phrase: when the core set is
 # expected, the phrase replaces every member.
-_HEADER = {"MKLANG", "MACHINE", "ENTRY", "BUDGET", "TIER", "RESULT", "CONTEXT", "TOOL", "HOOK", "STATE"}
-_STATEMENT = {
-    "PROMPT", "STRUCTURE", "EXECUTION", "REASON", "PARSE", "CALL", "TOOL", "TIER", "OUTPUT",
-    "ACCUMULATE", "SAMPLE", "OVER", "MAX_VISITS", "WHEN", "OTHERWISE",
-}  # fmt: skip
+# (A keyword's terminal is the keyword in capitals.)
+_HEADER = {word.upper() for word in HEADER_KEYWORDS}
+_STATEMENT = {word.upper() for word in STATE_KEYWORDS}
 GROUPS = (
     ({"MACHINE", "ENTRY", "STATE"}, _HEADER, "a header line (machine, entry, budget, ...) or a state"),
     ({"PROMPT", "OUTPUT", "WHEN"}, _STATEMENT, "a state statement (prompt, output, when, otherwise, ...)"),
@@ -144,7 +144,7 @@ def _describe(expected: set[str], previous: str | None) -> str:
             words.append(WORDS.get(name, f'"{name.lower()}"'))
     if not words:
         return "nothing more"
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" or {words[-1]}"
+    return either(words)
 
 
 def _quote(text: str) -> str:

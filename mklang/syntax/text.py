@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 _BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Characters a `"""` block cannot carry faithfully: they are printed as `"..."`.
 _UNSAFE_IN_BLOCK = re.compile(r'"""|\r|[\x00-\x08\x0b-\x1f\x7f]')
+
+
+def either(words: Sequence[str]) -> str:
+    """Alternatives in words, as messages list them: `a`, `a or b`, `a, b or c`."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" or {words[-1]}"
 
 
 def decode_string(token: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolUse
 from mklang.syntax.build import Builder, _Item
+from mklang.vocabulary import PARSE_MODES, PLACEHOLDER, TIERS
 
 # YAML key -> `.mk` statement, where they differ.
 TOP_KEYS = {"mklang": "version", "machine": "name", "entry": "entry", "budget": "budget", "default_tier": "tier",
@@ -23,7 +24,6 @@ STATE_KEYS = ("prompt", "structure", "execution", "reason", "parse", "call", "to
 GATE_KEYS = ("when", "hook", "then", "to", "ask", "reply_to", "repair", "escalate", "fail")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)?\Z")
-_PLACEHOLDER = re.compile(r"\s*\{\{\s*([^{}]+?)\s*\}\}\s*\Z")
 
 
 class _Reader:
@@ -103,7 +103,7 @@ class _Reader:
         if field == "budget":
             return self.builder._whole(value, "budget", span)
         if field == "tier":
-            return self.builder._choice(value, ("fast", "balanced", "reasoning"), "default_tier", span)
+            return self.builder._choice(value, TIERS, "default_tier", span)
         if field == "context":
             value = self.data(node, "context")
             if not isinstance(value, dict):
@@ -184,7 +184,7 @@ class _Reader:
                 if value:
                     items.append(_Item(key, True, span))
             elif key == "over":
-                match = _PLACEHOLDER.match(value) if isinstance(value, str) else None
+                match = PLACEHOLDER.fullmatch(value.strip()) if isinstance(value, str) else None
                 path = match.group(1) if match else value
                 if not isinstance(path, str) or not _NAME.match(path):
                     self.error(
@@ -194,7 +194,7 @@ class _Reader:
                     )
                 items.append(_Item(key, path if isinstance(path, str) else "_", span))
             elif key in ("tier", "parse"):
-                allowed = ("fast", "balanced", "reasoning") if key == "tier" else ("list", "json")
+                allowed = TIERS if key == "tier" else PARSE_MODES
                 items.append(_Item(key, self.builder._choice(value, allowed, key, span), span))
             elif key == "output":
                 items.append(_Item(key, self.name(value_node, "an output key"), span))

@@ -1,0 +1,59 @@
+"""The words of the language, defined once.
+
+The grammar (grammar/mklang.lark) is the authority on what parses; this
+module lists the same words for everything else that needs them: the
+checker, the interpolator, the YAML front end, the syntax-error tables, the
+highlighter and the language server. A test keeps the keyword list equal to
+the grammar's keyword terminals.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal, get_args
+
+Tier = Literal["fast", "balanced", "reasoning"]
+TIERS: Final[tuple[Tier, ...]] = get_args(Tier)
+DEFAULT_TIER: Final[Tier] = "balanced"
+
+ParseMode = Literal["list", "json"]
+PARSE_MODES: Final[tuple[ParseMode, ...]] = get_args(ParseMode)
+
+# Keywords that open a line at the top level of a `.mk` file.
+HEADER_KEYWORDS: Final = ("mklang", "machine", "entry", "budget", "tier", "result", "context", "tool", "hook", "state")
+# Keywords that open a line inside a state (a gate line opens with `when` or `otherwise`).
+STATE_KEYWORDS: Final = (
+    "prompt", "structure", "execution", "reason", "parse", "call", "tool", "tier",
+    "output", "accumulate", "sample", "over", "max_visits", "when", "otherwise",
+)  # fmt: skip
+# Words later on a gate line: the hook of a condition, the policies and an escalation's options.
+POLICY_KEYWORDS: Final = ("repair", "escalate", "fail")
+GATE_KEYWORDS: Final = ("hook", *POLICY_KEYWORDS, "ask", "reply_to")
+KEYWORDS: Final = tuple(dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_KEYWORDS)))
+END: Final = "END"  # the target that finishes a run
+LITERALS: Final = ("true", "false", "null")
+
+MK_SUFFIX: Final = ".mk"
+YAML_SUFFIXES: Final = (".mkl", ".yaml", ".yml")
+SUFFIXES: Final = (MK_SUFFIX, *YAML_SUFFIXES)
+
+# What a fan-out branch may read besides the context, and what each holds.
+FAN_OUT_KEYS: Final = {
+    "item": "the element of the `over` list this branch handles",
+    "index": "the 0-based branch number",
+}
+
+# A context path as placeholders write it: a key, then `.key` or `.index` parts
+# (keys may hold `-`, as in `ticket-id`; indices may be negative, as in `.-1`).
+PATH: Final = r"[A-Za-z_][\w-]*(?:\.[\w-]+)*"
+# `{{ path }}`: group 1 is the path.
+PLACEHOLDER: Final = re.compile(r"\{\{\s*(" + PATH + r")\s*\}\}")
+
+
+def root_key(path: str) -> str:
+    """The top-level context key a path starts with: taint, deposits and checks work per key."""
+    return path.partition(".")[0]
+
+
+# A placeholder still being typed at the end of a line, for completion.
+OPEN_PLACEHOLDER: Final = re.compile(r"\{\{\s*[\w.-]*\Z")
