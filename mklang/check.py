@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from pathlib import Path
 
+from mklang.engine.interpolate import lookup
 from mklang.errors import Diagnostic, LoadError, Severity
 from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
 from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, root_key
@@ -221,11 +222,28 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
             f"max_visits {state.max_visits} is at or under the state's repair budget ({repairs}): "
             "repairs cannot all run",
         )
+    if state.over is not None and state.sample is None and not _declared_list(machine, state.over):
+        out.warning(
+            _at(state, "over"),
+            "over-unbounded",
+            f'{owner} fans out over "{state.over}", a list whose length is set at run time (no declared bound): '
+            f"the step budget ({machine.budget}) is its only limit, one step per item, and a longer list stops "
+            "the run here (budget-exhausted); cap the run's spend with --max-tokens or --max-cost",
+        )
     allowed = written | (set(FAN_OUT_KEYS) if state.sample is not None or state.over is not None else set())
     for key, field in _reads(state):
         if key not in allowed:
             out.warning(_at(state, field), "unwritten-context-key", f'{owner} reads "{key}", which nothing writes')
             allowed = allowed | {key}  # once per key and state
+
+
+def _declared_list(machine: Machine, path: str) -> bool:
+    """True when the author wrote the list an `over` reads: a non-empty literal in `context`
+    that no state output or human reply overwrites (ADR 0012)."""
+    writers = {root_key(state.output) for state in machine.states}
+    writers |= {root_key(g.effective_reply_to) for s in machine.states for g in s.gates if g.policy == "escalate"}
+    value = lookup(machine.context, path)
+    return isinstance(value, list) and bool(value) and root_key(path) not in writers
 
 
 def check_file(path) -> list[Diagnostic]:

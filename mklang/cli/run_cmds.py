@@ -40,7 +40,7 @@ ScriptOpt = typer.Option(None, "--script", help="Scenario script: answer from a 
 ScenarioOpt = typer.Option(None, "--scenario", help="Scenario of --script to use.")
 ReplayOpt = typer.Option(None, "--replay", help="Answer from a recorded cassette, offline.")
 RecordOpt = typer.Option(None, "--record", help="Record every provider exchange into a cassette.")
-ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Fan-out branches in flight (default 8).")
+ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Calls in flight for the whole run (default 8).")
 HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend for a human reply.")
 PluginOpt = typer.Option(
     None, "--plugin", metavar="MODULE|FILE.py", help="Load host tools and hooks (its TOOLS and HOOKS maps). Repeatable."

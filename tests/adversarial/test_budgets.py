@@ -149,6 +149,13 @@ def test_max_cost_stops_300_branches_near_the_cap_through_the_cli(tmp_path, serv
     assert data["usage"]["cost_usd"] <= 0.1 + 7 * 0.01 + 1e-9
 
 
+def test_a_dollar_cap_is_met_by_a_float_sum_of_prices(tmp_path):
+    """Ten calls of $0.01 add up to 0.0999...: the $0.10 cap must still stop the eleventh."""
+    provider = Echo()
+    result = run(load_file(wide(tmp_path)), {"items": ITEMS}, provider=provider, concurrency=1, max_cost=0.1)
+    assert (result.status, result.error, provider.calls) == ("halted", "cost-exhausted", 10)
+
+
 def test_the_step_budget_launches_no_branch_beyond_it(tmp_path):
     provider = Echo()
     result = run(load_file(wide(tmp_path, budget=25)), {"items": ITEMS}, provider=provider, concurrency=8)
