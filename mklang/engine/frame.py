@@ -26,6 +26,25 @@ def step_output(step: dict[str, Any]) -> Any:
     return step.get("output")
 
 
+def deposit_into(context: dict[str, Any], state: State, value: Any, *, copy_maps: bool = False) -> list[Any] | None:
+    """Write `state`'s output `value` into `context` (SPEC: `output`, `accumulate`).
+
+    An accumulating deposit onto a list appends in place (a long run must not
+    copy its list every step) and returns that list; any other deposit
+    returns None. `copy_maps` copies the maps on the output's path instead of
+    writing into them (see `assign`).
+    """
+    key = state.output
+    if state.accumulate:
+        current = lookup(context, key)
+        if isinstance(current, list):
+            current.append(value)
+            return current
+        value = [value] if current is None else [current, value]
+    assign(context, key, value, copy_maps=copy_maps)
+    return None
+
+
 @dataclass
 class Frame:
     machine: Machine
@@ -106,17 +125,8 @@ class Frame:
             self.state = step["to"]
 
     def deposit(self, state: State, value: Any) -> None:
-        key = state.output
-        if state.accumulate:
-            current = lookup(self.context, key)
-            if isinstance(current, list):
-                current.append(value)  # in place: a long run must not copy its list every step
-            else:
-                assign(self.context, key, [] if current is None else [current])
-                lookup(self.context, key).append(value)
-        else:
-            assign(self.context, key, value)
-        self.tainted.add(root_key(key))
+        deposit_into(self.context, state, value)
+        self.tainted.add(root_key(state.output))
         self.last_output = value
 
     def result(self) -> Any:

@@ -32,8 +32,12 @@ def lookup(context: dict[str, Any], path: str, default: Any = None) -> Any:
     return value
 
 
-def assign(context: dict[str, Any], path: str, value: Any) -> None:
-    """Write `value` at a dotted path, creating maps on the way."""
+def assign(context: dict[str, Any], path: str, value: Any, *, copy_maps: bool = False) -> None:
+    """Write `value` at a dotted path, creating maps on the way.
+
+    With `copy_maps`, each map on the way is replaced by a shallow copy before
+    it is written into, so maps shared with another context stay as they were.
+    """
     if "." not in path:
         context[path] = value
         return
@@ -43,7 +47,9 @@ def assign(context: dict[str, Any], path: str, value: Any) -> None:
         child = target.get(part)
         if not isinstance(child, dict):
             child = {}
-            target[part] = child
+        elif copy_maps:
+            child = dict(child)
+        target[part] = child
         target = child
     target[parts[-1]] = value
 

@@ -9,7 +9,6 @@ extended by every enclosing call level with its own frame.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import re
@@ -21,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
-from mklang.engine.frame import Frame
+from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input
 from mklang.engine.keys import Calls
@@ -321,13 +320,14 @@ def _run_state(
         details.update(extra)
         charge = 1
     # Hooks and the judge see the context with this output deposited.
+    deposited = _DepositedView(frame, state, output)
     try:
-        choice = select_gate(
-            rt, frame, state, output, reasoning, lambda: _deposited_view(frame, state, output), prefix + ".g"
-        )
+        choice = select_gate(rt, frame, state, output, reasoning, deposited, prefix + ".g")
     except Halt as halted:
         halted.usage = usage + halted.usage
         raise
+    finally:
+        deposited.take_back()
     if choice.usage.tokens or choice.usage.cost_usd:
         usage = usage + choice.usage
     if isinstance(choice, Selected) and choice.fallback:
@@ -369,15 +369,30 @@ def _step(
     return step
 
 
-def _deposited_view(frame: Frame, state: State, output: Any) -> dict[str, Any]:
-    """The context as it will be after this state's deposit, without touching the frame."""
-    preview = Frame(frame.machine, frame.state, dict(frame.context), set(frame.tainted), frame.budget)
-    key = root_key(state.output)
-    if (key != state.output or state.accumulate) and key in preview.context:
-        # Nested and accumulating deposits write inside the value: work on a copy.
-        preview.context[key] = copy.deepcopy(preview.context[key])
-    preview.deposit(state, output)
-    return preview.context
+class _DepositedView:
+    """The context as it will be after this state's deposit, for hooks and the judge,
+    built without copying what the run has accumulated: maps on the output's path are
+    copied, and an accumulating deposit is appended to the frame's own list, which
+    `take_back` restores once the gates are chosen (`Frame.apply` deposits for real)."""
+
+    def __init__(self, frame: Frame, state: State, output: Any):
+        self._frame, self._state, self._output = frame, state, output
+        self._context: dict[str, Any] | None = None
+        self._grown: tuple[list[Any], int] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        if self._context is None:
+            self._context = dict(self._frame.context)
+            grown = deposit_into(self._context, self._state, self._output, copy_maps=True)
+            if grown is not None:
+                self._grown = (grown, len(grown) - 1)
+        return dict(self._context)  # each caller gets its own top level
+
+    def take_back(self) -> None:
+        if self._grown is not None:
+            grown, length = self._grown
+            del grown[length:]
+            self._grown = None
 
 
 _FaceResult = tuple[Any, str | None, Usage, dict[str, Any]]  # output, reasoning, usage, trace extras

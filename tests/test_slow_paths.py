@@ -1,0 +1,74 @@
+"""The fast paths keep the results of the slow ones (bench/slow_paths.py measures them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conformance.harness import run_mk
+
+from mklang.limits import compose_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GROWING = """machine grow
+entry write
+budget 4
+state write {
+  structure "a line"
+  prompt "write"
+  output lines
+  accumulate
+  when "enough" hook enough -> END
+  otherwise -> write
+}
+"""
+
+
+def test_hooks_see_each_accumulated_output_in_the_runs_own_list_without_a_copy():
+    seen: list[tuple[int, list[str]]] = []
+
+    def enough(context, output):
+        seen.append((id(context["lines"]), list(context["lines"])))
+        return len(context["lines"]) == 3
+
+    result = run_mk(GROWING, llm={"produce": ["a", "b", "c"]}, hooks={"enough": enough})
+    assert result.status == "done"
+    assert [lines for _, lines in seen] == [["a"], ["a", "b"], ["a", "b", "c"]]
+    assert result.context["lines"] == ["a", "b", "c"]  # each output deposited once
+    # The hook was shown the run's own list, grown in place, not a copy made for each step.
+    assert {identity for identity, _ in seen[1:]} == {id(result.context["lines"])}
+
+
+def test_a_hook_that_fails_leaves_the_context_without_the_output_it_was_shown():
+    def enough(context, output):
+        if len(context["lines"]) == 2:
+            raise RuntimeError("no")
+        return False
+
+    result = run_mk(GROWING, llm={"produce": ["a", "b"]}, hooks={"enough": enough})
+    assert (result.status, result.error) == ("halted", "state-error: hook: enough: no")
+    assert result.context["lines"] == ["a"]
+
+
+def yaml_files() -> list[Path]:
+    """The YAML machines and scenario scripts of the repository."""
+    return sorted(p for folder in ("examples", "machines") for p in (ROOT / folder).rglob("*.y*ml"))
+
+
+def marks(node) -> list[tuple[int, int, int, int]]:
+    """Every node's start and end position, depth first."""
+    found = [(node.start_mark.line, node.start_mark.column, node.end_mark.line, node.end_mark.column)]
+    children = node.value if isinstance(node.value, list) else []
+    for child in children:
+        for part in child if isinstance(child, tuple) else (child,):
+            found += marks(part)
+    return found
+
+
+@pytest.mark.skipif(not hasattr(yaml, "CSafeLoader"), reason="PyYAML without libyaml: only the pure-Python loader")
+@pytest.mark.parametrize("path", yaml_files(), ids=lambda p: p.name)
+def test_the_yaml_loader_reports_the_positions_of_the_pure_python_one(path):
+    text = path.read_text(encoding="utf-8")
+    assert marks(compose_yaml(text)) == marks(yaml.compose(text, Loader=yaml.SafeLoader))
