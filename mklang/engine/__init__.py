@@ -140,7 +140,7 @@ def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool
     except Halt as halt:
         result = RunResult("halted", halt.error, halt.at, None, root.context, root.trace, root.usage + halt.usage)
     except Interrupted as interrupted:
-        result = RunResult("halted", "interrupted", interrupted.args[0], None, root.context, root.trace, root.usage)
+        result = RunResult("halted", "interrupted", interrupted.at, None, root.context, root.trace, interrupted.usage)
     except Suspend as suspend:
         innermost = suspend.frames[-1]
         # Each frame counts its own spend; the run's spend so far is their sum.

@@ -226,7 +226,7 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             raise
         except _Cut as cut:
             _stop(level, cut.reason, cut.usage)
-        except Stopped as stopped:  # a level below, inside this branch, stopped: count this level's spend
+        except (Stopped, Interrupted) as stopped:  # a level below stopped: count this level's spend
             stopped.usage = frame.usage + stopped.usage
             raise
         resume = None
@@ -274,7 +274,7 @@ def _stop(level: Level, reason: str, usage: Usage | None = None) -> NoReturn:
     if level.suspendable:
         raise Suspend(frame, reason)
     if reason == "interrupted":
-        raise Interrupted(frame.state)
+        raise Interrupted(frame.state, frame.usage + usage)
     if level.branch and reason != "budget-exhausted":
         raise Stopped(reason, frame.usage + usage)
     raise Halt(reason, frame.state, usage)

@@ -35,7 +35,16 @@ class Suspend(Exception):
 
 
 class Interrupted(Exception):
-    """An interrupt reached a run that cannot suspend: it ends at once (exit 130)."""
+    """An interrupt reached a run that cannot suspend: it ends at once (exit 130).
+
+    `usage` gathers what every level had spent as the exception passed it, so
+    the run's totals stay true.
+    """
+
+    def __init__(self, at: str, usage: Usage):
+        super().__init__(at)
+        self.at = at
+        self.usage = usage
 
 
 class Stopped(Exception):

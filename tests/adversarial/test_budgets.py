@@ -22,7 +22,7 @@ from conftest import mklang, outcome
 from fakeserver import FakeServer, Reply, Request, answer
 
 from mklang.checkpoint import resume, start
-from mklang.engine import run
+from mklang.engine import Control, run
 from mklang.providers.base import Produced, Usage, Verdict
 from mklang.syntax import load_file
 
@@ -112,8 +112,10 @@ def server():
         yield running
 
 
-def cli_run(folder: Path, server: FakeServer, *options: str, budget: int = 400) -> tuple[int, dict[str, Any]]:
-    items = write(folder, "items.json", json.dumps({"items": ITEMS}))
+def cli_run(
+    folder: Path, server: FakeServer, *options: str, budget: int = 400, count: int = 300
+) -> tuple[int, dict[str, Any]]:
+    items = write(folder, "items.json", json.dumps({"items": ITEMS[:count]}))
     done = mklang(
         "run",
         str(wide(folder, budget)),
@@ -192,7 +194,10 @@ def test_a_token_cut_fan_out_resumes_only_the_branches_not_done_through_the_cli(
     first = tmp_path / "first"
     first.mkdir()
     checkpoint = first / "cp.json"
-    code, data = cli_run(first, server, "--max-tokens", "100", "--concurrency", "4", "--checkpoint", str(checkpoint))
+    # 60 items keep the journal's fsyncs few; the 300-item bounds are measured above.
+    code, data = cli_run(
+        first, server, "--max-tokens", "100", "--concurrency", "4", "--checkpoint", str(checkpoint), count=60
+    )
     assert (code, data["status"], data["reason"], data["at"]) == (3, "suspended", "cost-exhausted", "each")
     paid = server.count
     assert 10 <= paid <= 10 + 3
@@ -203,12 +208,12 @@ def test_a_token_cut_fan_out_resumes_only_the_branches_not_done_through_the_cli(
     )
     resumed = json.loads(done.stdout)
     assert (done.returncode, resumed["status"]) == (0, "done"), done.stderr
-    assert server.count == 300  # the kept branches were not asked again
-    assert resumed["calls"] == {"produce": 300 - paid}
+    assert server.count == 60  # the kept branches were not asked again
+    assert resumed["calls"] == {"produce": 60 - paid}
 
     again = tmp_path / "again"
     again.mkdir()
-    code, whole = cli_run(again, server)
+    code, whole = cli_run(again, server, count=60)
     assert code == 0
     for key in ("result", "context", "trace", "usage"):
         assert resumed[key] == whole[key], key
@@ -228,6 +233,73 @@ def test_a_step_cut_fan_out_resumes_only_the_branches_not_done(tmp_path):
     (tmp_path / "whole").mkdir()
     whole = run(load_file(wide(tmp_path / "whole", budget=400)), {"items": ITEMS}, provider=Echo())
     assert outcome(finished) == outcome(whole)
+
+
+def test_a_fan_out_inside_a_sub_machine_suspends_and_resumes_through_its_parent(tmp_path):
+    write(tmp_path, "child.mk", WIDE.format(budget=400).replace("machine wide", "machine child"))
+    parent = write(
+        tmp_path,
+        "parent.mk",
+        'machine parent\nentry go\nbudget 5\nstate go {\n  call child { items: "{{items}}" }\n'
+        "  output echoes\n  otherwise -> END\n}\n",
+    )
+    checkpoint = tmp_path / "cp.json"
+    provider = Echo()
+    suspended = start(
+        load_file(parent),
+        {"items": ITEMS[:40]},
+        checkpoint=checkpoint,
+        provider=provider,
+        concurrency=1,
+        max_tokens=100,
+    )
+    assert (suspended.status, suspended.reason, [f.state for f in suspended.frames]) == (
+        "suspended",
+        "cost-exhausted",
+        ["go", "each"],
+    )
+    assert provider.calls == 10 and suspended.usage.tokens == 100
+    finished = resume(checkpoint, provider=provider, max_tokens=10_000)
+    assert finished.status == "done" and provider.calls == 40
+    assert finished.result == [f"echo item-{i}" for i in range(40)]
+    assert finished.usage.tokens == 400
+
+
+class Interrupting(Echo):
+    """Echo that, on its 7th call, does what a SIGINT or a passing deadline does to the run."""
+
+    def __init__(self, control: Control, what: str):
+        super().__init__()
+        self.control = control
+        self.what = what
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
+        produced = super().produce(system, user, tier, reason)
+        if self.calls == 7:
+            if self.what == "interrupt":
+                self.control.interrupted.set()
+            else:
+                self.control.deadline = time.monotonic() - 1
+        return produced
+
+
+@pytest.mark.parametrize(("what", "reason"), [("interrupt", "interrupted"), ("deadline", "time-exhausted")])
+def test_an_interrupt_or_the_clock_stops_a_fan_out_which_resumes_the_rest(tmp_path, what, reason):
+    checkpoint = tmp_path / "cp.json"
+    control = Control()
+    provider = Interrupting(control, what)
+    machine = load_file(wide(tmp_path))
+    suspended = start(
+        machine, {"items": ITEMS[:30]}, checkpoint=checkpoint, provider=provider, concurrency=1, control=control
+    )
+    assert (suspended.status, suspended.reason, suspended.at, provider.calls) == ("suspended", reason, "each", 7)
+    finished = resume(checkpoint, provider=provider)
+    assert finished.status == "done" and provider.calls == 30
+    control = Control()
+    provider = Interrupting(control, what)
+    halted = run(machine, {"items": ITEMS[:30]}, provider=provider, control=control, concurrency=1)
+    assert (halted.status, halted.error, halted.at, provider.calls) == ("halted", reason, "each", 7)
+    assert halted.usage.tokens == 7 * TOKENS_PER_CALL
 
 
 # --- one concurrency limit for the whole run --------------------------------------------
