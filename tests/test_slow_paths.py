@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
-from conformance.harness import run_mk
+from conformance.harness import Recorder, run_mk, write_machines
 
+from mklang.checkpoint import start
+from mklang.checkpoint.journal import journal_path
+from mklang.errors import UsageError
 from mklang.limits import compose_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,3 +76,47 @@ def marks(node) -> list[tuple[int, int, int, int]]:
 def test_the_yaml_loader_reports_the_positions_of_the_pure_python_one(path):
     text = path.read_text(encoding="utf-8")
     assert marks(compose_yaml(text)) == marks(yaml.compose(text, Loader=yaml.SafeLoader))
+
+
+TWO_STEPS = """
+machine m
+entry a
+budget 5
+state a {
+  structure "s"
+  prompt "first"
+  output x
+  when "good" -> b
+  otherwise fail
+}
+state b {
+  structure "s"
+  prompt "second"
+  output y
+  otherwise -> END
+}
+"""
+
+
+def test_group_commit_fsyncs_the_journal_once_per_step_with_the_steps_calls_in_it(tmp_path, monkeypatch):
+    from test_pins import FsyncSpy
+
+    machine = write_machines(tmp_path, TWO_STEPS)
+    monkeypatch.setenv("MKLANG_DURABILITY", "step")
+    spy = FsyncSpy(monkeypatch)
+    result = start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1", "2"]}))
+    assert result.status == "done"
+    journal = str(journal_path(tmp_path / "cp.json"))
+    commits = [content.decode().splitlines() for path, content in spy.synced if path == journal and content]
+    assert len(commits) == len(result.trace) == 2
+    for lines in commits:
+        assert json.loads(lines[-1])["k"] == "step"  # the commit is the step line, with the calls before it
+    committed_calls = {json.loads(line)["key"] for line in commits[-1] if json.loads(line)["k"] == "call"}
+    assert len(committed_calls) == sum(result.calls.values()) == 3
+
+
+def test_an_unknown_durability_is_a_usage_error(tmp_path, monkeypatch):
+    machine = write_machines(tmp_path, TWO_STEPS)
+    monkeypatch.setenv("MKLANG_DURABILITY", "never")
+    with pytest.raises(UsageError, match="MKLANG_DURABILITY must be call or step, not 'never'"):
+        start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1"]}))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from mklang import __version__
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, save
-from mklang.checkpoint.journal import FileJournal, read_journal, recover
+from mklang.checkpoint.journal import FileJournal, durability_setting, read_journal, recover
 from mklang.checkpoint.lock import RunLock, refuse_if_running
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
@@ -261,6 +261,7 @@ def _execute(
         position=scripted.position if scripted is not None else None,
         skip=scripted.skip if scripted is not None else None,
         replay=replay,
+        durability=durability_setting(),
     )
     lock = RunLock(checkpoint).acquire()
     try:

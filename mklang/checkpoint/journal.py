@@ -8,6 +8,13 @@ followed by the journal lines of the same generation:
 - `call`: a provider or tool call of the step in flight completed (its
   answer), written and fsynced before the engine uses the answer.
 
+Durability (`MKLANG_DURABILITY`): every line reaches the OS at once, so it
+survives `kill -9`. With `call` (the default) each `call` line is also
+fsynced before its answer is used, so not even a power cut makes a call be
+paid twice; with `step` there is one fsync per step (a group commit at the
+`step` line), and a power cut may lose the calls of the step in flight,
+which a resume then pays again.
+
 Every line costs the same whatever the length of the run; the envelope is
 rewritten only when the journal has grown as large as it (compaction), so
 the checkpoint work per step stays flat (ADR 0009). A torn last line, the
@@ -22,15 +29,27 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from mklang.checkpoint.envelope import Envelope, dump, save, write_atomic
 from mklang.engine.frame import Frame
-from mklang.errors import CheckpointError
+from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
 from mklang.providers.base import Produced, Usage, Verdict
 
 MIN_COMPACT_BYTES = 256 * 1024
+DURABILITY_VARIABLE = "MKLANG_DURABILITY"
+Durability = Literal["call", "step"]
+
+
+def durability_setting() -> Durability:
+    """The durability the host asked for in `MKLANG_DURABILITY` (default `call`)."""
+    value = os.environ.get(DURABILITY_VARIABLE, "call")
+    if value == "call":
+        return "call"
+    if value == "step":
+        return "step"
+    raise UsageError(f"{DURABILITY_VARIABLE} must be call or step, not {value!r}")
 
 
 def journal_path(checkpoint: str | Path) -> Path:
@@ -65,8 +84,10 @@ class FileJournal:
         skip: Callable[[str, str | None], None] | None = None,
         replay: dict[str, dict[str, Any]] | None = None,
         hashes: dict[str, str] | None = None,
+        durability: Durability = "call",
     ):
         self.path = Path(path)
+        self.durability = durability
         self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
         self.journal = journal_path(path)
         self.envelope = envelope  # the template every snapshot is written from
@@ -143,8 +164,9 @@ class FileJournal:
         line = {"k": "step", "d": depth, "r": record}
         if self.position is not None:
             line["p"] = self.position()
-        # A step lost to a power cut is re-executed from its durable calls: no fsync needed.
-        self._append(line, durable=False)
+        # Per call: a step lost to a power cut is re-executed from its durable calls.
+        # Per step: this line commits the step and its calls together.
+        self._append(line, durable=self.durability == "step")
 
     def replay(self, key: str, kind: str, name: str | None) -> Any:
         """The answer of a call that completed before a crash, or None."""
@@ -156,8 +178,9 @@ class FileJournal:
         return decode_answer(kind, entry["v"])
 
     def record(self, key: str, kind: str, value: Any) -> None:
-        # Paid for: durable before the engine uses it, so it is never paid twice.
-        self._append({"k": "call", "key": key, "kind": kind, "v": encode_answer(kind, value)}, durable=True)
+        # Paid for: durable before the engine uses it, so it is never paid twice (per call).
+        line = {"k": "call", "key": key, "kind": kind, "v": encode_answer(kind, value)}
+        self._append(line, durable=self.durability == "call")
 
     def finish(self, chain: list[Frame], **fields: Any) -> None:
         """Record a terminal or suspended status as a full envelope; drop the journal."""
