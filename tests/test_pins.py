@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from fakeserver import FakeServer, answer, error, raw
 
 from mklang.check import check
 from mklang.checkpoint import start
-from mklang.checkpoint.envelope import Envelope, MachineRef, load, write_atomic
+from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save, write_atomic
 from mklang.checkpoint.journal import FileJournal, journal_path
 from mklang.checkpoint.lock import RunLock, holder, lock_path, refuse_if_running
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
@@ -553,3 +554,141 @@ def test_a_held_lock_whose_file_names_no_pid_reports_an_unknown_holder(tmp_path)
         assert holder(checkpoint) == -1
     finally:
         lock.release()
+
+
+# --- taint of call inputs nested in maps and lists ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "fenced"),
+    [
+        ('{ inner: "{{topic}}" }', True),
+        ('["x", "{{topic}}"]', True),
+        ('{ inner: ["{{topic}}"] }', True),
+        ('{ inner: "literal", n: 1 }', False),
+        ('["x", 2, null]', False),
+    ],
+)
+def test_a_call_input_is_tainted_when_any_nested_value_interpolates_tainted_data(tmp_path, value, fenced):
+    parent = f"""
+        machine nest_parent
+        entry go
+        budget 5
+        state go {{
+          call nest_child {{ q: {value} }}
+          output r
+          otherwise -> END
+        }}
+    """
+    child = """
+        machine nest_child
+        entry c
+        budget 5
+        state c {
+          structure "s"
+          prompt "About {{q}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder()
+    result = run_mk(write_machines(tmp_path, parent, child), {"topic": "tides"}, provider=provider)
+    assert result.status == "done", result.error
+    [request] = provider.produced
+    assert ("<data-" in request.user) is fenced
+
+
+# --- the envelope file: owner-only, compact UTF-8, strict JSON, no leftovers ---
+
+
+def _envelope(**fields: Any) -> Envelope:
+    return Envelope(
+        mklang_version="test",
+        run_id="r",
+        status="running",
+        machine=MachineRef(name="m", path=None, sha256=None),
+        frames=[],
+        **fields,
+    )
+
+
+def test_a_checkpoint_file_is_owner_only_compact_utf8_and_strict_json(tmp_path):
+    target = tmp_path / "cp.json"
+    target.write_bytes(b"{}")
+    target.chmod(0o644)
+    save(target, _envelope(result={"text": "café", "ratio": float("nan"), "big": float("inf")}))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    raw_bytes = target.read_bytes()
+    assert "café".encode() in raw_bytes  # UTF-8 as is, not \\u escapes
+    assert b", " not in raw_bytes and b": " not in raw_bytes  # no padding: the envelope is rewritten often
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    document = json.loads(raw_bytes, parse_constant=refuse)
+    assert document["result"] == {"text": "café", "ratio": None, "big": None}
+
+
+def test_a_write_that_cannot_happen_is_one_line_naming_the_file(tmp_path):
+    with pytest.raises(CheckpointError) as caught:
+        write_atomic(tmp_path / "missing" / "cp.json", b"{}")
+    assert (
+        str(caught.value)
+        == f"{tmp_path / 'missing' / 'cp.json'}: cannot write the checkpoint: No such file or directory"
+    )
+
+
+def test_a_failed_rename_leaves_the_old_file_and_no_temp_file(tmp_path):
+    target = tmp_path / "cp.json"
+    target.mkdir()  # a folder where the file should go: the rename fails
+    with pytest.raises(CheckpointError, match="cannot write the checkpoint: Is a directory"):
+        write_atomic(target, b"new")
+    assert [path.name for path in tmp_path.iterdir()] == ["cp.json"]
+
+
+def test_a_temp_file_already_gone_when_the_rename_fails_reports_the_rename_error(tmp_path, monkeypatch):
+    def replace_fails_after_the_temp_vanished(source: str, destination: Any) -> None:
+        os.unlink(source)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", replace_fails_after_the_temp_vanished)
+    with pytest.raises(CheckpointError, match=r"cannot write the checkpoint: Permission denied$"):
+        write_atomic(tmp_path / "cp.json", b"new")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"run_id": "r"}, "not a mklang checkpoint (no 'format' field)"),
+        ({"format": "1"}, "not a mklang checkpoint (no 'format' field)"),
+        ({"format": 0}, "checkpoint format 0 is too old to migrate"),
+        ({"format": 2}, "checkpoint format 2 is newer than this mklang understands (1)"),
+    ],
+)
+def test_a_document_of_another_format_is_one_line_naming_the_file(tmp_path, document, message):
+    path = tmp_path / "cp.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CheckpointError) as caught:
+        load(path)
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_registered_migrations_upgrade_an_old_checkpoint_step_by_step_on_load(tmp_path, monkeypatch):
+    current = json.loads(dump(_envelope(result="kept")))
+    older = {**current, "format": -1, "state_of_run": current.pop("status")}
+    del older["status"]
+
+    def from_minus_one(data: dict[str, Any]) -> dict[str, Any]:
+        return {**data, "format": 0}
+
+    def from_zero(data: dict[str, Any]) -> dict[str, Any]:
+        upgraded = {key: value for key, value in data.items() if key != "state_of_run"}
+        return {**upgraded, "status": data["state_of_run"], "format": 1}
+
+    monkeypatch.setitem(MIGRATIONS, -1, from_minus_one)
+    monkeypatch.setitem(MIGRATIONS, 0, from_zero)
+    path = tmp_path / "cp.json"
+    path.write_text(json.dumps(older))
+    envelope = load(path)
+    assert (envelope.format, envelope.status, envelope.result) == (1, "running", "kept")

@@ -110,7 +110,7 @@ def write_atomic(path: str | Path, payload: bytes) -> None:
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent  # Path("cp.json").parent is Path(".")
     descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         os.fchmod(descriptor, 0o600)
