@@ -235,6 +235,9 @@ class _Reader:
             repair = self.builder._whole(budget, "repair", self.span(node))
         elif then != "ok":
             self.error(node, "invalid-value", f'a gate\'s "then" must be ok, repair, escalate or fail, not "{then}"')
+        if "hook" in nodes and when is None:  # `.mk` has no hook gate without its condition text
+            self.error(node, "missing-field", 'a gate with a "hook" needs a "when" that says what the hook checks')
+            return None
         if policy != "fail" and "to" not in nodes:
             self.error(node, "missing-field", 'this gate needs a target: "to: <state>" or "to: END"')
             return None
