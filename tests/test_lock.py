@@ -21,12 +21,17 @@ from test_signals import EXAMPLE
 from mklang.checkpoint.lock import holder
 
 
-def _slow_run(folder, checkpoint) -> subprocess.Popen:
-    """The kill-9 example with a model slow enough (300 ms a call) to act while it runs."""
+def _write_script(folder, delay_ms: int) -> None:
     script = yaml.safe_load((EXAMPLE / "scenarios.yaml").read_text())
     scenario = next(s for s in script["scenarios"] if s["name"] == "slow-model")
-    scenario["llm"]["delay_ms"] = 300
+    scenario["llm"]["delay_ms"] = delay_ms
     (folder / "slow.yaml").write_text(yaml.safe_dump({"scenarios": [scenario]}))
+
+
+def _slow_run(folder, checkpoint) -> subprocess.Popen:
+    """The kill-9 example with a model that answers after a minute: the run is
+    surely still going while the test acts, however loaded the machine is."""
+    _write_script(folder, 60_000)
     return subprocess.Popen(
         [
             sys.executable,
@@ -68,6 +73,7 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
     assert holder(checkpoint) is None  # the kernel released the lock with the process
     shown = json.loads(mklang("show", str(checkpoint), "--format", "json", cwd=tmp_path).stdout)
     assert shown["resumable"] and "interrupted" in shown["interrupted"]
+    _write_script(tmp_path, 0)  # the resumed run need not wait
     resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert not (tmp_path / "cp.json.lock").exists()  # a finished run leaves no lock behind

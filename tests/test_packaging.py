@@ -85,11 +85,18 @@ def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(t
         'state think {\n  call chain_of_thought { question: "why?" }\n  output answer\n  otherwise -> END\n}\n'
     )
     probe = "import mklang, mklang.syntax.grammar as g; print(mklang.__file__); print(g.grammar_path())"
-    located = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True, check=True)
+    isolated = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # no checkout on the path
+    located = subprocess.run(
+        [str(python), "-c", probe], cwd=elsewhere, env=isolated, capture_output=True, text=True, check=True
+    )
     module, grammar = located.stdout.split()
     assert module.startswith(str(env)) and grammar.startswith(str(env))
     checked = subprocess.run(
-        [str(python), "-m", "mklang", "check", "uses_stdlib.mk"], cwd=elsewhere, capture_output=True, text=True
+        [str(python), "-m", "mklang", "check", "uses_stdlib.mk"],
+        cwd=elsewhere,
+        env=isolated,
+        capture_output=True,
+        text=True,
     )
     assert checked.returncode == 0, checked.stderr  # `call chain_of_thought` resolved in the installed library
 
