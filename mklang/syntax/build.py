@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mklang.errors import Diagnostic, MkSyntaxError
+from mklang.limits import MAX_DEPTH, json_depth
 from mklang.model import Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
 from mklang.syntax._parser import Token
 from mklang.syntax.text import decode_block, decode_string, either
@@ -358,6 +359,9 @@ class Builder:
                     Diagnostic(self.file, 1, 1, 1, 1, "error", "missing-field", f"the file has no `{word}` line")
                 )
         states = [item.value for item in declarations["state"] if item.value is not None]
+        context = fields.get("context")
+        if context is not None and json_depth(context.value) > MAX_DEPTH:  # it would reach every checkpoint
+            self._error(context.span, "invalid-value", f"context values nest more than {MAX_DEPTH} levels deep")
         if self.diagnostics:
             return None
         return Machine(

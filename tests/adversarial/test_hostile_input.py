@@ -186,6 +186,14 @@ def test_deep_answer_under_parse_json_halts_and_the_checkpoint_still_reads(machi
     assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "halted", shown.stderr
 
 
+def test_mk_context_nested_too_deep_is_a_diagnostic(tmp_path: Path):
+    """A 400-deep context value once loaded, ran, and wrote checkpoints that could not be serialized."""
+    path = tmp_path / "deep.mk"
+    path.write_text(JSON_MACHINE.replace("budget 3\n", f"budget 3\ncontext {{\n  topic: {nested(400)}\n}}\n"))
+    done = mklang("check", str(path))
+    assert done.returncode == 2 and f"{path}:5:1: error: context values nest more than {MAX_DEPTH}" in done.stderr
+
+
 def test_checkpoint_nested_too_deep_is_refused(tmp_path: Path):
     checkpoint = tmp_path / "cp.json"
     checkpoint.write_text('{"format": 1, "frames": ' + nested(5_000) + "}")
