@@ -230,11 +230,12 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
             f"the step budget ({machine.budget}) is its only limit, one step per item, and a longer list stops "
             "the run here (budget-exhausted); cap the run's spend with --max-tokens or --max-cost",
         )
-    allowed = written | (set(FAN_OUT_KEYS) if state.sample is not None or state.over is not None else set())
+    fan_out = state.sample is not None or state.over is not None
+    warned: set[str] = set()  # once per key and state
     for key, field in _reads(state):
-        if key not in allowed:
+        if key not in written and not (fan_out and key in FAN_OUT_KEYS) and key not in warned:
             out.warning(_at(state, field), "unwritten-context-key", f'{owner} reads "{key}", which nothing writes')
-            allowed = allowed | {key}  # once per key and state
+            warned.add(key)
 
 
 def _declared_list(machine: Machine, path: str) -> bool:

@@ -120,3 +120,23 @@ def test_an_unknown_durability_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MKLANG_DURABILITY", "never")
     with pytest.raises(UsageError, match="MKLANG_DURABILITY must be call or step, not 'never'"):
         start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1"]}))
+
+
+def test_parsing_pauses_the_cycle_collector_only_while_it_runs():
+    import gc
+
+    from mklang.errors import MkSyntaxError
+    from mklang.syntax import parse
+
+    assert gc.isenabled()
+    parse(GROWING)
+    assert gc.isenabled()
+    with pytest.raises(MkSyntaxError):
+        parse("machine m\nentry {\n")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse(GROWING)
+        assert not gc.isenabled()  # a host that turned it off keeps it off
+    finally:
+        gc.enable()

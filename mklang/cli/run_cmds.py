@@ -16,6 +16,7 @@ import typer
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
 from mklang.limits import NestingError, load_json, read_text
+from mklang.vocabulary import PATH
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import HostSettings
@@ -52,7 +53,7 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
+        if not sep or not re.fullmatch(PATH, key):
             raise fail(f"--set expects K.PATH=VALUE, got {item!r}")
         try:
             values[key] = load_json(raw)
