@@ -170,25 +170,37 @@ def start(
 
 
 @contextmanager
-def opened(source: str | Path, *, force: bool = False, machine_path: str | None = None) -> Iterator[Resumable]:
+def opened(
+    source: str | Path, *, force: bool = False, machine_path: str | None = None, trust: bool = False
+) -> Iterator[Resumable]:
     """Read and verify a checkpoint that no other process is running.
 
     Everything that can make it unresumable is raised here, before the caller
-    sets up any provider.
+    sets up any provider. `trust` accepts a checkpoint not signed with this
+    user's key, as untrusted data (ADR 0011).
     """
     from mklang.checkpoint import open_checkpoint
     from mklang.checkpoint.lock import refuse_if_running
 
     refuse_if_running(source)
-    yield open_checkpoint(source, force=force, machine_path=machine_path)
+    yield open_checkpoint(source, force=force, machine_path=machine_path, trust=trust)
 
 
 def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
-    """Continue an opened checkpoint with `host`; options are those of `continue_checkpoint`."""
+    """Continue an opened checkpoint with `host`; options are those of `continue_checkpoint`.
+
+    The checkpoint then records `host`'s settings, not the ones it was read with.
+    """
     from mklang.checkpoint import continue_checkpoint
 
     return continue_checkpoint(
-        resumable, provider=host.provider, tools=host.tools, hooks=host.hooks, scripted=host.scripted, **options
+        resumable,
+        provider=host.provider,
+        tools=host.tools,
+        hooks=host.hooks,
+        scripted=host.scripted,
+        host=host.settings,
+        **options,
     )
 
 
@@ -198,6 +210,7 @@ def resume(
     *,
     force: bool = False,
     machine_path: str | None = None,
+    trust: bool = False,
     checkpoint: str | Path | None = None,
     **options: Any,
 ) -> RunResult:
@@ -215,5 +228,5 @@ def resume(
             raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
         save(checkpoint, source)
         source = checkpoint
-    with opened(source, force=force, machine_path=machine_path) as resumable:
+    with opened(source, force=force, machine_path=machine_path, trust=trust) as resumable:
         return proceed(resumable, host, checkpoint=checkpoint, **options)

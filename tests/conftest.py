@@ -6,14 +6,21 @@ docs/checkpoint.schema.json, to everything the suite writes: every envelope
 serialized in the test process, and every checkpoint file a test leaves in
 its `tmp_path` (so those written by `mklang` subprocesses too). A
 checkpoint the schema rejects fails the test that wrote it.
+
+Every test, and every `mklang` process a test starts, signs checkpoints with
+a key of its own: the per-user checkpoint key lives under XDG_CONFIG_HOME
+(ADR 0011), which points at a temporary folder before any test module is
+imported, away from the real user's key.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +33,16 @@ from mklang.checkpoint.envelope import FORMAT, Envelope, load
 from mklang.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
+_CONFIG_HOME = tempfile.mkdtemp(prefix="mklang-tests-xdg-")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
+    os.environ.pop("MKLANG_CHECKPOINT_KEY", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_CONFIG_HOME, ignore_errors=True)
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -40,7 +40,7 @@ PAD = 2_000_000  # bytes per envelope: a write takes long enough to be cut
 # it, so a half-written file cannot pass for a whole one.
 FACTORY = textwrap.dedent(f"""
     import os, signal, sys
-    from mklang.checkpoint.envelope import Envelope, MachineRef, dump, write_atomic
+    from mklang.checkpoint.envelope import Envelope, MachineRef, write_atomic
 
     def write_forever(folder):
         version = 0
@@ -49,7 +49,7 @@ FACTORY = textwrap.dedent(f"""
             envelope = Envelope(mklang_version="test", run_id=str(version), status="running",
                                 machine=MachineRef(name="m", path=None, sha256=None),
                                 frames=[{{"pad": "x" * ({PAD} + version % 1000)}}])
-            write_atomic(os.path.join(folder, "cp.json"), dump(envelope))
+            write_atomic(os.path.join(folder, "cp.json"), envelope.model_dump_json().encode())
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # killed writers are reaped at once
     for line in sys.stdin:

@@ -17,6 +17,7 @@ from mklang import __version__
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, save
 from mklang.checkpoint.journal import FileJournal, durability_setting, read_journal, recover
 from mklang.checkpoint.lock import RunLock, refuse_if_running
+from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.interpolate import assign
@@ -97,12 +98,20 @@ class Resumable:
     position: dict[str, Any] | None = None
     loader: MachineLoader = field(default_factory=MachineLoader)
     crashed: bool = False
+    trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0011)
 
 
-def open_checkpoint(path: str | Path, *, force: bool = False, machine_path: str | None = None) -> Resumable:
-    """Load and verify a checkpoint. Raises CheckpointError for anything unresumable."""
+def open_checkpoint(
+    path: str | Path, *, force: bool = False, machine_path: str | None = None, trust: bool = False
+) -> Resumable:
+    """Load and verify a checkpoint. Raises CheckpointError for anything unresumable.
+
+    A checkpoint not signed with this user's key is refused unless `trust`;
+    then it is resumed as untrusted data (`Resumable.trusted` is False).
+    """
     path = Path(path)
     envelope = load(path)
+    trusted = require_seal(path, envelope, trust)
     if envelope.status in ("done", "halted"):
         what = "finished" if envelope.status == "done" else f"halted ({envelope.error})"
         raise CheckpointError(f"{path}: the run already {what}; a finished run cannot be resumed")
@@ -138,13 +147,44 @@ def open_checkpoint(path: str | Path, *, force: bool = False, machine_path: str 
     chain = [Frame.from_json(frame, machine_for(frame)) for frame in envelope.frames]
     if not chain:
         raise CheckpointError(f"{path}: the checkpoint holds no frames")
-    resumable = Resumable(path, envelope, chain, loader=loader, position=envelope.host.position)
+    resumable = Resumable(path, envelope, chain, loader=loader, position=envelope.host.position, trusted=trusted)
     if envelope.status == "running":  # the process died: replay its journal
-        records = read_journal(path, envelope.generation)
+        records, resumable.trusted = _journal(path, envelope, trusted, trust)
         resumable.chain, resumable.replay, position = recover(chain, records, machine_for)
         resumable.position = position or resumable.position
         resumable.crashed = True
+    if not resumable.trusted:
+        for frame in resumable.chain:  # its taint marks are as untrusted as the rest: fence every value
+            frame.tainted.update(frame.context)
     return resumable
+
+
+def require_seal(path: Path, envelope: Envelope, trust: bool) -> bool:
+    """Whether the envelope is signed with this user's key; refuse it otherwise, unless `trust`."""
+    if envelope.seal == "signed":
+        return True
+    if not trust:
+        raise CheckpointError(
+            f"{path}: the checkpoint is {SEAL_TEXT[envelope.seal]}; resume it with --trust to run it "
+            f"as untrusted data (host settings from your command line only)"
+        )
+    return False
+
+
+def _journal(path: Path, envelope: Envelope, trusted: bool, trust: bool) -> tuple[list[dict[str, Any]], bool]:
+    """The journal records of a crashed run, and whether the checkpoint is still trusted.
+
+    The journal of a signed envelope must carry its chained MACs; with `trust`
+    an edited journal is read as untrusted data instead of refused.
+    """
+    if not trusted or envelope.signature is None:
+        return read_journal(path, envelope.generation), False
+    try:
+        return read_journal(path, envelope.generation, chain_from=envelope.signature.hmac), True
+    except CheckpointError:
+        if not trust:
+            raise
+        return read_journal(path, envelope.generation), False
 
 
 def continue_checkpoint(
@@ -162,10 +202,16 @@ def continue_checkpoint(
     concurrency: int | None = None,
     checkpoint: str | Path | None = None,
     scripted: ScriptedHost | None = None,
+    host: HostSettings | None = None,
     control: Control | None = None,
     observer: Observer | None = None,
 ) -> RunResult:
-    """Resume a verified checkpoint; raised budgets are new totals, spend included."""
+    """Resume a verified checkpoint; raised budgets are new totals, spend included.
+
+    `host` records how this process hosts the run (the checkpoint keeps the
+    old record when it is None), so a later resume never reuses settings
+    that an untrusted file brought in.
+    """
     envelope = resumable.envelope
     budgets = envelope.budgets.model_copy(
         update={
@@ -188,6 +234,7 @@ def continue_checkpoint(
             budgets=budgets,
             hitl=envelope.hitl if hitl is None else hitl,
             concurrency=concurrency or envelope.concurrency,
+            host=envelope.host if host is None else host.model_copy(update={"position": envelope.host.position}),
             reason=None,
             ask=None,
             reply_to=None,
@@ -215,6 +262,7 @@ def resume(
     provider: Provider,
     force: bool = False,
     machine_path: str | None = None,
+    trust: bool = False,
     **options: Any,
 ) -> RunResult:
     """Python API: verify and resume a checkpoint in one call.
@@ -232,7 +280,7 @@ def resume(
         path = source
     refuse_if_running(path)
     return continue_checkpoint(
-        open_checkpoint(path, force=force, machine_path=machine_path), provider=provider, **options
+        open_checkpoint(path, force=force, machine_path=machine_path, trust=trust), provider=provider, **options
     )
 
 

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 
@@ -55,6 +56,13 @@ class HostSettings(BaseModel):
     plugins: list[str] = Field(default_factory=list)  # --plugin modules or files
 
 
+class Signature(BaseModel):
+    """HMAC-SHA256 of the envelope's canonical JSON, and which key made it (`signing.py`)."""
+
+    key_id: str
+    hmac: str
+
+
 class Envelope(BaseModel):
     """Everything needed to continue a run, as one JSON document."""
 
@@ -80,6 +88,14 @@ class Envelope(BaseModel):
     host: HostSettings = Field(default_factory=HostSettings)
     result: Any = None
     generation: int = 0  # which journal generation continues this envelope
+    signature: Signature | None = None  # written by `dump`; checked by `load` into `seal`
+
+    _seal: Seal = PrivateAttr(default="unsigned")
+
+    @property
+    def seal(self) -> Seal:
+        """How the file this envelope was read from was signed (`load` sets it)."""
+        return self._seal
 
 
 # format -> function that turns a document of that format into the next one.
@@ -135,8 +151,16 @@ def fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+def dump_signed(envelope: Envelope) -> tuple[bytes, str]:
+    """The file bytes of `envelope`, signed with the checkpoint key, and the signature's MAC."""
+    document = envelope.model_dump(mode="json")
+    document["signature"] = sign(document, checkpoint_key())
+    payload = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return payload, document["signature"]["hmac"]
+
+
 def dump(envelope: Envelope) -> bytes:
-    return json.dumps(envelope.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return dump_signed(envelope)[0]
 
 
 def save(path: str | Path, envelope: Envelope) -> None:
@@ -162,14 +186,17 @@ def load(path: str | Path) -> Envelope:
         raise CheckpointError(f"{path}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a mklang checkpoint (expected a JSON object)")
+    seal = seal_of(data, checkpoint_key())
     try:
-        return Envelope.model_validate(migrate(data))
+        envelope = Envelope.model_validate(migrate(data))
     except CheckpointError as error:
         raise CheckpointError(f"{path}: {error}") from None
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise CheckpointError(f"{path}: not a valid mklang checkpoint: {where}: {first['msg']}") from None
+    envelope._seal = seal
+    return envelope
 
 
 def json_schema() -> dict[str, Any]:

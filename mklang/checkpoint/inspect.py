@@ -8,6 +8,8 @@ from typing import Any
 from mklang.checkpoint.envelope import load
 from mklang.checkpoint.journal import read_journal
 from mklang.checkpoint.lock import holder
+from mklang.checkpoint.signing import SEAL_TEXT
+from mklang.checkpoint.trust import recorded_host
 from mklang.providers.base import Usage
 
 
@@ -26,7 +28,7 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         from mklang.checkpoint import open_checkpoint
 
         steps_after = sum(1 for r in read_journal(path, envelope.generation) if r.get("k") == "step")
-        chain = open_checkpoint(path, force=True).chain
+        chain = open_checkpoint(path, force=True, trust=True).chain
         frames = [frame.to_json() for frame in chain]
         usage = sum((frame.usage for frame in chain), Usage())
     root = frames[0] if frames else {}
@@ -62,6 +64,8 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         "ask": envelope.ask,
         "reply_to": envelope.reply_to,
         "resumable": envelope.status in ("running", "suspended"),
+        "signature": {"seal": envelope.seal, "text": SEAL_TEXT[envelope.seal]},
+        "host": recorded_host(envelope.host),
     }
     if envelope.status == "running":
         innermost = frames[-1]

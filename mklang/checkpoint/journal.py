@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from mklang.checkpoint.envelope import Envelope, dump, save, write_atomic
+from mklang.checkpoint.envelope import Envelope, dump_signed, save, write_atomic
+from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
@@ -98,6 +99,8 @@ class FileJournal:
         self._handle: BinaryIO | None = None
         self._written = 0
         self._threshold = MIN_COMPACT_BYTES
+        self._key = checkpoint_key()
+        self._mac = ""  # the MAC the next journal line chains from
 
     # --- snapshots --------------------------------------------------------
 
@@ -113,7 +116,7 @@ class FileJournal:
                 **fields,
             )
         )
-        payload = dump(envelope)
+        payload, self._mac = dump_signed(envelope)
         write_atomic(self.path, payload)
         self.envelope = envelope
         self._open_generation(generation)
@@ -132,16 +135,16 @@ class FileJournal:
         lines = [{"k": "gen", "g": generation}]
         # Answers not yet replayed must survive a second crash.
         lines += [{"k": "call", "key": key, **entry} for key, entry in self.replay_set.items()]
-        write_atomic(self.journal, b"".join(_line(line) for line in lines))
+        write_atomic(self.journal, b"".join(self._signed(line) for line in lines))
         self._handle = open(self.journal, "ab")  # noqa: SIM115 - held open across appends
         self._written = 0
 
     def _append(self, record: dict[str, Any], durable: bool) -> None:
         """Append one line. Every line reaches the OS at once (it survives kill -9);
         `durable` lines are also fsynced (they survive a power cut)."""
-        data = _line(record)
         with self._lock:
             assert self._handle is not None, "appending before a generation was opened"
+            data = self._signed(record)
             try:
                 self._handle.write(data)
                 self._handle.flush()
@@ -197,31 +200,54 @@ class FileJournal:
         with contextlib.suppress(FileNotFoundError):
             self.journal.unlink()
 
+    def _signed(self, record: dict[str, Any]) -> bytes:
+        """One journal line, its MAC chained to the line before (callers hold the order)."""
+        line, self._mac = sign_line(_body(record), self._mac, self._key)
+        return line
+
     def close(self) -> None:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
 
 
-def _line(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+def _body(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def read_journal(checkpoint: str | Path, generation: int) -> list[dict[str, Any]]:
-    """The intact records of the journal that continues envelope `generation`."""
+def read_journal(checkpoint: str | Path, generation: int, chain_from: str | None = None) -> list[dict[str, Any]]:
+    """The intact records of the journal that continues envelope `generation`.
+
+    With `chain_from` (the MAC of a signed envelope) every line must carry its
+    chained MAC made with the checkpoint key; an edited line is refused.
+    """
     path = journal_path(checkpoint)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return []
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read the journal: {error.strerror}") from None
+    lines: list[bytes] = []
     records = []
     for line in raw.split(b"\n")[:-1]:  # the part after the last newline is torn
         try:
-            records.append(load_json(line, MAX_CHECKPOINT_DEPTH))
+            record = load_json(line, MAX_CHECKPOINT_DEPTH)
         except ValueError:
             break
+        if not isinstance(record, dict):
+            break
+        lines.append(line)
+        records.append(record)
     if not records or records[0].get("k") != "gen" or records[0].get("g") != generation:
         return []  # a stale journal: the envelope already holds everything
+    if chain_from is not None:
+        bad = check_lines(lines, chain_from, checkpoint_key())
+        if bad is not None:
+            raise CheckpointError(
+                f"{path}: journal line {bad + 1} was edited after it was signed "
+                f"(resume with --trust to use it as untrusted data)"
+            )
     return records[1:]
 
 

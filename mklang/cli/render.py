@@ -151,5 +151,15 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
                 style="dim",
             )
         )
+    _render_host(summary, console)
     if not summary["resumable"]:
         console.print(Text("this run has finished and cannot be resumed", style="dim"))
+
+
+def _render_host(summary: dict[str, Any], console: Console) -> None:
+    """Whether the file is signed with this user's key, and the host settings it records."""
+    signed = summary["signature"]["seal"] == "signed"
+    note = "" if signed else " (resume needs --trust; the settings below are then ignored)"
+    console.print(Text(f"checkpoint {summary['signature']['text']}{note}", style="green" if signed else "yellow"))
+    for name, value in summary["host"].items():
+        console.print(Text(f"  recorded {name}: {value}", style="dim"))

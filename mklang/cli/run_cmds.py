@@ -19,7 +19,7 @@ from mklang.limits import NestingError, load_json, read_text
 from mklang.vocabulary import PATH
 
 if TYPE_CHECKING:
-    from mklang.checkpoint.envelope import HostSettings
+    from mklang.checkpoint import Resumable
     from mklang.session import Host
 
 EXIT_BY_STATUS = {"done": exitcodes.OK, "halted": exitcodes.HALT, "suspended": exitcodes.SUSPENDED}
@@ -210,6 +210,11 @@ def resume(
     max_time: str | None = MaxTimeOpt,
     budget: int | None = typer.Option(None, "--budget", min=0, help="New step budget of the innermost frame."),
     force: bool = typer.Option(False, "--force", help="Resume even if a machine file changed."),
+    trust: bool = typer.Option(
+        False,
+        "--trust",
+        help="Resume a checkpoint not signed with your key, as untrusted data: host settings from this command only.",
+    ),
     machine: Path | None = typer.Option(None, "--machine", help="Where the root machine file is now."),
     out: Path | None = typer.Option(None, "--checkpoint", help="Write a re-suspension here (default: the same file)."),
     hitl: bool | None = HitlOpt,
@@ -234,21 +239,13 @@ def resume(
         seconds = parse_duration(max_time)
 
         control = Control()
-        with session.opened(checkpoint, force=force, machine_path=str(machine) if machine else None) as resumable:
+        opened = session.opened(checkpoint, force=force, machine_path=str(machine) if machine else None, trust=trust)
+        with opened as resumable:
             budgets = resumable.envelope.budgets
+            given: dict[str, Any] = dict(script=script, scenario=scenario, provider=provider, model=model)
+            given.update(config=config, replay=replay, plugins=plugin)
             with (
-                _resumed_host(
-                    resumable.envelope.host,
-                    script,
-                    scenario,
-                    provider,
-                    model,
-                    config,
-                    replay,
-                    record,
-                    max_cost or budgets.max_cost,
-                    plugin,
-                ) as host,
+                _resumed_host(resumable, given, record, max_cost or budgets.max_cost) as host,
                 interrupts(control),
                 live_view(as_json, max_tokens or budgets.max_tokens) as view,
             ):
@@ -269,37 +266,21 @@ def resume(
         report(result, as_json, out or checkpoint)
 
 
-def _resumed_host(
-    saved: HostSettings,
-    script: Path | None,
-    scenario: str | None,
-    provider: str | None,
-    model: str | None,
-    config: Path | None,
-    replay: Path | None,
-    record: Path | None,
-    max_cost: float | None,
-    plugins: list[str] | None,
-) -> Host:
-    """The host given on the command line, else the one the run was hosted by (never re-recording)."""
+def _resumed_host(resumable: Resumable, given: dict[str, Any], record: Path | None, max_cost: float | None) -> Host:
+    """The host given on the command line, filled in from a trusted checkpoint (never re-recording).
+
+    From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0011).
+    """
+    from mklang.checkpoint.trust import host_choice
     from mklang.session import Host
 
-    if not any((script, provider, model, config, replay)):
-        script = Path(saved.script) if saved.script else None
-        scenario = scenario or saved.scenario
-        provider, model, replay = saved.provider, saved.model, Path(saved.replay) if saved.replay else None
-        config = Path(saved.config) if saved.config else None
-    return Host.build(
-        script=script,
-        scenario=scenario,
-        provider=provider,
-        model=model,
-        config=config,
-        replay=replay,
-        record=record,
-        max_cost=max_cost,
-        plugins=plugins if plugins is not None else saved.plugins,
-    )
+    chosen, ignored = host_choice(resumable.envelope.host, given, resumable.trusted)
+    if ignored:
+        print(
+            f"mklang: the checkpoint is not signed with your key: ignored its recorded {', '.join(ignored)}",
+            file=sys.stderr,
+        )
+    return Host.build(record=record, max_cost=max_cost, **chosen)
 
 
 @app.command()

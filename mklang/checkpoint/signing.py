@@ -1,0 +1,130 @@
+"""Checkpoint signatures: HMAC-SHA256 with the user's (or fleet's) checkpoint key.
+
+A checkpoint is data that anyone could have written. A signature made with
+the resuming user's key says this user (or their fleet, sharing one key via
+`MKLANG_CHECKPOINT_KEY`) wrote it and nobody edited it since; only then may
+it choose host settings (ADR 0011).
+
+- The envelope carries `signature: {key_id, hmac}`, the HMAC of its
+  canonical JSON (sorted keys, no spaces) without the signature itself.
+- Every journal line ends with `"h": <hmac>`, chained: the MAC of a line
+  covers the MAC before it (the envelope's for the first line), so lines can
+  be neither edited, reordered, dropped in the middle nor moved to another
+  checkpoint, and each line costs one HMAC whatever the length of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Literal
+
+from mklang.errors import CheckpointError
+
+KEY_VARIABLE = "MKLANG_CHECKPOINT_KEY"
+Seal = Literal["signed", "unsigned", "foreign", "tampered"]
+
+SEAL_TEXT: dict[str, str] = {
+    "signed": "signed with your checkpoint key",
+    "unsigned": "not signed",
+    "foreign": "signed with another checkpoint key",
+    "tampered": "edited after it was signed with your checkpoint key",
+}
+
+_MAC_SUFFIX_LENGTH = len(',"h":""}') + 64
+
+
+def key_file() -> Path:
+    """Where the per-user key lives: $XDG_CONFIG_HOME/mklang, else ~/.config/mklang."""
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "mklang" / "checkpoint.key"
+
+
+def checkpoint_key() -> bytes:
+    """The key from MKLANG_CHECKPOINT_KEY, else the per-user key file (created 0600 on first use)."""
+    shared = os.environ.get(KEY_VARIABLE)
+    if shared:
+        return shared.encode("utf-8")
+    path = key_file()
+    try:
+        return _read_or_create(path)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read or create the checkpoint key: {error.strerror}") from None
+
+
+def _read_or_create(path: Path) -> bytes:
+    with contextlib.suppress(FileNotFoundError):
+        return _read_key(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32) + "\n")
+        with contextlib.suppress(FileExistsError):  # another process created it first: use theirs
+            os.link(temp, path)
+    finally:
+        os.unlink(temp)
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(descriptor, "rb") as handle:
+        key = handle.read().strip()
+    if not key:
+        raise CheckpointError(f"{path}: the checkpoint key file is empty")
+    return key
+
+
+def key_id(key: bytes) -> str:
+    """A public name of a key, so a file signed with another key is told from an edited one."""
+    return hmac.new(key, b"mklang checkpoint key id", hashlib.sha256).hexdigest()[:16]
+
+
+def canonical(document: dict[str, Any]) -> bytes:
+    """The bytes an envelope signature covers: the document without its signature."""
+    unsigned = {name: value for name, value in document.items() if name != "signature"}
+    return json.dumps(unsigned, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def sign(document: dict[str, Any], key: bytes) -> dict[str, str]:
+    """The `signature` field of an envelope document."""
+    mac = hmac.new(key, canonical(document), hashlib.sha256).hexdigest()
+    return {"key_id": key_id(key), "hmac": mac}
+
+
+def seal_of(document: dict[str, Any], key: bytes) -> Seal:
+    """Whether an envelope document (as read, before migration) is signed with `key`."""
+    signature = document.get("signature")
+    if not isinstance(signature, dict) or not isinstance(signature.get("hmac"), str):
+        return "unsigned"
+    if signature.get("key_id") != key_id(key):
+        return "foreign"
+    expected = hmac.new(key, canonical(document), hashlib.sha256).hexdigest()
+    return "signed" if hmac.compare_digest(expected, signature["hmac"]) else "tampered"
+
+
+def sign_line(body: bytes, previous: str, key: bytes) -> tuple[bytes, str]:
+    """A journal line (`body` is its JSON object, no newline) with its chained MAC appended."""
+    mac = hmac.new(key, previous.encode("ascii") + b"\n" + body, hashlib.sha256).hexdigest()
+    return body[:-1] + b',"h":"' + mac.encode("ascii") + b'"}\n', mac
+
+
+def check_lines(lines: list[bytes], previous: str, key: bytes) -> int | None:
+    """The index of the first journal line whose chained MAC is wrong, or None."""
+    for index, line in enumerate(lines):
+        if len(line) <= _MAC_SUFFIX_LENGTH or not line[-_MAC_SUFFIX_LENGTH:].startswith(b',"h":"'):
+            return index
+        body = line[:-_MAC_SUFFIX_LENGTH] + b"}"
+        mac = line[-66:-2].decode("ascii", errors="replace")
+        expected = hmac.new(key, previous.encode("ascii") + b"\n" + body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, mac):
+            return index
+        previous = mac
+    return None
