@@ -177,7 +177,7 @@ def opened(
 
     Everything that can make it unresumable is raised here, before the caller
     sets up any provider. `trust` accepts a checkpoint not signed with this
-    user's key, as untrusted data (ADR 0011).
+    user's key, as untrusted data (ADR 0014).
     """
     from mklang.checkpoint import open_checkpoint
     from mklang.checkpoint.lock import refuse_if_running

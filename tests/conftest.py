@@ -9,7 +9,7 @@ checkpoint the schema rejects fails the test that wrote it.
 
 Every test, and every `mklang` process a test starts, signs checkpoints with
 a key of its own: the per-user checkpoint key lives under XDG_CONFIG_HOME
-(ADR 0011), which points at a temporary folder before any test module is
+(ADR 0014), which points at a temporary folder before any test module is
 imported, away from the real user's key.
 """
 

@@ -98,7 +98,7 @@ class Resumable:
     position: dict[str, Any] | None = None
     loader: MachineLoader = field(default_factory=MachineLoader)
     crashed: bool = False
-    trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0011)
+    trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0014)
 
 
 def open_checkpoint(

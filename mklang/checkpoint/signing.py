@@ -3,7 +3,7 @@
 A checkpoint is data that anyone could have written. A signature made with
 the resuming user's key says this user (or their fleet, sharing one key via
 `MKLANG_CHECKPOINT_KEY`) wrote it and nobody edited it since; only then may
-it choose host settings (ADR 0011).
+it choose host settings (ADR 0014).
 
 - The envelope carries `signature: {key_id, hmac}`, the HMAC of its
   canonical JSON (sorted keys, no spaces) without the signature itself.

@@ -1,4 +1,4 @@
-"""What a checkpoint may decide about the host that resumes it (ADR 0011).
+"""What a checkpoint may decide about the host that resumes it (ADR 0014).
 
 A checkpoint signed with the resuming user's key may fill in the host
 settings the command line leaves out, as the run was hosted. From any other

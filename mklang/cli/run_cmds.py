@@ -269,7 +269,7 @@ def resume(
 def _resumed_host(resumable: Resumable, given: dict[str, Any], record: Path | None, max_cost: float | None) -> Host:
     """The host given on the command line, filled in from a trusted checkpoint (never re-recording).
 
-    From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0011).
+    From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0014).
     """
     from mklang.checkpoint.trust import host_choice
     from mklang.session import Host
