@@ -75,24 +75,30 @@ class Workers:
     def __init__(self, limit: int):
         self._spare = threading.Semaphore(limit - 1)
 
-    def spawn(self, task: Callable[[], Any]) -> Future[Any] | None:
-        """Run `task` on a thread of its own, or return None when every slot is taken."""
-        if not self._spare.acquire(blocking=False):
-            return None
+    def submit(self, task: Callable[[], Any]) -> Future[Any]:
+        """Run `task` on a thread of its own while a slot is free, else on this one (the
+        returned future is then already done)."""
         future: Future[Any] = Future()
+        if not self._spare.acquire(blocking=False):
+            _settle(future, task)
+            return future
 
         def work() -> None:
             try:
-                value = task()
-            except BaseException as error:  # handed to the waiting fan-out, which re-raises it
+                _settle(future, task)
+            finally:
                 self._spare.release()
-                future.set_exception(error)
-            else:
-                self._spare.release()
-                future.set_result(value)
 
         threading.Thread(target=work, name="mklang-branch", daemon=True).start()
         return future
+
+
+def _settle(future: Future[Any], task: Callable[[], Any]) -> None:
+    """Run `task` into `future`: its value, or the exception the waiting fan-out re-raises."""
+    try:
+        future.set_result(task())
+    except BaseException as error:
+        future.set_exception(error)
 
 
 class Journal(Protocol):
@@ -576,14 +582,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
         reason = exhausted(rt, level, len(done) + len(running))
         if reason:
             break
-        future = rt.workers.spawn(functools.partial(branch, i))
-        if future is None:  # no slot free: this thread runs the branch itself
-            future = Future()
-            try:
-                future.set_result(branch(i))
-            except Exception as error:
-                future.set_exception(error)
-        running[i] = future
+        future = running[i] = rt.workers.submit(functools.partial(branch, i))
         if future.done() and future.exception() is not None:
             break
     lost, failure = Usage(), None
