@@ -365,6 +365,7 @@ def test_negative_list_indices_count_from_the_end_and_out_of_range_is_empty():
         ('"{{ n }}"', 3),
         ('"{{ xs }}!"', "1. a\n2. b!"),
         ('"{{n}}{{n}}"', "33"),
+        ('["{{ n }}", "x {{n}}", 5, { m: "{{xs}}" }]', [3, "x 3", 5, {"m": ["a", "b"]}]),
     ],
 )
 def test_a_lone_placeholder_passes_the_raw_value_even_with_spaces(value, expected):
@@ -692,3 +693,46 @@ def test_registered_migrations_upgrade_an_old_checkpoint_step_by_step_on_load(tm
     path.write_text(json.dumps(older))
     envelope = load(path)
     assert (envelope.format, envelope.status, envelope.result) == (1, "running", "kept")
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such checkpoint file"),
+        ("folder", "cannot read the checkpoint: Is a directory"),
+        (b"  \n", "the checkpoint is empty"),
+        (b'{"format": 1,', "the checkpoint is not valid JSON (truncated or corrupted?): "),
+        (b"[1]", "not a mklang checkpoint (expected a JSON object)"),
+        (b'{"format": 1, "run_id": "r"}', "not a valid mklang checkpoint: mklang_version: Field required"),
+        (
+            dump(_envelope()).replace(b'"name":"m"', b'"name":1'),
+            "not a valid mklang checkpoint: machine.name: Input should be a valid string",
+        ),
+        (
+            json.dumps({"format": 1, "frames": [_nested(3 * 64)]}).encode(),
+            "the checkpoint holds values nested more than",
+        ),
+    ],
+)
+def test_every_way_a_checkpoint_is_unusable_is_one_line_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "cp.json"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError) as caught:
+        load(path)
+    assert str(caught.value).startswith(f"{path}: {message}")
+
+
+def test_a_checkpoint_may_nest_values_deeper_than_other_json_input(tmp_path):
+    path = tmp_path / "cp.json"
+    save(path, _envelope(result=_nested(64 + 10)))
+    assert load(path).result == _nested(64 + 10)
