@@ -150,7 +150,7 @@ def open_checkpoint(
     resumable = Resumable(path, envelope, chain, loader=loader, position=envelope.host.position, trusted=trusted)
     if envelope.status == "running":  # the process died: replay its journal
         records, resumable.trusted = _journal(path, envelope, trusted, trust)
-        resumable.chain, resumable.replay, position = recover(chain, records, machine_for)
+        resumable.chain, resumable.replay, position = recover(chain, envelope.answers, records, machine_for)
         resumable.position = position or resumable.position
         resumable.crashed = True
     if not resumable.trusted:
@@ -226,7 +226,8 @@ def continue_checkpoint(
         innermost.budget = budget
     for dotted, value in (set_values or {}).items():
         assign(innermost.context, dotted, value)
-        innermost.tainted.add(root_key(dotted))
+        innermost.tainted.add(root_key(dotted))  # a human reply is untrusted data like any host input
+        innermost.answer(dotted)
     if scripted is not None and resumable.position:
         scripted.restore(resumable.position)
     envelope = envelope.model_copy(

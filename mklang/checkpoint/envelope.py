@@ -18,6 +18,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from mklang import faults
 from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
@@ -88,6 +89,9 @@ class Envelope(BaseModel):
     host: HostSettings = Field(default_factory=HostSettings)
     result: Any = None
     generation: int = 0  # which journal generation continues this envelope
+    # Paid answers of the step in flight not yet replayed (key -> {"kind", "v"}): kept
+    # in the snapshot itself, so that no crash between snapshot and journal loses them.
+    answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     signature: Signature | None = None  # written by `dump`; checked by `load` into `seal`
 
     _seal: Seal = PrivateAttr(default="unsigned")
@@ -116,16 +120,18 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def write_atomic(path: str | Path, payload: bytes) -> None:
-    """Replace `path` with `payload` so that a crash leaves the old or the new file."""
+def write_atomic(path: str | Path, payload: bytes, point: str = "envelope") -> None:
+    """Replace `path` with `payload` so that a crash leaves the old or the new file.
+
+    `point` names the crash points around the rename (mklang.faults)."""
     path = Path(path)
     try:
-        _write_atomic(path, payload)
+        _write_atomic(path, payload, point)
     except OSError as error:
         raise CheckpointError(f"{path}: cannot write the checkpoint: {error.strerror}") from None
 
 
-def _write_atomic(path: Path, payload: bytes) -> None:
+def _write_atomic(path: Path, payload: bytes, point: str) -> None:
     folder = path.parent  # Path("cp.json").parent is Path(".")
     descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
@@ -134,12 +140,14 @@ def _write_atomic(path: Path, payload: bytes) -> None:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
+        faults.reach(f"{point}.temp")
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
         raise
     fsync_folder(folder)
+    faults.reach(point)
 
 
 def fsync_folder(folder: Path) -> None:

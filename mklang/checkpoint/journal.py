@@ -5,8 +5,14 @@ followed by the journal lines of the same generation:
 
 - `step`: a run level applied a step (the `Frame.apply` record);
 - `enter`: a call state started a child level;
+- `halt`: a run level's state halted before it could make a step;
 - `call`: a provider or tool call of the step in flight completed (its
   answer), written and fsynced before the engine uses the answer.
+
+A level's outcome (END, a halt, a pending human question) is part of the
+line that reaches it, so a recovered run completes it rather than running
+the state again. The paid answers not yet replayed travel in the snapshot
+(`answers`), so a new generation never drops one.
 
 Durability (`MKLANG_DURABILITY`): every line reaches the OS at once, so it
 survives `kill -9`. With `call` (the default) each `call` line is also
@@ -31,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from mklang import faults
 from mklang.checkpoint.envelope import Envelope, dump_signed, save, write_atomic
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
@@ -112,6 +119,7 @@ class FileJournal:
                 frames=[frame.to_json() for frame in chain],
                 usage=sum((frame.spent for frame in chain), Usage()).to_json(),
                 generation=generation,
+                answers=dict(self.replay_set),
                 **self._host_update(),
                 **fields,
             )
@@ -132,10 +140,7 @@ class FileJournal:
     def _open_generation(self, generation: int) -> None:
         if self._handle is not None:
             self._handle.close()
-        lines = [{"k": "gen", "g": generation}]
-        # Answers not yet replayed must survive a second crash.
-        lines += [{"k": "call", "key": key, **entry} for key, entry in self.replay_set.items()]
-        write_atomic(self.journal, b"".join(self._signed(line) for line in lines))
+        write_atomic(self.journal, self._signed({"k": "gen", "g": generation}), point="journal.gen")
         self._handle = open(self.journal, "ab")  # noqa: SIM115 - held open across appends
         self._written = 0
 
@@ -153,6 +158,7 @@ class FileJournal:
             except OSError as error:
                 raise CheckpointError(f"{self.journal}: cannot append to the journal: {error.strerror}") from None
             self._written += len(data)
+        faults.reach(f"journal.{record['k']}")
 
     # --- the engine's port --------------------------------------------------
 
@@ -170,6 +176,9 @@ class FileJournal:
         # Per call: a step lost to a power cut is re-executed from its durable calls.
         # Per step: this line commits the step and its calls together.
         self._append(line, durable=self.durability == "step")
+
+    def halt(self, depth: int, error: str, usage: Usage) -> None:
+        self._append({"k": "halt", "d": depth, "e": error, "u": usage.to_json()}, durable=self.durability == "step")
 
     def replay(self, key: str, kind: str, name: str | None) -> Any:
         """The answer of a call that completed before a crash, or None."""
@@ -190,6 +199,7 @@ class FileJournal:
         envelope = self.envelope.model_copy(
             update=dict(
                 frames=[frame.to_json() for frame in chain],
+                answers={},
                 **self._host_update(),
                 **fields,
             )
@@ -252,16 +262,19 @@ def read_journal(checkpoint: str | Path, generation: int, chain_from: str | None
 
 
 def recover(
-    chain: list[Frame], records: list[dict[str, Any]], machine_for: Callable[[dict[str, Any]], Any]
+    chain: list[Frame],
+    answers: dict[str, dict[str, Any]],
+    records: list[dict[str, Any]],
+    machine_for: Callable[[dict[str, Any]], Any],
 ) -> tuple[list[Frame], dict[str, dict[str, Any]], dict[str, Any] | None]:
-    """Replay journal records onto the envelope's frames.
+    """Replay journal records onto the envelope's frames and its unreplayed paid `answers`.
 
     Returns the frame chain at the last durable loop-top, the completed calls
     of the step in flight (by key), and the scripted position to restore.
     `machine_for(frame_json)` loads the machine a frame runs.
     """
     chain = list(chain)
-    calls: dict[str, dict[str, Any]] = {}
+    calls = dict(answers)
     position = None
     for record in records:
         kind = record.get("k")
@@ -275,6 +288,11 @@ def recover(
             frame.apply(frame.machine.state(record["r"]["step"]["state"]), record["r"])
             calls = {}  # the calls of a completed step are folded into it
             position = record.get("p", position)
+        elif kind == "halt":
+            depth = record["d"]
+            chain = chain[: depth + 1]
+            chain[depth].stop(record["e"], Usage.from_json(record["u"]))
+            calls = {}
         elif kind == "call":
             calls[record["key"]] = {"kind": record["kind"], "v": record["v"]}
     return chain, calls, position

@@ -62,6 +62,10 @@ class Frame:
     # Finished branches of the fan-out a budget cut short at this loop-top, by index:
     # resume launches only the others (SPEC section 4, "Budgets across fan-out").
     branches: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # How the level ended, kept in the frame so that a recovered run completes it
+    # instead of running its last state again: the halt, or the human question it waits on.
+    halted: str | None = None
+    ask: dict[str, str | None] | None = None  # {"ask": question, "reply_to": context path}
 
     @property
     def spent(self) -> Usage:
@@ -102,7 +106,8 @@ class Frame:
         """Advance from this loop-top past `state`, as the step `record` says.
 
         record: {"step": trace step, "charge": steps spent, "repair": gate index
-        or None, "feedback": feedback after the step}.
+        or None, "feedback": feedback after the step, "halt": the halt the step
+        ends the level with, "ask": the human question it suspends on}.
         """
         step = record["step"]
         name = state.name
@@ -123,6 +128,22 @@ class Frame:
         self.trace.append(step)
         if step.get("to") is not None:
             self.state = step["to"]
+        self.halted = record.get("halt")
+        self.ask = record.get("ask")
+
+    def stop(self, error: str, usage: Usage) -> None:
+        """End the level with a halt its state raised before it could make a step;
+        `usage` is what that state had already paid for."""
+        self.usage = self.usage + usage
+        self.halted = error
+
+    def answer(self, reply_to: str) -> None:
+        """Setting `reply_to` (or a path above it) answers the question the level waits on."""
+        if self.ask is None:
+            return
+        pending = str(self.ask.get("reply_to"))
+        if pending == reply_to or pending.startswith(reply_to + "."):
+            self.ask = None
 
     def deposit(self, state: State, value: Any) -> None:
         deposit_into(self.context, state, value)
@@ -152,6 +173,8 @@ class Frame:
             "visits": dict(sorted(self.visits.items())),
             "trace": self.trace,
             "last_output": self.last_output,
+            "halted": self.halted,
+            "ask": self.ask,
             **(
                 {"branches": [[index, branch] for index, branch in sorted(self.branches.items())]}
                 if self.branches
@@ -174,5 +197,7 @@ class Frame:
             visits={k: int(v) for k, v in data.get("visits", {}).items()},
             trace=list(data.get("trace", [])),
             last_output=data.get("last_output"),
+            halted=data.get("halted"),
+            ask=data.get("ask"),
             branches={int(index): branch for index, branch in data.get("branches", [])},
         )

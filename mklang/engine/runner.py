@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
+from mklang import faults
 from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input
@@ -115,6 +116,8 @@ class Journal(Protocol):
 
     def record(self, key: str, kind: str, value: Any) -> None: ...
 
+    def halt(self, depth: int, error: str, usage: Usage) -> None: ...
+
 
 class NullJournal:
     """Runs without `--checkpoint`: nothing is persisted, every call is live."""
@@ -132,6 +135,9 @@ class NullJournal:
         return None
 
     def record(self, key: str, kind: str, value: Any) -> None:
+        pass
+
+    def halt(self, depth: int, error: str, usage: Usage) -> None:
         pass
 
 
@@ -170,8 +176,10 @@ class Runtime:
         if value is None:
             with self._count_lock:
                 self.live_calls[kind] += 1
+            faults.reach("call.before")
             with deadline(self.control.deadline):
                 value = live()
+            faults.reach("call.returned")
             self.journal.record(key, kind, value)
         usage = getattr(value, "usage", None)
         if usage is not None:
@@ -205,11 +213,20 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
 
     `resume` holds the frames of suspended levels below this one: the first
     call state this level runs continues the next of them instead of
-    starting its child afresh.
+    starting its child afresh. A level's outcome (END, a halt, a pending
+    human question) is part of its frame, written with the step that reached
+    it, and acted on here at the loop-top: a frame recovered after a crash
+    completes its outcome instead of running its last state again.
     """
     frame = level.frame
     states = rt.states(frame.machine)
     while True:
+        if frame.state == END:
+            return frame
+        if frame.halted is not None:
+            raise Halt(frame.halted, frame.state)
+        if frame.ask is not None:
+            raise Suspend(frame, "escalated", ask=frame.ask["ask"], reply_to=frame.ask["reply_to"])
         if not level.branch:
             rt.journal.loop_top(level.chain)
             if rt.observer is not None:
@@ -218,11 +235,13 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
         if reason:
             _stop(level, reason)
         state = states[frame.state]
-        visits = frame.visits.get(state.name, 0) + 1
-        if state.max_visits is not None and visits > state.max_visits:
-            raise Halt("loop-ceiling", state.name)
         try:
-            record, halt = _run_state(rt, level, state, resume)
+            record = _run_state(rt, level, state, resume)
+        except Halt as halted:  # the state failed before it could make a step
+            frame.stop(halted.error, halted.usage)
+            if not level.branch:
+                rt.journal.halt(level.depth, halted.error, halted.usage)
+            continue
         except ProviderError as error:
             if level.suspendable:
                 raise Suspend(frame, "provider-error", detail=str(error)) from None
@@ -236,18 +255,13 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             stopped.usage = frame.usage + stopped.usage
             raise
         resume = None
+        step = record["step"]
+        if step["policy"] == "escalate" and step["to"] != END and rt.hitl and level.suspendable:
+            gate = state.gates[record["gate"]]
+            record["ask"] = {"ask": gate.ask, "reply_to": gate.effective_reply_to}
         frame.apply(state, record)
         if not level.branch:
             rt.journal.step(level.depth, record)
-        if halt:
-            raise Halt(halt, state.name)
-        gate_policy = record["step"]["policy"]
-        target = record["step"]["to"]
-        if target == END:
-            return frame
-        if gate_policy == "escalate" and rt.hitl and level.suspendable:
-            gate = state.gates[record["gate"]]
-            raise Suspend(frame, "escalated", ask=gate.ask, reply_to=gate.effective_reply_to)
 
 
 def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
@@ -295,14 +309,16 @@ class _Cut(Exception):
         self.usage = usage
 
 
-def _run_state(
-    rt: Runtime, level: Level, state: State, resume: list[Frame] | None
-) -> tuple[dict[str, Any], str | None]:
+def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | None) -> dict[str, Any]:
     """Run `state` once: output, deposit (via the record), gate, policy.
 
-    Returns (record for Frame.apply, halt error or None).
+    Returns the record for Frame.apply; its "halt" names the halt the step ends with.
+    Raises Halt when the state fails before it can make a step.
     """
     frame = level.frame
+    visits = frame.visits.get(state.name, 0) + 1
+    if state.max_visits is not None and visits > state.max_visits:
+        raise Halt("loop-ceiling", state.name)
     step_no = len(frame.trace) + 1
     prefix = f"{level.scope}:{step_no}"
     # Produce states consume pending repair feedback; other faces leave it pending.
@@ -319,7 +335,7 @@ def _run_state(
             )
         except _CallFailed as failed:
             step = _step(step_no, state, "call-failed", None, None, {"sub_trace": failed.trace}, failed.usage)
-            return {"step": step, "charge": 1, "feedback": feedback}, failed.error
+            return {"step": step, "charge": 1, "feedback": feedback, "halt": failed.error}
         details["output"] = output
         if reasoning is not None:
             details["reasoning"] = reasoning
@@ -343,19 +359,20 @@ def _run_state(
     if choice.parsed_by:
         details["judge_parse"] = choice.parsed_by
     if isinstance(choice, NoGate):
-        record: dict[str, Any] = {"charge": charge, "feedback": feedback, "gate": None}
+        record: dict[str, Any] = {"charge": charge, "feedback": feedback, "gate": None, "halt": choice.halt}
         record["step"] = _step(step_no, state, choice.halt, None, None, details, usage)
-        return record, choice.halt
+        return record
     gate = choice.gate
     record = {"charge": charge, "feedback": feedback, "gate": choice.index}
     if gate.policy == "fail":
         record["step"] = _step(step_no, state, "fail", None, gate, details, usage)
-        return record, "gate-fail"
+        record["halt"] = "gate-fail"
+        return record
     record["step"] = _step(step_no, state, gate.policy, gate.target, gate, details, usage)
     if gate.policy == "repair":
         record["repair"] = choice.index
         record["feedback"] = f"The previous attempt does not satisfy: '{gate.label}'. Fix it."
-    return record, None
+    return record
 
 
 def _step(
