@@ -14,14 +14,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mklang.checkpoint import Resumable
-from mklang.checkpoint.envelope import Envelope, HostSettings
 from mklang.engine import Control, RunResult
 from mklang.errors import CheckpointError, UsageError
 from mklang.model import Machine
 from mklang.scenarios import Scenario, ScriptedHost
+
+if TYPE_CHECKING:
+    from mklang.checkpoint import Resumable
+    from mklang.checkpoint.envelope import Envelope
 
 __all__ = ["Host", "opened", "proceed", "resume", "start"]
 
@@ -35,10 +37,12 @@ class Host:
     hooks: dict[str, Any] = field(default_factory=dict)
     scripted: ScriptedHost | None = None  # lets a checkpoint save which scripted answers were used
     scenario: Scenario | None = None
-    settings: HostSettings = field(default_factory=HostSettings)
+    # The `HostSettings` fields a checkpoint records, kept plain: pydantic is
+    # imported only when a run is checkpointed.
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def for_scenario(cls, scenario: Scenario, settings: HostSettings | None = None) -> Host:
+    def for_scenario(cls, scenario: Scenario, settings: dict[str, Any] | None = None) -> Host:
         """A host answering from a scenario's scripted model, tools and hooks."""
         scripted = ScriptedHost(scenario)
         return cls(
@@ -47,7 +51,7 @@ class Host:
             hooks=scripted.hooks.functions(),
             scripted=scripted,
             scenario=scenario,
-            settings=settings or HostSettings(scenario=scenario.name),
+            settings=settings or {"scenario": scenario.name},
         )
 
     @classmethod
@@ -68,7 +72,7 @@ class Host:
         from mklang.host.plugins import load_plugins
 
         plugin_paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
-        settings = HostSettings(
+        settings = dict(
             script=str(Path(script).resolve()) if script else None,
             provider=provider,
             model=model,
@@ -85,7 +89,7 @@ class Host:
             from mklang.scenarios import find_scenario, load_script
 
             found = find_scenario(load_script(script), scenario, str(script))
-            host = cls.for_scenario(found, settings.model_copy(update={"scenario": found.name}))
+            host = cls.for_scenario(found, {**settings, "scenario": found.name})
         else:
             if scenario is not None:
                 raise UsageError("--scenario needs --script")
@@ -165,8 +169,10 @@ def start(
 
         return run(machine, context, suspendable=suspendable, **options)
     from mklang.checkpoint import start as start_durably
+    from mklang.checkpoint.envelope import HostSettings
 
-    return start_durably(machine, context, checkpoint=checkpoint, host=host.settings, scripted=host.scripted, **options)
+    settings = HostSettings(**host.settings)
+    return start_durably(machine, context, checkpoint=checkpoint, host=settings, scripted=host.scripted, **options)
 
 
 @contextmanager
@@ -221,7 +227,7 @@ def resume(
     `checkpoint`, by default the same file. Other options are those of
     `mklang.checkpoint.continue_checkpoint`.
     """
-    from mklang.checkpoint.envelope import save
+    from mklang.checkpoint.envelope import Envelope, save
 
     if isinstance(source, Envelope):
         if checkpoint is None:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import typer
 
@@ -55,6 +56,11 @@ _JSON_ERRORS: ContextVar[bool] = ContextVar("json_errors", default=False)
 # reorder what a reader sees: model answers, server messages and checkpoint
 # fields may hold any of them, and a terminal would obey an ESC sequence.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout (results are printed without loading the renderer)."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def printable(text: str) -> str:

@@ -8,7 +8,6 @@ no escape sequence reaches the terminal; JSON output is the exact data.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 from rich.console import Console
@@ -22,10 +21,6 @@ stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False)
 
 _STATUS_STYLE = {"done": "bold green", "halted": "bold red", "suspended": "bold yellow"}
-
-
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def _short(value: Any, width: int = 70) -> str:

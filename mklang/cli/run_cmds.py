@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from mklang import exitcodes
-from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
+from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.limits import NestingError, load_json, read_text
 from mklang.vocabulary import PATH
 
@@ -108,13 +108,15 @@ def live_view(as_json: bool, max_tokens: int | None) -> Iterator[Any]:
 
 def report(result, as_json: bool, checkpoint: Path | None = None) -> None:
     """Print the result and exit with its code (SPEC section 7)."""
-    from mklang.cli.render import print_json, render_result, stderr
-
     if as_json:
         print_json(result.to_json())
     else:
+        from mklang.cli.render import render_result
+
         render_result(result)
     if result.status == "suspended" and checkpoint is not None:
+        from mklang.cli.render import stderr
+
         stderr.print(f"checkpoint: {checkpoint}  (continue with: mklang resume {checkpoint})")
     if result.status == "halted" and result.error == "interrupted":
         raise typer.Exit(exitcodes.INTERRUPTED)
@@ -292,7 +294,7 @@ def show(
     """Status, reason, frame chain, spend against budgets, last steps and pending ask of a checkpoint."""
     with handle_errors(wants_json(format)):
         from mklang.checkpoint.inspect import describe
-        from mklang.cli.render import print_json, render_checkpoint
+        from mklang.cli.render import render_checkpoint
 
         summary = describe(checkpoint, last=last)
         if wants_json(format):
@@ -311,7 +313,7 @@ def test(
     """Run the named scenarios of a script and compare them with their expectations."""
     with handle_errors(wants_json(format)):
         from mklang.check import require_runnable
-        from mklang.cli.render import print_json, stdout
+        from mklang.cli.render import stdout
         from mklang.scenarios import compare, load_script, run_scenario
         from mklang.syntax import load_file
 
