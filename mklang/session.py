@@ -23,7 +23,7 @@ from mklang.scenarios import Scenario, ScriptedHost
 
 if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
-    from mklang.checkpoint.envelope import Envelope
+    from mklang.checkpoint.envelope import Envelope, HostSettings
 
 __all__ = ["Host", "opened", "proceed", "resume", "start"]
 
@@ -107,6 +107,12 @@ class Host:
         host.hooks = {**plugin_hooks, **host.hooks}
         return host
 
+    def recorded(self) -> HostSettings:
+        """The settings as a checkpoint records them."""
+        from mklang.checkpoint.envelope import HostSettings
+
+        return HostSettings(**self.settings)
+
     def run_setting(self, key: str, given: Any, default: Any = None) -> Any:
         """A caller's value wins over the scenario's `run:` setting, which wins over the default."""
         if given is not None:
@@ -169,10 +175,10 @@ def start(
 
         return run(machine, context, suspendable=suspendable, **options)
     from mklang.checkpoint import start as start_durably
-    from mklang.checkpoint.envelope import HostSettings
 
-    settings = HostSettings(**host.settings)
-    return start_durably(machine, context, checkpoint=checkpoint, host=settings, scripted=host.scripted, **options)
+    return start_durably(
+        machine, context, checkpoint=checkpoint, host=host.recorded(), scripted=host.scripted, **options
+    )
 
 
 @contextmanager
@@ -205,7 +211,7 @@ def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
         tools=host.tools,
         hooks=host.hooks,
         scripted=host.scripted,
-        host=host.settings,
+        host=host.recorded(),
         **options,
     )
 
