@@ -1,5 +1,6 @@
 # crash.mk: a run with every kind of step in flight, for the kill -9 tests:
-# a judged gate, a fan-out over four items, a nested call, host tools.
+# a judged gate, a fan-out over four items, a nested call whose result is
+# judged, host tools at both levels.
 mklang 0.4
 machine crash
 entry plan
@@ -30,6 +31,7 @@ state work {
 state check {
   call review { text: "{{results}}" }
   output review
+  when "the review is usable" -> note
   otherwise -> note
 }
 
