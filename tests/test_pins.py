@@ -736,3 +736,61 @@ def test_a_checkpoint_may_nest_values_deeper_than_other_json_input(tmp_path):
     path = tmp_path / "cp.json"
     save(path, _envelope(result=_nested(64 + 10)))
     assert load(path).result == _nested(64 + 10)
+
+
+def test_a_map_renders_as_json_that_keeps_non_ascii_text():
+    machine = """
+        machine m
+        entry a
+        budget 3
+        context { m: { k: "café ✓" } }
+        state a {
+          structure "s"
+          prompt "{{m}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["x"]})
+    run_mk(machine, provider=provider)
+    assert provider.produced[0].user == '{"k": "café ✓"}'
+
+
+def test_branch_locals_are_read_by_path_and_shadow_context_keys():
+    machine = """
+        machine m
+        entry a
+        budget 5
+        context { item: "shadowed", people: [{ name: "Ada", langs: ["en", "fr"] }, { name: "Bo" }] }
+        state a {
+          over people
+          structure "s"
+          prompt "{{item.name}}|{{item.langs.-1}}|{{item.missing}}|{{index}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["x"]})
+    run_mk(machine, provider=provider, concurrency=1)
+    assert sorted(request.user for request in provider.produced) == ["Ada|fr||0", "Bo|||1"]
+
+
+def test_a_dotted_input_writes_inside_the_map_and_keeps_its_siblings():
+    machine = """
+        machine m
+        entry a
+        budget 3
+        context { ticket: { body: "", id: "T-1" }, flat: 1 }
+        state a {
+          structure "s"
+          prompt "{{ticket.body}} {{ticket.id}} {{new.deep.key}} {{flat}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["x"]})
+    result = run_mk(machine, {"ticket.body": "hello", "new.deep.key": 5, "flat": 2}, provider=provider)
+    assert result.context["ticket"] == {"body": "hello", "id": "T-1"}
+    assert result.context["new"] == {"deep": {"key": 5}}
+    assert "ticket.body" not in result.context
+    assert provider.produced[0].user.startswith("<data-")  # host inputs are tainted
