@@ -2,7 +2,8 @@
 
 1. Suspend and resume at 10, 100 and 1,000 steps of trace with 2 KB outputs:
    envelope size, time to write the suspended envelope, and time for
-   `resume` to verify, load and re-suspend (unchanged budget).
+   `resume` to verify, load and re-suspend (unchanged budget), each per
+   step of trace.
 2. Checkpoint cost per step of a durable run (`--checkpoint`: journal
    appends with fsync plus occasional compaction) at 100, 1,000 and 10,000
    steps: (time with checkpoint - time without) / steps. It must stay flat.
@@ -14,6 +15,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from measure import print_load
 
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load, save
@@ -78,6 +81,7 @@ def per_step_cost(folder: Path, steps: int, repeats: int = 3) -> float:
 
 
 def main() -> None:
+    print_load()
     sizes = [int(arg) for arg in sys.argv[1:]] or [100, 1_000, 10_000]
     with tempfile.TemporaryDirectory(dir=".") as folder:
         folder = Path(folder)
@@ -85,8 +89,9 @@ def main() -> None:
         for steps in (10, 100, 1_000):
             size, write, resume = suspend_and_resume(folder, steps)
             print(
-                f"  {steps:>6} steps: envelope {size / 1024:8.1f} KiB   suspend write {write * 1000:7.1f} ms"
-                f"   resume (verify, load, re-suspend) {resume * 1000:7.1f} ms"
+                f"  {steps:>6} steps: envelope {size / steps / 1024:6.2f} KiB/step   suspend write "
+                f"{write / steps * 1e6:7.1f} us/step   resume (verify, load, re-suspend) "
+                f"{resume / steps * 1e6:7.1f} us/step"
             )
         print("checkpoint cost per step of a durable run (journal + compaction)")
         costs = {}

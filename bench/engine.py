@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import time
 
+from measure import print_load
+
 from mklang.engine import run
 from mklang.providers.scripted import ScriptedProvider
 from mklang.syntax import parse
@@ -67,6 +69,7 @@ def fan_out(concurrency: int = 8) -> tuple[float, float]:
 
 
 def main() -> None:
+    print_load()
     otherwise = per_step("otherwise -> tick", [0])
     judged = per_step('when "keep going" -> tick', [0])
     fenced = per_step("otherwise -> tick", [0], FENCED)

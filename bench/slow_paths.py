@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from measure import print_load
+
 REPEATS = 3
 
 
@@ -215,8 +217,8 @@ WORKLOADS = {
 
 def main() -> None:
     chosen = sys.argv[1:] or list(WORKLOADS)
-    load = os.getloadavg()
-    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores; CPU time unless marked")
+    print_load()
+    print("CPU time unless marked")
     for name in chosen:
         print(f"{name}: {WORKLOADS[name].__doc__.splitlines()[0]}")
         WORKLOADS[name]()
