@@ -1,6 +1,6 @@
 """Parse tree to model: one method per grammar rule, named like the rule.
 
-Rules return small `_Item`s (a statement with its span); `start` and `state`
+Rules return small `Item`s (a statement with its span); `start` and `state`
 assemble them into the model. Problems that make a model impossible (a
 missing `entry`, a state with two faces, `budget 2.5`) are collected as
 diagnostics and raised together as one `MkSyntaxError`; every other rule of
@@ -18,6 +18,7 @@ from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.limits import MAX_DEPTH, json_depth
 from mklang.model import Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
 from mklang.syntax._parser import Token
+from mklang.syntax.grammar import standalone_parser
 from mklang.syntax.text import decode_block, decode_string, either
 from mklang.vocabulary import PARSE_MODES, TIERS
 
@@ -26,7 +27,7 @@ FACE_WORDS = {"produce": "a prompt", "call": "a call", "tool": "a tool"}
 
 
 @dataclass
-class _Item:
+class Item:
     """One statement of the file or of a state body."""
 
     key: str
@@ -46,9 +47,7 @@ _VALUE_WORDS = frozenset({"END", "TRUE", "FALSE", "NULL"})
 @functools.cache
 def _silent_terminals() -> frozenset[str]:
     """Keyword and bracket terminals: kept in the tree for positions, not passed to methods."""
-    from mklang.syntax.parser import _parser
-
-    return frozenset(t.name for t in _parser().terminals if t.pattern.type == "str") - _VALUE_WORDS
+    return frozenset(t.name for t in standalone_parser().terminals if t.pattern.type == "str") - _VALUE_WORDS
 
 
 class Builder:
@@ -87,13 +86,13 @@ class Builder:
         ]
         return getattr(self, node.data)(meta, *args)
 
-    # -- helpers -------------------------------------------------------------
+    # -- helpers (public: the YAML front end checks its values with them too) --
 
     def _span(self, meta) -> Span:
         first, last = meta
         return Span(file=self.file, line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column)
 
-    def _error(self, span: Span, code: str, message: str) -> None:
+    def report(self, span: Span, code: str, message: str) -> None:
         self.diagnostics.append(
             Diagnostic(self.file, span.line, span.col, span.end_line, span.end_col, "error", code, message)
         )
@@ -101,31 +100,31 @@ class Builder:
     def _where(self, token: Token, span: Span | None) -> Span:
         return span if span is not None else _token_span(token, self.file)
 
-    def _plain(self, token, what: str, span: Span | None = None) -> str:
+    def plain_name(self, token, what: str, span: Span | None = None) -> str:
         """A name that must not be a dotted path (states, keys, tools...)."""
         if "." in str(token):
-            self._error(self._where(token, span), "invalid-name", f'{what} "{token}" cannot contain "."')
+            self.report(self._where(token, span), "invalid-name", f'{what} "{token}" cannot contain "."')
         return str(token)
 
-    def _whole(self, token, what: str, span: Span | None = None) -> int:
+    def whole_number(self, token, what: str, span: Span | None = None) -> int:
         if not str(token).isdigit():
-            self._error(self._where(token, span), "invalid-number", f'{what} must be a whole number, not "{token}"')
+            self.report(self._where(token, span), "invalid-number", f'{what} must be a whole number, not "{token}"')
             return 0
         return int(token)
 
-    def _choice(self, token, allowed: tuple[str, ...], what: str, span: Span | None = None) -> str | None:
+    def one_of(self, token, allowed: tuple[str, ...], what: str, span: Span | None = None) -> str | None:
         if token not in allowed:
-            self._error(self._where(token, span), "invalid-value", f'{what} must be {either(allowed)}, not "{token}"')
+            self.report(self._where(token, span), "invalid-value", f'{what} must be {either(allowed)}, not "{token}"')
             return None
         return str(token)
 
-    def _fields(self, items: list[_Item], owner: str) -> dict[str, _Item]:
+    def _fields(self, items: list[Item], owner: str) -> dict[str, Item]:
         """One item per key; a repeated key is reported at its second occurrence."""
-        fields: dict[str, _Item] = {}
+        fields: dict[str, Item] = {}
         for item in items:
             if item.key in fields:
                 first = fields[item.key].span.line
-                self._error(item.span, "duplicate-field", f'{owner} sets "{item.key}" twice (first at line {first})')
+                self.report(item.span, "duplicate-field", f'{owner} sets "{item.key}" twice (first at line {first})')
             else:
                 fields[item.key] = item
         return fields
@@ -136,7 +135,7 @@ class Builder:
         try:
             return decode_string(token)
         except ValueError:
-            self._error(_token_span(token, self.file), "invalid-string", "invalid escape sequence in string")
+            self.report(_token_span(token, self.file), "invalid-string", "invalid escape sequence in string")
             return ""
 
     def TRIPLE_STRING(self, token: Token) -> str:
@@ -164,108 +163,108 @@ class Builder:
 
     # -- header lines --------------------------------------------------------
 
-    def version(self, meta, number) -> _Item:
-        return _Item("version", str(number), self._span(meta))
+    def version(self, meta, number) -> Item:
+        return Item("version", str(number), self._span(meta))
 
-    def machine_name(self, meta, name) -> _Item:
-        return _Item("name", self._plain(name, "a machine name"), self._span(meta))
+    def machine_name(self, meta, name) -> Item:
+        return Item("name", self.plain_name(name, "a machine name"), self._span(meta))
 
-    def entry(self, meta, name) -> _Item:
-        return _Item("entry", self._plain(name, "a state name"), self._span(meta))
+    def entry(self, meta, name) -> Item:
+        return Item("entry", self.plain_name(name, "a state name"), self._span(meta))
 
-    def budget(self, meta, number) -> _Item:
-        return _Item("budget", self._whole(number, "budget"), self._span(meta))
+    def budget(self, meta, number) -> Item:
+        return Item("budget", self.whole_number(number, "budget"), self._span(meta))
 
-    def tier(self, meta, name) -> _Item:
-        return _Item("tier", self._choice(name, TIERS, "tier"), self._span(meta))
+    def tier(self, meta, name) -> Item:
+        return Item("tier", self.one_of(name, TIERS, "tier"), self._span(meta))
 
-    def result(self, meta, name) -> _Item:
-        return _Item("result", str(name), self._span(meta))
+    def result(self, meta, name) -> Item:
+        return Item("result", str(name), self._span(meta))
 
-    def context(self, meta, value) -> _Item:
-        return _Item("context", value, self._span(meta))
+    def context(self, meta, value) -> Item:
+        return Item("context", value, self._span(meta))
 
-    def tool_decl(self, meta, name, description) -> _Item:
+    def tool_decl(self, meta, name, description) -> Item:
         return self._declaration("tools", meta, name, description)
 
-    def hook_decl(self, meta, name, description) -> _Item:
+    def hook_decl(self, meta, name, description) -> Item:
         return self._declaration("hooks", meta, name, description)
 
-    def _declaration(self, key: str, meta, name: Token, description: str | None) -> _Item:
+    def _declaration(self, key: str, meta, name: Token, description: str | None) -> Item:
         span = self._span(meta)
-        node = Declaration(name=self._plain(name, f"a {key[:-1]} name"), description=description or "", span=span)
-        return _Item(key, node, span)
+        node = Declaration(name=self.plain_name(name, f"a {key[:-1]} name"), description=description or "", span=span)
+        return Item(key, node, span)
 
     # -- state statements ----------------------------------------------------
 
-    def prompt(self, meta, text) -> _Item:
-        return _Item("prompt", text, self._span(meta))
+    def prompt(self, meta, text) -> Item:
+        return Item("prompt", text, self._span(meta))
 
-    def structure(self, meta, text) -> _Item:
-        return _Item("structure", text, self._span(meta))
+    def structure(self, meta, text) -> Item:
+        return Item("structure", text, self._span(meta))
 
-    def execution(self, meta, text) -> _Item:
-        return _Item("execution", text, self._span(meta))
+    def execution(self, meta, text) -> Item:
+        return Item("execution", text, self._span(meta))
 
-    def reason(self, meta) -> _Item:
-        return _Item("reason", True, self._span(meta))
+    def reason(self, meta) -> Item:
+        return Item("reason", True, self._span(meta))
 
-    def parse(self, meta, mode) -> _Item:
-        return _Item("parse", self._choice(mode, PARSE_MODES, "parse"), self._span(meta))
+    def parse(self, meta, mode) -> Item:
+        return Item("parse", self.one_of(mode, PARSE_MODES, "parse"), self._span(meta))
 
-    def call(self, meta, name, inputs) -> _Item:
+    def call(self, meta, name, inputs) -> Item:
         span = self._span(meta)
-        face = Call(machine=self._plain(name, "a machine name"), input=inputs, span=span)
-        return _Item("call", face, span)
+        face = Call(machine=self.plain_name(name, "a machine name"), input=inputs, span=span)
+        return Item("call", face, span)
 
-    def tool_use(self, meta, name, inputs) -> _Item:
+    def tool_use(self, meta, name, inputs) -> Item:
         span = self._span(meta)
-        return _Item("tool", ToolUse(tool=self._plain(name, "a tool name"), input=inputs, span=span), span)
+        return Item("tool", ToolUse(tool=self.plain_name(name, "a tool name"), input=inputs, span=span), span)
 
-    def output(self, meta, name) -> _Item:
-        return _Item("output", self._plain(name, "an output key"), self._span(meta))
+    def output(self, meta, name) -> Item:
+        return Item("output", self.plain_name(name, "an output key"), self._span(meta))
 
-    def accumulate(self, meta) -> _Item:
-        return _Item("accumulate", True, self._span(meta))
+    def accumulate(self, meta) -> Item:
+        return Item("accumulate", True, self._span(meta))
 
-    def sample(self, meta, number) -> _Item:
-        return _Item("sample", self._whole(number, "sample"), self._span(meta))
+    def sample(self, meta, number) -> Item:
+        return Item("sample", self.whole_number(number, "sample"), self._span(meta))
 
-    def over(self, meta, path) -> _Item:
-        return _Item("over", str(path), self._span(meta))
+    def over(self, meta, path) -> Item:
+        return Item("over", str(path), self._span(meta))
 
-    def max_visits(self, meta, number) -> _Item:
-        return _Item("max_visits", self._whole(number, "max_visits"), self._span(meta))
+    def max_visits(self, meta, number) -> Item:
+        return Item("max_visits", self.whole_number(number, "max_visits"), self._span(meta))
 
     # -- gates ---------------------------------------------------------------
 
-    def gate(self, meta, condition: dict, policy: dict) -> _Item:
+    def gate(self, meta, condition: dict, policy: dict) -> Item:
         span = self._span(meta)
-        return _Item("gate", Gate(**condition, **policy, span=span), span)
+        return Item("gate", Gate(**condition, **policy, span=span), span)
 
     def when(self, _meta, text, hook) -> dict:
         return {"when": text, "hook": hook}
 
     def hook(self, _meta, name) -> str:
-        return self._plain(name, "a hook name")
+        return self.plain_name(name, "a hook name")
 
     def otherwise(self, _meta) -> dict:
         return {"when": None, "hook": None}
 
     def ok(self, _meta, target) -> dict:
-        return {"policy": "ok", "target": self._plain(target, "a state name")}
+        return {"policy": "ok", "target": self.plain_name(target, "a state name")}
 
     def repair(self, _meta, number, target) -> dict:
         return {
             "policy": "repair",
-            "repair": self._whole(number, "a repair budget"),
-            "target": self._plain(target, "a state name"),
+            "repair": self.whole_number(number, "a repair budget"),
+            "target": self.plain_name(target, "a state name"),
         }
 
     def escalate(self, _meta, target, ask, reply_to) -> dict:
         return {
             "policy": "escalate",
-            "target": self._plain(target, "a state name"),
+            "target": self.plain_name(target, "a state name"),
             "ask": ask,
             "reply_to": reply_to,
         }
@@ -281,21 +280,21 @@ class Builder:
 
     # -- assembly ------------------------------------------------------------
 
-    def state(self, meta, name, *items: _Item) -> _Item:
+    def state(self, meta, name, *items: Item) -> Item:
         return self.assemble_state(
-            self._plain(name, "a state name"), _token_span(name, self.file), self._span(meta), items
+            self.plain_name(name, "a state name"), _token_span(name, self.file), self._span(meta), items
         )
 
-    def assemble_state(self, state_name: str, name_span: Span, span: Span, items) -> _Item:
+    def assemble_state(self, state_name: str, name_span: Span, span: Span, items) -> Item:
         """A state from its statements (shared with the YAML front end)."""
         owner = f'state "{state_name}"'
         gates = [item.value for item in items if item.key == "gate"]
         fields = self._fields([item for item in items if item.key != "gate"], owner)
         face = self._face(fields, owner, name_span)
         if "output" not in fields:
-            self._error(span, "no-output", f"{owner} has no output: add `output <key>`")
+            self.report(span, "no-output", f"{owner} has no output: add `output <key>`")
         if face is None or "output" not in fields:
-            return _Item("state", None, span)
+            return Item("state", None, span)
         node = State(
             name=state_name,
             face=face,
@@ -308,23 +307,23 @@ class Builder:
                 if key in fields
             },
         )
-        return _Item("state", node, span)
+        return Item("state", node, span)
 
-    def _face(self, fields: dict[str, _Item], owner: str, name_span: Span):
+    def _face(self, fields: dict[str, Item], owner: str, name_span: Span):
         """The one face of a state, or None after reporting why there is not exactly one."""
-        kinds: dict[str, _Item] = {}
+        kinds: dict[str, Item] = {}
         for key, item in fields.items():
             kind = "produce" if key in PRODUCE_FIELDS else key if key in ("call", "tool") else None
             if kind and kind not in kinds:
                 kinds[kind] = item
         if not kinds:
-            self._error(
+            self.report(
                 name_span, "no-face", f"{owner} has no face: give it a prompt and a structure, a call, or a tool"
             )
             return None
         if len(kinds) > 1:
             (first, _), (second, item) = list(kinds.items())[:2]
-            self._error(
+            self.report(
                 item.span,
                 "two-faces",
                 f"{owner} has both {FACE_WORDS[first]} and {FACE_WORDS[second]}: a state has exactly one face",
@@ -335,7 +334,7 @@ class Builder:
             return item.value
         missing = [key for key in ("prompt", "structure") if key not in fields]
         for key in missing:
-            self._error(
+            self.report(
                 item.span, "missing-field", f"{owner} has no {key}: a generative state needs a prompt and a structure"
             )
         if missing:
@@ -343,13 +342,13 @@ class Builder:
         values = {key: fields[key].value for key in PRODUCE_FIELDS if key in fields}
         return Produce(**values, span=item.span)
 
-    def start(self, _meta, *items: _Item) -> Machine | None:
+    def start(self, _meta, *items: Item) -> Machine | None:
         return self.assemble_machine(items)
 
     def assemble_machine(self, items) -> Machine | None:
         """The machine from its top-level statements (shared with the YAML front end)."""
-        declarations: dict[str, list[_Item]] = {"tools": [], "hooks": [], "state": []}
-        singles: list[_Item] = []
+        declarations: dict[str, list[Item]] = {"tools": [], "hooks": [], "state": []}
+        singles: list[Item] = []
         for item in items:
             (declarations.get(item.key, singles)).append(item)
         fields = self._fields(singles, "the machine")
@@ -361,7 +360,7 @@ class Builder:
         states = [item.value for item in declarations["state"] if item.value is not None]
         context = fields.get("context")
         if context is not None and json_depth(context.value) > MAX_DEPTH:  # it would reach every checkpoint
-            self._error(context.span, "invalid-value", f"context values nest more than {MAX_DEPTH} levels deep")
+            self.report(context.span, "invalid-value", f"context values nest more than {MAX_DEPTH} levels deep")
         if self.diagnostics:
             return None
         return Machine(

@@ -9,14 +9,27 @@ grammar with `python -m mklang.syntax.grammar`; a test fails while it is stale.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mklang.syntax._parser import Lark_StandAlone
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 PARSER_MODULE = Path(__file__).resolve().parent / "_parser.py"
 
 # The options the parser is built with, shared by the generator and the strict test.
 OPTIONS = {"parser": "lalr", "lexer": "contextual", "propagate_positions": False, "maybe_placeholders": True}
+
+
+@functools.cache
+def standalone_parser() -> Lark_StandAlone:
+    """The LALR parser of the committed standalone module, built once per process."""
+    from mklang.syntax._parser import Lark_StandAlone
+
+    return Lark_StandAlone()
 
 
 def grammar_path() -> Path:

@@ -1,25 +1,17 @@
 """The parser facade: text in, `Machine` out, or an `MkSyntaxError`. No Lark type leaks.
 
 The LALR parser is Lark's standalone module generated from the grammar
-(`_parser.py`), built once per process on first use.
+(`_parser.py`), built once per process on first use (`grammar.standalone_parser`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 from collections.abc import Iterator
 
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Machine
-
-
-@functools.cache
-def _parser():
-    from mklang.syntax._parser import Lark_StandAlone
-
-    return Lark_StandAlone()
 
 
 @contextlib.contextmanager
@@ -41,13 +33,14 @@ def parse(text: str, filename: str | None = None) -> Machine:
     from mklang.syntax._parser import UnexpectedInput
     from mklang.syntax.build import build
     from mklang.syntax.comments import attach
+    from mklang.syntax.grammar import standalone_parser
     from mklang.syntax.lexemes import comments
     from mklang.syntax.syntax_errors import diagnostic
 
     source = text.replace("\r\n", "\n")
     if not source.endswith("\n"):
         source += "\n"
-    parser = _parser()
+    parser = standalone_parser()
     try:
         with _collector_paused():
             tree = parser.parse(source)

@@ -1,7 +1,7 @@
 """YAML machine documents in the original mklang layout (SPEC section 2, last bullet).
 
 The document is composed into YAML nodes (which carry line marks), each entry
-becomes the same statement `_Item` the `.mk` grammar produces, and the
+becomes the same statement `Item` the `.mk` grammar produces, and the
 `.mk` builder assembles the machine, so both syntaxes obey one set of rules
 and diagnostics point at YAML lines.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolUse
-from mklang.syntax.build import Builder, _Item
+from mklang.syntax.build import Builder, Item
 from mklang.vocabulary import PARSE_MODES, PLACEHOLDER, TIERS
 
 # YAML key -> `.mk` statement, where they differ.
@@ -44,7 +44,7 @@ class _Reader:
         )
 
     def error(self, node, code: str, message: str) -> None:
-        self.builder._error(self.span(node), code, message)
+        self.builder.report(self.span(node), code, message)
 
     def value(self, node) -> Any:
         return self.constructor.construct_document(node)
@@ -90,20 +90,20 @@ class _Reader:
         for key, key_node, node in self.mapping(root, "the machine", allowed):
             span = self.span(key_node)
             if key in ("tools", "hooks"):
-                items += [_Item(key, decl, decl.span or span) for decl in self.declarations(node, key)]
+                items += [Item(key, decl, decl.span or span) for decl in self.declarations(node, key)]
             elif key == "states":
                 items += self.states(node)
             else:
-                items.append(_Item(TOP_KEYS[key], self.top_value(TOP_KEYS[key], node), span))
+                items.append(Item(TOP_KEYS[key], self.top_value(TOP_KEYS[key], node), span))
         return self.builder.assemble_machine(items)
 
     def top_value(self, field: str, node) -> Any:
         value = self.value(node)
         span = self.span(node)
         if field == "budget":
-            return self.builder._whole(value, "budget", span)
+            return self.builder.whole_number(value, "budget", span)
         if field == "tier":
-            return self.builder._choice(value, TIERS, "default_tier", span)
+            return self.builder.one_of(value, TIERS, "default_tier", span)
         if field == "context":
             value = self.data(node, "context")
             if not isinstance(value, dict):
@@ -126,7 +126,7 @@ class _Reader:
         if not isinstance(value, str) or not _NAME.match(value):
             self.error(node, "invalid-name", f"{what} must be a name of letters, digits and _, not {value!r}")
             return "_"
-        return value if dotted else self.builder._plain(value, what, self.span(node))
+        return value if dotted else self.builder.plain_name(value, what, self.span(node))
 
     def declarations(self, node, key: str) -> list[Declaration]:
         if not isinstance(node, self.yaml.SequenceNode):
@@ -143,7 +143,7 @@ class _Reader:
             found.append(Declaration(name=name, description=description, span=self.span(entry)))
         return found
 
-    def states(self, node) -> list[_Item]:
+    def states(self, node) -> list[Item]:
         """`states` as a mapping name -> state, or as a list of states with a `name`."""
         if isinstance(node, self.yaml.MappingNode):
             pairs = [(self.value(k), k, v) for k, v in node.value]
@@ -164,7 +164,7 @@ class _Reader:
             return []
         return [self.state(self.name(name_node, "a state name"), name_node, body) for _, name_node, body in pairs]
 
-    def state(self, name: str, name_node, node) -> _Item:
+    def state(self, name: str, name_node, node) -> Item:
         items, inputs, faces = [], None, []
         for key, key_node, value_node in self.mapping(node, f'state "{name}"', STATE_KEYS):
             span = self.span(key_node)
@@ -179,10 +179,10 @@ class _Reader:
             elif key in ("call", "tool"):
                 faces.append((key, self.name(value_node, f"a {'machine' if key == 'call' else 'tool'} name"), span))
             elif key in ("sample", "max_visits"):
-                items.append(_Item(key, self.builder._whole(value, key, span), span))
+                items.append(Item(key, self.builder.whole_number(value, key, span), span))
             elif key in ("reason", "accumulate"):
                 if value:
-                    items.append(_Item(key, True, span))
+                    items.append(Item(key, True, span))
             elif key == "over":
                 match = PLACEHOLDER.fullmatch(value.strip()) if isinstance(value, str) else None
                 path = match.group(1) if match else value
@@ -192,30 +192,30 @@ class _Reader:
                         "invalid-name",
                         f'over must name a context list, as "{{{{list}}}}" or list, not {value!r}',
                     )
-                items.append(_Item(key, path if isinstance(path, str) else "_", span))
+                items.append(Item(key, path if isinstance(path, str) else "_", span))
             elif key in ("tier", "parse"):
                 allowed = TIERS if key == "tier" else PARSE_MODES
-                items.append(_Item(key, self.builder._choice(value, allowed, key, span), span))
+                items.append(Item(key, self.builder.one_of(value, allowed, key, span), span))
             elif key == "output":
-                items.append(_Item(key, self.name(value_node, "an output key"), span))
+                items.append(Item(key, self.name(value_node, "an output key"), span))
             else:
-                items.append(_Item(key, self.text(value_node, key), span))
+                items.append(Item(key, self.text(value_node, key), span))
         for key, value, span in faces:  # the `input` map applies to whichever face there is
             face = (Call(machine=str(value), input=inputs, span=span) if key == "call"
                     else ToolUse(tool=str(value), input=inputs, span=span))  # fmt: skip
-            items.append(_Item(key, face, span))
+            items.append(Item(key, face, span))
         name_span, body = self.span(name_node), self.span(node)
         span = Span(
             file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
         )
         return self.builder.assemble_state(name, name_span, span, items)
 
-    def gates(self, node) -> list[_Item]:
+    def gates(self, node) -> list[Item]:
         if not isinstance(node, self.yaml.SequenceNode):
             self.error(node, "invalid-value", "gates must be a list")
             return []
         return [
-            _Item("gate", gate, gate.span or self.span(node)) for gate in map(self.gate, node.value) if gate is not None
+            Item("gate", gate, gate.span or self.span(node)) for gate in map(self.gate, node.value) if gate is not None
         ]
 
     def gate(self, node) -> Gate | None:
@@ -232,7 +232,7 @@ class _Reader:
         elif "repair" in fields or then == "repair" or isinstance(then, dict):
             policy = "repair"
             budget = fields.get("repair", then.get("repair") if isinstance(then, dict) else None)
-            repair = self.builder._whole(budget, "repair", self.span(node))
+            repair = self.builder.whole_number(budget, "repair", self.span(node))
         elif then != "ok":
             self.error(node, "invalid-value", f'a gate\'s "then" must be ok, repair, escalate or fail, not "{then}"')
         if "hook" in nodes and when is None:  # `.mk` has no hook gate without its condition text
