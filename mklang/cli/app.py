@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from typing import Any
 import typer
 
 from mklang import exitcodes
+from mklang.terminal import printable
 
 app = typer.Typer(
     name="mklang",
@@ -52,20 +52,9 @@ def debug_enabled() -> bool:
 _JSON_ERRORS: ContextVar[bool] = ContextVar("json_errors", default=False)
 
 
-# C0 and C1 controls but tab and newline, plus the bidirectional overrides that
-# reorder what a reader sees: model answers, server messages and checkpoint
-# fields may hold any of them, and a terminal would obey an ESC sequence.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
 def print_json(data: Any) -> None:
     """One JSON document on stdout (results are printed without loading the renderer)."""
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
-
-
-def printable(text: str) -> str:
-    """`text` safe for a terminal: each control character is shown as its escape (`\\x1b`)."""
-    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> typer.Exit:

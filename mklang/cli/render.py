@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.text import Text
 from rich.tree import Tree
 
-from mklang.cli.app import printable
+from mklang.terminal import printable
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False)

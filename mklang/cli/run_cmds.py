@@ -312,10 +312,13 @@ def test(
 ) -> None:
     """Run the named scenarios of a script and compare them with their expectations."""
     with handle_errors(wants_json(format)):
+        from rich.markup import escape
+
         from mklang.check import require_runnable
         from mklang.cli.render import stdout
         from mklang.scenarios import compare, load_script, run_scenario
         from mklang.syntax import load_file
+        from mklang.terminal import printable
 
         loaded = require_runnable(load_file(machine))
         scenarios = load_script(script)
@@ -344,9 +347,9 @@ def test(
         else:
             for item, _, problems in outcomes:
                 mark = "[green]PASS[/green]" if not problems else "[red]FAIL[/red]"
-                stdout.print(f"{mark} {item.name}", highlight=False)
+                stdout.print(f"{mark} {escape(printable(item.name))}", highlight=False)
                 for problem in problems:
-                    stdout.print(f"     {problem}", markup=False, highlight=False)
+                    stdout.print(f"     {printable(problem)}", markup=False, highlight=False)
             failed = sum(1 for _, _, problems in outcomes if problems)
             stdout.print(f"{len(outcomes) - failed} passed, {failed} failed")
         raise typer.Exit(exitcodes.HALT if any(problems for _, _, problems in outcomes) else exitcodes.OK)

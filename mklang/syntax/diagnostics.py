@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mklang.errors import Diagnostic
+from mklang.terminal import printable
 
 _COLORS = {"error": "\x1b[1;31m", "warning": "\x1b[1;33m", "caret": "\x1b[1;36m", "reset": "\x1b[0m"}
 
@@ -29,13 +30,17 @@ def render_one(diagnostic: Diagnostic, source_line: str | None, color: bool = Fa
     """One diagnostic with its caret view (when the source line is known)."""
     paint = (lambda key, text: f"{_COLORS[key]}{text}{_COLORS['reset']}") if color else (lambda _key, text: text)
     where = f"{diagnostic.file or '<text>'}:{diagnostic.line}:{diagnostic.col}"
-    head = f"{where}: {paint(diagnostic.severity, diagnostic.severity)}: {diagnostic.message} [{diagnostic.code}]"
+    message = printable(diagnostic.message)
+    head = f"{printable(where)}: {paint(diagnostic.severity, diagnostic.severity)}: {message} [{diagnostic.code}]"
     if source_line is None:
         return head
-    shown = source_line.replace("\t", " ")
+    line = source_line.replace("\t", " ")
     start = max(diagnostic.col - 1, 0)
-    end = diagnostic.end_col - 1 if diagnostic.end_line == diagnostic.line else len(shown.rstrip())
-    width = max(1, min(end, len(shown) + 1) - start)
+    end = diagnostic.end_col - 1 if diagnostic.end_line == diagnostic.line else len(line.rstrip())
+    width = max(1, min(end, len(line) + 1) - start)
+    # Control characters show as escapes (a machine file may come from anyone); the caret follows them.
+    shown = printable(line)
+    start, width = _shown_width(line, start), _shown_width(line, start + width) - _shown_width(line, start)
     gutter = " " * len(str(diagnostic.line))
     return "\n".join(
         [
@@ -44,6 +49,11 @@ def render_one(diagnostic: Diagnostic, source_line: str | None, color: bool = Fa
             f" {gutter} | {' ' * start}{paint('caret', '^' * width)}",
         ]
     )
+
+
+def _shown_width(line: str, columns: int) -> int:
+    """How wide the first `columns` characters of `line` print once escaped (past its end: one each)."""
+    return len(printable(line[:columns])) + max(0, columns - len(line))
 
 
 def render_text(diagnostics: list[Diagnostic], color: bool = False) -> str:

@@ -250,6 +250,14 @@ def test_an_error_line_is_escaped(tmp_path: Path):
     assert "\x1b" not in done.stderr and "no\\x1b[2Jsuch.mk" in one_line_error(done)
 
 
+def test_a_machine_file_with_escape_sequences_is_shown_escaped(tmp_path: Path):
+    path = tmp_path / "evil.mk"
+    path.write_text(JSON_MACHINE.replace('structure "JSON"', 'structure "JSON\x1b]0;owned\x07" bogus'))
+    done = mklang("check", str(path))
+    assert done.returncode == 2 and "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert 'structure "JSON\\x1b]0;owned\\x07" bogus' in done.stderr, done.stderr
+
+
 # -- API keys and found configs ------------------------------------------------------
 
 
