@@ -147,6 +147,9 @@ def open_checkpoint(
     chain = [Frame.from_json(frame, machine_for(frame)) for frame in envelope.frames]
     if not chain:
         raise CheckpointError(f"{path}: the checkpoint holds no frames")
+    if envelope.reason == "escalated" and "ask" not in envelope.frames[-1]:
+        # Written before frames kept their pending ask: the envelope's ask is the one pending.
+        chain[-1].ask = {"ask": envelope.ask, "reply_to": envelope.reply_to}
     resumable = Resumable(path, envelope, chain, loader=loader, position=envelope.host.position, trusted=trusted)
     if envelope.status == "running":  # the process died: replay its journal
         records, resumable.trusted = _journal(path, envelope, trusted, trust)

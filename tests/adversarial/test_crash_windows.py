@@ -165,3 +165,16 @@ def test_a_reply_given_on_resume_is_fenced_as_untrusted_data(tmp_path):
     assert before.rstrip().endswith(">") and "<data-" in before and "</data-" in after, user
     assert FENCE_NOTICE in system
     assert "approval" in load(checkpoint).frames[0]["tainted"]  # and it stays untrusted in the checkpoint
+
+
+def test_an_ask_suspended_before_frames_kept_it_still_waits_for_the_reply(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    assert _run(APPROVAL / "approval.mk", "ask-then-publish", checkpoint).returncode == 3
+    document = json.loads(checkpoint.read_text())
+    for frame in document["frames"]:
+        del frame["ask"]
+    checkpoint.write_text(json.dumps(document))  # as an older mklang wrote it (now unsigned)
+    script = str(APPROVAL / "scenarios.yaml")
+    waiting = _resume(checkpoint, "--trust", "--script", script, "--scenario", "ask-then-publish")
+    assert waiting.returncode == 3, waiting.stderr
+    assert json.loads(waiting.stdout)["calls"] == {}
