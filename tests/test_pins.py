@@ -249,24 +249,27 @@ JUDGED = """
 
 
 @pytest.mark.parametrize(
-    ("replies", "parse"),
+    ("replies", "hook", "parse", "status"),
     [
-        (['{"choice": 1}'], "strict"),
-        (["1"], "bare"),
-        (["I would say 1"], "last"),
-        (["2", '{"choice": 1}'], "strict"),  # the last batch's reading is the one kept
-        (['{"choice": 2}', "1"], "bare"),
+        (['{"choice": 1}'], False, "strict", "done"),
+        (["1"], False, "bare", "done"),
+        (["I would say 1"], False, "last", "done"),
+        (["2", '{"choice": 1}'], False, "strict", "done"),  # the last batch's reading is the one kept
+        (['{"choice": 2}', "1"], False, "bare", "done"),
+        (["2", '{"choice": 2}'], False, "strict", "halted"),  # `otherwise fail` after two none batches
+        (["2"], True, "bare", "done"),  # the hook gate fires after a none batch
     ],
 )
-def test_judge_parse_in_the_trace_says_how_the_last_judge_answer_was_read(tmp_path, replies, parse):
+def test_judge_parse_in_the_trace_says_how_the_last_judge_answer_was_read(tmp_path, replies, hook, parse, status):
     path = tmp_path / "mklang.toml"
     with FakeServer() as server:
         server.add(answer("the output"), *[answer(reply) for reply in replies])
         path.write_text(
             f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nretries = 0\n'
         )
-        result = run_mk(JUDGED, provider=make_provider(config_path=str(path)), hooks={"never": lambda c, o: False})
-    assert result.status == "done", result.error
+        provider = make_provider(config_path=str(path))
+        result = run_mk(JUDGED, provider=provider, hooks={"never": lambda c, o: hook})
+    assert result.status == status, result.error
     assert result.trace[0]["judge_parse"] == parse
 
 

@@ -13,22 +13,17 @@ from typing import Any
 
 from mklang.vocabulary import PLACEHOLDER
 
-_MISSING = object()
 
-
-def lookup(context: dict[str, Any], path: str, default: Any = None) -> Any:
-    """Read a dotted path (`a.b.0`) from the context; `default` when absent."""
+def lookup(context: dict[str, Any], path: str) -> Any:
+    """Read a dotted path (`a.b.0`, `a.-1`) from the context; None when absent."""
     value: Any = context
     for part in path.split("."):
         if isinstance(value, dict):
-            value = value.get(part, _MISSING)
-        elif isinstance(value, list) and part.lstrip("-").isdigit():
-            index = int(part)
-            value = value[index] if -len(value) <= index < len(value) else _MISSING
+            value = value.get(part)
+        elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
         else:
-            value = _MISSING
-        if value is _MISSING:
-            return default
+            return None
     return value
 
 
