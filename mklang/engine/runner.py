@@ -48,6 +48,9 @@ class Control:
         self.interrupted = threading.Event()
         self.deadline = deadline
 
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
 
 @dataclass
 class Caps:
@@ -243,6 +246,8 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
                 rt.journal.halt(level.depth, halted.error, halted.usage)
             continue
         except ProviderError as error:
+            if rt.control.past_deadline():  # the call was cut short by the --max-time deadline
+                _stop(level, "time-exhausted")
             if level.suspendable:
                 raise Suspend(frame, "provider-error", detail=str(error)) from None
             raise Halt(f"provider-error: {error}", state.name) from None
@@ -278,7 +283,7 @@ def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
     if rt.caps.spent(rt.spent):
         return "cost-exhausted"
     control = rt.control
-    if control.deadline is not None and time.monotonic() >= control.deadline:
+    if control.past_deadline():
         return "time-exhausted"
     if control.interrupted.is_set() and not level.branch:
         return "interrupted"
