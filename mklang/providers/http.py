@@ -84,9 +84,9 @@ class HttpTransport:
         name = self.config.name
         attempts = self.config.retries + 1
         for attempt in range(attempts):
-            timeout = self._timeout()
             try:
                 with self._slots:
+                    timeout = self._timeout()  # after waiting for a slot: what is left now
                     response = self._client.post(path, json=body, timeout=timeout)
             except httpx.TimeoutException:
                 failure, delay = f"timeout: no answer within {timeout.read:.3g}s", None

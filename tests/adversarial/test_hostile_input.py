@@ -307,6 +307,20 @@ def test_a_found_config_that_redirects_a_builtin_provider_is_named(machine: Path
     assert named.returncode == 0 and "note:" not in named.stderr
 
 
+def test_a_found_config_that_changes_a_builtin_key_variable_is_named(machine: Path, tmp_path: Path):
+    config = found_config(tmp_path, 'api_key_env = "WORK_OPENAI_KEY"\n')
+    with FakeServer() as server:
+        server.fallback = answer('{"a": 1}')
+        done = mklang(
+            "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m", cwd=tmp_path,
+            env=cli_env(OPENAI_BASE_URL=server.openai_url, WORK_OPENAI_KEY="sk-work"),
+        )  # fmt: skip
+        assert server.requests[0].headers["authorization"] == "Bearer sk-work"
+    assert done.returncode == 0, done.stderr
+    note = f"mklang: note: {config} (found in the working folder) has the built-in provider openai read its key from"
+    assert done.stderr.splitlines() == [f"{note} WORK_OPENAI_KEY"]
+
+
 @pytest.mark.parametrize(
     "variable", ["GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "MKLANG_CHECKPOINT_KEY", "ANTHROPIC_API_KEY"]
 )
