@@ -320,7 +320,7 @@ def test_crash_points_cover_every_boundary():
     """The points the sweep relies on exist where the docs say (a renamed point fails here)."""
     source = "".join(
         (Path(__file__).parent.parent / "mklang" / path).read_text()
-        for path in ("engine/runner.py", "checkpoint/journal.py", "checkpoint/envelope.py")
+        for path in ("engine/runtime.py", "engine/runner.py", "checkpoint/journal.py", "checkpoint/envelope.py")
     )
     for point in ('"call.before"', '"call.returned"', 'f"journal.{', 'f"{point}.temp"', "faults.reach(point)"):
         assert point in source, point

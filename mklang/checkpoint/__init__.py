@@ -21,7 +21,7 @@ from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.interpolate import assign
-from mklang.engine.runner import Caps, Observer
+from mklang.engine.runtime import Caps, Observer
 from mklang.errors import CheckpointError, LoadError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.host.registry import HostCallables

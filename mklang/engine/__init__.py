@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mklang.engine.frame import Frame
-from mklang.engine.runner import Caps, Control, Journal, Level, NullJournal, Observer, Runtime, run_frame
+from mklang.engine.runner import run_frame
+from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Observer, Runtime
 from mklang.engine.signals import Halt, Interrupted, Suspend
 from mklang.host.machines import MachineLoader
 from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry

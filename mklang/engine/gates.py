@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mklang.engine.frame import Frame
 from mklang.engine.keys import Calls
+from mklang.engine.runtime import Runtime
 from mklang.engine.signals import Halt
 from mklang.model import Gate, State
 from mklang.providers.base import NONE, UNPARSEABLE, Usage, Verdict
-
-if TYPE_CHECKING:
-    from mklang.engine.runner import Runtime
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,193 @@
+"""What every level of one run shares (`Runtime`), and the ports it reaches the host through.
+
+Kept apart from the run loop (`runner`) so that gate selection and the loop
+both depend on these types without depending on each other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mklang import faults
+from mklang.engine.frame import Frame
+from mklang.host.registry import Registry
+from mklang.model import Machine, State
+from mklang.providers.base import Provider, Usage, deadline
+
+COST_SLACK = 1e-9  # USD
+
+
+class Control:
+    """Signals from outside the run: an interrupt request and a wall-clock deadline."""
+
+    def __init__(self, deadline: float | None = None):
+        self.interrupted = threading.Event()
+        self.deadline = deadline
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+@dataclass
+class Caps:
+    """The host's token and dollar budgets of the whole run (None: no ceiling)."""
+
+    tokens: int | None = None
+    cost: float | None = None
+
+    def spent(self, usage: Usage) -> bool:
+        # Dollars are float sums: ten calls of $0.01 make 0.0999...; a nano-dollar of slack
+        # keeps such a sum from letting one more call through a $0.10 cap.
+        return (self.tokens is not None and usage.tokens >= self.tokens) or (
+            self.cost is not None and usage.cost_usd >= self.cost - COST_SLACK
+        )
+
+
+class Workers:
+    """The run's one concurrency limit: at most `limit` threads work for it, the caller included.
+
+    A fan-out hands a branch to a new thread only while a slot is free and runs it
+    itself otherwise, so nested fan-outs (inside calls or branches) never wait for
+    each other's slots and never multiply threads. Each thread makes one model or
+    tool call at a time, so calls in flight never exceed `limit` either.
+    """
+
+    def __init__(self, limit: int):
+        self._spare = threading.Semaphore(limit - 1)
+
+    def submit(self, task: Callable[[], Any]) -> Future[Any]:
+        """Run `task` on a thread of its own while a slot is free, else on this one (the
+        returned future is then already done)."""
+        future: Future[Any] = Future()
+        if not self._spare.acquire(blocking=False):
+            _settle(future, task)
+            return future
+
+        def work() -> None:
+            try:
+                _settle(future, task)
+            finally:
+                self._spare.release()
+
+        threading.Thread(target=work, name="mklang-branch", daemon=True).start()
+        return future
+
+
+def _settle(future: Future[Any], task: Callable[[], Any]) -> None:
+    """Run `task` into `future`: its value, or the exception the waiting fan-out re-raises."""
+    try:
+        future.set_result(task())
+    except BaseException as error:
+        future.set_exception(error)
+
+
+class Journal(Protocol):
+    """The engine's persistence port: what a run reports as it goes, and the
+    answers of calls that completed before a crash."""
+
+    def loop_top(self, chain: list[Frame]) -> None: ...
+
+    def enter(self, depth: int, frame: Frame) -> None: ...
+
+    def step(self, depth: int, record: dict[str, Any]) -> None: ...
+
+    def replay(self, key: str, kind: str, name: str | None) -> Any: ...
+
+    def record(self, key: str, kind: str, value: Any) -> None: ...
+
+    def halt(self, depth: int, error: str, usage: Usage) -> None: ...
+
+
+class NullJournal:
+    """Runs without `--checkpoint`: nothing is persisted, every call is live."""
+
+    def loop_top(self, chain: list[Frame]) -> None:
+        pass
+
+    def enter(self, depth: int, frame: Frame) -> None:
+        pass
+
+    def step(self, depth: int, record: dict[str, Any]) -> None:
+        pass
+
+    def replay(self, key: str, kind: str, name: str | None) -> Any:
+        return None
+
+    def record(self, key: str, kind: str, value: Any) -> None:
+        pass
+
+    def halt(self, depth: int, error: str, usage: Usage) -> None:
+        pass
+
+
+Observer = Callable[[list[Frame]], None]
+
+
+@dataclass
+class Runtime:
+    """Everything shared by all levels of one run."""
+
+    provider: Provider
+    tools: Registry
+    hooks: Registry
+    load_machine: Callable[[str, str | None], Machine]
+    concurrency: int = 8
+    caps: Caps = field(default_factory=Caps)
+    spent: Usage = field(default_factory=Usage)  # the whole run's spend, every level and branch, live
+    hitl: bool = False
+    control: Control = field(default_factory=Control)
+    journal: Journal = field(default_factory=NullJournal)
+    observer: Observer | None = None  # called at every loop-top, e.g. a live view
+    run_id: str = ""  # prefixes tool idempotency keys, so two runs never share one
+    live_calls: Counter[str] = field(default_factory=Counter)  # calls this process paid for, by kind
+    _states: dict[int, dict[str, State]] = field(default_factory=dict)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    workers: Workers = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.workers = Workers(self.concurrency)
+
+    def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
+        """Every model and tool call goes through here: the journal answers it when it
+        completed before a crash; otherwise it runs, is counted and is journaled.
+        Either way its spend joins the run's live total, which every budget check reads."""
+        value = self.journal.replay(key, kind, name)
+        if value is None:
+            with self._count_lock:
+                self.live_calls[kind] += 1
+            faults.reach("call.before")
+            with deadline(self.control.deadline):
+                value = live()
+            faults.reach("call.returned")
+            self.journal.record(key, kind, value)
+        usage = getattr(value, "usage", None)
+        if usage is not None:
+            with self._count_lock:
+                self.spent = self.spent + usage
+        return value
+
+    def states(self, machine: Machine) -> dict[str, State]:
+        index = self._states.get(id(machine))
+        if index is None:
+            index = self._states[id(machine)] = {s.name: s for s in machine.states}
+        return index
+
+
+class Level:
+    """One run level in flight: its frame plus where it sits in the run."""
+
+    __slots__ = ("branch", "chain", "depth", "frame", "scope", "suspendable")
+
+    def __init__(self, frame: Frame, depth: int, suspendable: bool, branch: bool, scope: str, chain: list[Frame]):
+        self.frame = frame
+        self.depth = depth
+        self.suspendable = suspendable and not branch  # fan-out branches never suspend
+        self.branch = branch
+        self.scope = scope
+        self.chain = [*chain, frame]  # root..this level, for durable loop-tops
