@@ -85,6 +85,21 @@ def test_max_time_holds_against_a_hanging_server(machine: Path):
     assert attempts == 1 and elapsed < 30
 
 
+def test_max_time_against_a_hanging_server_suspends_a_checkpointed_run(machine: Path, tmp_path: Path):
+    """With `--checkpoint` the cut call leaves a resumable run: resume asks the (now answering) server again."""
+    checkpoint = tmp_path / "cp.json"
+    with FakeServer() as server:
+        server.fallback = answer("{}", delay=60)
+        env = cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY="sk-test")
+        common = ("--provider", "openai", "--model", "m", "--format", "json")
+        cut = mklang("run", str(machine), "--set", "topic=x", "--max-time", "2s", "--checkpoint", str(checkpoint),
+                     *common, env=env)  # fmt: skip
+        server.fallback = answer('{"a": 1}')
+        resumed = mklang("resume", str(checkpoint), *common, env=env)
+    assert cut.returncode == 3 and json.loads(cut.stdout)["reason"] == "time-exhausted", cut.stdout
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["result"] == {"a": 1}, resumed.stdout
+
+
 def test_backoff_never_sleeps_past_the_deadline():
     """A 429 asking for a 5 s wait, one second before the deadline: the transport gives up at once."""
     from mklang.errors import ProviderError
