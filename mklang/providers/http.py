@@ -205,6 +205,7 @@ class ProviderClient:
     def __init__(self, config: ProviderConfig, *, sleep: Callable[[float], None] = time.sleep):
         self.config = config
         key = config.api_key()
+        self._key = key
         self._transport = HttpTransport(config, self.headers(key), secret=key, sleep=sleep)
 
     def __repr__(self) -> str:
@@ -223,7 +224,8 @@ class ProviderClient:
         return self._transport.post(self.path, {**self.config.params, **body})
 
     def _fail(self, model: str, what: str) -> ProviderError:
-        return ProviderError(f"{self.config.name} {model}: {what}")
+        """An error about an answer; `what` may quote the server, so the key is scrubbed from it."""
+        return ProviderError(redact(f"{self.config.name} {model}: {what}", self._key))
 
     def _shape_error(self, model: str, missing: str) -> ProviderError:
         return self._fail(model, f"unexpected response shape: no {missing}")

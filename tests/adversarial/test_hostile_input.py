@@ -15,7 +15,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 from conftest import cli_env, mklang
-from fakeserver import FakeServer, answer, error
+from fakeserver import FakeServer, answer, error, refusal
 
 from mklang.limits import MAX_DEPTH
 
@@ -289,11 +289,12 @@ def test_a_malformed_key_is_refused_before_any_request_without_showing_it(machin
     assert "sk-liv" not in done.stdout + done.stderr and "123" not in line
 
 
-def test_a_key_echoed_by_the_server_is_redacted_in_every_encoding(machine: Path):
+@pytest.mark.parametrize("reply", [lambda text: error(400, text), refusal], ids=["error", "refusal"])
+def test_a_key_echoed_by_the_server_is_redacted_in_every_encoding(machine: Path, reply):
     key = 'sk-a+b/c="d'
     echoes = [key, repr(key), json.dumps(key), quote(key), quote(key, safe=""), quote_plus(key)]
     with FakeServer() as server:
-        server.add(error(400, "bad request from " + " and ".join(echoes)))
+        server.add(reply("bad request from " + " and ".join(echoes)))
         done = mklang(
             "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m", "--format", "json",
             env=cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY=key),
