@@ -32,6 +32,8 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         frames = [frame.to_json() for frame in chain]
         usage = sum((frame.usage for frame in chain), Usage())
     root = frames[0] if frames else {}
+    # The question the run waits on: its innermost frame's, even when it died before saying so.
+    pending = (frames[-1].get("ask") if frames else None) or {"ask": envelope.ask, "reply_to": envelope.reply_to}
     tokens, cost = usage.tokens, usage.cost_usd
     budgets = envelope.budgets
 
@@ -61,8 +63,8 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         "cost_usd": {"spent": cost, "budget": budgets.max_cost, "remaining": remaining(budgets.max_cost, cost)},
         "max_time": budgets.max_time,
         "last_steps": (root.get("trace") or [])[-last:] if last else [],
-        "ask": envelope.ask,
-        "reply_to": envelope.reply_to,
+        "ask": pending["ask"],
+        "reply_to": pending["reply_to"],
         "resumable": envelope.status in ("running", "suspended"),
         "signature": {"seal": envelope.seal, "text": SEAL_TEXT[envelope.seal]},
         "host": recorded_host(envelope.host),

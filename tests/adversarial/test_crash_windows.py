@@ -90,6 +90,9 @@ def test_a_run_killed_after_it_asked_a_human_waits_for_the_reply_and_never_publi
         assert (data["status"], data["reason"], data["at"]) == ("suspended", "escalated", "decide"), kill
         assert data["ask"].startswith("Publish this announcement?")
         assert data["calls"] == {}, "ran on without the reply"
+    _killed(_run(APPROVAL / "approval.mk", "ask-then-publish", checkpoint, kill="journal.step:1"))
+    shown = json.loads(mklang("show", str(checkpoint), "--format", "json").stdout)
+    assert (shown["status"], shown["reply_to"]) == ("running", "approval.answer")  # died waiting for it
     assert _resume(checkpoint).returncode == 3
     done = _resume(checkpoint, "--set", "approval.answer=yes")
     assert done.returncode == 0, done.stderr
