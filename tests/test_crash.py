@@ -17,7 +17,8 @@ depends on how fast the machine is.
 
 `MKLANG_CRASH_ROUNDS=200 python -m pytest tests/test_crash.py -k seeded`
 runs the seeded sweep: each round kills the run at a random point and the
-resume at another.
+resume at another. `bench/crash_rounds.py` does the same over the golden
+scenarios.
 """
 
 from __future__ import annotations
