@@ -41,6 +41,7 @@ from mklang import faults
 from mklang.checkpoint.envelope import Envelope, dump_signed, save, write_atomic
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
+from mklang.engine.records import StepRecord
 from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
 from mklang.providers.base import Produced, Usage, Verdict
@@ -169,7 +170,7 @@ class FileJournal:
     def enter(self, depth: int, frame: Frame) -> None:
         self._append({"k": "enter", "d": depth, "f": frame.to_json()}, durable=False)
 
-    def step(self, depth: int, record: dict[str, Any]) -> None:
+    def step(self, depth: int, record: StepRecord) -> None:
         line = {"k": "step", "d": depth, "r": record}
         if self.position is not None:
             line["p"] = self.position()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mklang.engine.frame import Frame
+from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
 from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Observer, Runtime
 from mklang.engine.signals import Halt, Interrupted, Suspend
@@ -28,7 +29,7 @@ class RunResult:
     at: str | None
     result: Any
     context: dict[str, Any]
-    trace: list[dict[str, Any]]
+    trace: list[TraceStep]
     usage: Usage
     frames: list[Frame] = field(default_factory=list)  # root..innermost, when suspended
     ask: str | None = None

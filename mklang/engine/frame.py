@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mklang.engine.interpolate import assign, lookup
+from mklang.engine.records import HumanAsk, StepRecord, TraceStep
 from mklang.model import Machine, State
 from mklang.providers.base import Usage
 from mklang.vocabulary import root_key
 
 
-def step_output(step: dict[str, Any]) -> Any:
+def step_output(step: TraceStep) -> Any:
     """The value a trace step deposited: its output, or the list of branch outputs."""
     if "branches" in step:
         return [branch["output"] for branch in step["branches"]]
@@ -57,7 +58,7 @@ class Frame:
     feedback: str | None = None
     repair_left: dict[tuple[str, int], int] = field(default_factory=dict)
     visits: dict[str, int] = field(default_factory=dict)
-    trace: list[dict[str, Any]] = field(default_factory=list)
+    trace: list[TraceStep] = field(default_factory=list)
     last_output: Any = None
     # Finished branches of the fan-out a budget cut short at this loop-top, by index:
     # resume launches only the others (SPEC section 4, "Budgets across fan-out").
@@ -65,7 +66,7 @@ class Frame:
     # How the level ended, kept in the frame so that a recovered run completes it
     # instead of running its last state again: the halt, or the human question it waits on.
     halted: str | None = None
-    ask: dict[str, str | None] | None = None  # {"ask": question, "reply_to": context path}
+    ask: HumanAsk | None = None  # the question a HITL escalation waits on
 
     @property
     def spent(self) -> Usage:
@@ -102,13 +103,8 @@ class Frame:
             repair_left=repair_left,
         )
 
-    def apply(self, state: State, record: dict[str, Any]) -> None:
-        """Advance from this loop-top past `state`, as the step `record` says.
-
-        record: {"step": trace step, "charge": steps spent, "repair": gate index
-        or None, "feedback": feedback after the step, "halt": the halt the step
-        ends the level with, "ask": the human question it suspends on}.
-        """
+    def apply(self, state: State, record: StepRecord) -> None:
+        """Advance from this loop-top past `state`, as the step `record` says."""
         step = record["step"]
         name = state.name
         self.visits[name] = self.visits.get(name, 0) + 1
@@ -121,13 +117,15 @@ class Frame:
         )
         if "output" in step or "branches" in step:
             self.deposit(state, step_output(step))
-        if record.get("repair") is not None:
-            self.repair_left[(name, record["repair"])] -= 1
+        repaired = record.get("repair")
+        if repaired is not None:
+            self.repair_left[(name, repaired)] -= 1
         self.feedback = record.get("feedback")
         self.branches = {}
         self.trace.append(step)
-        if step.get("to") is not None:
-            self.state = step["to"]
+        target = step.get("to")
+        if target is not None:
+            self.state = target
         self.halted = record.get("halt")
         self.ask = record.get("ask")
 

@@ -19,6 +19,7 @@ from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
 from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input
 from mklang.engine.keys import Calls
+from mklang.engine.records import StepDetails, StepRecord, TraceStep
 from mklang.engine.runtime import Level, Runtime
 from mklang.engine.signals import Halt, Interrupted, Stopped, Suspend
 from mklang.errors import CheckpointError, MklangError, ProviderError
@@ -84,9 +85,9 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             stopped.usage = frame.usage + stopped.usage
             raise
         resume = None
-        step = record["step"]
-        if step["policy"] == "escalate" and step["to"] != END and rt.hitl and level.suspendable:
-            gate = state.gates[record["gate"]]
+        step, fired = record["step"], record.get("gate")
+        if fired is not None and step["policy"] == "escalate" and step["to"] != END and rt.hitl and level.suspendable:
+            gate = state.gates[fired]
             record["ask"] = {"ask": gate.ask, "reply_to": gate.effective_reply_to}
         frame.apply(state, record)
         if not level.branch:
@@ -138,7 +139,7 @@ class _Cut(Exception):
         self.usage = usage
 
 
-def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | None) -> dict[str, Any]:
+def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | None) -> StepRecord:
     """Run `state` once: output, deposit (via the record), gate, policy.
 
     Returns the record for Frame.apply; its "halt" names the halt the step ends with.
@@ -152,7 +153,7 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
     prefix = f"{level.scope}:{step_no}"
     # Produce states consume pending repair feedback; other faces leave it pending.
     feedback = None if isinstance(state.face, Produce) else frame.feedback
-    details: dict[str, Any] = {}
+    details: StepDetails = {}
     if state.fans_out:
         output, branches, usage = _fan_out(rt, level, state, prefix)
         details["branches"] = branches
@@ -188,16 +189,14 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
     if choice.parsed_by:
         details["judge_parse"] = choice.parsed_by
     if isinstance(choice, NoGate):
-        record: dict[str, Any] = {"charge": charge, "feedback": feedback, "gate": None, "halt": choice.halt}
-        record["step"] = _step(step_no, state, choice.halt, None, None, details, usage)
-        return record
+        step = _step(step_no, state, choice.halt, None, None, details, usage)
+        return {"charge": charge, "feedback": feedback, "gate": None, "halt": choice.halt, "step": step}
     gate = choice.gate
-    record = {"charge": charge, "feedback": feedback, "gate": choice.index}
     if gate.policy == "fail":
-        record["step"] = _step(step_no, state, "fail", None, gate, details, usage)
-        record["halt"] = "gate-fail"
-        return record
-    record["step"] = _step(step_no, state, gate.policy, gate.target, gate, details, usage)
+        step = _step(step_no, state, "fail", None, gate, details, usage)
+        return {"charge": charge, "feedback": feedback, "gate": choice.index, "step": step, "halt": "gate-fail"}
+    step = _step(step_no, state, gate.policy, gate.target, gate, details, usage)
+    record: StepRecord = {"charge": charge, "feedback": feedback, "gate": choice.index, "step": step}
     if gate.policy == "repair":
         record["repair"] = choice.index
         record["feedback"] = f"The previous attempt does not satisfy: '{gate.label}'. Fix it."
@@ -205,20 +204,19 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
 
 
 def _step(
-    number: int, state: State, policy: str, to: str | None, gate: Gate | None, details: dict[str, Any], usage: Usage
-) -> dict[str, Any]:
+    number: int, state: State, policy: str, to: str | None, gate: Gate | None, details: StepDetails, usage: Usage
+) -> TraceStep:
     """A trace step (SPEC section 6), keys in one readable order."""
-    step = {
+    return {
         "step": number,
         "state": state.name,
         "policy": policy,
         "to": to,
         "gate": gate.label if gate else None,
         "gate_via": gate.via if gate else None,
+        **details,
+        "usage": usage.to_json(),
     }
-    step.update(details)
-    step["usage"] = usage.to_json()
-    return step
 
 
 class _DepositedView:
@@ -247,11 +245,11 @@ class _DepositedView:
             self._grown = None
 
 
-_FaceResult = tuple[Any, str | None, Usage, dict[str, Any]]  # output, reasoning, usage, trace extras
+_FaceResult = tuple[Any, str | None, Usage, StepDetails]  # output, reasoning, usage, trace extras
 
 
 class _CallFailed(Exception):
-    def __init__(self, error: str, trace: list[dict[str, Any]], usage: Usage):
+    def __init__(self, error: str, trace: list[TraceStep], usage: Usage):
         super().__init__(error)
         self.error = error
         self.trace = trace

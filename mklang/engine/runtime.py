@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from mklang import faults
 from mklang.engine.frame import Frame
+from mklang.engine.records import StepRecord
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
 from mklang.providers.base import Provider, Usage, deadline
@@ -95,7 +96,7 @@ class Journal(Protocol):
 
     def enter(self, depth: int, frame: Frame) -> None: ...
 
-    def step(self, depth: int, record: dict[str, Any]) -> None: ...
+    def step(self, depth: int, record: StepRecord) -> None: ...
 
     def replay(self, key: str, kind: str, name: str | None) -> Any: ...
 
@@ -113,7 +114,7 @@ class NullJournal:
     def enter(self, depth: int, frame: Frame) -> None:
         pass
 
-    def step(self, depth: int, record: dict[str, Any]) -> None:
+    def step(self, depth: int, record: StepRecord) -> None:
         pass
 
     def replay(self, key: str, kind: str, name: str | None) -> Any:
