@@ -37,7 +37,7 @@ def _sigkill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class _Trap:
+class Trap:
     """Fires `action` at the `count`-th time `point` is reached, and at every point after it."""
 
     def __init__(self, point: str, count: int, action: Callable[[], None]):
@@ -66,7 +66,7 @@ def reach(point: str) -> None:
 
 def arm(point: str, count: int, action: Callable[[], None] = _sigkill) -> None:
     """Fire `action` at the `count`-th time `point` is reached (count >= 1)."""
-    watch(_Trap(point, count, action).reach)
+    watch(Trap(point, count, action).reach)
 
 
 def watch(hook: Callable[[str], None] | None) -> None:
