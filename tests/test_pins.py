@@ -797,3 +797,26 @@ def test_a_dotted_input_writes_inside_the_map_and_keeps_its_siblings():
     assert result.context["new"] == {"deep": {"key": 5}}
     assert "ticket.body" not in result.context
     assert provider.produced[0].user.startswith("<data-")  # host inputs are tainted
+
+
+def test_a_hook_gate_that_repairs_spends_its_own_repair_budget():
+    machine = """
+        machine m
+        entry a
+        budget 9
+        hook bad "True when the draft is bad."
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "the draft is bad" hook bad repair 2 -> a
+          otherwise -> END
+        }
+    """
+    result = run_mk(machine, llm={"produce": ["x"]}, hooks={"bad": lambda context, output: True})
+    assert result.status == "done", result.error
+    assert [(step["policy"], step["gate_via"]) for step in result.trace] == [
+        ("repair", "hook"),
+        ("repair", "hook"),
+        ("ok", "otherwise"),
+    ]
