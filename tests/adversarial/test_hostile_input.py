@@ -474,7 +474,7 @@ def test_fuzzed_yaml_machines_give_diagnostics_only_and_fmt_reads_back():
 
     seed = yaml.safe_load(SEED_MACHINE)
 
-    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def fuzz(data):
         document = copy.deepcopy(seed)
