@@ -8,12 +8,18 @@ output, syntax) are reported by the front end when the file is loaded.
 from __future__ import annotations
 
 import heapq
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
+from mklang import __version__
 from mklang.engine.interpolate import lookup
-from mklang.errors import Diagnostic, LoadError, Severity
+from mklang.errors import Diagnostic, LoadError, Severity, did_you_mean
 from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
-from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, root_key
+from mklang.vocabulary import END, FAN_OUT_KEYS, LANGUAGE_VERSIONS, PLACEHOLDER, root_key
+
+_UNCLOSED = re.compile(r"\{\{(?![^{}]*\}\})")  # a `{{` with no `}}` before the next brace
+CONSEQUENCES = frozenset({"no-path-to-end", "budget-infeasible"})  # reported after what causes them
 
 
 class _Findings:
@@ -46,13 +52,6 @@ def _head(node: Node) -> Span | None:
     if span is None or span.line == span.end_line:
         return span
     return Span(file=span.file, line=span.line, col=span.col, end_line=span.line, end_col=span.col + 5)
-
-
-def _suggest(name: str, known) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f'; did you mean "{close[0]}"?' if close else ""
 
 
 def step_cost(state: State) -> int:
@@ -92,16 +91,20 @@ def _reachable(machine: Machine) -> set[str]:
     return seen
 
 
+def _texts(state: State) -> list[tuple[str, str]]:
+    """(text, field) of every text of a state that `{{path}}` placeholders are rendered in."""
+    face = state.face
+    if isinstance(face, Produce):
+        return [(face.prompt, "prompt")]
+    if isinstance(face, (Call, ToolUse)) and face.input:
+        field = "call" if isinstance(face, Call) else "tool"
+        return [(value, field) for value in _strings(face.input)]
+    return []
+
+
 def _reads(state: State) -> list[tuple[str, str]]:
     """(top-level context key, field) of every `{{path}}` and `over` path a state reads."""
-    face = state.face
-    texts: list[tuple[str, str]] = []
-    if isinstance(face, Produce):
-        texts.append((face.prompt, "prompt"))
-    elif isinstance(face, (Call, ToolUse)) and face.input:
-        field = "call" if isinstance(face, Call) else "tool"
-        texts += [(value, field) for value in _strings(face.input)]
-    keys = [(root_key(match.group(1)), field) for text, field in texts for match in PLACEHOLDER.finditer(text)]
+    keys = [(root_key(match.group(1)), field) for text, field in _texts(state) for match in PLACEHOLDER.finditer(text)]
     if state.over:
         keys.append((root_key(state.over), "over"))
     return keys
@@ -117,9 +120,20 @@ def _strings(value) -> list[str]:
     return []
 
 
-def check(machine: Machine) -> list[Diagnostic]:
-    """Every SPEC section 3 finding about `machine`, sorted by position."""
+def check(machine: Machine, provided: Iterable[str] = ()) -> list[Diagnostic]:
+    """Every SPEC section 3 finding about `machine`, sorted by position.
+
+    `provided` names the context keys a run's host gives (`--set`, `--input`,
+    a scenario's input): they count as written.
+    """
     out = _Findings(machine)
+    if machine.version is not None and machine.version not in LANGUAGE_VERSIONS:
+        out.error(
+            _at(machine, "version"),
+            "unsupported-version",
+            f"this is mklang {__version__}: it runs language version {' or '.join(LANGUAGE_VERSIONS)}, "
+            f"not {machine.version}",
+        )
     names: dict[str, State] = {}
     for state in machine.states:
         if state.name in names:
@@ -132,12 +146,12 @@ def check(machine: Machine) -> list[Diagnostic]:
         out.error(
             _at(machine, "entry"),
             "unknown-entry",
-            f'the entry state "{machine.entry}" is not defined{_suggest(machine.entry, names)}',
+            f'the entry state "{machine.entry}" is not defined{did_you_mean(machine.entry, names)}',
         )
 
     tools = {decl.name for decl in machine.tools}
     hooks = {decl.name for decl in machine.hooks}
-    written = set(machine.context) | {state.output for state in machine.states}
+    written = set(machine.context) | set(provided) | {state.output for state in machine.states}
     written |= {
         gate.effective_reply_to.split(".")[0] for s in machine.states for gate in s.gates if gate.policy == "escalate"
     }
@@ -154,7 +168,9 @@ def check(machine: Machine) -> list[Diagnostic]:
     if machine.entry in names:
         fewest = shortest_steps(machine)
         if fewest is None:
-            out.error(_at(machine, "entry"), "no-path-to-end", f'no path leads from "{machine.entry}" to END')
+            unknown = any(d.code == "unknown-target" for d in out.found)
+            cause = " (a gate above names a state that does not exist)" if unknown else ""
+            out.error(_at(machine, "entry"), "no-path-to-end", f'no path leads from "{machine.entry}" to END{cause}')
         elif machine.budget < fewest:
             out.error(
                 _at(machine, "budget"),
@@ -163,7 +179,8 @@ def check(machine: Machine) -> list[Diagnostic]:
             )
     if machine.result is not None and machine.result.split(".")[0] not in written:
         out.warning(_at(machine, "result"), "unwritten-context-key", f'nothing writes "{machine.result}", the result')
-    return sorted(out.found, key=lambda d: (d.line, d.col, d.code))
+    # By position, except that findings which follow from others come after their causes.
+    return sorted(out.found, key=lambda d: (d.code in CONSEQUENCES, d.line, d.col, d.code))
 
 
 def _check_state(out, machine, state, names, tools, hooks, written, near) -> None:
@@ -192,9 +209,8 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
         if catch_all is not None:
             out.warning(gate.span, "dead-gate", "this gate comes after `otherwise` and never fires")
         if gate.target is not None and gate.target != END and gate.target not in names:
-            out.error(
-                gate.span, "unknown-target", f'"{gate.target}" is not a state (or END){_suggest(gate.target, names)}'
-            )
+            hint = did_you_mean(gate.target, names)
+            out.error(gate.span, "unknown-target", f'"{gate.target}" is not a state (or END){hint}')
         if gate.hook and gate.hook not in hooks:
             out.warning(
                 gate.span,
@@ -222,6 +238,13 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
             f"max_visits {state.max_visits} is at or under the state's repair budget ({repairs}): "
             "repairs cannot all run",
         )
+    for text, field in _texts(state):
+        if _UNCLOSED.search(text):
+            out.warning(
+                _at(state, field),
+                "unclosed-placeholder",
+                f'{owner} opens a placeholder with "{{{{" but never closes it with "}}}}": it is sent as written',
+            )
     if state.over is not None and state.sample is None and not _declared_list(machine, state.over):
         out.warning(
             _at(state, "over"),

@@ -5,6 +5,7 @@ Exceptions hold data only; `mklang.syntax.diagnostics` renders them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -55,3 +56,11 @@ class CheckpointError(MklangError):
 
 class ProviderError(MklangError):
     """A model provider failed after its retries; the run halts `provider-error`."""
+
+
+def did_you_mean(name: str, known: Iterable[object]) -> str:
+    """`; did you mean "x"?` for the closest of `known`, or nothing: every typo hint reads the same."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [str(k) for k in known], n=1)
+    return f'; did you mean "{close[0]}"?' if close else ""

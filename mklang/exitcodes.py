@@ -5,3 +5,7 @@ HALT = 1  # run halted; a test scenario failed; fmt --check found changes
 USAGE = 2  # load, check or usage error; a checkpoint that cannot be resumed
 SUSPENDED = 3  # suspended, resumable
 INTERRUPTED = 130  # interrupted without a checkpoint
+
+# The outcome of a run, as `status` in its JSON and in scenario expectations.
+STATUSES = ("done", "halted", "suspended")
+EXIT_BY_STATUS = {"done": OK, "halted": HALT, "suspended": SUSPENDED}

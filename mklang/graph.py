@@ -277,7 +277,8 @@ def trace_of(document: Any) -> list[dict]:
     raise UsageError("not the JSON of a run (`trace`) or of a checkpoint (`frames`)")
 
 
-def load_trace(path: Path) -> list[dict]:
+def load_trace(path: Path, machine: Machine) -> list[dict]:
+    """The trace in a run's JSON or a checkpoint, refused when it is not a run of `machine`."""
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -285,9 +286,16 @@ def load_trace(path: Path) -> list[dict]:
     except json.JSONDecodeError as error:
         raise UsageError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from error
     try:
-        return trace_of(document)
+        steps = trace_of(document)
     except UsageError as error:
         raise UsageError(f"{path}: {error}") from error
+    owner = document.get("machine") if isinstance(document.get("machine"), dict) else {}
+    if owner.get("name") not in (None, machine.name):
+        raise UsageError(f"{path} is a run of machine '{owner['name']}', not of '{machine.name}'")
+    unknown = sorted({str(step.get("state")) for step in steps} - {state.name for state in machine.states})
+    if unknown:
+        raise UsageError(f"{path} is not a run of '{machine.name}': it has no state {', '.join(unknown)}")
+    return steps
 
 
 RENDERERS: dict[str, Callable[[_Graph], str]] = {

@@ -38,7 +38,8 @@ class NestingError(ValueError):
 
 
 def read_bounded(path: str | Path) -> str:
-    """The UTF-8 text of a file of at most `MAX_FILE_BYTES`; `UnreadableText` otherwise."""
+    """The UTF-8 text (a leading byte order mark dropped) of a file of at most
+    `MAX_FILE_BYTES`; `UnreadableText` otherwise."""
     try:
         with open(path, "rb") as file:
             raw = file.read(MAX_FILE_BYTES + 1)
@@ -47,7 +48,7 @@ def read_bounded(path: str | Path) -> str:
     if len(raw) > MAX_FILE_BYTES:
         raise UnreadableText(f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise UnreadableText("not UTF-8 text") from None
 

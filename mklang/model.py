@@ -14,7 +14,7 @@ every value they put into a node.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -71,7 +71,7 @@ class Node:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def replace(self, **changes: Any) -> Node:
+    def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed (the nodes inside are shared)."""
         return replace(self, **changes)
 

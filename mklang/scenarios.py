@@ -1,7 +1,10 @@
 """Scenario scripts: named runs with a scripted model, tools and hooks, and expectations.
 
 The format is the one `mklang test` reads (README, "Scenario scripts"). The
-same scripted host serves `mklang run --script FILE --scenario NAME`.
+same scripted host serves `mklang run --script FILE --scenario NAME`. Every
+key of a script is validated here, once, so a typo is a usage error that
+names the file, the scenario and the key instead of a test that passes
+without testing anything.
 """
 
 from __future__ import annotations
@@ -9,15 +12,78 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mklang.errors import UsageError
+from mklang.errors import UsageError, did_you_mean
+from mklang.exitcodes import STATUSES
 from mklang.limits import load_yaml, read_text
 from mklang.providers.scripted import ScriptedCallables, ScriptedProvider
 
-SCENARIO_KEYS = {"name", "input", "llm", "hooks", "tools", "run", "expect"}
-RUN_KEYS = {"max_tokens", "max_cost", "checkpoint", "hitl", "concurrency", "budget"}
-EXPECT_KEYS = {"status", "error", "error_prefix", "result", "at", "ask", "reply_to", "trace", "context", "usage"}
+if TYPE_CHECKING:
+    from mklang.engine import RunResult
+    from mklang.model import Machine
+
+TRACE_KEYS = {
+    "step",
+    "state",
+    "policy",
+    "to",
+    "gate",
+    "gate_via",
+    "output",
+    "branches",
+    "reasoning",
+    "sub_trace",
+    "usage",
+    "judge_fallback",
+    "judge_none",
+}
+EXPECT_KEYS = {
+    "status",
+    "reason",
+    "error",
+    "error_prefix",
+    "result",
+    "at",
+    "ask",
+    "reply_to",
+    "trace",
+    "context",
+    "usage",
+}
+# The keys allowed at each place of a scenario; `[]` marks the items of a list.
+# A place not listed here holds free data (input, expect.context, resumes[].set).
+KEYS: dict[str, set[str]] = {
+    "": {"name", "input", "llm", "hooks", "tools", "run", "expect", "resumes"},
+    "llm": {"produce", "judge", "tokens", "delay_ms"},
+    "run": {"max_tokens", "checkpoint", "hitl", "concurrency", "budget"},
+    "expect": EXPECT_KEYS,
+    "expect.usage": {"input_tokens", "output_tokens", "cost_usd"},
+    "expect.trace[]": TRACE_KEYS,
+    "resumes[]": {"set", "max_tokens", "budget", "hitl", "expect"},
+    "resumes[].expect": EXPECT_KEYS,
+    "resumes[].expect.usage": {"input_tokens", "output_tokens", "cost_usd"},
+    "resumes[].expect.trace[]": TRACE_KEYS,
+}
+MAPS = {"input", "llm", "hooks", "tools", "run", "expect", "expect.context", "expect.usage", "resumes[].set"}
+MAPS |= {"resumes[]", "resumes[].expect", "resumes[].expect.context", "resumes[].expect.usage", "expect.trace[]"}
+MAPS |= {"resumes[].expect.trace[]"}
+LISTS = {"resumes", "expect.trace", "resumes[].expect.trace"}
+# Settings of `run:` and of each resume, with what they must hold.
+WHOLE_NUMBERS = {"max_tokens": 0, "budget": 0, "concurrency": 1}  # name: least value
+FLAGS = {"checkpoint", "hitl"}
+SCENARIO_KEYS = KEYS[""]
+
+
+@dataclass
+class Resume:
+    """One `resumes:` entry: how to continue the suspended run, and what to expect of it."""
+
+    set: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    budget: int | None = None
+    hitl: bool | None = None
+    expect: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -29,6 +95,13 @@ class Scenario:
     tools: dict[str, Any] = field(default_factory=dict)
     run: dict[str, Any] = field(default_factory=dict)
     expect: dict[str, Any] = field(default_factory=dict)
+    resumes: list[Resume] = field(default_factory=list)
+    source: str = ""  # the script file, for messages
+
+    @property
+    def durable(self) -> bool:
+        """Runs with a real checkpoint (in a temporary folder): it asks for one, or resumes."""
+        return bool(self.run.get("checkpoint")) or bool(self.resumes)
 
 
 class ScriptedHost:
@@ -56,16 +129,58 @@ class ScriptedHost:
             self.provider.skip(kind)
 
 
-def _mapping(value: Any, where: str) -> dict[str, Any]:
+def _join(place: str, key: str) -> str:
+    return f"{place}.{key}" if place else key
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a map", list: "a list", str: "text", bool: "true/false"}.get(type(value), type(value).__name__)
+
+
+def _validate(value: Any, place: str, shown: str) -> None:
+    """Check the keys and values at `place` (a path of KEYS) of one scenario; `shown` is the
+    same path with list positions, for the message. Raises UsageError without the file prefix."""
     if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise UsageError(f"{where}: expected a map, got {type(value).__name__}")
-    return value
+        return
+    if place in LISTS:
+        if not isinstance(value, list):
+            raise UsageError(f"'{shown}' must be a list, got {_kind(value)}")
+        for number, item in enumerate(value, 1):
+            _validate(item, f"{place}[]", f"{shown}[{number}]")
+        return
+    if place in MAPS or place in KEYS:
+        if not isinstance(value, dict):
+            raise UsageError(f"'{shown or 'the scenario'}' must be a map, got {_kind(value)}")
+        allowed = KEYS.get(place)
+        for key, item in value.items():
+            if allowed is not None and key not in allowed:
+                suggestion = did_you_mean(_join(shown, str(key)), [_join(shown, k) for k in allowed])
+                raise UsageError(f"unknown key '{_join(shown, str(key))}'{suggestion}")
+            if allowed is not None:
+                _check_setting(place, str(key), item, _join(shown, str(key)))
+                _validate(item, _join(place, str(key)), _join(shown, str(key)))
+
+
+def _check_setting(place: str, key: str, value: Any, shown: str) -> None:
+    """The values of `status` and of the run settings, in the user's words."""
+    if value is None:
+        return
+    if key == "status" and place.endswith("expect") and value not in STATUSES:
+        hint = did_you_mean(str(value), STATUSES)
+        raise UsageError(f"'{shown}' is {json.dumps(value)}, not one of {' | '.join(STATUSES)}{hint}")
+    if place not in ("run", "resumes[]"):
+        return
+    if key in WHOLE_NUMBERS:
+        least = WHOLE_NUMBERS[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise UsageError(f"'{shown}' expects a whole number of at least {least}, got {json.dumps(value)}")
+    elif key in FLAGS and not isinstance(value, bool):
+        raise UsageError(f"'{shown}' expects true or false, got {json.dumps(value)}")
 
 
 def load_script(path: str | Path) -> list[Scenario]:
-    """Read and validate a scenario script; every problem is one UsageError line."""
+    """Read and validate a scenario script; every problem is one UsageError line
+    naming the file, the scenario and the key."""
     import yaml
 
     path = Path(path)
@@ -76,34 +191,52 @@ def load_script(path: str | Path) -> list[Scenario]:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise UsageError(f"{where}: the script is not valid YAML: {getattr(error, 'problem', error)}") from None
+    if isinstance(data, dict) and set(data) - {"scenarios"}:
+        unknown = sorted(set(data) - {"scenarios"}, key=str)[0]
+        raise UsageError(f"{path}: unknown top-level key '{unknown}'{did_you_mean(str(unknown), ['scenarios'])}")
     if not isinstance(data, dict) or not isinstance(data.get("scenarios"), list) or not data["scenarios"]:
         raise UsageError(f"{path}: expected a top-level 'scenarios:' list")
-    scenarios = []
-    for number, raw in enumerate(data["scenarios"], 1):
-        where = f"{path}: scenario {number}"
-        raw = _mapping(raw, where)
-        unknown = set(raw) - SCENARIO_KEYS
-        if unknown:
-            raise UsageError(f"{where}: unknown keys {sorted(unknown)}")
-        if not isinstance(raw.get("name"), str):
-            raise UsageError(f"{where}: every scenario needs a 'name'")
-        scenario = Scenario(
-            name=raw["name"],
-            **{
-                key: _mapping(raw.get(key), f"{where} ({raw['name']}): {key}")
-                for key in ("input", "llm", "hooks", "tools", "run", "expect")
-            },
-        )
-        for key, allowed in (("run", RUN_KEYS), ("expect", EXPECT_KEYS)):
-            unknown = set(getattr(scenario, key)) - allowed
-            if unknown:
-                raise UsageError(f"{where} ({scenario.name}): unknown '{key}' keys {sorted(unknown)}")
-        scenarios.append(scenario)
+    scenarios = [
+        _scenario(raw, f"{path}: scenario {number}", str(path)) for number, raw in enumerate(data["scenarios"], 1)
+    ]
     names = [s.name for s in scenarios]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UsageError(f"{path}: duplicate scenario names {duplicates}")
     return scenarios
+
+
+def _scenario(raw: Any, where: str, source: str) -> Scenario:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: expected a map, got {_kind(raw)}")
+    if not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise UsageError(f"{where}: every scenario needs a 'name'")
+    where = f"{source}: scenario '{raw['name']}'"
+    try:
+        _validate(raw, "", "")
+        scenario = Scenario(
+            name=raw["name"],
+            **{key: raw.get(key) or {} for key in ("input", "llm", "hooks", "tools", "run", "expect")},
+            resumes=[
+                Resume(**{k: v for k, v in (item or {}).items() if v is not None}) for item in raw.get("resumes") or []
+            ],
+            source=source,
+        )
+        ScriptedHost(scenario)  # the scripted answers themselves (llm.tokens, answer lists)
+    except UsageError as error:
+        raise UsageError(f"{where}: {error}") from None
+    return scenario
+
+
+def check_names(scenario: Scenario, tools: set[str], hooks: set[str]) -> None:
+    """Every scripted tool and hook is one the machine (or a machine it calls) declares."""
+    for kind, scripted, declared in (("tools", scenario.tools, tools), ("hooks", scenario.hooks, hooks)):
+        for name in scripted:
+            if name not in declared:
+                raise UsageError(
+                    f"{scenario.source}: scenario '{scenario.name}': '{kind}.{name}': the machine declares no "
+                    f"{kind[:-1]} named '{name}'{did_you_mean(str(name), declared)}"
+                )
 
 
 def find_scenario(scenarios: list[Scenario], name: str | None, path: str) -> Scenario:
@@ -117,41 +250,89 @@ def find_scenario(scenarios: list[Scenario], name: str | None, path: str) -> Sce
     for scenario in scenarios:
         if scenario.name == name:
             return scenario
-    raise UsageError(f"{path}: no scenario named '{name}' ({', '.join(s.name for s in scenarios)})")
+    raise UsageError(
+        f"{path}: no scenario named '{name}'{did_you_mean(name, [s.name for s in scenarios])} "
+        f"({', '.join(s.name for s in scenarios)})"
+    )
 
 
-def run_scenario(machine, scenario: Scenario, **options):
-    """Run one scenario in process; `options` override its `run:` settings."""
+@dataclass
+class Part:
+    """One run of a scenario (the first, or a resume) with its expectation and what differed."""
+
+    label: str  # "run", "resumes[1]", ...
+    result: RunResult
+    problems: list[str]
+
+
+def play(machine: Machine, scenario: Scenario) -> list[Part]:
+    """Run a scenario as `mklang run` and `mklang resume` would, and compare every part.
+
+    A durable scenario runs with a real checkpoint in a temporary folder; each
+    of its `resumes` continues that checkpoint through `mklang.session.resume`,
+    the code path of `mklang resume`, with a fresh scripted host whose position
+    comes from the checkpoint.
+    """
+    import tempfile
+
+    from mklang.session import Host, resume, start
+
+    if not scenario.durable:
+        with Host.for_scenario(scenario) as host:
+            result = start(machine, {}, host)
+        return [Part("run", result, compare(scenario.expect, result))]
+    with tempfile.TemporaryDirectory(prefix="mklang-test-") as folder:
+        checkpoint = Path(folder) / "checkpoint.json"
+        with Host.for_scenario(scenario) as host:
+            result = start(machine, {}, host, checkpoint=checkpoint)
+        parts = [Part("run", result, compare(scenario.expect, result))]
+        for number, step in enumerate(scenario.resumes, 1):
+            label = f"resumes[{number}]"
+            if result.status != "suspended":
+                parts.append(Part(label, result, [f"nothing to resume: the run ended {result.status}"]))
+                break
+            with Host.for_scenario(scenario) as host:
+                result = resume(
+                    checkpoint,
+                    host,
+                    set_values=step.set,
+                    max_tokens=step.max_tokens,
+                    budget=step.budget,
+                    hitl=step.hitl,
+                )
+            parts.append(Part(label, result, compare(step.expect, result)))
+    return parts
+
+
+def run_scenario(machine: Machine, scenario: Scenario, **options: Any) -> RunResult:
+    """Run the first part of a scenario in process, without a checkpoint file; `options`
+    override its `run:` settings (tests pass their own provider to count its calls)."""
     from mklang.engine import run
 
     host = ScriptedHost(scenario)
     settings = scenario.run
     if settings.get("budget") is not None:
         machine = machine.replace(budget=int(settings["budget"]))
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         provider=host.provider,
         tools=host.tools.functions(),
         hooks=host.hooks.functions(),
         max_tokens=settings.get("max_tokens"),
-        max_cost=settings.get("max_cost"),
-        # Scripted list answers are served in call order, so branches run one
-        # at a time unless the scenario asks for concurrency.
-        concurrency=settings.get("concurrency", 1),
-        suspendable=bool(settings.get("checkpoint", False)),
+        suspendable=scenario.durable,
         hitl=bool(settings.get("hitl", False)),
     )
+    if settings.get("concurrency") is not None:
+        kwargs["concurrency"] = settings["concurrency"]
     kwargs.update(options)
     return run(machine, dict(scenario.input), **kwargs)
 
 
-_STATUS_ALIASES = {"halt": "halted", "halted": "halted", "done": "done", "suspended": "suspended"}
-
-
-def compare(expect: dict[str, Any], result) -> list[str]:
+def compare(expect: dict[str, Any], result: RunResult) -> list[str]:
     """Differences between a scenario's expectations and a result, one readable line each.
 
-    A missing key and null compare equal; trace and context compare only the
-    keys the expectation lists.
+    A missing `status` means `done`: a scenario that says nothing of its
+    outcome passes only when the run finishes. A missing key and null compare
+    equal; trace and context compare only the keys the expectation lists.
     """
     problems: list[str] = []
     actual = result.to_json()
@@ -160,19 +341,16 @@ def compare(expect: dict[str, Any], result) -> list[str]:
         if want != got:
             problems.append(f"{label}: expected {_show(want)}, got {_show(got)}")
 
-    if "status" in expect:
-        differ("status", _STATUS_ALIASES.get(expect["status"], expect["status"]), result.status)
-    for key in ("error", "at", "result", "ask", "reply_to"):
+    differ("status", expect.get("status") or "done", result.status)
+    for key in ("error", "at", "result", "ask", "reply_to", "reason"):
         if key in expect:
             differ(key, expect[key], actual.get(key))
     if "error_prefix" in expect and not str(result.error or "").startswith(expect["error_prefix"]):
         problems.append(f"error: expected to start with {_show(expect['error_prefix'])}, got {_show(result.error)}")
-    if "usage" in expect:
-        for key, want in expect["usage"].items():
-            differ(f"usage.{key}", want, actual["usage"].get(key))
-    if "context" in expect:
-        for key, want in _mapping(expect["context"], "expect.context").items():
-            differ(f"context.{key}", want, result.context.get(key))
+    for key, want in (expect.get("usage") or {}).items():
+        differ(f"usage.{key}", want, actual["usage"].get(key))
+    for key, want in (expect.get("context") or {}).items():
+        differ(f"context.{key}", want, result.context.get(key))
     if "trace" in expect:
         want_trace = expect["trace"] or []
         if len(want_trace) != len(result.trace):
@@ -181,9 +359,21 @@ def compare(expect: dict[str, Any], result) -> list[str]:
                 + " -> ".join(f"{s['state']}({s['policy']})" for s in result.trace)
             )
         for number, (want, got) in enumerate(zip(want_trace, result.trace, strict=False), 1):
-            for key, value in _mapping(want, f"expect.trace[{number}]").items():
+            for key, value in (want or {}).items():
                 differ(f"trace[{number}].{key}", value, got.get(key))
     return problems
+
+
+def ending(result: RunResult) -> str:
+    """Why a run ended, in one line: its status, error or reason, where, and any detail."""
+    text = f"the run ended {result.status}"
+    if result.error:
+        text += f": {result.error}"
+    if result.at:
+        text += f" at {result.at}"
+    if result.detail:
+        text += f" ({result.detail})"
+    return text
 
 
 def _show(value: Any) -> str:

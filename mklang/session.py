@@ -82,10 +82,13 @@ class Host:
             plugins=plugin_paths,
         )
         if script is not None:
-            if provider or model or replay or record:
+            if provider or model or replay or record or config:
                 raise UsageError(
-                    "--script answers offline: it cannot be combined with --provider, --model, --replay or --record"
+                    "--script answers offline: it cannot be combined with --provider, --model, --config, "
+                    "--replay or --record"
                 )
+            if max_cost is not None:
+                raise UsageError("--max-cost needs model prices, and a scripted model has none: use --max-tokens")
             from mklang.scenarios import find_scenario, load_script
 
             found = find_scenario(load_script(script), scenario, str(script))
@@ -133,6 +136,42 @@ class Host:
         self.close()
 
 
+def preflight(machine: Machine, host: Host) -> None:
+    """Refuse, before the first model call, what would stop a run after it had paid for some.
+
+    Every machine the run may call passes its static checks (the `mklang`
+    version line among them; `mklang.load` and the CLI check the root). A scenario scripts only tools and hooks that
+    the machines declare or use; any other host implements all of them. The
+    provider's API key was checked when the provider was built.
+    """
+    from mklang.check import require_runnable
+    from mklang.host.machines import machine_tree
+    from mklang.host.registry import BUILTIN_TOOLS, as_registry
+    from mklang.model import ToolUse
+    from mklang.scenarios import check_names
+
+    machines = machine_tree(machine)
+    for called in machines[1:]:  # every way to start a run has checked the root already
+        require_runnable(called)
+    tools = {d.name for m in machines for d in m.tools}
+    tools |= {s.face.tool for m in machines for s in m.states if isinstance(s.face, ToolUse)}
+    hooks = {d.name for m in machines for d in m.hooks}
+    hooks |= {g.hook for m in machines for s in m.states for g in s.gates if g.hook}
+    if host.scenario is not None:
+        check_names(host.scenario, tools, hooks)
+        return
+    for kind, names, registry in (
+        ("tool", tools, as_registry("mklang.tools", BUILTIN_TOOLS, host.tools)),
+        ("hook", hooks, as_registry("mklang.hooks", None, host.hooks)),
+    ):
+        missing = sorted(name for name in names if registry.get(name) is None)
+        if missing:
+            raise UsageError(
+                f'{kind} "{missing[0]}" has no implementation: provide it with --plugin MODULE|FILE.py '
+                f'(a {kind.upper()}S map), a "mklang.{kind}s" entry point, or {kind}s= in the Python API'
+            )
+
+
 def start(
     machine: Machine,
     context: dict[str, Any] | None,
@@ -153,11 +192,15 @@ def start(
     Without one, `suspendable` makes budgets suspend into the result's frames.
 
     A scenario's input lies under `context`, and its `run:` settings under the
-    given options. Scripted branches run one at a time unless asked otherwise,
-    because scripted list answers are served in call order.
+    given options. Scripted branches run concurrently like real ones: a
+    scripted host answers them by branch index, so the answers stay the same.
     """
+    preflight(machine, host)
     if host.scenario is not None:
         context = {**host.scenario.input, **(context or {})}
+    budget = host.run_setting("budget", None)
+    if budget is not None:
+        machine = machine.replace(budget=int(budget))
     options: dict[str, Any] = dict(
         provider=host.provider,
         tools=host.tools,
@@ -165,7 +208,7 @@ def start(
         max_tokens=host.run_setting("max_tokens", max_tokens),
         max_cost=host.run_setting("max_cost", max_cost),
         max_time=max_time,
-        concurrency=host.run_setting("concurrency", concurrency, 1 if host.scripted else 8),
+        concurrency=host.run_setting("concurrency", concurrency, 8),
         hitl=bool(host.run_setting("hitl", hitl, False)),
         control=control,
         observer=observer,
@@ -205,6 +248,7 @@ def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
     """
     from mklang.checkpoint import continue_checkpoint
 
+    preflight(resumable.chain[0].machine, host)
     return continue_checkpoint(
         resumable,
         provider=host.provider,

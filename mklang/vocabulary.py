@@ -33,6 +33,8 @@ KEYWORDS: Final = tuple(dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_
 END: Final = "END"  # the target that finishes a run
 LITERALS: Final = ("true", "false", "null")
 
+LANGUAGE_VERSIONS: Final = ("0.4",)  # the `mklang X.Y` lines this release runs
+
 MK_SUFFIX: Final = ".mk"
 YAML_SUFFIXES: Final = (".mkl", ".yaml", ".yml")
 SUFFIXES: Final = (MK_SUFFIX, *YAML_SUFFIXES)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mklang.check import check, check_file, shortest_steps
+from mklang.check import CONSEQUENCES, check, check_file, shortest_steps
 from mklang.cli.app import app
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.syntax import load_file, parse
@@ -66,7 +66,8 @@ RULE_CASES = [
     ("text", "expected"), RULE_CASES, ids=[f"{i}-{case[1][0][1]}" for i, case in enumerate(RULE_CASES)]
 )
 def test_each_rule_reports_its_code_at_the_node(text, expected):
-    assert codes(text) == sorted(expected, key=lambda e: (e[2], e[1]))
+    # By position, except that a consequence (no path to END) follows its causes.
+    assert codes(text) == sorted(expected, key=lambda e: (e[1] in CONSEQUENCES, e[2], e[1]))
 
 
 def test_declared_hooks_tools_and_written_keys_are_quiet():
@@ -97,7 +98,8 @@ def test_all_findings_are_collected_and_sorted_by_position():
         produce("a", '  when "w" -> nowhere\n') + produce("c", "", "  sample 1\n"), "machine m\nentry a\nbudget 1\n"
     )
     found = check(parse(text, "m.mk"))
-    assert [(d.line, d.code) for d in found] == sorted((d.line, d.code) for d in found)
+    order = [(d.code in CONSEQUENCES, d.line, d.code) for d in found]
+    assert order == sorted(order)
     assert {d.code for d in found} >= {
         "unknown-target",
         "no-catch-all",
@@ -164,7 +166,7 @@ def test_cli_exit_codes_streams_and_json(tmp_path):
     assert as_json.exit_code == 2 and as_json.stderr == ""
     assert [(r["file"], r["line"], r["col"], r["severity"], r["code"]) for r in records] == [
         (str(good), 4, 1, "warning", "no-catch-all"),
+        (str(bad), 8, 3, "error", "unknown-target"),  # the cause first
         (str(bad), 2, 1, "error", "no-path-to-end"),
-        (str(bad), 8, 3, "error", "unknown-target"),
     ]
     assert set(records[0]) == {"file", "line", "col", "end_line", "end_col", "severity", "code", "message"}

@@ -125,10 +125,11 @@ def suspend_approval(cwd: Path, checkpoint: str = "cp.json") -> dict:
 )
 def test_run_exit_codes_match_the_status(loop, folder, options, code, status, error):
     returned, data = run_loop(loop, folder, "finishes", *options)
-    assert (returned, data["status"], data["error"]) == (code, status, error)
+    why = data["reason"] if status == "suspended" else data["error"]
+    assert (returned, data["status"], why) == (code, status, error)
     assert (loop / "cp.json").exists() == (status == "suspended")
-    if status == "suspended":
-        assert data["reason"] == error and data["frames"] == [{"machine": "loop", "state": "draft"}]
+    if status == "suspended":  # a suspension is no error: its reason says why it stopped
+        assert data["error"] is None and data["frames"] == [{"machine": "loop", "state": "draft"}]
         assert load(loop / "cp.json").status == "suspended"
 
 
@@ -175,10 +176,10 @@ def test_raising_the_token_budget_completes_as_the_uninterrupted_run(loop):
     code, reference = run_loop(loop, "roomy", "finishes")
     assert code == 0
     code, first = run_loop(loop, "roomy", "finishes", "--checkpoint", "cp.json", "--max-tokens", "7")
-    assert (code, first["error"], len(first["trace"])) == (3, "cost-exhausted", 2)
+    assert (code, first["reason"], len(first["trace"])) == (3, "cost-exhausted", 2)
     # A new total that is still too small: it goes two steps further and suspends again.
     code, again = as_json("resume", "cp.json", "--max-tokens", "17", cwd=loop)
-    assert (code, again["error"], len(again["trace"])) == (3, "cost-exhausted", 4)
+    assert (code, again["reason"], len(again["trace"])) == (3, "cost-exhausted", 4)
     code, resumed = as_json("resume", "cp.json", "--max-tokens", "100", cwd=loop)
     assert code == 0
     assert comparable(resumed) == comparable(reference)

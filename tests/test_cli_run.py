@@ -40,7 +40,7 @@ SCRIPT = {
             "name": "rude",
             "input": {"name": "Bob"},
             "llm": {"produce": ["Go away."], "judge": ["none"]},
-            "expect": {"status": "halt", "error": "gate-fail", "at": "hello"},
+            "expect": {"status": "halted", "error": "gate-fail", "at": "hello"},
         },
     ]
 }
@@ -155,16 +155,22 @@ def test_test_json_output_lists_every_scenario(project):
     (project / "wrong.yaml").write_text(yaml.safe_dump(script), encoding="utf-8")
     done = mklang("test", "greet.mk", "--script", "wrong.yaml", "--format", "json", cwd=project)
     assert done.returncode == 1
-    assert json.loads(done.stdout) == [
-        {"name": "polite", "passed": True, "problems": [], "status": "done", "error": None},
-        {
-            "name": "rude",
-            "passed": False,
-            "problems": ['at: expected "somewhere", got "hello"'],
-            "status": "halted",
-            "error": "gate-fail",
-        },
-    ]
+    polite, rude = json.loads(done.stdout)
+    assert polite == {
+        "name": "polite",
+        "passed": True,
+        "problems": [],
+        "status": "done",
+        "error": None,
+        "reason": None,
+        "at": None,
+        "ended": "the run ended done",
+        "parts": [{"part": "run", "status": "done", "error": None, "reason": None, "at": None}],
+    }
+    assert rude["passed"] is False
+    assert rude["problems"] == ['at: expected "somewhere", got "hello"']
+    assert (rude["status"], rude["error"], rude["at"]) == ("halted", "gate-fail", "hello")
+    assert rude["ended"] == "the run ended halted: gate-fail at hello"
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_python_api_example_runs_as_shown():
-    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    api = README[README.index("## Python API") :]
+    code = re.search(r"```python\n(.*?)```", api, re.S).group(1)
     promised = re.search(r"# (.+)$", code.strip().splitlines()[-1]).group(1)
     output = io.StringIO()
     cwd = os.getcwd()

@@ -191,6 +191,12 @@ def load(path: str | Path) -> Envelope:
     except NestingError as error:
         raise CheckpointError(f"{path}: the checkpoint holds values {error}") from None
     except ValueError as error:
+        from mklang.vocabulary import SUFFIXES
+
+        if path.suffix.lower() in SUFFIXES:
+            raise CheckpointError(
+                f"{path} is a machine file, not a checkpoint: `mklang run {path} --checkpoint cp.json` writes one"
+            ) from None
         raise CheckpointError(f"{path}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a mklang checkpoint (expected a JSON object)")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
-from mklang.checkpoint.envelope import load
+from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal
 from mklang.checkpoint.lock import holder
 from mklang.checkpoint.signing import SEAL_TEXT
@@ -69,6 +70,10 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         "signature": {"seal": envelope.seal, "text": SEAL_TEXT[envelope.seal]},
         "host": recorded_host(envelope.host),
     }
+    if envelope.status == "suspended":
+        summary["ran_out"], summary["continue_with"] = how_to_continue(
+            path, envelope.reason, frames[-1] if frames else {}, usage, budgets, envelope.reply_to
+        )
     if envelope.status == "running":
         innermost = frames[-1]
         pid = holder(path)
@@ -83,3 +88,42 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
             )
         summary["resumable"] = pid is None
     return summary
+
+
+def how_to_continue(
+    path: str | Path,
+    reason: str | None,
+    innermost: dict[str, Any],
+    usage: Usage,
+    budgets: Budgets,
+    reply_to: str | None,
+) -> tuple[str | None, str]:
+    """Which budget a suspended run ran out of, with what it spent against it, and the
+    exact command that continues it, raising that budget by as much as was spent (or by
+    the budget, when larger; by a round amount when both are 0)."""
+    command = f"mklang resume {shlex.quote(str(path))}"
+    if reason == "budget-exhausted":
+        steps, budget = innermost.get("steps", 0), innermost.get("budget", 0)
+        where = f" (machine {innermost['machine']})" if innermost.get("machine") else ""
+        return (
+            f"the step budget of {budget}{where} ran out: {steps} step{'' if steps == 1 else 's'} taken",
+            f"{command} --budget {steps + (max(steps, budget) or 1)}",
+        )
+    if reason == "cost-exhausted" and budgets.max_tokens is not None and usage.tokens >= budgets.max_tokens:
+        spent, limit = usage.tokens, budgets.max_tokens
+        return (
+            f"the token budget of {limit} ran out: {spent} tokens spent",
+            f"{command} --max-tokens {spent + (max(spent, limit) or 1000)}",
+        )
+    if reason == "cost-exhausted" and budgets.max_cost is not None:
+        spent_usd, limit_usd = usage.cost_usd, budgets.max_cost
+        return (
+            f"the dollar budget of ${limit_usd:g} ran out: ${spent_usd:.4f} spent",
+            f"{command} --max-cost {spent_usd + (max(spent_usd, limit_usd) or 1):.4g}",
+        )
+    if reason == "time-exhausted" and budgets.max_time is not None:
+        seconds = budgets.max_time
+        return f"the time budget of {seconds:g}s ran out", f"{command} --max-time {seconds:g}s"
+    if reason == "escalated" and reply_to:
+        return None, f"{command} --set {reply_to}=<reply>"
+    return None, command

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,11 @@ from typing import Any
 
 import typer
 
+try:  # typer vendors click from 0.2x on
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer
+    from click import exceptions as click_errors  # type: ignore[no-redef]
+
 from mklang import exitcodes
 from mklang.terminal import printable
 
@@ -26,7 +32,7 @@ app = typer.Typer(
     name="mklang",
     help="Run, check and resume LLM agent state machines written in .mk files.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
@@ -150,6 +156,95 @@ def _register_commands(args: list[str]) -> None:
         importlib.import_module(f"mklang.cli.{name}")
 
 
+# What `--format` each command prints when it is not given: commands printing JSON when
+# piped also report their errors as a JSON document then (the rest only under --format json).
+DEFAULT_FORMATS = {"run": "auto", "resume": "auto", "show": "auto", "config": "auto", "check": "text", "test": "text"}
+
+
+def json_errors_for(args: list[str]) -> bool:
+    """Whether a command line that did not parse wants its error as a JSON document:
+    under `--format json`, or when piped and its format is auto (or itself unreadable)."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command in COMMAND_MODULES and command not in DEFAULT_FORMATS:
+        return False  # fmt, graph, lsp print no JSON
+    given = None
+    for index, arg in enumerate(args):
+        if arg == "--format" and index + 1 < len(args):
+            given = args[index + 1]
+        elif arg.startswith("--format="):
+            given = arg.split("=", 1)[1]
+    fmt = given if given is not None else DEFAULT_FORMATS.get(command or "", "auto")
+    if fmt in ("json", "text"):
+        return fmt == "json"
+    return not sys.stdout.isatty()
+
+
+def _given(option: str, args: list[str]) -> str | None:
+    """The value a command line gave an option, as typed."""
+    for index, arg in enumerate(args):
+        if arg == option and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _expected(param: Any) -> str:
+    """What a parameter takes, in the user's words."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    least = f" of at least {param.min}" if getattr(param, "min", None) is not None else ""
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "one of " + ", ".join(str(member.value) for member in annotation)
+    if annotation is int:
+        return f"a whole number{least}"
+    if annotation is float:
+        return f"a number{least}"
+    return "a valid value"
+
+
+def usage_words(error: click_errors.UsageError, args: list[str]) -> str:
+    """A command line that did not parse, said the way the user typed it."""
+    from mklang.errors import did_you_mean
+
+    if isinstance(error, click_errors.NoSuchOption):
+        return f"unknown option {error.option_name}{did_you_mean(error.option_name, error.possibilities or [])}"
+    if isinstance(error, click_errors.BadOptionUsage):
+        if "requires an argument" in error.format_message():
+            return f"{error.option_name} needs a value"
+        return f"{error.option_name} takes no value"
+    param = getattr(error, "param", None)
+    if isinstance(error, click_errors.MissingParameter) and param is not None:
+        name = param.opts[0] if param.opts and param.opts[0].startswith("-") else param.name.upper()
+        return f"missing {name} (see mklang {args[0] if args else ''} --help)".replace("  ", " ")
+    if isinstance(error, click_errors.BadParameter) and param is not None:
+        option = param.opts[0] if param.opts else param.name
+        value = _given(option, args)
+        got = f", got {value!r}" if value is not None else ""
+        return f"{option} expects {_expected(param)}{got}"
+    message = error.format_message()
+    unknown = re.match(r"No such command '([^']*)'", message)
+    if unknown:
+        return f"unknown command {unknown.group(1)!r}{did_you_mean(unknown.group(1), COMMAND_MODULES)}"
+    extra = re.match(r"Got unexpected extra argument(?:s|\(s\))? \((.*)\)", message)
+    if extra:
+        return f"unexpected argument {extra.group(1)!r}"
+    return message[:1].lower() + message[1:]
+
+
 def run_app(args: list[str]) -> None:
+    """Run a command; a command line that does not parse gets the one error shape too."""
     _register_commands(args)
-    app(args=args, prog_name="mklang")
+    try:
+        code = app(args=args, prog_name="mklang", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError:
+        code = exitcodes.USAGE  # the help has been printed
+    except click_errors.UsageError as error:
+        token = _JSON_ERRORS.set(json_errors_for(args))
+        try:
+            fail(usage_words(error, args))
+        finally:
+            _JSON_ERRORS.reset(token)
+        code = exitcodes.USAGE
+    except typer.Abort:
+        code = exitcodes.INTERRUPTED
+    raise SystemExit(code or 0)

@@ -35,8 +35,9 @@ def graph(
         from mklang.graph import load_trace, render
         from mklang.syntax import load_file
 
-        steps = load_trace(trace) if trace is not None else None
-        sys.stdout.write(render(load_file(machine), fmt.value, steps))
+        loaded = load_file(machine)
+        steps = load_trace(trace, loaded) if trace is not None else None
+        sys.stdout.write(render(loaded, fmt.value, steps))
 
 
 @app.command()

@@ -32,7 +32,7 @@ def check_paths(paths: list[Path], as_json: bool) -> int:
     import json
 
     from mklang.check import check_file
-    from mklang.syntax.diagnostics import render_text, summary
+    from mklang.syntax.diagnostics import render_text, summary, wants_color
 
     files = expand(paths)
     found = [diagnostic for path in files for diagnostic in check_file(path)]
@@ -40,7 +40,7 @@ def check_paths(paths: list[Path], as_json: bool) -> int:
         print(json.dumps([d.to_json() for d in found], indent=2))
     else:
         if found:
-            print(render_text(found, color=sys.stderr.isatty()), file=sys.stderr)
+            print(render_text(found, color=wants_color(sys.stderr)), file=sys.stderr)
         print(summary(found, len(files)), file=sys.stderr)
     return exitcodes.USAGE if any(d.severity == "error" for d in found) else exitcodes.OK
 

@@ -23,7 +23,7 @@ def config(
     The config is `--config`, else $MKLANG_CONFIG, else ./mklang.toml, else
     $XDG_CONFIG_HOME/mklang/config.toml (~/.config/mklang/config.toml).
     """
-    with handle_errors():
+    with handle_errors(wants_json(fmt)):
         from mklang.host.config import load_config, search_paths
 
         data = load_config(config_path, provider=provider, model=model).describe()

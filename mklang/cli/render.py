@@ -8,17 +8,20 @@ no escape sequence reaches the terminal; JSON output is the exact data.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 from rich.tree import Tree
 
+from mklang.syntax.diagnostics import color_allowed
 from mklang.terminal import printable
 
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False)
+# Rich drops colours under NO_COLOR but keeps bold: without a colour system it prints plain text.
+_COLOR_SYSTEM: Literal["auto"] | None = "auto" if color_allowed() else None
+stdout = Console(highlight=False, soft_wrap=True, color_system=_COLOR_SYSTEM)
+stderr = Console(stderr=True, highlight=False, color_system=_COLOR_SYSTEM)
 
 _STATUS_STYLE = {"done": "bold green", "halted": "bold red", "suspended": "bold yellow"}
 
@@ -138,14 +141,11 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
         _add_steps(tree, summary["last_steps"])
         console.print(tree)
     if summary.get("ask"):
-        console.print(
-            Text("ask: ", style="bold yellow")
-            + Text(printable(summary["ask"]))
-            + Text(
-                printable(f"  (reply with: mklang resume {summary['path']} --set {summary['reply_to']}=...)"),
-                style="dim",
-            )
-        )
+        console.print(Text("ask: ", style="bold yellow") + Text(printable(summary["ask"])))
+    if summary.get("ran_out"):
+        console.print(Text(summary["ran_out"], style="yellow"))
+    if summary.get("continue_with"):
+        console.print(Text("continue with: ", style="bold") + Text(printable(summary["continue_with"])))
     _render_host(summary, console)
     if not summary["resumable"]:
         console.print(Text("this run has finished and cannot be resumed", style="dim"))
@@ -158,3 +158,22 @@ def _render_host(summary: dict[str, Any], console: Console) -> None:
     console.print(Text(f"checkpoint {summary['signature']['text']}{note}", style="green" if signed else "yellow"))
     for name, value in summary["host"].items():
         console.print(Text(f"  recorded {name}: {value}", style="dim"))
+
+
+def render_scenarios(outcomes: list, console: Console = stdout) -> None:
+    """`mklang test` for people: PASS or FAIL per scenario; for a failure, what differed
+    in which part, and why that run ended."""
+    from mklang.scenarios import ending
+
+    failed = 0
+    for scenario, parts in outcomes:
+        broken = [part for part in parts if part.problems]
+        failed += bool(broken)
+        mark = Text("FAIL", style="red") if broken else Text("PASS", style="green")
+        console.print(mark + Text(f" {printable(scenario.name)}"))
+        for part in broken:
+            prefix = "" if part.label == "run" else f"{part.label}: "
+            for problem in part.problems:
+                console.print(Text(printable(f"     {prefix}{problem}")))
+            console.print(Text(printable(f"     {prefix}{ending(part.result)}"), style="dim"))
+    console.print(f"{len(outcomes) - failed} passed, {failed} failed")

@@ -15,14 +15,16 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
+from mklang.terminal import printable
 from mklang.limits import NestingError, load_json, read_text
 from mklang.vocabulary import PATH
 
 if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
+    from mklang.engine import RunResult
+    from mklang.model import Machine
     from mklang.session import Host
 
-EXIT_BY_STATUS = {"done": exitcodes.OK, "halted": exitcodes.HALT, "suspended": exitcodes.SUSPENDED}
 
 # Options shared by `run` and `resume` (typer needs them spelled out per command).
 SetOpt = typer.Option(
@@ -107,20 +109,32 @@ def live_view(as_json: bool, max_tokens: int | None) -> Iterator[Any]:
 
 
 def report(result, as_json: bool, checkpoint: Path | None = None) -> None:
-    """Print the result and exit with its code (SPEC section 7)."""
+    """Print the result and exit with its code (SPEC section 7).
+
+    A suspension also says which budget ran out and the command that
+    continues it, read back from the checkpoint as `mklang show` does.
+    """
+    document = result.to_json()
+    if result.status == "suspended" and checkpoint is not None:
+        from mklang.checkpoint.inspect import describe
+
+        summary = describe(checkpoint, last=0)
+        document.update(checkpoint=str(checkpoint), ran_out=summary["ran_out"], continue_with=summary["continue_with"])
     if as_json:
-        print_json(result.to_json())
+        print_json(document)
     else:
         from mklang.cli.render import render_result
 
         render_result(result)
-    if result.status == "suspended" and checkpoint is not None:
+    if "continue_with" in document:
         from mklang.cli.render import stderr
 
-        stderr.print(f"checkpoint: {checkpoint}  (continue with: mklang resume {checkpoint})")
+        if document["ran_out"]:
+            stderr.print(document["ran_out"], markup=False)
+        stderr.print(printable(f"checkpoint: {checkpoint}; continue with: {document['continue_with']}"), markup=False)
     if result.status == "halted" and result.error == "interrupted":
         raise typer.Exit(exitcodes.INTERRUPTED)
-    raise typer.Exit(EXIT_BY_STATUS[result.status])
+    raise typer.Exit(exitcodes.EXIT_BY_STATUS[result.status])
 
 
 @app.command()
@@ -144,6 +158,7 @@ def run(
     record: Path | None = RecordOpt,
     concurrency: int | None = ConcurrencyOpt,
     plugin: list[str] | None = PluginOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the machine's check warnings."),
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Run a machine."""
@@ -161,18 +176,21 @@ def run(
         context.update(parse_assignments(set_))
         seconds = parse_duration(max_time)
         control = Control()
+        host = session.Host.build(
+            script=script,
+            scenario=scenario,
+            provider=provider,
+            model=model,
+            config=config,
+            replay=replay,
+            record=record,
+            max_cost=max_cost,
+            plugins=plugin,
+        )
+        if not quiet:
+            _print_warnings(loaded, {**(host.scenario.input if host.scenario else {}), **context})
         with (
-            session.Host.build(
-                script=script,
-                scenario=scenario,
-                provider=provider,
-                model=model,
-                config=config,
-                replay=replay,
-                record=record,
-                max_cost=max_cost,
-                plugins=plugin,
-            ) as host,
+            host,
             interrupts(control),
             live_view(as_json, host.run_setting("max_tokens", max_tokens)) as view,
         ):
@@ -190,6 +208,17 @@ def run(
                 observer=view,
             )
         report(result, as_json, checkpoint)
+
+
+def _print_warnings(machine: Machine, context: dict[str, Any]) -> None:
+    """The machine's check warnings, one line each on stderr, before the run spends anything;
+    the keys the run is given count as written."""
+    from mklang.check import check
+    from mklang.syntax.diagnostics import render_one
+
+    for diagnostic in check(machine, provided={key.split(".")[0] for key in context}):
+        if diagnostic.severity == "warning":
+            print(render_one(diagnostic, None), file=sys.stderr)
 
 
 def _read_input(path: Path) -> dict[str, Any]:
@@ -310,15 +339,12 @@ def test(
     scenario: list[str] | None = typer.Option(None, "--scenario", help="Only these scenarios."),
     format: OutputFormat = typer.Option(OutputFormat.text, "--format"),
 ) -> None:
-    """Run the named scenarios of a script and compare them with their expectations."""
+    """Run the named scenarios of a script (resumes included) and compare them with their expectations."""
     with handle_errors(wants_json(format)):
-        from rich.markup import escape
-
         from mklang.check import require_runnable
-        from mklang.cli.render import stdout
-        from mklang.scenarios import compare, load_script, run_scenario
+        from mklang.cli.render import render_scenarios
+        from mklang.scenarios import load_script, play
         from mklang.syntax import load_file
-        from mklang.terminal import printable
 
         loaded = require_runnable(load_file(machine))
         scenarios = load_script(script)
@@ -327,29 +353,28 @@ def test(
             if missing:
                 raise fail(f"{script}: no scenarios named {missing}")
             scenarios = [s for s in scenarios if s.name in scenario]
-        outcomes = []
-        for item in scenarios:
-            result = run_scenario(loaded, item)
-            outcomes.append((item, result, compare(item.expect, result)))
+        outcomes = [(item, play(loaded, item)) for item in scenarios]
         if wants_json(format):
-            print_json(
-                [
-                    {
-                        "name": item.name,
-                        "passed": not problems,
-                        "problems": problems,
-                        "status": result.status,
-                        "error": result.error,
-                    }
-                    for item, result, problems in outcomes
-                ]
-            )
+            print_json([_outcome_json(item.name, parts) for item, parts in outcomes])
         else:
-            for item, _, problems in outcomes:
-                mark = "[green]PASS[/green]" if not problems else "[red]FAIL[/red]"
-                stdout.print(f"{mark} {escape(printable(item.name))}", highlight=False)
-                for problem in problems:
-                    stdout.print(f"     {printable(problem)}", markup=False, highlight=False)
-            failed = sum(1 for _, _, problems in outcomes if problems)
-            stdout.print(f"{len(outcomes) - failed} passed, {failed} failed")
-        raise typer.Exit(exitcodes.HALT if any(problems for _, _, problems in outcomes) else exitcodes.OK)
+            render_scenarios(outcomes)
+        failed = any(part.problems for _, parts in outcomes for part in parts)
+        raise typer.Exit(exitcodes.HALT if failed else exitcodes.OK)
+
+
+def _outcome_json(name: str, parts: list) -> dict[str, Any]:
+    """One scenario in `mklang test --format json`: its verdict, then each part's outcome."""
+    from mklang.scenarios import ending
+
+    def outcome(result: RunResult) -> dict[str, Any]:
+        data = result.to_json()
+        return {key: data.get(key) for key in ("status", "error", "reason", "at")}
+
+    return {
+        "name": name,
+        "passed": not any(part.problems for part in parts),
+        "problems": [f"{part.label}: {p}" if part.label != "run" else p for part in parts for p in part.problems],
+        **outcome(parts[-1].result),
+        "ended": ending(parts[-1].result),
+        "parts": [{"part": part.label, **outcome(part.result)} for part in parts],
+    }

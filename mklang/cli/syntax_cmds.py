@@ -22,7 +22,7 @@ def check_command(
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text (stderr) or json (stdout)."),
 ) -> None:
     """Report errors and warnings; exit 2 when there is any error."""
-    with handle_errors():
+    with handle_errors(wants_json(output_format)):
         code = check_paths(files, wants_json(output_format))
     raise typer.Exit(code)
 
@@ -36,7 +36,7 @@ def fmt_command(
     """Print machines in the canonical .mk layout (YAML machines convert to .mk)."""
     from mklang.errors import LoadError
     from mklang.syntax import format_machine, load_file
-    from mklang.syntax.diagnostics import render_text
+    from mklang.syntax.diagnostics import render_text, wants_color
     from mklang.vocabulary import MK_SUFFIX, YAML_SUFFIXES
 
     if check and write:
@@ -47,7 +47,7 @@ def fmt_command(
             try:
                 text = format_machine(load_file(path))
             except LoadError as error:
-                print(render_text(error.diagnostics, color=sys.stderr.isatty()), file=sys.stderr)
+                print(render_text(error.diagnostics, color=wants_color(sys.stderr)), file=sys.stderr)
                 failed = True
                 continue
             is_yaml = path.suffix.lower() in YAML_SUFFIXES
@@ -63,6 +63,12 @@ def fmt_command(
                 sys.stdout.write(text)
         for path in changed:
             print(path)
+        if changed:
+            import shlex
+
+            files_text = " ".join(shlex.quote(str(path)) for path in changed)
+            count = f"{len(changed)} file{'s' if len(changed) > 1 else ''}"
+            print(f"{count} would be reformatted; fix with: mklang fmt --write {files_text}", file=sys.stderr)
     if failed:
         raise typer.Exit(exitcodes.USAGE)
     raise typer.Exit(exitcodes.HALT if changed else exitcodes.OK)

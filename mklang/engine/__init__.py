@@ -44,7 +44,7 @@ class RunResult:
     def to_json(self) -> dict[str, Any]:
         data = {
             "status": self.status,
-            "error": self.error,
+            "error": None if self.status == "suspended" else self.error,  # a suspension is no error: see reason
             "at": self.at,
             "result": self.result,
             "context": self.context,

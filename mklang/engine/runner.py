@@ -10,6 +10,7 @@ extended by every enclosing call level with its own frame.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from concurrent.futures import Future
@@ -26,7 +27,7 @@ from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.limits import NestingError, load_json
 from mklang.model import Call, Gate, Produce, State, ToolUse
-from mklang.providers.base import Produced, Usage
+from mklang.providers.base import BRANCH, Branch, Produced, Usage
 from mklang.vocabulary import END, root_key
 
 MAX_CALL_DEPTH = 8
@@ -374,6 +375,9 @@ def _call(
     return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
 
 
+_FAN_OUT_IDS = itertools.count()
+
+
 def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list[Any], list[dict[str, Any]], Usage]:
     """Run the branches of `sample N` / `over path`; outputs keep input order.
 
@@ -382,6 +386,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
     level suspends with the finished branches kept in its frame, or halts.
     """
     frame = level.frame
+    fan_out = next(_FAN_OUT_IDS)
     if state.over is not None:
         items = lookup(frame.context, state.over)
         if not isinstance(items, list):
@@ -394,6 +399,13 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
         locals_list = [{"index": i} for i in range(state.sample or 0)]
 
     def branch(i: int) -> dict[str, Any]:
+        marker = BRANCH.set(Branch(fan_out, i, len(locals_list)))
+        try:
+            return run_branch(i)
+        finally:
+            BRANCH.reset(marker)
+
+    def run_branch(i: int) -> dict[str, Any]:
         scope = Scope(frame.context, frame.tainted, locals_list[i], item_tainted)
         try:
             output, reasoning, usage, extra = _run_face(

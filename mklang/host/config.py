@@ -22,12 +22,14 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from mklang.errors import UsageError
 from mklang.limits import read_text
 from mklang.vocabulary import TIERS
 
 KINDS = ("openai", "anthropic")
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})  # a server here may need no API key
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,28 @@ class ProviderConfig:
                 "(a stray newline or \\r?); set it to the key alone"
             )
         return key
+
+    def require_key(self) -> None:
+        """Refuse, before any request, a key that is missing where one is needed, or malformed.
+
+        A server on this machine (a local model, a test server) may need no
+        key; any other endpoint would only answer 401, after retries.
+        """
+        if not self.api_key_env:
+            return
+        key = os.environ.get(self.api_key_env) or ""
+        if not key:
+            if urlsplit(self.base_url).hostname in LOCAL_HOSTS:
+                return
+            raise UsageError(
+                f"{self.api_key_env} is not set: the {self.name} provider ({self.base_url}) needs it; "
+                f"export {self.api_key_env}=<your key>"
+            )
+        if key[0] in "\"'" or any(not (33 <= ord(c) <= 126) for c in key):
+            raise UsageError(
+                f"{self.api_key_env} is malformed: it holds quotes, spaces, line breaks or other characters "
+                f"no API key has; set it to the key alone"
+            )
 
     def describe(self) -> dict[str, Any]:
         """Everything about this provider that is safe to print: no key, only whether it is set."""

@@ -53,3 +53,26 @@ class MachineLoader:
             return self.load_path(path)
         except LoadError as error:
             raise UsageError(f"machine '{name}' does not load: {error}") from None
+
+
+def machine_tree(root: Machine, loader: MachineLoader | None = None) -> list[Machine]:
+    """The root and every machine it calls, directly or not, each once: what a run may
+    need, so that it can be checked before the first model call."""
+    from mklang.model import Call
+
+    loader = loader or MachineLoader()
+    found: dict[str, Machine] = {}
+    todo = [root]
+    while todo:
+        machine = todo.pop()
+        key = machine.path or f"<{machine.name}>"
+        if key in found:
+            continue
+        found[key] = machine
+        for state in machine.states:
+            if isinstance(state.face, Call):
+                try:
+                    todo.append(loader(state.face.machine, machine.path))
+                except UsageError:
+                    continue  # `mklang check` reports a call it cannot resolve
+    return list(found.values())

@@ -18,6 +18,20 @@ UNPARSEABLE: Final = "unparseable"  # the judge's answer could not be read
 
 
 @dataclass(frozen=True)
+class Branch:
+    """The fan-out branch a call is made from. The engine sets it (`BRANCH`) around each
+    branch so that a scripted host can answer branches by index, whatever order the
+    concurrent branches reach it in."""
+
+    fan_out: int  # the same for every branch of one fan-out, unique in the process
+    index: int
+    count: int
+
+
+BRANCH: ContextVar[Branch | None] = ContextVar("mklang_branch", default=None)
+
+
+@dataclass(frozen=True)
 class Usage:
     """Tokens (and dollars, when the model has a price) spent by one or more calls."""
 

@@ -62,6 +62,8 @@ def build_routed(config: HostConfig, *, max_cost: float | None = None) -> Routed
                 )
     clients: dict[str, ProviderClient] = {}
     targets: dict[str, Target] = {}
+    for route in routes.values():
+        config.provider(route.provider).require_key()
     for tier, route in routes.items():
         if route.provider not in clients:
             clients[route.provider] = make_client(config.provider(route.provider))

@@ -18,20 +18,28 @@ from collections.abc import Callable
 from typing import Any
 
 from mklang.errors import ProviderError, UsageError
-from mklang.providers.base import NONE, UNPARSEABLE, Produced, Usage, Verdict
+from mklang.providers.base import BRANCH, NONE, UNPARSEABLE, Produced, Usage, Verdict
 
 
 class Answers:
-    """One scripted source: a list (in order, last repeats) or a substring map."""
+    """One scripted source: a list (in order, last repeats) or a substring map.
+
+    Branches of a fan-out run concurrently, so they reach a list in no fixed
+    order; they are answered by branch index instead: branch i of a fan-out
+    that starts at position p takes p + i (and p + i + k*count for its k-th
+    further call), exactly what one-at-a-time branches with one call each take.
+    """
 
     def __init__(self, what: str, spec: Any):
         if isinstance(spec, (str, int, bool)) or spec is None:
             spec = [spec]
-        if not isinstance(spec, (list, dict)) or not spec:
-            raise UsageError(f"scripted {what}: expected a non-empty list or map")
+        if not isinstance(spec, (list, dict)):
+            raise UsageError(f"scripted {what}: expected a list or a map")
         self.what = what
         self.spec = spec
         self.position = 0
+        self._fan_out_starts: dict[int, int] = {}  # fan-out id -> its position when it started
+        self._branch_calls: dict[tuple[int, int], int] = {}  # (fan-out id, branch) -> calls so far
 
     def next(self, request: str) -> Any:
         """The answer for this call; `request` is searched by map keys."""
@@ -42,12 +50,25 @@ class Answers:
             # Fence nonces are random: keep them out of the message so runs stay reproducible.
             shown = re.sub(r"<(/?)data-[0-9a-f]+>", r"<\1data-NONCE>", request)[:80]
             raise ProviderError(f"scripted {self.what}: no scripted answer matches the request {shown!r}")
-        answer = self.spec[min(self.position, len(self.spec) - 1)]
-        self.position += 1
-        return answer
+        if not self.spec:
+            raise ProviderError(f"scripted {self.what}: the script lists no answers")
+        return self.spec[min(self._take(), len(self.spec) - 1)]
 
     def skip(self) -> None:
-        self.position += 1
+        self._take()
+
+    def _take(self) -> int:
+        """The list position of this call; callers hold the source's lock."""
+        branch = BRANCH.get()
+        if branch is None:
+            self.position += 1
+            return self.position - 1
+        start = self._fan_out_starts.setdefault(branch.fan_out, self.position)
+        calls = self._branch_calls.get((branch.fan_out, branch.index), 0)
+        self._branch_calls[(branch.fan_out, branch.index)] = calls + 1
+        index = start + branch.index + calls * branch.count
+        self.position = max(self.position, start + branch.count, index + 1)
+        return index
 
 
 def _as_text(answer: Any) -> str:

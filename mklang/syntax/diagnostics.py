@@ -6,7 +6,9 @@ Diagnostics hold data only; the same records feed `--format json`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TextIO
 
 from mklang.errors import Diagnostic
 from mklang.terminal import printable
@@ -14,12 +16,22 @@ from mklang.terminal import printable
 _COLORS = {"error": "\x1b[1;31m", "warning": "\x1b[1;33m", "caret": "\x1b[1;36m", "reset": "\x1b[0m"}
 
 
+def color_allowed() -> bool:
+    """No colour (nor bold) anywhere when NO_COLOR is set (https://no-color.org)."""
+    return not os.environ.get("NO_COLOR")
+
+
+def wants_color(stream: TextIO) -> bool:
+    """Colour only on a terminal, and only when allowed."""
+    return stream.isatty() and color_allowed()
+
+
 def _source_line(file: str | None, line: int, cache: dict) -> str | None:
     if file is None:
         return None
     if file not in cache:
         try:
-            cache[file] = Path(file).read_text(encoding="utf-8").splitlines()
+            cache[file] = Path(file).read_text(encoding="utf-8-sig").splitlines()
         except (OSError, UnicodeDecodeError):
             cache[file] = []
     lines = cache[file]

@@ -1,8 +1,8 @@
 """The canonical `.mk` text of a machine (`mklang fmt`).
 
-One order and one layout: the header lines (`tier` only when it is not the
-default or carries a comment), the context, the declarations, then the states separated by blank
-lines; inside a state: tier, sample or over, the face, accumulate, output,
+One order and one layout: the header lines (`tier` only when the file says
+it or it is not the default), the context, the declarations, then the states
+separated by blank lines; inside a state: tier, sample or over, the face, accumulate, output,
 max_visits, then the gates in their order. Comments come back where
 `comments.attach` put them. `parse(format_machine(m)) == m` for every machine.
 """
@@ -142,7 +142,7 @@ def format_machine(machine: Machine) -> str:
         ("entry", f"entry {machine.entry}"),
         ("budget", f"budget {machine.budget}"),
     ]
-    if machine.tier != "balanced" or "tier" in machine.field_comments:  # a commented line stays
+    if machine.tier != "balanced" or "tier" in machine.field_spans or "tier" in machine.field_comments:
         header.append(("tier", f"tier {machine.tier}"))
     if machine.result is not None:
         header.append(("result", f"result {machine.result}"))

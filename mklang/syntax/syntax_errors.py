@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from mklang.errors import Diagnostic
+from mklang.errors import Diagnostic, did_you_mean
 from mklang.syntax import lexemes
 from mklang.syntax._parser import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from mklang.syntax.text import either
@@ -186,11 +186,16 @@ def diagnostic(error: UnexpectedInput, source: str, file: str | None, parse) -> 
         token = error.token
         expected = error.accepts or error.expected
         message = f"expected {_describe(expected, previous_text)} {where}"
+        hint = ""
         if token.type == "$END":
             message += ", but the file ends"
         elif token.type != "_NL":
             message += f", not {_quote(str(token))}"
-        if opened and (token.type == "$END" or {"RBRACE", "RBRACKET"} & set(expected)):
+            # A misspelled keyword reads as a name: offer the keyword it is closest to.
+            keywords = [name.lower() for name in expected if name.isupper() and name not in WORDS]
+            hint = did_you_mean(str(token), keywords) if token.type == "NAME" else ""
+            message += hint
+        if not hint and opened and (token.type == "$END" or {"RBRACE", "RBRACKET"} & set(expected)):
             unclosed = opened[-1]
             message += f' (the "{unclosed.text}" at line {unclosed.line} is still open)'
     return Diagnostic(file, line, col, line, end_col, "error", "syntax", message)
