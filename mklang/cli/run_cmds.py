@@ -15,8 +15,8 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
-from mklang.terminal import printable
 from mklang.limits import NestingError, load_json, read_text
+from mklang.terminal import printable
 from mklang.vocabulary import PATH
 
 if TYPE_CHECKING:

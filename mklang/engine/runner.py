@@ -399,7 +399,8 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
         locals_list = [{"index": i} for i in range(state.sample or 0)]
 
     def branch(i: int) -> dict[str, Any]:
-        marker = BRANCH.set(Branch(fan_out, i, len(locals_list)))
+        # Numbered among the branches this fan-out launches: a resumed cut fan-out launches only the rest.
+        marker = BRANCH.set(Branch(fan_out, to_run[i], len(to_run)))
         try:
             return run_branch(i)
         finally:
@@ -430,6 +431,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
     count = len(locals_list)
     done = {i: record for i, record in frame.branches.items() if i < count}
     kept = set(done)
+    to_run = {i: rank for rank, i in enumerate(i for i in range(count) if i not in kept)}
     running: dict[int, Future[Any]] = {}
     reason = None
     for i in range(count):

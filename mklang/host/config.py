@@ -59,40 +59,29 @@ class ProviderConfig:
     def api_key(self) -> str | None:
         """The key from the environment, or None (a local server needs none).
 
-        A key with whitespace (a pasted newline, a trailing `\\r`) or other than
-        printable ASCII is refused here, before any request could carry it into
-        a header error; the message names the variable, never the value.
+        A key in quotes, with whitespace (a pasted newline, a trailing `\\r`) or
+        other than printable ASCII is refused here, before any request could
+        carry it into a header error; the message names the variable, never
+        the value.
         """
         if not self.api_key_env:
             return None
         key = os.environ.get(self.api_key_env) or None
-        if key is not None and not (key.isascii() and key.isprintable() and not any(c.isspace() for c in key)):
+        if key is not None and (key[0] in "\"'" or not (key.isascii() and key.isprintable()) or " " in key):
             raise UsageError(
-                f"{self.api_key_env} holds whitespace, control or non-ASCII characters "
+                f"{self.api_key_env} is malformed: it holds quotes, whitespace, control or non-ASCII characters "
                 "(a stray newline or \\r?); set it to the key alone"
             )
         return key
 
     def require_key(self) -> None:
-        """Refuse, before any request, a key that is missing where one is needed, or malformed.
-
-        A server on this machine (a local model, a test server) may need no
-        key; any other endpoint would only answer 401, after retries.
-        """
-        if not self.api_key_env:
-            return
-        key = os.environ.get(self.api_key_env) or ""
-        if not key:
-            if urlsplit(self.base_url).hostname in LOCAL_HOSTS:
-                return
+        """Refuse, before any request, a malformed key, or a missing one where it is needed:
+        a server on this machine (a local model, a test server) may need none, any other
+        endpoint would only answer 401, after retries."""
+        if self.api_key() is None and self.api_key_env and urlsplit(self.base_url).hostname not in LOCAL_HOSTS:
             raise UsageError(
                 f"{self.api_key_env} is not set: the {self.name} provider ({self.base_url}) needs it; "
                 f"export {self.api_key_env}=<your key>"
-            )
-        if key[0] in "\"'" or any(not (33 <= ord(c) <= 126) for c in key):
-            raise UsageError(
-                f"{self.api_key_env} is malformed: it holds quotes, spaces, line breaks or other characters "
-                f"no API key has; set it to the key alone"
             )
 
     def describe(self) -> dict[str, Any]:

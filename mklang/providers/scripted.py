@@ -28,6 +28,8 @@ class Answers:
     order; they are answered by branch index instead: branch i of a fan-out
     that starts at position p takes p + i (and p + i + k*count for its k-th
     further call), exactly what one-at-a-time branches with one call each take.
+    The position moves past the answers taken only, so a fan-out cut by a
+    budget and resumed gives its remaining branches the answers that follow.
     """
 
     def __init__(self, what: str, spec: Any):
@@ -67,7 +69,7 @@ class Answers:
         calls = self._branch_calls.get((branch.fan_out, branch.index), 0)
         self._branch_calls[(branch.fan_out, branch.index)] = calls + 1
         index = start + branch.index + calls * branch.count
-        self.position = max(self.position, start + branch.count, index + 1)
+        self.position = max(self.position, index + 1)
         return index
 
 
