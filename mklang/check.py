@@ -8,7 +8,6 @@ output, syntax) are reported by the front end when the file is loaded.
 from __future__ import annotations
 
 import heapq
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,9 +15,8 @@ from mklang import __version__
 from mklang.engine.interpolate import lookup
 from mklang.errors import Diagnostic, LoadError, Severity, did_you_mean
 from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
-from mklang.vocabulary import END, FAN_OUT_KEYS, LANGUAGE_VERSIONS, PLACEHOLDER, root_key
+from mklang.vocabulary import END, FAN_OUT_KEYS, LANGUAGE_VERSIONS, PLACEHOLDER, UNCLOSED_PLACEHOLDER, root_key
 
-_UNCLOSED = re.compile(r"\{\{(?![^{}]*\}\})")  # a `{{` with no `}}` before the next brace
 CONSEQUENCES = frozenset({"no-path-to-end", "budget-infeasible"})  # reported after what causes them
 
 
@@ -239,7 +237,7 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
             "repairs cannot all run",
         )
     for text, field in _texts(state):
-        if _UNCLOSED.search(text):
+        if UNCLOSED_PLACEHOLDER.search(text):
             out.warning(
                 _at(state, field),
                 "unclosed-placeholder",

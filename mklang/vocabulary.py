@@ -50,6 +50,8 @@ FAN_OUT_KEYS: Final = {
 PATH: Final = r"[A-Za-z_][\w-]*(?:\.[\w-]+)*"
 # `{{ path }}`: group 1 is the path.
 PLACEHOLDER: Final = re.compile(r"\{\{\s*(" + PATH + r")\s*\}\}")
+# A `{{` with no `}}` before the next brace: a placeholder never closed, sent as written.
+UNCLOSED_PLACEHOLDER: Final = re.compile(r"\{\{(?![^{}]*\}\})")
 
 
 def root_key(path: str) -> str:

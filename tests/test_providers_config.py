@@ -200,7 +200,9 @@ def test_config_command_with_overrides_and_no_file():
 
 def test_config_command_errors_exit_2_with_one_line(tmp_path):
     path = write(tmp_path / "bad.toml", '[tiers]\nfast = "x"\n')
-    result = runner.invoke(app, ["config", "--config", str(path)])
+    result = runner.invoke(app, ["config", "--config", str(path), "--format", "text"])
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == f"mklang: error: {path}: [tiers] fast: expected 'provider:model', got 'x'\n"
+    as_json = runner.invoke(app, ["config", "--config", str(path), "--format", "json"])  # the one error document
+    assert json.loads(as_json.stdout) == {"status": "error", "error": result.stderr[15:-1], "exit_code": 2}

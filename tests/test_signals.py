@@ -34,6 +34,7 @@ RUN = [
     "slow-model",
     "--format",
     "json",
+    "--quiet",  # stderr holds only what the signals make the run say
 ]
 COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 MODEL_CALLS = 8  # outline + its judge, four drafts, assembly + its judge

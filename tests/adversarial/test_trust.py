@@ -164,7 +164,8 @@ def test_an_edited_config_and_provider_never_send_the_key_to_the_files_server(pr
         done = mklang("resume", "cp.json", "--trust", "--set", "approval.answer=yes", cwd=project, env=user)
         assert done.returncode == 2 and "no model configured" in done.stderr  # the file chose nothing
         assert "ignored its recorded provider, model, config\n" in done.stderr
-        own_flags = ["--provider", "openai", "--model", "m"]
+        (project / "tools.py").write_text('TOOLS = {"publish": lambda input: "https://status.example.test/1"}\n')
+        own_flags = ["--provider", "openai", "--model", "m", "--plugin", str(project / "tools.py")]
         done = mklang("resume", "cp.json", "--trust", "--set", "approval.answer=yes", *own_flags, cwd=project, env=user)
         assert attacker.count == 0
         assert own.count >= 1 and own.requests[0].headers["authorization"] == f"Bearer {KEY}"
