@@ -28,6 +28,7 @@ from mklang.checkpoint.journal import FileJournal, journal_path
 from mklang.checkpoint.lock import RunLock, holder, lock_path, refuse_if_running
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.engine.frame import Frame
+from mklang.engine.runtime import NullJournal
 from mklang.errors import CheckpointError, LoadError
 from mklang.host.config import ProviderConfig
 from mklang.providers import http
@@ -819,4 +820,91 @@ def test_a_hook_gate_that_repairs_spends_its_own_repair_budget():
         ("repair", "hook"),
         ("repair", "hook"),
         ("ok", "otherwise"),
+    ]
+
+
+# --- an unreadable judge answer: fallback or halt, with the batches before it --
+
+
+@pytest.mark.parametrize(
+    ("catch_all", "status", "fallback"),
+    [("otherwise -> END", "done", True), ("", "halted", None)],
+)
+def test_an_out_of_range_answer_after_a_none_batch_keeps_what_the_batches_cost_and_said(
+    tmp_path, catch_all, status, fallback
+):
+    machine = f"""
+        machine m
+        entry a
+        budget 3
+        hook never "False."
+        state a {{
+          structure "s"
+          prompt "p"
+          output o
+          when "first" -> END
+          when "second" hook never -> END
+          when "third" -> END
+          {catch_all}
+        }}
+    """
+    path = tmp_path / "mklang.toml"
+    with FakeServer() as server:
+        server.add(
+            answer("out", input_tokens=10, output_tokens=5),
+            answer("2", input_tokens=100, output_tokens=1),
+            answer('{"choice": 9}', input_tokens=1000, output_tokens=1),
+        )
+        path.write_text(
+            f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nretries = 0\n'
+        )
+        result = run_mk(machine, provider=make_provider(config_path=str(path)), hooks={"never": lambda c, o: False})
+    assert result.status == status
+    [step] = result.trace
+    assert (step.get("judge_none"), step.get("judge_fallback"), step.get("judge_parse")) == (1, fallback, "strict")
+    assert step["usage"] == Usage(1110, 7).to_json()
+    assert result.usage == Usage(1110, 7)
+
+
+class KeyJournal(NullJournal):
+    """Keeps the idempotency key of every call a run makes."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[str, str]] = []
+
+    def record(self, key: str, kind: str, value: Any) -> None:
+        self.keys.append((kind, key))
+
+
+def test_every_call_of_a_run_has_its_own_stable_idempotency_key():
+    machine = """
+        machine m
+        entry a
+        budget 5
+        hook never "False."
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "first" -> END
+          when "second" hook never -> END
+          when "third" -> END
+          otherwise -> b
+        }
+        state b {
+          structure "s"
+          prompt "p"
+          output o
+          when "done" -> END
+          otherwise -> END
+        }
+    """
+    journal = KeyJournal()
+    run_mk(machine, llm={"judge": ["none"]}, hooks={"never": lambda c, o: False}, journal=journal)
+    assert journal.keys == [
+        ("produce", "r:1.0.1"),
+        ("judge", "r:1.g.1"),
+        ("judge", "r:1.g.2"),
+        ("produce", "r:2.0.1"),
+        ("judge", "r:2.g.1"),
     ]
