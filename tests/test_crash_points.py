@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 from test_golden import scripted_machines
 
@@ -237,8 +238,11 @@ def _cases():
 @pytest.fixture(autouse=True)
 def fast(monkeypatch):
     """fsync only matters for power cuts, not for a crash inside the process; each
-    machine file is parsed once (thousands of resumes reload the same files)."""
+    machine file is parsed once (thousands of resumes reload the same files); the
+    thousands of envelopes of the same shapes are not each held to the schema
+    (conftest), which every other checkpoint test does."""
     monkeypatch.setattr(envelope_module.os, "fsync", lambda descriptor: None)
+    monkeypatch.setattr(envelope_module.Envelope, "model_dump", pydantic.BaseModel.model_dump)
     monkeypatch.setattr(mklang.syntax, "load_file", functools.cache(mklang.syntax.load_file))
     monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 2048)  # compactions happen too
 
