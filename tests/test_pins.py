@@ -272,6 +272,8 @@ def test_judge_parse_in_the_trace_says_how_the_last_judge_answer_was_read(tmp_pa
         result = run_mk(JUDGED, provider=provider, hooks={"never": lambda c, o: hook})
     assert result.status == status, result.error
     assert result.trace[0]["judge_parse"] == parse
+    calls = 1 + len(replies)  # the produce call and each judge batch, 10 + 5 tokens each
+    assert result.trace[0]["usage"] == Usage(10 * calls, 5 * calls).to_json()
 
 
 def test_no_judge_call_leaves_no_judge_parse():
@@ -827,11 +829,15 @@ def test_a_hook_gate_that_repairs_spends_its_own_repair_budget():
 
 
 @pytest.mark.parametrize(
-    ("catch_all", "status", "fallback"),
-    [("otherwise -> END", "done", True), ("", "halted", None)],
+    ("catch_all", "second", "status", "fallback"),
+    [
+        ("otherwise -> END", '{"choice": 9}', "done", True),
+        ("", '{"choice": 9}', "judge-unparseable", None),
+        ("", '{"choice": 2}', "no-gate-matched", None),
+    ],
 )
-def test_an_out_of_range_answer_after_a_none_batch_keeps_what_the_batches_cost_and_said(
-    tmp_path, catch_all, status, fallback
+def test_an_unusable_second_batch_after_a_none_batch_keeps_what_the_batches_cost_and_said(
+    tmp_path, catch_all, second, status, fallback
 ):
     machine = f"""
         machine m
@@ -853,15 +859,20 @@ def test_an_out_of_range_answer_after_a_none_batch_keeps_what_the_batches_cost_a
         server.add(
             answer("out", input_tokens=10, output_tokens=5),
             answer("2", input_tokens=100, output_tokens=1),
-            answer('{"choice": 9}', input_tokens=1000, output_tokens=1),
+            answer(second, input_tokens=1000, output_tokens=1),
         )
         path.write_text(
             f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nretries = 0\n'
         )
         result = run_mk(machine, provider=make_provider(config_path=str(path)), hooks={"never": lambda c, o: False})
-    assert result.status == status
+    assert status in (result.status, result.error)
     [step] = result.trace
-    assert (step.get("judge_none"), step.get("judge_fallback"), step.get("judge_parse")) == (1, fallback, "strict")
+    none_batches = 1 + (second == '{"choice": 2}')
+    assert (step.get("judge_none"), step.get("judge_fallback"), step.get("judge_parse")) == (
+        none_batches,
+        fallback,
+        "strict",
+    )
     assert step["usage"] == Usage(1110, 7).to_json()
     assert result.usage == Usage(1110, 7)
 
