@@ -136,6 +136,8 @@ def one_round(seed: int, case: tuple[Path, Path, Any], reference: dict[str, Any]
             done = _mklang(["resume", str(checkpoint)], kills.pop(0) if kills else None)
             continue
         data = json.loads(done.stdout)
+        if "trace" not in data:
+            return f"exit {done.returncode}: {done.stdout.strip()[-300:]} {done.stderr.strip()[-300:]}"
         if data["status"] == "suspended" and data["reason"] == "escalated" and reply:
             if "tool" in data.get("calls", {}) and not replied:
                 return "a tool ran before the human replied"
