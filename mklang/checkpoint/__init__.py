@@ -150,7 +150,9 @@ def open_checkpoint(
     if envelope.reason == "escalated" and "ask" not in envelope.frames[-1]:
         # Written before frames kept their pending ask: the envelope's ask is the one pending.
         chain[-1].ask = {"ask": envelope.ask, "reply_to": envelope.reply_to}
-    resumable = Resumable(path, envelope, chain, loader=loader, position=envelope.host.position, trusted=trusted)
+    resumable = Resumable(
+        path, envelope, chain, dict(envelope.answers), envelope.host.position, loader, trusted=trusted
+    )
     if envelope.status == "running":  # the process died: replay its journal
         records, resumable.trusted = _journal(path, envelope, trusted, trust)
         resumable.chain, resumable.replay, position = recover(chain, envelope.answers, records, machine_for)

@@ -90,7 +90,9 @@ class Envelope(BaseModel):
     result: Any = None
     generation: int = 0  # which journal generation continues this envelope
     # Paid answers of the step in flight not yet replayed (key -> {"kind", "v"}): kept
-    # in the snapshot itself, so that no crash between snapshot and journal loses them.
+    # in the snapshot itself, so that no crash between snapshot and journal loses them,
+    # and in a suspended envelope for the fan-out branches a ceiling stopped mid-way
+    # (marked "consumed": true, the saved scripted position counts them already).
     answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     signature: Signature | None = None  # written by `dump`; checked by `load` into `seal`
 

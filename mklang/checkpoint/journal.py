@@ -12,7 +12,9 @@ followed by the journal lines of the same generation:
 A level's outcome (END, a halt, a pending human question) is part of the
 line that reaches it, so a recovered run completes it rather than running
 the state again. The paid answers not yet replayed travel in the snapshot
-(`answers`), so a new generation never drops one.
+(`answers`), so a new generation never drops one; a suspended envelope
+keeps those of fan-out branches that a budget or an interrupt stopped
+mid-way, so the resume replays them too (ADR 0012).
 
 Durability (`MKLANG_DURABILITY`): every line reaches the OS at once, so it
 survives `kill -9`. With `call` (the default) each `call` line is also
@@ -103,6 +105,7 @@ class FileJournal:
         self.position = position
         self.skip = skip
         self.replay_set = dict(replay or {})
+        self.in_flight: dict[str, dict[str, Any]] = {}  # answers used since the last step or halt
         self._lock = threading.Lock()
         self._handle: BinaryIO | None = None
         self._written = 0
@@ -118,7 +121,7 @@ class FileJournal:
         envelope = self.envelope.model_copy(
             update=dict(
                 frames=[frame.to_json() for frame in chain],
-                usage=sum((frame.spent for frame in chain), Usage()).to_json(),
+                usage=sum((frame.spent for frame in chain), self.unreplayed()).to_json(),
                 generation=generation,
                 answers=dict(self.replay_set),
                 **self._host_update(),
@@ -171,6 +174,7 @@ class FileJournal:
         self._append({"k": "enter", "d": depth, "f": frame.to_json()}, durable=False)
 
     def step(self, depth: int, record: StepRecord) -> None:
+        self._settle()
         line = {"k": "step", "d": depth, "r": record}
         if self.position is not None:
             line["p"] = self.position()
@@ -179,28 +183,60 @@ class FileJournal:
         self._append(line, durable=self.durability == "step")
 
     def halt(self, depth: int, error: str, usage: Usage) -> None:
+        self._settle()
         self._append({"k": "halt", "d": depth, "e": error, "u": usage.to_json()}, durable=self.durability == "step")
 
     def replay(self, key: str, kind: str, name: str | None) -> Any:
-        """The answer of a call that completed before a crash, or None."""
+        """The answer of a call that an earlier process paid for, or None."""
         entry = self.replay_set.pop(key, None) if self.replay_set else None
         if entry is None or entry["kind"] != kind:
             return None
-        if self.skip is not None:
+        if self.skip is not None and not entry.get("consumed"):
             self.skip(kind, name)
+        with self._lock:
+            self.in_flight[key] = entry  # kept again should its branch stop again
         return decode_answer(kind, entry["v"])
 
     def record(self, key: str, kind: str, value: Any) -> None:
         # Paid for: durable before the engine uses it, so it is never paid twice (per call).
-        line = {"k": "call", "key": key, "kind": kind, "v": encode_answer(kind, value)}
-        self._append(line, durable=self.durability == "call")
+        answer = {"kind": kind, "v": encode_answer(kind, value)}
+        self._append({"k": "call", "key": key, **answer}, durable=self.durability == "call")
+        with self._lock:
+            self.in_flight[key] = answer
+
+    def fold(self, prefix: str) -> None:
+        """A fan-out branch finished: its record holds its answers' outputs and spend."""
+        with self._lock:
+            for key in [key for key in self.in_flight if key.startswith((f"{prefix}.", f"{prefix}/"))]:
+                del self.in_flight[key]
+
+    def unreplayed(self) -> Usage:
+        """The spend of the answers an earlier process paid for that no frame counts
+        and this one has not replayed yet (part of the run's spend so far)."""
+        with self._lock:
+            entries = list(self.replay_set.values())
+        usages = (getattr(decode_answer(entry["kind"], entry["v"]), "usage", None) for entry in entries)
+        return sum((usage for usage in usages if usage is not None), Usage())
+
+    def _settle(self) -> None:
+        """A level made a step or halted: the calls of the step in flight are folded into it."""
+        with self._lock:
+            self.replay_set.clear()
+            self.in_flight.clear()
 
     def finish(self, chain: list[Frame], **fields: Any) -> None:
-        """Record a terminal or suspended status as a full envelope; drop the journal."""
+        """Record a terminal or suspended status as a full envelope; drop the journal.
+
+        A suspended envelope keeps the paid answers a resume replays: those not yet
+        replayed, and those of the step in flight (fan-out branches stopped mid-way),
+        marked `consumed` because the scripted position saved with them counts them."""
+        answers: dict[str, dict[str, Any]] = {}
+        if fields.get("status") == "suspended":
+            answers = {**self.replay_set, **{key: {**a, "consumed": True} for key, a in self.in_flight.items()}}
         envelope = self.envelope.model_copy(
             update=dict(
                 frames=[frame.to_json() for frame in chain],
-                answers={},
+                answers=answers,
                 **self._host_update(),
                 **fields,
             )

@@ -145,8 +145,10 @@ def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool
         result = RunResult("halted", "interrupted", interrupted.at, None, root.context, root.trace, interrupted.usage)
     except Suspend as suspend:
         innermost = suspend.frames[-1]
-        # Each frame counts its own spend; the run's spend so far is their sum.
-        spent = sum((frame.spent for frame in suspend.frames[1:]), root.spent)
+        # The run's spend so far: its live total (frames, then every call made or replayed
+        # since, branches stopped mid-way included) and what earlier processes paid for
+        # that it has not replayed.
+        spent = rt.spent + rt.journal.unreplayed()
         result = RunResult(
             "suspended",
             suspend.reason,

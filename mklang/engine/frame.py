@@ -73,12 +73,6 @@ class Frame:
         """What this level has paid for: its steps, plus the kept branches of a cut fan-out."""
         return sum((Usage.from_json(branch["usage"]) for branch in self.branches.values()), self.usage)
 
-    def keep_branches(self, done: dict[int, dict[str, Any]], lost: Usage) -> None:
-        """Park a fan-out cut short: keep its finished branches; `lost` is what branches
-        stopped mid-way spent (they run again on resume), counted in this level's usage."""
-        self.branches = done
-        self.usage = self.usage + lost
-
     @classmethod
     def start(cls, machine: Machine, inputs: dict[str, Any] | None = None, tainted: set[str] | None = None) -> Frame:
         """A fresh run: the machine's context defaults overlaid with `inputs`.

@@ -383,7 +383,8 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
 
     Before each branch launches, `exhausted` decides whether it may; once it may
     not, the branches in flight finish and the fan-out is cut (`_Cut`): the
-    level suspends with the finished branches kept in its frame, or halts.
+    level suspends with the finished branches kept in its frame and the paid
+    answers of those stopped mid-way kept by the journal, or halts.
     """
     frame = level.frame
     fan_out = next(_FAN_OUT_IDS)
@@ -402,9 +403,11 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
         # Numbered among the branches this fan-out launches: a resumed cut fan-out launches only the rest.
         marker = BRANCH.set(Branch(fan_out, to_run[i], len(to_run)))
         try:
-            return run_branch(i)
+            record = run_branch(i)
         finally:
             BRANCH.reset(marker)
+        rt.journal.fold(f"{prefix}.{i + 1}")  # its paid answers are in its record now
+        return record
 
     def run_branch(i: int) -> dict[str, Any]:
         scope = Scope(frame.context, frame.tainted, locals_list[i], item_tainted)
@@ -455,8 +458,8 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
         raise failure
     if len(done) < count:
         new = sum((Usage.from_json(done[i]["usage"]) for i in done if i not in kept), lost)
-        if level.suspendable:
-            frame.keep_branches(done, lost)
+        if level.suspendable:  # branches stopped mid-way: the journal keeps their paid answers
+            frame.branches = done
         raise _Cut(reason or "budget-exhausted", new)
     branches = [done[i] for i in range(count)]
     usage = Usage()

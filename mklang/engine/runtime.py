@@ -89,8 +89,9 @@ def _settle(future: Future[Any], task: Callable[[], Any]) -> None:
 
 
 class Journal(Protocol):
-    """The engine's persistence port: what a run reports as it goes, and the
-    answers of calls that completed before a crash."""
+    """The engine's persistence port: what a run reports as it goes, and the paid
+    answers that a resumed run replays (of calls that completed before a crash, or
+    in fan-out branches that a suspension stopped mid-way)."""
 
     def loop_top(self, chain: list[Frame]) -> None: ...
 
@@ -101,6 +102,10 @@ class Journal(Protocol):
     def replay(self, key: str, kind: str, name: str | None) -> Any: ...
 
     def record(self, key: str, kind: str, value: Any) -> None: ...
+
+    def fold(self, prefix: str) -> None: ...
+
+    def unreplayed(self) -> Usage: ...
 
     def halt(self, depth: int, error: str, usage: Usage) -> None: ...
 
@@ -122,6 +127,12 @@ class NullJournal:
 
     def record(self, key: str, kind: str, value: Any) -> None:
         pass
+
+    def fold(self, prefix: str) -> None:
+        pass
+
+    def unreplayed(self) -> Usage:
+        return Usage()
 
     def halt(self, depth: int, error: str, usage: Usage) -> None:
         pass
@@ -155,8 +166,8 @@ class Runtime:
         self.workers = Workers(self.concurrency)
 
     def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
-        """Every model and tool call goes through here: the journal answers it when it
-        completed before a crash; otherwise it runs, is counted and is journaled.
+        """Every model and tool call goes through here: the journal answers it when an
+        earlier process paid for it; otherwise it runs, is counted and is journaled.
         Either way its spend joins the run's live total, which every budget check reads."""
         value = self.journal.replay(key, kind, name)
         if value is None:
