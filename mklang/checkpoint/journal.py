@@ -13,7 +13,7 @@ A level's outcome (END, a halt, a pending human question) is part of the
 line that reaches it, so a recovered run completes it rather than running
 the state again. The paid answers not yet replayed travel in the snapshot
 (`answers`), so a new generation never drops one; a suspended envelope
-keeps those of fan-out branches that a budget or an interrupt stopped
+keeps those of fan-out branches that a token, dollar or time ceiling stopped
 mid-way, so the resume replays them too (ADR 0012).
 
 Durability (`MKLANG_DURABILITY`): every line reaches the OS at once, so it
