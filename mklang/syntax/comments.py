@@ -9,6 +9,8 @@ multi-line statement (a context map) move above that statement.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterable
 
 from mklang.model import FieldComments, Machine, Node, Span
@@ -34,27 +36,44 @@ class _Slot:
             self._field(self.key).after = text
 
 
-def _slots(node: Node, children: Iterable[Node]) -> list[_Slot]:
-    slots = [_Slot(node, key, span) for key, span in node.field_spans.items()]
-    slots += [_Slot(child, None, child.span) for child in children if child.span is not None]
-    return sorted(slots, key=lambda slot: (slot.span.line, slot.span.col))
+class _Block:
+    """The statements of one block in source order, indexed so that placing a comment
+    costs O(log n): a file with a comment per state must not take quadratic time."""
+
+    def __init__(self, node: Node, children: Iterable[Node]):
+        slots = [_Slot(node, key, span) for key, span in node.field_spans.items()]
+        slots += [_Slot(child, None, child.span) for child in children if child.span is not None]
+        self.slots = sorted(slots, key=lambda slot: (slot.span.line, slot.span.col))
+        self.by_line: dict[int, _Slot] = {}
+        for slot in self.slots:
+            self.by_line.setdefault(slot.span.line, slot)
+        # The furthest end line so far: the first slot ending at or after a line is found by bisection.
+        self.reach = list(itertools.accumulate((slot.span.end_line for slot in self.slots), max))
+
+    def following(self, line: int) -> _Slot | None:
+        """The first statement that ends at or after `line`."""
+        index = bisect.bisect_left(self.reach, line)
+        return self.slots[index] if index < len(self.slots) else None
 
 
 def attach(machine: Machine, found: list[Lexeme]) -> None:
-    top = _slots(machine, [*machine.tools, *machine.hooks, *machine.states])
-    blocks = {id(state): _slots(state, state.gates) for state in machine.states}
+    top = _Block(machine, [*machine.tools, *machine.hooks, *machine.states])
+    spanned = [state for state in machine.states if state.span is not None]  # in source order
+    starts = [state.span.line for state in spanned if state.span is not None]
+    blocks = {id(state): _Block(state, state.gates) for state in spanned}
     for comment in found:
         text = comment.text.rstrip()
-        state = next(
-            (s for s in machine.states if s.span is not None and s.span.line < comment.line <= s.span.end_line), None
-        )
-        slots, closing = (blocks[id(state)], state) if state is not None else (top, machine)
+        index = bisect.bisect_left(starts, comment.line) - 1  # the last state starting before the comment
+        state = spanned[index] if index >= 0 else None
+        if state is not None and state.span is not None and comment.line > state.span.end_line:
+            state = None
+        block, closing = (blocks[id(state)], state) if state is not None else (top, machine)
         if not comment.own_line:
-            starting = [slot for slot in slots + top if slot.span.line == comment.line]
-            if starting:
-                starting[0].set_after(text)
+            starting = block.by_line.get(comment.line) or top.by_line.get(comment.line)
+            if starting is not None:
+                starting.set_after(text)
                 continue
-        following = next((slot for slot in slots if slot.span.end_line >= comment.line), None)
+        following = block.following(comment.line)
         if following is None:
             closing.trailing_comments.append(text)
         else:
