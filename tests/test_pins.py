@@ -352,14 +352,14 @@ def test_negative_list_indices_count_from_the_end_and_out_of_range_is_empty():
         context { xs: ["a", "b", "c"] }
         state a {
           structure "s"
-          prompt "{{xs.-1}} {{xs.-3}} [{{xs.-4}}] {{xs.1}} [{{xs.3}}] {{ xs.-2 }}"
+          prompt "{{xs.-1}} {{xs.-3}} [{{xs.-4}}] {{xs.1}} [{{xs.3}}] {{ xs.-2 }} [{{xs.X1}}] [{{xs.1-}}]"
           output o
           otherwise -> END
         }
     """
     provider = Recorder({"produce": ["x"]})
     run_mk(machine, provider=provider)
-    assert provider.produced[0].user == "c a [] b [] b"
+    assert provider.produced[0].user == "c a [] b [] b [] []"
 
 
 @pytest.mark.parametrize(
@@ -919,3 +919,14 @@ def test_every_call_of_a_run_has_its_own_stable_idempotency_key():
         ("produce", "r:2.0.1"),
         ("judge", "r:2.g.1"),
     ]
+
+
+@pytest.mark.parametrize("name", ["m.mk", "M.MK", "m.yaml"])
+def test_a_machine_file_given_as_a_checkpoint_says_how_to_make_one(tmp_path, name):
+    path = tmp_path / name
+    path.write_text("machine m\nentry a\n")
+    with pytest.raises(CheckpointError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path} is a machine file, not a checkpoint: `mklang run {path} --checkpoint cp.json` writes one"
+    )
