@@ -670,7 +670,7 @@ def test_a_temp_file_already_gone_when_the_rename_fails_reports_the_rename_error
         ({"run_id": "r"}, "not a mklang checkpoint (no 'format' field)"),
         ({"format": "1"}, "not a mklang checkpoint (no 'format' field)"),
         ({"format": 0}, "checkpoint format 0 is too old to migrate"),
-        ({"format": 2}, "checkpoint format 2 is newer than this mklang understands (1)"),
+        ({"format": 3}, "checkpoint format 3 is newer than this mklang understands (2)"),
     ],
 )
 def test_a_document_of_another_format_is_one_line_naming_the_file(tmp_path, document, message):
@@ -698,7 +698,7 @@ def test_registered_migrations_upgrade_an_old_checkpoint_step_by_step_on_load(tm
     path = tmp_path / "cp.json"
     path.write_text(json.dumps(older))
     envelope = load(path)
-    assert (envelope.format, envelope.status, envelope.result) == (1, "running", "kept")
+    assert (envelope.format, envelope.status, envelope.result) == (2, "running", "kept")
 
 
 def _nested(depth: int) -> Any:

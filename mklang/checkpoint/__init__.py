@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mklang import __version__
+from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, save
 from mklang.checkpoint.journal import FileJournal, durability_setting, read_journal, recover
 from mklang.checkpoint.lock import RunLock, refuse_if_running
+from mklang.checkpoint.paths import MachinePaths, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
@@ -115,38 +118,16 @@ def open_checkpoint(
     if envelope.status in ("done", "halted"):
         what = "finished" if envelope.status == "done" else f"halted ({envelope.error})"
         raise CheckpointError(f"{path}: the run already {what}; a finished run cannot be resumed")
-    root_path = envelope.machine.path
-    moved = {root_path: str(Path(machine_path).resolve())} if machine_path and root_path else {}
-    if not force:
-        for recorded, digest in sorted(envelope.machines.items()):
-            actual = moved.get(recorded, recorded)
-            try:
-                current = file_sha256(actual)
-            except OSError:
-                raise CheckpointError(
-                    f"{actual}: machine file of the checkpoint is missing "
-                    f"(use --machine PATH if the root moved, or --force)"
-                ) from None
-            if current != digest:
-                raise CheckpointError(
-                    f"{actual}: machine file changed since the checkpoint was written "
-                    f"(resume with --force to accept the change)"
-                )
-    loader = MachineLoader()
-
-    def machine_for(frame: dict[str, Any]) -> Machine:
-        if not frame.get("path"):
-            raise CheckpointError(f"{path}: frame of machine '{frame.get('machine')}' has no file path")
-        try:
-            return loader.load_path(moved.get(frame["path"], frame["path"]))
-        except LoadError as error:
-            raise CheckpointError(f"{path}: cannot load machine {frame['path']}: {error}") from None
-        except OSError as error:
-            raise CheckpointError(f"{path}: cannot read machine {frame['path']}: {error.strerror}") from None
-
-    chain = [Frame.from_json(frame, machine_for(frame)) for frame in envelope.frames]
-    if not chain:
+    if not envelope.frames:
         raise CheckpointError(f"{path}: the checkpoint holds no frames")
+    paths = MachinePaths(machine_path or _recorded_root(path, envelope))
+    if not force:
+        verify_hashes(envelope.machines, paths)
+    loader = MachineLoader()
+    machine_for = _frame_reader(path, envelope.machines, paths, loader)
+    chain = [rebuild(frame, machine_for(frame), str(path)) for frame in envelope.frames]
+    if paths.root is not None and chain[0].machine.path != str(paths.root):
+        raise CheckpointError(f"{path}: the first frame does not run the root machine {paths.root}")
     if envelope.reason == "escalated" and "ask" not in envelope.frames[-1]:
         # Written before frames kept their pending ask: the envelope's ask is the one pending.
         chain[-1].ask = {"ask": envelope.ask, "reply_to": envelope.reply_to}
@@ -155,13 +136,77 @@ def open_checkpoint(
     )
     if envelope.status == "running":  # the process died: replay its journal
         records, resumable.trusted = _journal(path, envelope, trusted, trust)
-        resumable.chain, resumable.replay, position = recover(chain, envelope.answers, records, machine_for)
+        try:
+            entered = _frame_reader(path, envelope.machines, paths, loader, digests=resumable.trusted)
+            resumable.chain, resumable.replay, position = recover(chain, envelope.answers, records, entered)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+            raise CheckpointError(f"{path}: malformed journal: {type(error).__name__}: {error}") from None
         resumable.position = position or resumable.position
         resumable.crashed = True
+    misfit = first_misfit(resumable.chain)
+    if misfit is not None:
+        raise CheckpointError(f"{path}: {misfit}")
     if not resumable.trusted:
         for frame in resumable.chain:  # its taint marks are as untrusted as the rest: fence every value
             frame.tainted.update(frame.context)
     return resumable
+
+
+def _recorded_root(path: Path, envelope: Envelope) -> Path:
+    if not envelope.machine.path:
+        raise CheckpointError(f"{path}: the checkpoint records no root machine file (use --machine PATH)")
+    return root_file(envelope.machine.path, path)
+
+
+def verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
+    """Every machine file the run loaded is where the checkpoint says, unchanged."""
+    for name, digest in sorted(machines.items()):
+        file = paths.file(name)
+        try:
+            current = file_sha256(file)
+        except OSError:
+            raise CheckpointError(
+                f"{file}: machine file of the checkpoint is missing (use --machine PATH if the root moved, or --force)"
+            ) from None
+        if current != digest:
+            raise CheckpointError(
+                f"{file}: machine file changed since the checkpoint was written "
+                f"(resume with --force to accept the change)"
+            )
+
+
+def _frame_reader(
+    path: Path, machines: dict[str, str], paths: MachinePaths, loader: MachineLoader, *, digests: bool = False
+) -> Callable[[dict[str, Any]], Machine]:
+    """Loads the machine of a recorded frame: only a hashed file.
+
+    With `digests` (the `enter` lines of a signed journal) a frame may also
+    carry the sha256 of a machine first loaded after the last snapshot.
+    """
+
+    def machine_for(frame: dict[str, Any]) -> Machine:
+        problem = frame_shape_error(frame)
+        if problem is not None:
+            raise CheckpointError(f"{path}: malformed frame: {problem}")
+        name = str(paths.name(frame["path"]))  # format-1 journals hold absolute paths
+        digest = machines.get(name) or (frame.get("sha256") if digests else None)
+        if digest is None:
+            raise CheckpointError(
+                f"{path}: a frame of machine '{frame['machine']}' names {name}, "
+                f"which is not one of the checkpoint's hashed machine files"
+            )
+        file = paths.file(name)
+        try:
+            machine = loader.load_path(file)
+        except LoadError as error:
+            raise CheckpointError(f"{path}: cannot load machine {file}: {error}") from None
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot read machine {file}: {error.strerror}") from None
+        if name not in machines:
+            verify_hashes({name: digest}, paths)
+        return machine
+
+    return machine_for
 
 
 def require_seal(path: Path, envelope: Envelope, trust: bool) -> bool:
@@ -316,6 +361,7 @@ def _execute(
         skip=scripted.skip if scripted is not None else None,
         replay=replay,
         durability=durability_setting(),
+        paths=MachinePaths(chain[0].machine.path),
     )
     lock = RunLock(checkpoint).acquire()
     try:

@@ -23,7 +23,7 @@ from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 
-FORMAT: Final = 1
+FORMAT: Final = 2
 Status = Literal["running", "suspended", "done", "halted"]
 
 
@@ -36,6 +36,8 @@ class Budgets(BaseModel):
 
 
 class MachineRef(BaseModel):
+    """The root machine; `path` is its file relative to the checkpoint's folder."""
+
     name: str
     path: str | None
     sha256: str | None
@@ -69,7 +71,7 @@ class Envelope(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal[1] = FORMAT
+    format: Literal[2] = FORMAT
     mklang_version: str
     run_id: str
     status: Status
@@ -78,7 +80,8 @@ class Envelope(BaseModel):
     error: str | None = None  # the halt of a halted run
     at: str | None = None
     machine: MachineRef
-    machines: dict[str, str] = Field(default_factory=dict)  # path -> sha256 of every machine loaded
+    # sha256 of every machine file loaded, by name relative to the root's folder (`stdlib:<file>` for the library)
+    machines: dict[str, str] = Field(default_factory=dict)
     frames: list[dict[str, Any]]  # root..innermost (mklang.engine.frame.Frame.to_json)
     budgets: Budgets = Field(default_factory=Budgets)
     usage: dict[str, Any] = Field(default_factory=dict)
@@ -104,8 +107,33 @@ class Envelope(BaseModel):
         return self._seal
 
 
+def _relative_machine_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 -> 2: machine files were absolute; now they are named relative to the root's folder.
+
+    The root keeps its absolute path, which is also a valid name relative to
+    the checkpoint's folder.
+    """
+    from mklang.checkpoint.paths import MachinePaths
+
+    data = {**data, "format": 2}
+    root = data.get("machine", {}).get("path") if isinstance(data.get("machine"), dict) else None
+    if not isinstance(root, str) or not os.path.isabs(root):
+        return data
+    paths = MachinePaths(root)
+    if isinstance(data.get("machines"), dict):
+        data["machines"] = {paths.name(name): digest for name, digest in data["machines"].items()}
+    if isinstance(data.get("frames"), list):
+        data["frames"] = [
+            {**frame, "path": paths.name(frame["path"])}
+            if isinstance(frame, dict) and isinstance(frame.get("path"), str)
+            else frame
+            for frame in data["frames"]
+        ]
+    return data
+
+
 # format -> function that turns a document of that format into the next one.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _relative_machine_paths}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:

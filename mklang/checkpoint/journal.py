@@ -41,6 +41,7 @@ from typing import Any, BinaryIO, Literal
 
 from mklang import faults
 from mklang.checkpoint.envelope import Envelope, dump_signed, save, write_atomic
+from mklang.checkpoint.paths import MachinePaths
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
@@ -96,8 +97,10 @@ class FileJournal:
         replay: dict[str, dict[str, Any]] | None = None,
         hashes: dict[str, str] | None = None,
         durability: Durability = "call",
+        paths: MachinePaths | None = None,
     ):
         self.path = Path(path)
+        self.paths = paths or MachinePaths(None)  # how machine files are named in the files
         self.durability = durability
         self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
         self.journal = journal_path(path)
@@ -120,7 +123,7 @@ class FileJournal:
         generation = self.envelope.generation + 1
         envelope = self.envelope.model_copy(
             update=dict(
-                frames=[frame.to_json() for frame in chain],
+                frames=[self._frame(frame) for frame in chain],
                 usage=sum((frame.spent for frame in chain), self.unreplayed()).to_json(),
                 generation=generation,
                 answers=dict(self.replay_set),
@@ -135,8 +138,14 @@ class FileJournal:
         self._threshold = max(MIN_COMPACT_BYTES, len(payload))
 
     def _host_update(self) -> dict[str, Any]:
-        """Fields that change as the run goes: machines loaded, scripted position."""
-        update: dict[str, Any] = {"machines": dict(self.hashes)}
+        """Fields that change as the run goes: machines loaded, scripted position.
+
+        Machine files are named relative to the root's folder and the root
+        relative to the checkpoint's, so the files can move together.
+        """
+        update: dict[str, Any] = {"machines": self.paths.names(self.hashes)}
+        if self.paths.root is not None:
+            update["machine"] = self.envelope.machine.model_copy(update={"path": self.paths.root_from(self.path)})
         if self.position is not None:
             update["host"] = self.envelope.host.model_copy(update={"position": self.position()})
         return update
@@ -171,7 +180,9 @@ class FileJournal:
             self.snapshot(chain, status="running")
 
     def enter(self, depth: int, frame: Frame) -> None:
-        self._append({"k": "enter", "d": depth, "f": frame.to_json()}, durable=False)
+        # A machine first loaded after the snapshot: its hash travels with the (signed) line.
+        entered = {**self._frame(frame), "sha256": self.hashes.get(frame.machine.path or "")}
+        self._append({"k": "enter", "d": depth, "f": entered}, durable=False)
 
     def step(self, depth: int, record: StepRecord) -> None:
         self._settle()
@@ -235,7 +246,7 @@ class FileJournal:
             answers = {**self.replay_set, **{key: {**a, "consumed": True} for key, a in self.in_flight.items()}}
         envelope = self.envelope.model_copy(
             update=dict(
-                frames=[frame.to_json() for frame in chain],
+                frames=[self._frame(frame) for frame in chain],
                 answers=answers,
                 **self._host_update(),
                 **fields,
@@ -246,6 +257,11 @@ class FileJournal:
         self.close()
         with contextlib.suppress(FileNotFoundError):
             self.journal.unlink()
+
+    def _frame(self, frame: Frame) -> dict[str, Any]:
+        recorded = frame.to_json()
+        recorded["path"] = self.paths.name(recorded["path"])
+        return recorded
 
     def _signed(self, record: dict[str, Any]) -> bytes:
         """One journal line, its MAC chained to the line before (callers hold the order)."""

@@ -247,6 +247,9 @@ def resume(
         help="Resume a checkpoint not signed with your key, as untrusted data: host settings from this command only.",
     ),
     machine: Path | None = typer.Option(None, "--machine", help="Where the root machine file is now."),
+    check: bool = typer.Option(
+        False, "--check", help="Only check that the machines fit every frame (no provider, no spend); exit 0 or 2."
+    ),
     out: Path | None = typer.Option(None, "--checkpoint", help="Write a re-suspension here (default: the same file)."),
     hitl: bool | None = HitlOpt,
     provider: str | None = ProviderOpt,
@@ -272,6 +275,8 @@ def resume(
         control = Control()
         opened = session.opened(checkpoint, force=force, machine_path=str(machine) if machine else None, trust=trust)
         with opened as resumable:
+            if check:
+                _report_compatible(resumable, as_json)
             budgets = resumable.envelope.budgets
             given: dict[str, Any] = dict(script=script, scenario=scenario, provider=provider, model=model)
             given.update(config=config, replay=replay, plugins=plugin)
@@ -295,6 +300,18 @@ def resume(
                     observer=view,
                 )
         report(result, as_json, out or checkpoint)
+
+
+def _report_compatible(resumable: Resumable, as_json: bool) -> None:
+    """`resume --check`: the checkpoint opened, so every frame fits its machine (an error said otherwise)."""
+    from mklang.cli.render import print_json
+
+    frames = [f"{frame.machine.name}:{frame.state}" for frame in resumable.chain]
+    if as_json:
+        print_json({"status": "compatible", "frames": frames})
+    else:
+        print(f"compatible ({' > '.join(frames)})")
+    raise typer.Exit(exitcodes.OK)
 
 
 def _resumed_host(resumable: Resumable, given: dict[str, Any], record: Path | None, max_cost: float | None) -> Host:

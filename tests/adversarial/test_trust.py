@@ -120,9 +120,11 @@ def test_an_edited_journal_line_of_a_crashed_run_is_refused(project):
     # Make the suspended run look crashed: a running envelope and a journal with one step.
     from mklang.checkpoint import open_checkpoint
     from mklang.checkpoint.journal import FileJournal
+    from mklang.checkpoint.paths import MachinePaths
 
     resumable = open_checkpoint(checkpoint)
-    journal = FileJournal(checkpoint, resumable.envelope)
+    root = resumable.chain[0].machine.path
+    journal = FileJournal(checkpoint, resumable.envelope, hashes=resumable.loader.hashes, paths=MachinePaths(root))
     journal.snapshot(resumable.chain, status="running")
     journal.record("x:1.0", "tool", "paid answer")
     journal.close()
@@ -196,3 +198,174 @@ def test_a_signed_checkpoint_reuses_its_recorded_host_as_today(project):
     done = mklang("resume", "cp.json", "--set", "approval.answer=yes", cwd=project)
     assert done.returncode == 0, done.stderr
     assert "ignored" not in done.stderr
+
+
+# --- items 2 and 7: frames run only hashed files; the checkpoint moves with the project
+
+
+def test_an_edited_frame_path_pointing_to_another_file_is_refused(project):
+    (project / "evil.mk").write_text((project / "approval" / "approval.mk").read_text())
+    edit(project / "cp.json", lambda d: d["frames"][0].update(path="../evil.mk"), resign=True)
+    line = refused(mklang("resume", "cp.json", "--set", "approval.answer=yes", cwd=project))
+    assert "names ../evil.mk, which is not one of the checkpoint's hashed machine files" in line
+    line = refused(mklang("resume", "cp.json", "--trust", "--force", *SCRIPT, cwd=project))
+    assert "not one of the checkpoint's hashed machine files" in line
+
+
+def test_an_edited_machines_map_pointing_to_another_file_is_refused(project):
+    from mklang.host.machines import file_sha256
+
+    evil = project / "approval" / "evil.mk"
+    evil.write_text((project / "approval" / "approval.mk").read_text().replace("status page", "attacker page"))
+
+    def change(document: dict) -> None:
+        document["machines"]["evil.mk"] = file_sha256(evil)
+        document["frames"][0]["path"] = "evil.mk"
+
+    edit(project / "cp.json", change)
+    line = refused(mklang("resume", "cp.json", "--trust", "--set", "approval.answer=yes", *SCRIPT, cwd=project))
+    assert "does not run the root machine" in line
+
+
+def test_a_sub_frame_pointed_at_another_hashed_machine_is_refused(tmp_path):
+    shutil.copytree(EXAMPLES / "nested", tmp_path / "nested")
+    nested = ["--script", "nested/scenarios.yaml", "--scenario", "two-sections-one-corrected"]
+    run = mklang("run", "nested/brief.mk", *nested, "--checkpoint", "cp.json", "--max-tokens", "300", cwd=tmp_path)
+    assert run.returncode == 3
+    edit(tmp_path / "cp.json", lambda d: d["frames"][1].update(path="fact_check.mk"))
+    line = refused(mklang("resume", "cp.json", "--trust", "--max-tokens", "100000", *nested, cwd=tmp_path))
+    assert "frame 1 (brief at add_section): calls 'section', but the next frame runs 'fact_check'" in line
+
+
+def test_a_moved_project_folder_resumes_and_a_moved_root_takes_its_sub_machines_along(tmp_path):
+    shutil.copytree(EXAMPLES / "nested", tmp_path / "here" / "nested")
+    nested = ["--script", "nested/scenarios.yaml", "--scenario", "two-sections-one-corrected", "--format", "json"]
+    reference = json.loads(mklang("run", "nested/brief.mk", *nested, cwd=tmp_path / "here").stdout)
+    run = mklang(
+        "run", "nested/brief.mk", *nested, "--checkpoint", "cp.json", "--max-tokens", "300", cwd=tmp_path / "here"
+    )
+    assert run.returncode == 3
+    recorded = json.loads((tmp_path / "here" / "cp.json").read_text())
+    assert recorded["machine"]["path"] == "nested/brief.mk"
+    assert sorted(recorded["machines"]) == ["brief.mk", "fact_check.mk", "section.mk"]
+    assert [frame["path"] for frame in recorded["frames"]] == ["brief.mk", "section.mk"]
+    shutil.copy(tmp_path / "here" / "cp.json", tmp_path / "cp.json")
+    shutil.copytree(tmp_path / "here", tmp_path / "copy")
+    shutil.move(tmp_path / "here", tmp_path / "moved")
+    for folder in ("moved", "copy"):
+        done = mklang("resume", "cp.json", "--max-tokens", "100000", *nested, cwd=tmp_path / folder)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["result"] == reference["result"]
+    # The checkpoint stays behind, the project goes: --machine names the root, the sub-machines follow.
+    assert "--machine" in refused(mklang("resume", "cp.json", "--max-tokens", "100000", cwd=tmp_path))
+    moved_root = ["--machine", "copy/nested/brief.mk", "--script", "copy/nested/scenarios.yaml", *nested[2:4]]
+    done = mklang("resume", "cp.json", "--max-tokens", "100000", *moved_root, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_format_1_checkpoint_with_absolute_paths_migrates_and_resumes(project):
+    from mklang.checkpoint.signing import checkpoint_key  # noqa: F401 - the suite's own key signs nothing here
+
+    folder = project / "approval"
+
+    def to_format_1(document: dict) -> None:
+        document["format"] = 1
+        document.pop("signature")
+        document["machine"]["path"] = str(folder / "approval.mk")
+        document["machines"] = {str(folder / name): digest for name, digest in document["machines"].items()}
+        for frame in document["frames"]:
+            frame["path"] = str(folder / frame["path"])
+
+    edit(project / "cp.json", to_format_1)
+    done = mklang("resume", "cp.json", "--trust", "--set", "approval.answer=yes", *SCRIPT, cwd=project)
+    assert done.returncode == 0, done.stderr
+
+
+# --- item 1: cleared taint is harmless
+
+
+def test_cleared_taint_is_refused_or_every_value_is_fenced(project):
+    edit(project / "cp.json", lambda d: d["frames"][0].update(tainted=[]))
+    refused(mklang("resume", "cp.json", "--set", "approval.answer=yes", cwd=project))
+    done = mklang("resume", "cp.json", "--trust", "--set", "approval.answer=yes", *SCRIPT, cwd=project)
+    assert done.returncode == 0, done.stderr
+    tainted = set(json.loads((project / "cp.json").read_text())["frames"][0]["tainted"])
+    assert {"topic", "audience", "approval", "announcement"} <= tainted
+
+
+# --- item 6: structure is checked before any provider; --force never skips it
+
+
+def rename_state(project: Path) -> None:
+    machine = project / "approval" / "approval.mk"
+    machine.write_text(machine.read_text().replace("decide", "choose"))
+
+
+def test_a_renamed_state_with_force_is_one_line_exit_2(project):
+    rename_state(project)
+    assert "changed" in refused(mklang("resume", "cp.json", "--set", "approval.answer=yes", *SCRIPT, cwd=project))
+    line = refused(mklang("resume", "cp.json", "--force", "--set", "approval.answer=yes", *SCRIPT, cwd=project))
+    assert line.endswith(
+        "frame 1 (approval at decide): state 'decide' no longer exists in " + str(project / "approval" / "approval.mk")
+    )
+    assert refused(mklang("resume", "--check", "cp.json", "--force", cwd=project)) == line
+
+
+def test_resume_check_sets_up_no_provider_and_spends_nothing(project):
+    before = (project / "cp.json").read_bytes()
+    done = mklang(
+        "resume", "--check", "cp.json", "--provider", "openai", "--model", "m", "--format", "text", cwd=project
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "compatible (approval:decide)")
+    assert (project / "cp.json").read_bytes() == before
+
+
+def test_a_repair_counter_of_a_gate_that_is_gone_is_one_line_exit_2(project):
+    edit(project / "cp.json", lambda d: d["frames"][0].update(repair_left=[["draft", 0, 1]]), resign=True)
+    line = refused(mklang("resume", "--check", "cp.json", cwd=project))
+    assert "repair counter of gate 0 of 'draft', which is not a repair gate" in line
+
+
+BAD_VALUES = [None, -1, "x", [], [[1, 2]], {"a": 1}]
+
+
+def _mutations(document: dict):
+    """(label, edit) for every field of the envelope and of its frame, with every value of another type."""
+    frame = document["frames"][0]
+    for name in sorted(document):
+        for value in BAD_VALUES:
+            if name != "signature" and json.dumps(document[name]) != json.dumps(value):
+                yield f"{name}={value!r}", lambda d, n=name, v=value: d.__setitem__(n, v)
+    for name in sorted(frame):
+        for value in BAD_VALUES:
+            if json.dumps(frame[name]) != json.dumps(value):
+                yield f"frames.0.{name}={value!r}", lambda d, n=name, v=value: d["frames"][0].__setitem__(n, v)
+
+
+def test_every_field_tampered_with_any_type_is_refused_or_resumes_never_an_internal_error(project):
+    """Signed by someone else (here: re-signed, so only the content is judged) or not at all."""
+    from typer.testing import CliRunner
+
+    import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
+    from mklang.cli.app import app
+
+    pristine = (project / "cp.json").read_text()
+    runner = CliRunner()
+    outcomes: dict[int, int] = {}
+    for number, (label, change) in enumerate(_mutations(json.loads(pristine))):
+        for resign in (False, True) if number % len(BAD_VALUES) == 0 else (True,):
+            (project / "cp.json").write_text(pristine)
+            edit(project / "cp.json", change, resign=resign)
+            args = ["resume", str(project / "cp.json"), "--set", "approval.answer=yes", "--script"]
+            args += [str(project / "approval" / "scenarios.yaml"), "--scenario", "ask-then-publish"]
+            done = runner.invoke(app, args)
+            assert done.exit_code in (0, 1, 2, 3), (label, done.exit_code, done.output)
+            assert ("internal error" not in done.output and not isinstance(done.exception, Exception)) or isinstance(
+                done.exception, SystemExit
+            ), (label, done.output, done.exception)
+            if done.exit_code == 2:
+                assert len(done.stderr.strip().splitlines()) == 1, (label, done.stderr)
+            if not resign:
+                assert done.exit_code == 2, label  # unsigned edits never run
+            outcomes[done.exit_code] = outcomes.get(done.exit_code, 0) + 1
+    assert outcomes[2] > 0 and outcomes.get(0, 0) > 0, outcomes

@@ -1,0 +1,60 @@
+"""Machine files as a checkpoint records them, so that it can move (ADR 0014).
+
+A checkpoint names the root machine relative to its own folder, and every
+machine file (in `machines`, frame `path`s and journal `enter` lines)
+relative to the root machine's folder; standard-library machines as
+`stdlib:<file>`, wherever mklang is installed. Moving or copying the project
+folder with its checkpoint keeps every name valid; `--machine` says where
+the root went when only the checkpoint stayed behind, and the rest follow.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mklang.syntax.resolve import stdlib_dirs
+
+STDLIB = "stdlib:"
+
+
+class MachinePaths:
+    """Turns absolute machine files into the names a checkpoint records, and back."""
+
+    def __init__(self, root: str | Path | None):
+        self.root = Path(root).resolve() if root else None
+
+    @property
+    def folder(self) -> Path:
+        return self.root.parent if self.root is not None else Path.cwd()
+
+    def name(self, path: str | None) -> str | None:
+        """The recorded name of a machine file (`None` for a machine without a file)."""
+        if path is None or not Path(path).is_absolute():
+            return path
+        file = Path(path)
+        if any(file.parent == folder.resolve() for folder in stdlib_dirs()):
+            return STDLIB + file.name
+        return Path(os.path.relpath(file, self.folder)).as_posix()
+
+    def names(self, hashes: dict[str, str]) -> dict[str, str]:
+        return {str(self.name(path)): digest for path, digest in hashes.items()}
+
+    def file(self, name: str) -> Path:
+        """Where a recorded machine file is now."""
+        if name.startswith(STDLIB):
+            base = name[len(STDLIB) :]
+            found = [folder / base for folder in stdlib_dirs() if "/" not in base and (folder / base).is_file()]
+            return found[0] if found else Path(base)
+        return Path(os.path.normpath(self.folder / name))
+
+    def root_from(self, checkpoint: str | Path) -> str | None:
+        """The root machine's file relative to the folder of `checkpoint`."""
+        if self.root is None:
+            return None
+        return Path(os.path.relpath(self.root, Path(checkpoint).resolve().parent)).as_posix()
+
+
+def root_file(recorded: str, checkpoint: str | Path) -> Path:
+    """The root machine of a checkpoint: recorded relative to the checkpoint's folder."""
+    return Path(os.path.normpath(Path(checkpoint).resolve().parent / recorded))
