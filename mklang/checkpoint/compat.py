@@ -27,6 +27,18 @@ class UsageRecord(BaseModel):
     cost_usd: float = Field(default=0.0, ge=0)
 
 
+class BranchRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    output: Any
+    usage: UsageRecord
+
+
+class AskRecord(BaseModel):
+    ask: str | None
+    reply_to: str | None
+
+
 class FrameRecord(BaseModel):
     """The shape of one recorded frame (`Frame.to_json`), checked before it is rebuilt."""
 
@@ -44,7 +56,9 @@ class FrameRecord(BaseModel):
     repair_left: list[tuple[str, int, int]] = Field(default_factory=list)
     visits: dict[str, int] = Field(default_factory=dict)
     trace: list[dict[str, Any]] = Field(default_factory=list)
-    branches: list[tuple[int, Any]] = Field(default_factory=list)  # finished branches of a cut fan-out
+    branches: list[tuple[int, BranchRecord]] = Field(default_factory=list)  # finished branches of a cut fan-out
+    halted: str | None = None
+    ask: AskRecord | None = None
 
 
 def frame_shape_error(frame: Any) -> str | None:

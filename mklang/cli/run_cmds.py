@@ -304,8 +304,6 @@ def resume(
 
 def _report_compatible(resumable: Resumable, as_json: bool) -> None:
     """`resume --check`: the checkpoint opened, so every frame fits its machine (an error said otherwise)."""
-    from mklang.cli.render import print_json
-
     frames = [f"{frame.machine.name}:{frame.state}" for frame in resumable.chain]
     if as_json:
         print_json({"status": "compatible", "frames": frames})
