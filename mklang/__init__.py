@@ -1,6 +1,6 @@
 """mklang: LLM-driven agent state machines with budgeted, resumable runs.
 
-The public API is `load`, `run` and `resume`; they import the heavy parts of
+The public API is `load`, `run`, `resume` and `batch`; they import the heavy parts of
 the package only when called, so `import mklang` stays cheap for the CLI.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.4.0"
 
-__all__ = ["__version__", "load", "resume", "run"]
+__all__ = ["__version__", "batch", "load", "resume", "run"]
 
 
 def load(path):
@@ -45,3 +45,66 @@ def resume(source, *, provider, tools=None, hooks=None, scripted=None, **options
     from mklang.session import resume as resume_session
 
     return resume_session(source, Host(provider, tools or {}, hooks or {}, scripted=scripted), **options)
+
+
+def batch(
+    machine,
+    inputs,
+    *,
+    store,
+    provider,
+    tools=None,
+    hooks=None,
+    concurrency=32,
+    batch_max_tokens=None,
+    batch_max_cost=None,
+    out=None,
+    **budgets,
+):
+    """Run `machine` once per input, each a durable run in `store`; returns their `Outcome`s.
+
+    `inputs` is a JSON Lines path or a list of context maps (an `id` key names
+    a run, else the hash of the input). `store` is a folder or a store URI.
+    Calling it again with the same inputs resumes the batch. `budgets` are
+    each run's (`max_tokens`, `max_cost`, `max_time`); `batch_max_*` bound the
+    whole batch. With `out`, one result line per input is written there.
+    """
+    import hashlib
+    import json
+    from contextlib import nullcontext
+
+    from mklang import batching
+    from mklang.check import require_runnable
+    from mklang.checkpoint.store import open_store
+    from mklang.session import Host
+
+    machine = load(machine) if not hasattr(machine, "states") else require_runnable(machine)
+    if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__"):
+        items = batching.read_inputs(inputs)
+    else:
+        items = [
+            batching.Item(
+                str(data["id"])
+                if "id" in data
+                else hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
+                data,
+            )
+            for data in inputs
+        ]
+    host = Host(provider, tools or {}, hooks or {})
+    opened = open_store(store)
+    try:
+        runner = batching.Batch(
+            machine,
+            opened,
+            str(store),
+            lambda: nullcontext(host),
+            ceilings=batching.Ceilings(batch_max_tokens, batch_max_cost),
+            **budgets,
+        )
+        outcomes = runner.run(items, concurrency)
+    finally:
+        opened.close()
+    if out is not None:
+        batching.write_results(out, outcomes)
+    return outcomes

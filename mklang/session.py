@@ -24,6 +24,7 @@ from mklang.scenarios import Scenario, ScriptedHost
 if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
     from mklang.checkpoint.envelope import Envelope, HostSettings
+    from mklang.checkpoint.store import Location
 
 __all__ = ["Host", "opened", "proceed", "resume", "start"]
 
@@ -177,7 +178,7 @@ def start(
     context: dict[str, Any] | None,
     host: Host,
     *,
-    checkpoint: str | Path | None = None,
+    checkpoint: str | Path | Location | None = None,
     max_tokens: int | None = None,
     max_cost: float | None = None,
     max_time: float | None = None,
@@ -226,19 +227,21 @@ def start(
 
 @contextmanager
 def opened(
-    source: str | Path, *, force: bool = False, machine_path: str | None = None, trust: bool = False
+    source: str | Path | Location, *, force: bool = False, machine_path: str | None = None, trust: bool = False
 ) -> Iterator[Resumable]:
-    """Read and verify a checkpoint that no other process is running.
+    """Lock, read and verify a checkpoint; the lock is held until the run ends or the block does.
 
     Everything that can make it unresumable is raised here, before the caller
     sets up any provider. `trust` accepts a checkpoint not signed with this
     user's key, as untrusted data (ADR 0014).
     """
     from mklang.checkpoint import open_checkpoint
-    from mklang.checkpoint.lock import refuse_if_running
 
-    refuse_if_running(source)
-    yield open_checkpoint(source, force=force, machine_path=machine_path, trust=trust)
+    resumable = open_checkpoint(source, force=force, machine_path=machine_path, trust=trust)
+    try:
+        yield resumable
+    finally:
+        resumable.release()
 
 
 def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
@@ -261,13 +264,13 @@ def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
 
 
 def resume(
-    source: str | Path | Envelope,
+    source: str | Path | Location | Envelope,
     host: Host,
     *,
     force: bool = False,
     machine_path: str | None = None,
     trust: bool = False,
-    checkpoint: str | Path | None = None,
+    checkpoint: str | Path | Location | None = None,
     **options: Any,
 ) -> RunResult:
     """Verify a checkpoint, then continue it with `host`.

@@ -143,3 +143,53 @@ def checkpoints_match_the_schema(request: pytest.FixtureRequest, monkeypatch: py
             found.extend(f"{path.name}: {problem}" for problem in schema_violations(document))
     if found:
         pytest.fail("checkpoints that docs/checkpoint.schema.json rejects:\n" + "\n".join(found[:20]), pytrace=False)
+
+
+def model_config(url: str, path: Path) -> Path:
+    """A host config whose every tier is model `m` of the OpenAI-compatible server at `url` (its `/v1` base)."""
+    path.write_text(
+        '[tiers]\nfast = "local:m"\nbalanced = "local:m"\nreasoning = "local:m"\n\n'
+        f'[providers.local]\nkind = "openai"\nbase_url = "{url}"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+SERVERS = {
+    "PostgreSQL": ("127.0.0.1", 5432),
+    "RabbitMQ": ("127.0.0.1", 5672),
+    "Redis": ("127.0.0.1", 6379),
+}
+
+
+def require_server(name: str) -> None:
+    """Skip unless the named real server answers on 127.0.0.1; under CI=true its absence fails."""
+    import socket
+
+    host, port = SERVERS[name]
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError:
+        message = f"{name} is not reachable on {host}:{port}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI must run the tests that need it)")
+        pytest.skip(message)
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    """A store URI into a fresh schema of database `test`, dropped afterwards (parallel runs never collide)."""
+    require_server("PostgreSQL")
+    import uuid
+
+    import psycopg
+
+    schema = f"mk_{uuid.uuid4().hex[:12]}"
+    base = "postgresql://postgres@127.0.0.1:5432/test"
+    with psycopg.connect(base, autocommit=True) as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{base}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE")

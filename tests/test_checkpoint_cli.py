@@ -354,7 +354,7 @@ def signed_json(document: dict) -> str:
 
 
 BAD = {
-    "missing": (None, "no such checkpoint file"),
+    "missing": (None, "no such checkpoint"),
     "empty": ("", "empty"),
     "truncated": (json.dumps(VALID)[:40], "not valid JSON"),
     "not-json": ("checkpoint? what checkpoint?", "not valid JSON"),

@@ -24,8 +24,10 @@ import jsonschema
 import pytest
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load
-from mklang.checkpoint.journal import FileJournal, journal_path, read_journal
+from mklang.checkpoint.journal import StoreJournal, read_journal
+from mklang.checkpoint.store import locate
 from mklang.engine.frame import Frame
+from mklang.errors import CheckpointError
 from mklang.providers.base import Produced, Usage, Verdict
 from mklang.syntax import parse
 
@@ -40,7 +42,8 @@ PAD = 2_000_000  # bytes per envelope: a write takes long enough to be cut
 # it, so a half-written file cannot pass for a whole one.
 FACTORY = textwrap.dedent(f"""
     import os, signal, sys
-    from mklang.checkpoint.envelope import Envelope, MachineRef, write_atomic
+    from mklang.checkpoint.envelope import Envelope, MachineRef
+    from mklang.files import write_atomic
 
     def write_forever(folder):
         version = 0
@@ -48,7 +51,7 @@ FACTORY = textwrap.dedent(f"""
             version += 1
             envelope = Envelope(mklang_version="test", run_id=str(version), status="running",
                                 machine=MachineRef(name="m", path=None, sha256=None),
-                                frames=[{{"pad": "x" * ({PAD} + version % 1000)}}])
+                                frames=[], result="x" * ({PAD} + version % 1000))
             write_atomic(os.path.join(folder, "cp.json"), envelope.model_dump_json().encode())
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # killed writers are reaped at once
@@ -107,7 +110,7 @@ def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path
                 found += 1
                 envelope = load(checkpoint)  # raises on a torn file
                 version = int(envelope.run_id)
-                assert len(envelope.frames[0]["pad"]) == PAD + version % 1000
+                assert len(envelope.result) == PAD + version % 1000
                 assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
     finally:
         factory.stdin.close()
@@ -115,6 +118,10 @@ def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path
     # The kills must have hit both moments: with a whole file present, and mid-write.
     assert found >= KILLS // 2, f"only {found} of {KILLS} kills found a whole checkpoint"
     assert leftovers >= 1, "no kill landed in the middle of a write"
+
+
+def journal_path(checkpoint: Path) -> Path:
+    return Path(f"{checkpoint}.journal")
 
 
 MACHINE = parse(
@@ -133,7 +140,7 @@ MACHINE = parse(
 
 
 def _real_journal(tmp_path: Path) -> tuple[Path, bytes, int]:
-    """A journal written by FileJournal: a generation, a nested level, and completed calls."""
+    """A journal written to the file store: a generation, a nested level, and completed calls."""
     checkpoint = tmp_path / "cp.json"
     envelope = Envelope(
         mklang_version="test",
@@ -142,13 +149,13 @@ def _real_journal(tmp_path: Path) -> tuple[Path, bytes, int]:
         machine=MachineRef(name="tiny", path=None, sha256=None),
         frames=[],
     )
-    journal = FileJournal(checkpoint, envelope)
+    journal = StoreJournal(locate(checkpoint), envelope)
     journal.snapshot([Frame.start(MACHINE)], status="running")
     journal.enter(1, Frame.start(MACHINE, {"x": 1}))
     journal.record("r/1/0", "produce", Produced("déjà vu ✓", None, Usage(3, 2)))
     journal.record("r/1/1", "judge", Verdict(0, Usage(1, 1), "strict"))
     journal.record("r/1/2", "tool", "naïve — ünïcode ✓ " * 5)
-    journal.close()
+    journal.store.close()
     return checkpoint, journal_path(checkpoint).read_bytes(), journal.envelope.generation
 
 
@@ -157,7 +164,7 @@ def test_a_journal_cut_at_any_byte_reads_back_as_its_complete_lines(tmp_path):
     lines = full.split(b"\n")[:-1]
     assert len(lines) == 5 and lines[0].startswith(b'{"k":"gen"')
     records = [json.loads(line) for line in lines[1:]]
-    assert read_journal(checkpoint, generation) == records
+    assert read_journal(locate(checkpoint), generation) == records
     assert "✓".encode() in lines[-1]  # the last line is cut inside multi-byte characters too
     path = journal_path(checkpoint)
     ends = [len(b"\n".join(lines[: n + 1])) + 1 for n in range(len(lines))]  # offsets after each newline
@@ -165,15 +172,15 @@ def test_a_journal_cut_at_any_byte_reads_back_as_its_complete_lines(tmp_path):
         path.write_bytes(full[:offset])
         whole = sum(1 for end in ends if end <= offset)  # complete lines, the generation line included
         expected = records[: whole - 1] if whole else []
-        assert read_journal(checkpoint, generation) == expected, f"cut at byte {offset} of {len(full)}"
+        assert read_journal(locate(checkpoint), generation) == expected, f"cut at byte {offset} of {len(full)}"
 
 
 def test_a_journal_of_another_generation_is_ignored(tmp_path):
     checkpoint, _full, generation = _real_journal(tmp_path)
-    assert read_journal(checkpoint, generation) != []
-    assert read_journal(checkpoint, generation + 1) == []
+    assert read_journal(locate(checkpoint), generation) != []
+    assert read_journal(locate(checkpoint), generation + 1) == []
     journal_path(checkpoint).unlink()
-    assert read_journal(checkpoint, generation) == []
+    assert read_journal(locate(checkpoint), generation) == []
 
 
 def test_the_journal_is_owner_only(tmp_path):
@@ -223,3 +230,26 @@ def test_a_real_checkpoint_validates_against_the_schema(tmp_path):
     document["status"] = "paused"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(document, schema)
+
+
+def test_frames_are_typed_in_the_schema_and_on_load(tmp_path):
+    schema = json.loads((ROOT / "docs" / "checkpoint.schema.json").read_text(encoding="utf-8"))
+    assert schema["properties"]["frames"]["items"] == {"$ref": "#/$defs/FrameRecord"}
+    frame_schema = schema["$defs"]["FrameRecord"]
+    assert frame_schema["additionalProperties"] is False
+    assert set(frame_schema["required"]) == set(Frame.start(MACHINE).to_json())
+    assert set(frame_schema["properties"]) - set(frame_schema["required"]) == {
+        "branches"
+    }  # only while a fan-out is cut
+    checkpoint = tmp_path / "cp.json"
+    document = {
+        "format": 1,
+        "mklang_version": "test",
+        "run_id": "r",
+        "status": "suspended",
+        "machine": {"name": "tiny", "path": None, "sha256": None},
+        "frames": [{**Frame.start(MACHINE).to_json(), "surprise": 1}],
+    }
+    checkpoint.write_text(json.dumps(document))
+    with pytest.raises(CheckpointError, match=r"cp.json: not a valid mklang checkpoint: frames.0.surprise"):
+        load(checkpoint)

@@ -18,7 +18,12 @@ import yaml
 from conftest import cli_env, mklang, wait_for
 from test_signals import EXAMPLE
 
-from mklang.checkpoint.lock import holder
+from mklang.checkpoint.store import locate
+
+
+def holder(checkpoint) -> int | None:
+    held_by = locate(checkpoint).store.holder(locate(checkpoint).run)
+    return None if held_by is None else int(held_by)
 
 
 def _write_script(folder, delay_ms: int) -> None:
@@ -76,16 +81,15 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
     _write_script(tmp_path, 0)  # the resumed run need not wait
     resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert not (tmp_path / "cp.json.lock").exists()  # a finished run leaves no lock behind
+    assert holder(checkpoint) is None  # a finished run holds no lock (its file stays: never unlinked)
 
 
 def test_the_lock_file_is_owner_only_and_names_the_process(tmp_path):
-    from mklang.checkpoint.lock import RunLock
-
-    lock = RunLock(tmp_path / "cp.json").acquire()
+    location = locate(tmp_path / "cp.json")
+    lock = location.store.lock(location.run)
     try:
-        assert (lock.path.stat().st_mode & 0o777) == 0o600
+        assert ((tmp_path / "cp.json.lock").stat().st_mode & 0o777) == 0o600
         assert holder(tmp_path / "cp.json") == os.getpid()  # held, and it names its process
     finally:
         lock.release()
-    assert not lock.path.exists()
+    assert holder(tmp_path / "cp.json") is None

@@ -23,9 +23,10 @@ from fakeserver import FakeServer, answer, error, raw
 
 from mklang.check import check
 from mklang.checkpoint import start
-from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save, write_atomic
-from mklang.checkpoint.journal import FileJournal, journal_path
-from mklang.checkpoint.lock import RunLock, holder, lock_path, refuse_if_running
+from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save
+from mklang.checkpoint.file_store import FileLock, lock_holder
+from mklang.checkpoint.journal import StoreJournal
+from mklang.checkpoint.store import locate
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import NullJournal
@@ -38,6 +39,30 @@ from mklang.providers.http import HttpTransport
 from mklang.syntax import format_machine, load_file, parse
 
 # --- fsync: the temp file, the folder, the journal's call lines --------------
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write a checkpoint file through the file store (its errors are one CheckpointError line)."""
+    location = locate(path)
+    location.store.write(location.run, payload)
+
+
+def journal_path(checkpoint: Path) -> Path:
+    return Path(f"{checkpoint}.journal")
+
+
+def lock_path(checkpoint: Path) -> Path:
+    return Path(f"{checkpoint}.lock")
+
+
+def holder(checkpoint: Path) -> int | None:
+    """The pid a held lock names (-1 when it names none), or None when the lock is free."""
+    named = lock_holder(lock_path(checkpoint))
+    return None if named is None else int(named) if named.isdigit() else -1
+
+
+def refuse_if_running(checkpoint: Path) -> None:
+    FileLock(lock_path(checkpoint), str(checkpoint)).release()
 
 
 class FsyncSpy:
@@ -72,7 +97,7 @@ def test_an_atomic_write_fsyncs_the_whole_temp_file_before_the_rename_and_the_fo
     assert [p.name for p in tmp_path.iterdir()] == ["cp.json"]
 
 
-def _journal(tmp_path: Path) -> tuple[FileJournal, Frame]:
+def _journal(tmp_path: Path) -> tuple[StoreJournal, Frame]:
     machine = mk("""
         machine m
         entry a
@@ -91,7 +116,7 @@ def _journal(tmp_path: Path) -> tuple[FileJournal, Frame]:
         machine=MachineRef(name="m", path=None, sha256=None),
         frames=[],
     )
-    return FileJournal(tmp_path / "cp.json", envelope), Frame.start(machine)
+    return StoreJournal(locate(tmp_path / "cp.json"), envelope), Frame.start(machine)
 
 
 def test_a_journaled_call_line_is_fsynced_once_it_is_in_the_file(tmp_path, monkeypatch):
@@ -99,7 +124,7 @@ def test_a_journaled_call_line_is_fsynced_once_it_is_in_the_file(tmp_path, monke
     journal.snapshot([frame], status="running")
     spy = FsyncSpy(monkeypatch)
     journal.record("r:1.0#1", "produce", Produced("answer", None, Usage(3, 4)))
-    journal.close()
+    journal.store.close()
     [(path, content)] = spy.synced
     assert path == str(journal_path(tmp_path / "cp.json"))
     assert content is not None
@@ -516,7 +541,7 @@ def test_a_running_snapshot_adds_the_spend_of_nested_levels(tmp_path):
     root.usage = Usage(100, 20, 0.25)
     child.usage = Usage(5, 1, 0.5)
     journal.snapshot([root, child], status="running")
-    journal.close()
+    journal.store.close()
     envelope = load(tmp_path / "cp.json")
     assert envelope.usage == Usage(105, 21, 0.75).to_json()
     assert [frame["usage"] for frame in envelope.frames] == [root.usage.to_json(), child.usage.to_json()]
@@ -530,14 +555,14 @@ def test_a_stale_lock_file_does_not_block_and_is_taken_over(tmp_path):
     lock_path(checkpoint).write_text(f"{os.getpid()}\n")  # a pid, but no process holds the lock
     assert holder(checkpoint) is None
     refuse_if_running(checkpoint)
-    lock = RunLock(checkpoint).acquire()
+    lock = FileLock(lock_path(checkpoint), str(checkpoint))
     try:
         assert lock_path(checkpoint).read_text() == f"{os.getpid()}\n"
         assert holder(checkpoint) == os.getpid()
         with pytest.raises(CheckpointError, match=f"still going in process {os.getpid()}"):
             refuse_if_running(checkpoint)
         with pytest.raises(CheckpointError, match=f"still going in process {os.getpid()}"):
-            RunLock(checkpoint).acquire()
+            FileLock(lock_path(checkpoint), str(checkpoint))
     finally:
         lock.release()
     assert holder(checkpoint) is None
@@ -546,7 +571,7 @@ def test_a_stale_lock_file_does_not_block_and_is_taken_over(tmp_path):
 def test_a_longer_stale_pid_is_replaced_not_overwritten_in_place(tmp_path):
     checkpoint = tmp_path / "cp.json"
     lock_path(checkpoint).write_text("123456789012\n")
-    lock = RunLock(checkpoint).acquire()
+    lock = FileLock(lock_path(checkpoint), str(checkpoint))
     try:
         assert lock_path(checkpoint).read_text() == f"{os.getpid()}\n"
     finally:
@@ -555,7 +580,7 @@ def test_a_longer_stale_pid_is_replaced_not_overwritten_in_place(tmp_path):
 
 def test_a_held_lock_whose_file_names_no_pid_reports_an_unknown_holder(tmp_path):
     checkpoint = tmp_path / "cp.json"
-    lock = RunLock(checkpoint).acquire()
+    lock = FileLock(lock_path(checkpoint), str(checkpoint))
     try:
         lock_path(checkpoint).write_text("garbage\n")
         assert holder(checkpoint) == -1

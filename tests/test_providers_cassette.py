@@ -162,3 +162,16 @@ def test_fingerprint_covers_every_request_field():
         produce_request("s", "u", "fast", True),
     ]
     assert len({fingerprint(base), *map(fingerprint, variants)}) == 5
+
+
+def test_a_cassette_is_owner_only_and_synced_to_disk(tmp_path, monkeypatch):
+    import os
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    path = tmp_path / "c.yaml"
+    recorder = RecordingProvider(Stub(), path)
+    recorder.produce("sys", "hello", "fast", False)
+    assert (path.stat().st_mode & 0o777) == 0o600  # prompts and answers are the user's data
+    assert len(synced) >= 4  # each write: the file, then its folder

@@ -10,7 +10,6 @@ import yaml
 from conformance.harness import Recorder, run_mk, write_machines
 
 from mklang.checkpoint import start
-from mklang.checkpoint.journal import journal_path
 from mklang.errors import UsageError
 from mklang.limits import compose_yaml
 
@@ -99,7 +98,7 @@ state b {
 
 
 def test_group_commit_fsyncs_the_journal_once_per_step_with_the_steps_calls_in_it(tmp_path, monkeypatch):
-    from test_pins import FsyncSpy
+    from test_pins import FsyncSpy, journal_path
 
     machine = write_machines(tmp_path, TWO_STEPS)
     monkeypatch.setenv("MKLANG_DURABILITY", "step")

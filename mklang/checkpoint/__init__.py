@@ -1,8 +1,10 @@
 """Suspend, persist and resume runs (SPEC section 7).
 
-`start` runs a machine with a checkpoint file; `open_checkpoint` reads and
-verifies one *before* any provider exists; `continue_checkpoint` resumes it.
-`resume` is the one-call Python API over the last two.
+`start` runs a machine with a checkpoint; `open_checkpoint` locks, reads and
+verifies one *before* any provider exists; `continue_checkpoint` resumes it
+and releases the lock. A checkpoint is a file path or a run in a store
+(`mklang.checkpoint.store`); the engine writes it through the store it is
+given. `mklang.session.resume` is the one-call API over the last two.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from mklang import __version__
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
-from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, save
-from mklang.checkpoint.journal import FileJournal, durability_setting, read_journal, recover
-from mklang.checkpoint.lock import RunLock, refuse_if_running
+from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load
+from mklang.checkpoint.journal import StoreJournal, durability_setting, read_journal, recover
 from mklang.checkpoint.paths import MachinePaths, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
+from mklang.checkpoint.store import Location, RunLock, locate
 from mklang.engine import Control, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.interpolate import assign
@@ -35,14 +37,14 @@ from mklang.vocabulary import root_key
 if TYPE_CHECKING:
     from mklang.scenarios import ScriptedHost
 
-__all__ = ["Resumable", "continue_checkpoint", "open_checkpoint", "resume", "start"]
+__all__ = ["Resumable", "continue_checkpoint", "open_checkpoint", "start"]
 
 
 def start(
     machine: Machine,
     context: dict[str, Any] | None,
     *,
-    checkpoint: str | Path,
+    checkpoint: str | Path | Location,
     provider: Provider,
     tools: HostCallables = None,
     hooks: HostCallables = None,
@@ -80,7 +82,8 @@ def start(
         [frame],
         {},
         loader,
-        checkpoint,
+        locate(checkpoint),
+        None,
         provider=provider,
         tools=tools,
         hooks=hooks,
@@ -92,9 +95,13 @@ def start(
 
 @dataclass
 class Resumable:
-    """A verified checkpoint, rebuilt into frames, ready for a provider."""
+    """A verified checkpoint, rebuilt into frames, ready for a provider.
 
-    path: Path
+    `lock` is held from before the checkpoint was read until the resumed run
+    ends (`continue_checkpoint`) or `release` is called.
+    """
+
+    location: Location
     envelope: Envelope
     chain: list[Frame]
     replay: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -102,60 +109,87 @@ class Resumable:
     loader: MachineLoader = field(default_factory=MachineLoader)
     crashed: bool = False
     trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0014)
+    lock: RunLock | None = None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def open_checkpoint(
-    path: str | Path, *, force: bool = False, machine_path: str | None = None, trust: bool = False
+    target: str | Path | Location,
+    *,
+    force: bool = False,
+    machine_path: str | None = None,
+    trust: bool = False,
+    lock: bool = True,
 ) -> Resumable:
-    """Load and verify a checkpoint. Raises CheckpointError for anything unresumable.
+    """Lock (unless `lock` is False), read and verify a checkpoint.
+
+    The lock comes first, so no other process can change or run the
+    checkpoint between this read and the end of the resumed run. Raises
+    CheckpointError for anything unresumable, with the lock released.
 
     A checkpoint not signed with this user's key is refused unless `trust`;
     then it is resumed as untrusted data (`Resumable.trusted` is False).
     """
-    path = Path(path)
-    envelope = load(path)
-    trusted = require_seal(path, envelope, trust)
+    location = locate(target)
+    held = location.store.lock(location.run) if lock else None
+    try:
+        resumable = _read_checkpoint(location, force=force, machine_path=machine_path, trust=trust)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    resumable.lock = held
+    return resumable
+
+
+def _read_checkpoint(location: Location, *, force: bool, machine_path: str | None, trust: bool) -> Resumable:
+    envelope = load(location)
+    trusted = require_seal(location, envelope, trust)
     if envelope.status in ("done", "halted"):
         what = "finished" if envelope.status == "done" else f"halted ({envelope.error})"
-        raise CheckpointError(f"{path}: the run already {what}; a finished run cannot be resumed")
+        raise CheckpointError(f"{location}: the run already {what}; a finished run cannot be resumed")
     if not envelope.frames:
-        raise CheckpointError(f"{path}: the checkpoint holds no frames")
-    paths = MachinePaths(machine_path or _recorded_root(path, envelope))
+        raise CheckpointError(f"{location}: the checkpoint holds no frames")
+    paths = MachinePaths(machine_path or _recorded_root(location, envelope))
     if not force:
         verify_hashes(envelope.machines, paths)
     loader = MachineLoader()
-    machine_for = _frame_reader(path, envelope.machines, paths, loader)
-    chain = [rebuild(frame, machine_for(frame), str(path)) for frame in envelope.frames]
+    machine_for = _frame_reader(location, envelope.machines, paths, loader)
+    chain = [rebuild(frame, machine_for(frame), str(location)) for frame in map(dict, envelope.frames)]
     if paths.root is not None and chain[0].machine.path != str(paths.root):
-        raise CheckpointError(f"{path}: the first frame does not run the root machine {paths.root}")
+        raise CheckpointError(f"{location}: the first frame does not run the root machine {paths.root}")
     if envelope.reason == "escalated" and "ask" not in envelope.frames[-1]:
         # Written before frames kept their pending ask: the envelope's ask is the one pending.
         chain[-1].ask = {"ask": envelope.ask, "reply_to": envelope.reply_to}
     resumable = Resumable(
-        path, envelope, chain, dict(envelope.answers), envelope.host.position, loader, trusted=trusted
+        location, envelope, chain, dict(envelope.answers), envelope.host.position, loader, trusted=trusted
     )
     if envelope.status == "running":  # the process died: replay its journal
-        records, resumable.trusted = _journal(path, envelope, trusted, trust)
+        records, resumable.trusted = _journal(location, envelope, trusted, trust)
         try:
-            entered = _frame_reader(path, envelope.machines, paths, loader, digests=resumable.trusted)
+            entered = _frame_reader(location, envelope.machines, paths, loader, digests=resumable.trusted)
             resumable.chain, resumable.replay, position = recover(chain, envelope.answers, records, entered)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
-            raise CheckpointError(f"{path}: malformed journal: {type(error).__name__}: {error}") from None
+            raise CheckpointError(f"{location}: malformed journal: {type(error).__name__}: {error}") from None
         resumable.position = position or resumable.position
         resumable.crashed = True
     misfit = first_misfit(resumable.chain)
     if misfit is not None:
-        raise CheckpointError(f"{path}: {misfit}")
+        raise CheckpointError(f"{location}: {misfit}")
     if not resumable.trusted:
         for frame in resumable.chain:  # its taint marks are as untrusted as the rest: fence every value
             frame.tainted.update(frame.context)
     return resumable
 
 
-def _recorded_root(path: Path, envelope: Envelope) -> Path:
+def _recorded_root(location: Location, envelope: Envelope) -> Path:
     if not envelope.machine.path:
-        raise CheckpointError(f"{path}: the checkpoint records no root machine file (use --machine PATH)")
-    return root_file(envelope.machine.path, path)
+        raise CheckpointError(f"{location}: the checkpoint records no root machine file (use --machine PATH)")
+    return root_file(envelope.machine.path, location.anchor)
 
 
 def verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
@@ -176,7 +210,7 @@ def verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
 
 
 def _frame_reader(
-    path: Path, machines: dict[str, str], paths: MachinePaths, loader: MachineLoader, *, digests: bool = False
+    location: Location, machines: dict[str, str], paths: MachinePaths, loader: MachineLoader, *, digests: bool = False
 ) -> Callable[[dict[str, Any]], Machine]:
     """Loads the machine of a recorded frame: only a hashed file.
 
@@ -187,21 +221,21 @@ def _frame_reader(
     def machine_for(frame: dict[str, Any]) -> Machine:
         problem = frame_shape_error(frame)
         if problem is not None:
-            raise CheckpointError(f"{path}: malformed frame: {problem}")
+            raise CheckpointError(f"{location}: malformed frame: {problem}")
         name = str(paths.name(frame["path"]))  # format-1 journals hold absolute paths
         digest = machines.get(name) or (frame.get("sha256") if digests else None)
         if digest is None:
             raise CheckpointError(
-                f"{path}: a frame of machine '{frame['machine']}' names {name}, "
+                f"{location}: a frame of machine '{frame['machine']}' names {name}, "
                 f"which is not one of the checkpoint's hashed machine files"
             )
         file = paths.file(name)
         try:
             machine = loader.load_path(file)
         except LoadError as error:
-            raise CheckpointError(f"{path}: cannot load machine {file}: {error}") from None
+            raise CheckpointError(f"{location}: cannot load machine {file}: {error}") from None
         except OSError as error:
-            raise CheckpointError(f"{path}: cannot read machine {file}: {error.strerror}") from None
+            raise CheckpointError(f"{location}: cannot read machine {file}: {error.strerror}") from None
         if name not in machines:
             verify_hashes({name: digest}, paths)
         return machine
@@ -209,32 +243,32 @@ def _frame_reader(
     return machine_for
 
 
-def require_seal(path: Path, envelope: Envelope, trust: bool) -> bool:
+def require_seal(location: Location, envelope: Envelope, trust: bool) -> bool:
     """Whether the envelope is signed with this user's key; refuse it otherwise, unless `trust`."""
     if envelope.seal == "signed":
         return True
     if not trust:
         raise CheckpointError(
-            f"{path}: the checkpoint is {SEAL_TEXT[envelope.seal]}; resume it with --trust to run it "
+            f"{location}: the checkpoint is {SEAL_TEXT[envelope.seal]}; resume it with --trust to run it "
             f"as untrusted data (host settings from your command line only)"
         )
     return False
 
 
-def _journal(path: Path, envelope: Envelope, trusted: bool, trust: bool) -> tuple[list[dict[str, Any]], bool]:
+def _journal(location: Location, envelope: Envelope, trusted: bool, trust: bool) -> tuple[list[dict[str, Any]], bool]:
     """The journal records of a crashed run, and whether the checkpoint is still trusted.
 
     The journal of a signed envelope must carry its chained MACs; with `trust`
     an edited journal is read as untrusted data instead of refused.
     """
     if not trusted or envelope.signature is None:
-        return read_journal(path, envelope.generation), False
+        return read_journal(location, envelope.generation), False
     try:
-        return read_journal(path, envelope.generation, chain_from=envelope.signature.hmac), True
+        return read_journal(location, envelope.generation, chain_from=envelope.signature.hmac), True
     except CheckpointError:
         if not trust:
             raise
-        return read_journal(path, envelope.generation), False
+        return read_journal(location, envelope.generation), False
 
 
 def continue_checkpoint(
@@ -250,7 +284,7 @@ def continue_checkpoint(
     max_time: float | None = None,
     hitl: bool | None = None,
     concurrency: int | None = None,
-    checkpoint: str | Path | None = None,
+    checkpoint: str | Path | Location | None = None,
     scripted: ScriptedHost | None = None,
     host: HostSettings | None = None,
     control: Control | None = None,
@@ -260,7 +294,9 @@ def continue_checkpoint(
 
     `host` records how this process hosts the run (the checkpoint keeps the
     old record when it is None), so a later resume never reuses settings
-    that an untrusted file brought in.
+    that an untrusted file brought in. The run persists to `checkpoint`
+    (default: where it was read from); the lock taken by `open_checkpoint`
+    is released when the run ends.
     """
     envelope = resumable.envelope
     budgets = envelope.budgets.model_copy(
@@ -292,47 +328,24 @@ def continue_checkpoint(
             detail=None,
         )
     )
-    return _execute(
-        envelope,
-        chain,
-        resumable.replay,
-        resumable.loader,
-        checkpoint or resumable.path,
-        provider=provider,
-        tools=tools,
-        hooks=hooks,
-        scripted=scripted,
-        control=control,
-        observer=observer,
-    )
-
-
-def resume(
-    source: str | Path | Envelope,
-    *,
-    provider: Provider,
-    force: bool = False,
-    machine_path: str | None = None,
-    trust: bool = False,
-    **options: Any,
-) -> RunResult:
-    """Python API: verify and resume a checkpoint in one call.
-
-    `source` is a checkpoint file or an `Envelope`; an envelope is first
-    written to `checkpoint=PATH` (required then), where the run keeps
-    persisting. Other options are those of `continue_checkpoint`.
-    """
-    if isinstance(source, Envelope):
-        path = options.get("checkpoint")
-        if path is None:
-            raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
-        save(path, source)
-    else:
-        path = source
-    refuse_if_running(path)
-    return continue_checkpoint(
-        open_checkpoint(path, force=force, machine_path=machine_path, trust=trust), provider=provider, **options
-    )
+    target = locate(checkpoint) if checkpoint is not None else resumable.location
+    try:
+        return _execute(
+            envelope,
+            chain,
+            resumable.replay,
+            resumable.loader,
+            target,
+            resumable.lock if target.key == resumable.location.key else None,
+            provider=provider,
+            tools=tools,
+            hooks=hooks,
+            scripted=scripted,
+            control=control,
+            observer=observer,
+        )
+    finally:
+        resumable.release()
 
 
 def _execute(
@@ -340,7 +353,8 @@ def _execute(
     chain: list[Frame],
     replay: dict[str, dict[str, Any]],
     loader: MachineLoader,
-    checkpoint: str | Path,
+    location: Location,
+    held: RunLock | None,
     *,
     provider: Provider,
     tools: HostCallables,
@@ -353,8 +367,10 @@ def _execute(
     control = control or Control()
     if budgets.max_time is not None:
         control.deadline = time.monotonic() + budgets.max_time
-    journal = FileJournal(
-        checkpoint,
+    """Run `chain` persisting to `location`, under its lock (`held`, else taken here)."""
+    lock = held or location.store.lock(location.run)
+    journal = StoreJournal(
+        location,
         envelope,
         hashes=loader.hashes,
         position=scripted.position if scripted is not None else None,
@@ -363,7 +379,6 @@ def _execute(
         durability=durability_setting(),
         paths=MachinePaths(chain[0].machine.path),
     )
-    lock = RunLock(checkpoint).acquire()
     try:
         journal.snapshot(chain, status="running")
         rt = make_runtime(
@@ -378,10 +393,7 @@ def _execute(
             observer=observer,
             run_id=envelope.run_id,
         )
-        try:
-            result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
-        finally:
-            journal.close()
+        result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
         usage = result.usage.to_json()
         if result.status == "suspended":
             journal.finish(
@@ -399,5 +411,6 @@ def _execute(
                 [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
             )
     finally:
-        lock.release()
+        if held is None:
+            lock.release()
     return result

@@ -1,25 +1,23 @@
-"""The checkpoint envelope (SPEC section 7): a versioned pydantic model, and its file.
+"""The checkpoint envelope (SPEC section 7): a versioned pydantic model and its JSON codec.
 
-Files are written atomically (temp file in the same folder, fsync, rename,
-fsync of the folder) and owner-only, so a reader sees the previous or the new
-version, never a torn one. Older formats are migrated forward on load by the
-functions in `MIGRATIONS`.
+Frames are typed (`FrameRecord`), so the published schema describes them.
+Where the bytes live is a store's business (`mklang.checkpoint.store`);
+older formats are migrated forward on load by the functions in `MIGRATIONS`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, with_config
+from typing_extensions import TypedDict
 
-from mklang import faults
 from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
+from mklang.checkpoint.store import Location, locate
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 
@@ -66,6 +64,36 @@ class Signature(BaseModel):
     hmac: str
 
 
+class UsageRecord(TypedDict):
+    """Spend so far (`mklang.providers.base.Usage.to_json`)."""
+
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+@with_config(ConfigDict(extra="forbid"))
+class FrameRecord(TypedDict):
+    """One run level at its loop-top (`mklang.engine.frame.Frame.to_json`)."""
+
+    machine: str
+    path: str | None
+    state: str
+    context: dict[str, Any]
+    tainted: list[str]  # top-level context keys that hold untrusted data
+    steps: int
+    budget: int
+    usage: UsageRecord
+    feedback: str | None
+    repair_left: list[tuple[str, int, int]]  # [state, gate index, repairs left]
+    visits: dict[str, int]
+    trace: list[dict[str, Any]]
+    last_output: Any
+    branches: NotRequired[list[tuple[int, dict[str, Any]]]]  # finished branches of a fan-out a budget cut short
+    halted: NotRequired[str | None]  # the halt that ended the level
+    ask: NotRequired[dict[str, str | None] | None]  # the human question it waits on: {ask, reply_to}
+
+
 class Envelope(BaseModel):
     """Everything needed to continue a run, as one JSON document."""
 
@@ -82,9 +110,9 @@ class Envelope(BaseModel):
     machine: MachineRef
     # sha256 of every machine file loaded, by name relative to the root's folder (`stdlib:<file>` for the library)
     machines: dict[str, str] = Field(default_factory=dict)
-    frames: list[dict[str, Any]]  # root..innermost (mklang.engine.frame.Frame.to_json)
+    frames: list[FrameRecord]  # root..innermost
     budgets: Budgets = Field(default_factory=Budgets)
-    usage: dict[str, Any] = Field(default_factory=dict)
+    usage: UsageRecord = Field(default_factory=lambda: UsageRecord(input_tokens=0, output_tokens=0, cost_usd=0.0))
     hitl: bool = False
     ask: str | None = None
     reply_to: str | None = None
@@ -150,45 +178,6 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def write_atomic(path: str | Path, payload: bytes, point: str = "envelope") -> None:
-    """Replace `path` with `payload` so that a crash leaves the old or the new file.
-
-    `point` names the crash points around the rename (mklang.faults)."""
-    path = Path(path)
-    try:
-        _write_atomic(path, payload, point)
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot write the checkpoint: {error.strerror}") from None
-
-
-def _write_atomic(path: Path, payload: bytes, point: str) -> None:
-    folder = path.parent  # Path("cp.json").parent is Path(".")
-    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        os.fchmod(descriptor, 0o600)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        faults.reach(f"{point}.temp")
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    fsync_folder(folder)
-    faults.reach(point)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename in `folder` durable."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def dump_signed(envelope: Envelope) -> tuple[bytes, str]:
     """The file bytes of `envelope`, signed with the checkpoint key, and the signature's MAC."""
     document = envelope.model_dump(mode="json")
@@ -201,44 +190,48 @@ def dump(envelope: Envelope) -> bytes:
     return dump_signed(envelope)[0]
 
 
-def save(path: str | Path, envelope: Envelope) -> None:
-    write_atomic(path, dump(envelope))
+def save(target: str | Path | Location, envelope: Envelope) -> None:
+    """Write `envelope`, signed, to a checkpoint path or store location, atomically."""
+    location = locate(target)
+    location.store.write(location.run, dump(envelope))
 
 
-def load(path: str | Path) -> Envelope:
-    """Read a checkpoint; every way it can be unusable is one CheckpointError line."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such checkpoint file") from None
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot read the checkpoint: {error.strerror}") from None
+def load(target: str | Path | Location) -> Envelope:
+    """Read a checkpoint from a path or store location; every way it can be unusable is one CheckpointError line."""
+    location = locate(target)
+    raw = location.store.read(location.run)
+    if raw is None:
+        raise CheckpointError(f"{location}: no such checkpoint")
+    return parse(raw, str(location))
+
+
+def parse(raw: bytes, where: str) -> Envelope:
+    """The envelope in `raw` (migrated to the current format, its seal checked); errors name `where`."""
     if not raw.strip():
-        raise CheckpointError(f"{path}: the checkpoint is empty")
+        raise CheckpointError(f"{where}: the checkpoint is empty")
     try:
         data = load_json(raw, MAX_CHECKPOINT_DEPTH)
     except NestingError as error:
-        raise CheckpointError(f"{path}: the checkpoint holds values {error}") from None
+        raise CheckpointError(f"{where}: the checkpoint holds values {error}") from None
     except ValueError as error:
         from mklang.vocabulary import SUFFIXES
 
-        if path.suffix.lower() in SUFFIXES:
+        if Path(where).suffix.lower() in SUFFIXES:
             raise CheckpointError(
-                f"{path} is a machine file, not a checkpoint: `mklang run {path} --checkpoint cp.json` writes one"
+                f"{where} is a machine file, not a checkpoint: `mklang run {where} --checkpoint cp.json` writes one"
             ) from None
-        raise CheckpointError(f"{path}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
+        raise CheckpointError(f"{where}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a mklang checkpoint (expected a JSON object)")
+        raise CheckpointError(f"{where}: not a mklang checkpoint (expected a JSON object)")
     seal = seal_of(data, checkpoint_key())
     try:
         envelope = Envelope.model_validate(migrate(data))
     except CheckpointError as error:
-        raise CheckpointError(f"{path}: {error}") from None
+        raise CheckpointError(f"{where}: {error}") from None
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise CheckpointError(f"{path}: not a valid mklang checkpoint: {where}: {first['msg']}") from None
+        spot = ".".join(str(part) for part in first["loc"])
+        raise CheckpointError(f"{where}: not a valid mklang checkpoint: {spot}: {first['msg']}") from None
     envelope._seal = seal
     return envelope
 

@@ -8,28 +8,29 @@ from typing import Any
 
 from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal
-from mklang.checkpoint.lock import holder
 from mklang.checkpoint.signing import SEAL_TEXT
+from mklang.checkpoint.store import Location, locate
 from mklang.checkpoint.trust import recorded_host
 from mklang.providers.base import Usage
 
 
-def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
+def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
     """Status, reason, frame chain, spend against budgets, last steps, pending ask.
 
     A `running` checkpoint belongs to a process that is still going or that
     died; its journal says how far it got.
     """
-    envelope = load(path)
-    frames = envelope.frames
+    location = locate(target)
+    envelope = load(location)
+    frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
     usage = Usage.from_json(envelope.usage)
     steps_after = 0
     if envelope.status == "running":
         # The process died (or still runs): replay its journal to say where it really is.
         from mklang.checkpoint import open_checkpoint
 
-        steps_after = sum(1 for r in read_journal(path, envelope.generation) if r.get("k") == "step")
-        chain = open_checkpoint(path, force=True, trust=True).chain
+        steps_after = sum(1 for r in read_journal(location, envelope.generation) if r.get("k") == "step")
+        chain = open_checkpoint(location, force=True, trust=True, lock=False).chain
         frames = [frame.to_json() for frame in chain]
         usage = sum((frame.usage for frame in chain), Usage())
     root = frames[0] if frames else {}
@@ -42,7 +43,7 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         return None if limit is None else max(0, limit - spent)
 
     summary = {
-        "path": str(path),
+        "path": str(location),
         "status": envelope.status,
         "reason": envelope.reason,
         "detail": envelope.detail,
@@ -72,11 +73,12 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
     }
     if envelope.status == "suspended":
         summary["ran_out"], summary["continue_with"] = how_to_continue(
-            path, envelope.reason, frames[-1] if frames else {}, usage, budgets, envelope.reply_to
+            str(location), envelope.reason, frames[-1] if frames else {}, usage, budgets, envelope.reply_to
         )
     if envelope.status == "running":
         innermost = frames[-1]
-        pid = holder(path)
+        held_by = location.store.holder(location.run)
+        pid = int(held_by) if held_by is not None and held_by.isdigit() else held_by
         where = f"{innermost['machine']}:{innermost['state']}"
         if pid is not None:
             summary["running_pid"] = pid
@@ -84,7 +86,7 @@ def describe(path: str | Path, last: int = 5) -> dict[str, Any]:
         else:
             summary["interrupted"] = (
                 f"the run was interrupted at {where} ({steps_after} journaled step(s) past the last "
-                f"snapshot); `mklang resume {path}` continues from there"
+                f"snapshot); `mklang resume {location}` continues from there"
             )
         summary["resumable"] = pid is None
     return summary

@@ -31,23 +31,22 @@ only thing a crash can leave, is dropped on recovery.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 from mklang import faults
-from mklang.checkpoint.envelope import Envelope, dump_signed, save, write_atomic
+from mklang.checkpoint.envelope import Envelope, dump, dump_signed
 from mklang.checkpoint.paths import MachinePaths
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
+from mklang.checkpoint.store import Location
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
 from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
-from mklang.providers.base import Produced, Usage, Verdict
+from mklang.providers.base import Usage, decode_answer, encode_answer
 
 MIN_COMPACT_BYTES = 256 * 1024
 DURABILITY_VARIABLE = "MKLANG_DURABILITY"
@@ -64,32 +63,12 @@ def durability_setting() -> Durability:
     raise UsageError(f"{DURABILITY_VARIABLE} must be call or step, not {value!r}")
 
 
-def journal_path(checkpoint: str | Path) -> Path:
-    return Path(f"{checkpoint}.journal")
-
-
-def encode_answer(kind: str, value: Any) -> Any:
-    if kind == "produce":
-        return {"text": value.text, "reasoning": value.reasoning, "usage": value.usage.to_json()}
-    if kind == "judge":
-        return {"choice": value.choice, "usage": value.usage.to_json(), "parsed_by": value.parsed_by}
-    return value
-
-
-def decode_answer(kind: str, data: Any) -> Any:
-    if kind == "produce":
-        return Produced(data["text"], data.get("reasoning"), Usage.from_json(data.get("usage")))
-    if kind == "judge":
-        return Verdict(data["choice"], Usage.from_json(data.get("usage")), data.get("parsed_by"))
-    return data
-
-
-class FileJournal:
-    """The engine's persistence port for runs started with `--checkpoint`."""
+class StoreJournal:
+    """The engine's persistence port for runs started with `--checkpoint`; writes go to a store."""
 
     def __init__(
         self,
-        path: str | Path,
+        location: Location,
         envelope: Envelope,
         *,
         position: Callable[[], dict[str, Any]] | None = None,
@@ -99,18 +78,16 @@ class FileJournal:
         durability: Durability = "call",
         paths: MachinePaths | None = None,
     ):
-        self.path = Path(path)
+        self.store, self.run, self.anchor = location.store, location.run, location.anchor
         self.paths = paths or MachinePaths(None)  # how machine files are named in the files
         self.durability = durability
         self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
-        self.journal = journal_path(path)
         self.envelope = envelope  # the template every snapshot is written from
         self.position = position
         self.skip = skip
         self.replay_set = dict(replay or {})
         self.in_flight: dict[str, dict[str, Any]] = {}  # answers used since the last step or halt
         self._lock = threading.Lock()
-        self._handle: BinaryIO | None = None
         self._written = 0
         self._threshold = MIN_COMPACT_BYTES
         self._key = checkpoint_key()
@@ -132,7 +109,7 @@ class FileJournal:
             )
         )
         payload, self._mac = dump_signed(envelope)
-        write_atomic(self.path, payload)
+        self.store.write(self.run, payload)
         self.envelope = envelope
         self._open_generation(generation)
         self._threshold = max(MIN_COMPACT_BYTES, len(payload))
@@ -145,31 +122,21 @@ class FileJournal:
         """
         update: dict[str, Any] = {"machines": self.paths.names(self.hashes)}
         if self.paths.root is not None:
-            update["machine"] = self.envelope.machine.model_copy(update={"path": self.paths.root_from(self.path)})
+            update["machine"] = self.envelope.machine.model_copy(update={"path": self.paths.root_from(self.anchor)})
         if self.position is not None:
             update["host"] = self.envelope.host.model_copy(update={"position": self.position()})
         return update
 
     def _open_generation(self, generation: int) -> None:
-        if self._handle is not None:
-            self._handle.close()
-        write_atomic(self.journal, self._signed({"k": "gen", "g": generation}), point="journal.gen")
-        self._handle = open(self.journal, "ab")  # noqa: SIM115 - held open across appends
+        self.store.start_journal(self.run, self._signed({"k": "gen", "g": generation}))
         self._written = 0
 
     def _append(self, record: dict[str, Any], durable: bool) -> None:
         """Append one line. Every line reaches the OS at once (it survives kill -9);
         `durable` lines are also fsynced (they survive a power cut)."""
         with self._lock:
-            assert self._handle is not None, "appending before a generation was opened"
             data = self._signed(record)
-            try:
-                self._handle.write(data)
-                self._handle.flush()
-                if durable:
-                    os.fsync(self._handle.fileno())
-            except OSError as error:
-                raise CheckpointError(f"{self.journal}: cannot append to the journal: {error.strerror}") from None
+            self.store.append(self.run, data, durable=durable)
             self._written += len(data)
         faults.reach(f"journal.{record['k']}")
 
@@ -252,11 +219,9 @@ class FileJournal:
                 **fields,
             )
         )
-        save(self.path, envelope)
+        self.store.write(self.run, dump(envelope))
         self.envelope = envelope
-        self.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.journal.unlink()
+        self.store.drop_journal(self.run)
 
     def _frame(self, frame: Frame) -> dict[str, Any]:
         recorded = frame.to_json()
@@ -268,29 +233,18 @@ class FileJournal:
         line, self._mac = sign_line(_body(record), self._mac, self._key)
         return line
 
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-
 
 def _body(record: dict[str, Any]) -> bytes:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def read_journal(checkpoint: str | Path, generation: int, chain_from: str | None = None) -> list[dict[str, Any]]:
+def read_journal(location: Location, generation: int, chain_from: str | None = None) -> list[dict[str, Any]]:
     """The intact records of the journal that continues envelope `generation`.
 
     With `chain_from` (the MAC of a signed envelope) every line must carry its
     chained MAC made with the checkpoint key; an edited line is refused.
     """
-    path = journal_path(checkpoint)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot read the journal: {error.strerror}") from None
+    raw = location.store.read_journal(location.run)
     lines: list[bytes] = []
     records = []
     for line in raw.split(b"\n")[:-1]:  # the part after the last newline is torn
@@ -308,7 +262,7 @@ def read_journal(checkpoint: str | Path, generation: int, chain_from: str | None
         bad = check_lines(lines, chain_from, checkpoint_key())
         if bad is not None:
             raise CheckpointError(
-                f"{path}: journal line {bad + 1} was edited after it was signed "
+                f"{location}: journal line {bad + 1} was edited after it was signed "
                 f"(resume with --trust to use it as untrusted data)"
             )
     return records[1:]

@@ -142,6 +142,9 @@ COMMAND_MODULES = {
     "config": "provider_cmds",
     "graph": "authoring_cmds",
     "lsp": "authoring_cmds",
+    "runs": "scale_cmds",
+    "batch": "scale_cmds",
+    "worker": "scale_cmds",
 }
 
 

@@ -177,3 +177,56 @@ def render_scenarios(outcomes: list, console: Console = stdout) -> None:
                 console.print(Text(printable(f"     {prefix}{problem}")))
             console.print(Text(printable(f"     {prefix}{ending(part.result)}"), style="dim"))
     console.print(f"{len(outcomes) - failed} passed, {failed} failed")
+
+
+def render_runs(runs: list[dict[str, Any]], console: Console = stdout) -> None:
+    """`mklang runs` for people: one line per run."""
+    if not runs:
+        console.print("no runs", highlight=False)
+        return
+    for summary in runs:
+        line = Text()
+        run = str(summary["path"]).rsplit("#", 1)[-1].rsplit("/", 1)[-1]
+        line.append(printable(run).ljust(max(17, len(run) + 1)))
+        line.append(printable(str(summary["status"])).ljust(10), style=_STATUS_STYLE.get(summary["status"], "yellow"))
+        why = summary.get("reason") or summary.get("error") or ""
+        line.append(printable(str(why)).ljust(18))
+        frames = summary["frames"]
+        if frames:
+            line.append(printable(f"{frames[-1]['machine']}:{frames[-1]['state']}").ljust(24))
+        tokens = summary["tokens"]
+        line.append(f"tokens {tokens['spent']}" + (f"/{tokens['budget']}" if tokens["budget"] is not None else ""))
+        if summary.get("ask"):
+            line.append(f"  asks: {_short(summary['ask'], 50)}")
+        console.print(line)
+
+
+def render_batch(totals: dict[str, Any], console: Console = stdout) -> None:
+    """The closing line of `mklang batch` for people."""
+    counts = ", ".join(f"{totals[key]} {key}" for key in ("done", "halted", "suspended", "pending", "failed"))
+    usage = totals["usage"]
+    tokens = usage["input_tokens"] + usage["output_tokens"]
+    console.print(f"{totals['items']} runs: {counts}; tokens {tokens}", highlight=False)
+
+
+class BatchProgress:
+    """A progress bar of finished runs with done/halted/suspended/failed counts, on a terminal."""
+
+    def __init__(self, total: int, *, visible: bool):
+        from rich.progress import Progress
+
+        self.counts: dict[str, int] = {}
+        self._progress = Progress(console=stderr, transient=True, disable=not visible)
+        self._task = self._progress.add_task("runs", total=total)
+
+    def __enter__(self) -> BatchProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+
+    def __call__(self, outcome: Any) -> None:
+        self.counts[outcome.status] = self.counts.get(outcome.status, 0) + 1
+        shown = "  ".join(f"{key} {value}" for key, value in sorted(self.counts.items()))
+        self._progress.update(self._task, advance=1, description=shown)

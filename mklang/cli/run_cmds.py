@@ -108,7 +108,7 @@ def live_view(as_json: bool, max_tokens: int | None) -> Iterator[Any]:
         yield view
 
 
-def report(result, as_json: bool, checkpoint: Path | None = None) -> None:
+def report(result, as_json: bool, checkpoint: str | None = None) -> None:
     """Print the result and exit with its code (SPEC section 7).
 
     A suspension also says which budget ran out and the command that
@@ -142,7 +142,7 @@ def run(
     machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
     set_: list[str] | None = SetOpt,
     input_file: Path | None = typer.Option(None, "--input", help="JSON map merged into the context."),
-    checkpoint: Path | None = typer.Option(
+    checkpoint: str | None = typer.Option(
         None, "--checkpoint", help="Persist the run here; suspend instead of halting on budgets."
     ),
     hitl: bool | None = HitlOpt,
@@ -234,7 +234,9 @@ def _read_input(path: Path) -> dict[str, Any]:
 
 @app.command()
 def resume(
-    checkpoint: Path = typer.Argument(..., help="The checkpoint file of a suspended or crashed run."),
+    checkpoint: str = typer.Argument(
+        ..., help="The checkpoint of a suspended or crashed run: a file, or STORE-URI#RUN (docs/scale.md)."
+    ),
     set_: list[str] | None = SetOpt,
     max_tokens: int | None = MaxTokensOpt,
     max_cost: float | None = MaxCostOpt,
@@ -250,7 +252,9 @@ def resume(
     check: bool = typer.Option(
         False, "--check", help="Only check that the machines fit every frame (no provider, no spend); exit 0 or 2."
     ),
-    out: Path | None = typer.Option(None, "--checkpoint", help="Write a re-suspension here (default: the same file)."),
+    out: str | None = typer.Option(
+        None, "--checkpoint", help="Write a re-suspension here, a file or STORE-URI#RUN (default: the same)."
+    ),
     hitl: bool | None = HitlOpt,
     provider: str | None = ProviderOpt,
     model: str | None = ModelOpt,
@@ -331,7 +335,7 @@ def _resumed_host(resumable: Resumable, given: dict[str, Any], record: Path | No
 
 @app.command()
 def show(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint file."),
+    checkpoint: str = typer.Argument(..., help="A checkpoint: a file, or STORE-URI#RUN (docs/scale.md)."),
     last: int = typer.Option(5, "--last", min=0, help="How many of the last steps to show."),
     format: OutputFormat = FormatOpt,
 ) -> None:

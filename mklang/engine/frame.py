@@ -10,6 +10,7 @@ recovery both go through it, so a replayed journal cannot drift from a run.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,21 +162,21 @@ class Frame:
             "budget": self.budget,
             "usage": self.usage.to_json(),
             "feedback": self.feedback,
-            "repair_left": [[s, i, n] for (s, i), n in sorted(self.repair_left.items())],
+            "repair_left": [(s, i, n) for (s, i), n in sorted(self.repair_left.items())],
             "visits": dict(sorted(self.visits.items())),
             "trace": self.trace,
             "last_output": self.last_output,
             "halted": self.halted,
             "ask": self.ask,
             **(
-                {"branches": [[index, branch] for index, branch in sorted(self.branches.items())]}
+                {"branches": [(index, branch) for index, branch in sorted(self.branches.items())]}
                 if self.branches
                 else {}
             ),
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], machine: Machine) -> Frame:
+    def from_json(cls, data: Mapping[str, Any], machine: Machine) -> Frame:
         return cls(
             machine=machine,
             state=data["state"],

@@ -7,11 +7,11 @@ engine's hot loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, overload
 
 NONE: Final = "none"  # the judge's "none of the above"
 UNPARSEABLE: Final = "unparseable"  # the judge's answer could not be read
@@ -58,7 +58,7 @@ class Usage:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> Usage:
+    def from_json(cls, data: Mapping[str, Any] | None) -> Usage:
         data = data or {}
         return cls(
             int(data.get("input_tokens", 0)),
@@ -131,3 +131,27 @@ def seconds_left() -> float | None:
     """Seconds until the current deadline (negative once passed), or None without one."""
     when = _deadline.get()
     return None if when is None else when - time.monotonic()
+
+
+def encode_answer(kind: str, value: Any) -> Any:
+    """A provider or tool answer as JSON data: the one codec of journals and cassettes."""
+    if kind == "produce":
+        return {"text": value.text, "reasoning": value.reasoning, "usage": value.usage.to_json()}
+    if kind == "judge":
+        return {"choice": value.choice, "parsed_by": value.parsed_by, "usage": value.usage.to_json()}
+    return value
+
+
+@overload
+def decode_answer(kind: Literal["produce"], data: Any) -> Produced: ...
+@overload
+def decode_answer(kind: Literal["judge"], data: Any) -> Verdict: ...
+@overload
+def decode_answer(kind: str, data: Any) -> Any: ...
+def decode_answer(kind: str, data: Any) -> Any:
+    """The answer `encode_answer` wrote: `Produced`, `Verdict`, or a tool's text as is."""
+    if kind == "produce":
+        return Produced(data["text"], data.get("reasoning"), Usage.from_json(data.get("usage")))
+    if kind == "judge":
+        return Verdict(data["choice"], Usage.from_json(data.get("usage")), data.get("parsed_by"))
+    return data

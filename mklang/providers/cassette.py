@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -31,8 +30,9 @@ from typing import Any
 import yaml
 
 from mklang.errors import ProviderError, UsageError
+from mklang.files import write_atomic
 from mklang.limits import load_yaml, read_text
-from mklang.providers.base import Produced, Provider, Usage, Verdict
+from mklang.providers.base import Produced, Provider, Verdict, decode_answer, encode_answer
 
 FORMAT = 1
 DIFF_LINES = 12
@@ -94,16 +94,14 @@ class RecordingProvider:
 
     def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
         produced = self._inner.produce(system, user, tier, reason)
-        response = {"text": produced.text, "reasoning": produced.reasoning, "usage": produced.usage.to_json()}
-        self._add(produce_request(system, user, tier, reason), response)
+        self._add(produce_request(system, user, tier, reason), encode_answer("produce", produced))
         return produced
 
     def judge(
         self, conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
     ) -> Verdict:
         verdict = self._inner.judge(conditions, output, reasoning, context, tier)
-        response = {"choice": verdict.choice, "parsed_by": verdict.parsed_by, "usage": verdict.usage.to_json()}
-        self._add(judge_request(conditions, output, reasoning, context, tier), response)
+        self._add(judge_request(conditions, output, reasoning, context, tier), encode_answer("judge", verdict))
         return verdict
 
     def close(self) -> None:
@@ -124,13 +122,9 @@ class RecordingProvider:
     def _write(self) -> None:
         """Replace the file atomically, so a crash leaves the previous complete cassette."""
         text = dump({"mklang_cassette": FORMAT, "exchanges": self._exchanges})
-        directory = self._path.parent if str(self._path.parent) else Path(".")
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{self._path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(temp, self._path)
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self._path, text.encode("utf-8"))
         except OSError as error:
             raise UsageError(f"cannot write cassette {self._path}: {error.strerror}") from None
 
@@ -148,14 +142,12 @@ class ReplayProvider:
         self._lock = threading.Lock()
 
     def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
-        response = self._answer(produce_request(system, user, tier, reason))
-        return Produced(response["text"], response.get("reasoning"), Usage.from_json(response.get("usage")))
+        return decode_answer("produce", self._answer(produce_request(system, user, tier, reason)))
 
     def judge(
         self, conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
     ) -> Verdict:
-        response = self._answer(judge_request(conditions, output, reasoning, context, tier))
-        return Verdict(response["choice"], Usage.from_json(response.get("usage")), response.get("parsed_by"))
+        return decode_answer("judge", self._answer(judge_request(conditions, output, reasoning, context, tier)))
 
     def close(self) -> None:
         """Nothing to release; present so hosts can close any provider alike."""

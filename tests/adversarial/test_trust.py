@@ -119,15 +119,18 @@ def test_an_edited_journal_line_of_a_crashed_run_is_refused(project):
     checkpoint = project / "cp.json"
     # Make the suspended run look crashed: a running envelope and a journal with one step.
     from mklang.checkpoint import open_checkpoint
-    from mklang.checkpoint.journal import FileJournal
+    from mklang.checkpoint.journal import StoreJournal
     from mklang.checkpoint.paths import MachinePaths
+    from mklang.checkpoint.store import locate
 
-    resumable = open_checkpoint(checkpoint)
+    resumable = open_checkpoint(checkpoint, lock=False)
     root = resumable.chain[0].machine.path
-    journal = FileJournal(checkpoint, resumable.envelope, hashes=resumable.loader.hashes, paths=MachinePaths(root))
+    journal = StoreJournal(
+        locate(checkpoint), resumable.envelope, hashes=resumable.loader.hashes, paths=MachinePaths(root)
+    )
     journal.snapshot(resumable.chain, status="running")
     journal.record("x:1.0", "tool", "paid answer")
-    journal.close()
+    journal.store.close()
     lines = (project / "cp.json.journal").read_bytes().split(b"\n")
     lines[1] = lines[1].replace(b"paid answer", b"forged answer")
     (project / "cp.json.journal").write_bytes(b"\n".join(lines))

@@ -1,0 +1,190 @@
+"""Batches at scale against the fake HTTP model; prints its figures with the machine load.
+
+1. 1,000 inputs x 5 steps, every model call answered after 100 ms: wall time
+   of `mklang batch` against the ideal (calls x latency / concurrency) for the
+   local executor with SQLite and with PostgreSQL (concurrency 32), and for
+   2 Celery workers of concurrency 16 each (RabbitMQ); the batch process's
+   peak memory.
+2. The checkpoint cost per step of each store: a 300-step durable run with an
+   instant scripted model, (time with the store - time without) / steps.
+
+Needs PostgreSQL and RabbitMQ on 127.0.0.1 for their rows; those rows are
+skipped with a note when a server is not reachable. `--items N` shrinks the
+batch for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fakeserver import FakeServer, answer  # noqa: E402
+
+LATENCY = 0.1
+STEPS = 5
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+
+STATES = "\n".join(
+    f"""state s{n} {{
+  structure "One word."
+  prompt "step {n} of {{{{topic}}}}"
+  output a{n}
+  otherwise -> {f"s{n + 1}" if n + 1 < STEPS else "END"}
+}}
+"""
+    for n in range(STEPS)
+)
+MACHINE = f"mklang 0.4\nmachine five\nentry s0\nbudget {STEPS + 1}\n\n{STATES}"
+
+
+def reachable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MKLANG_", "OPENAI_", "ANTHROPIC_"))}
+    clean["PYTHONPATH"] = str(ROOT)
+    return clean
+
+
+def mklang(folder: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mklang", *args],
+        cwd=folder,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def timed_batch(folder: Path, store: str, *options: str) -> tuple[float, float, dict]:
+    """Wall seconds, peak memory (MiB) and JSON summary of one `mklang batch`."""
+    started = time.monotonic()
+    process = mklang(
+        folder, "batch", "five.mk", "--inputs", "items.jsonl", "--store", store, "--config", "mklang.toml",
+        "--format", "json", *options,
+    )  # fmt: skip
+    stdout, stderr = process.communicate()
+    elapsed = time.monotonic() - started
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if process.returncode != 0:
+        raise SystemExit(f"batch failed ({process.returncode}): {stderr}")
+    return elapsed, peak, json.loads(stdout)
+
+
+def postgres_schema() -> str:
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(POSTGRES, autocommit=True) as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    return f"{POSTGRES}?options=-csearch_path%3D{schema}"
+
+
+def figure(elapsed: float, ideal: float) -> str:
+    return f"{elapsed:6.1f} s = {elapsed / ideal:4.2f} x ideal ({ideal:.1f} s)"
+
+
+def batch_rows(items: int) -> None:
+    calls = items * STEPS
+    with FakeServer() as server, tempfile.TemporaryDirectory() as tmp:
+        server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=2, delay=LATENCY)
+        folder = Path(tmp)
+        (folder / "five.mk").write_text(MACHINE)
+        (folder / "mklang.toml").write_text(
+            '[tiers]\nfast = "local:m"\nbalanced = "local:m"\nreasoning = "local:m"\n\n'
+            f'[providers.local]\nkind = "openai"\nbase_url = "{server.openai_url}"\n'
+        )
+        (folder / "items.jsonl").write_text(
+            "".join(json.dumps({"id": f"i{n}", "topic": f"t{n}"}) + "\n" for n in range(items))
+        )
+        print(f"{items} inputs x {STEPS} steps, {LATENCY * 1000:.0f} ms a call ({calls} calls)")
+        ideal = calls * LATENCY / 32
+        rows = [("local, SQLite, concurrency 32", f"sqlite:///{folder}/runs.db", ())]
+        if reachable(5432):
+            rows.append(("local, PostgreSQL, concurrency 32", postgres_schema(), ()))
+        else:
+            print("  (PostgreSQL not reachable on 127.0.0.1:5432: its rows are skipped)")
+        for name, store, options in rows:
+            elapsed, peak, summary = timed_batch(folder, store, "--concurrency", "32", *options)
+            assert summary["done"] == items, summary
+            print(f"  {name:<38} {figure(elapsed, ideal)}; batch peak {peak:.0f} MiB")
+        if reachable(5432) and reachable(5672):
+            store = postgres_schema()
+            workers = [
+                mklang(folder, "worker", "--store", store, "--broker", RABBITMQ, "--concurrency", "16",
+                       "--config", "mklang.toml")
+                for _ in range(2)
+            ]  # fmt: skip
+            try:
+                time.sleep(3)  # let the workers connect before the clock starts
+                elapsed, peak, summary = timed_batch(folder, store, "--executor", "celery", "--broker", RABBITMQ)
+            finally:
+                for worker in workers:
+                    worker.kill()
+                    worker.communicate()
+            assert summary["done"] == items, summary
+            print(f"  {'2 Celery workers x 16, PostgreSQL':<38} {figure(elapsed, ideal)}")
+        else:
+            print("  (RabbitMQ or PostgreSQL not reachable: the Celery row is skipped)")
+
+
+def store_rows(steps: int = 300) -> None:
+    from mklang.engine import run
+    from mklang.providers.scripted import ScriptedProvider
+    from mklang.session import Host, start
+    from mklang.syntax import parse
+
+    machine = parse(
+        f"machine loop\nentry s\nbudget {steps}\n"
+        'state s {\n  structure "x"\n  prompt "again"\n  output o\n  otherwise -> s\n}\n'
+    )
+
+    def provider() -> ScriptedProvider:
+        return ScriptedProvider({"produce": ["ok"] * steps})
+
+    began = time.perf_counter()
+    run(machine, {}, provider=provider())
+    bare = time.perf_counter() - began
+    print(f"checkpoint cost per step, {steps}-step run (instant model):")
+    with tempfile.TemporaryDirectory() as tmp:
+        targets = [("file", f"{tmp}/cp.json"), ("SQLite", f"sqlite:///{tmp}/runs.db#r")]
+        if reachable(5432):
+            targets.append(("PostgreSQL", f"{postgres_schema()}#r"))
+        for name, target in targets:
+            began = time.perf_counter()
+            result = start(machine, {}, Host(provider()), checkpoint=target)
+            elapsed = time.perf_counter() - began
+            print(f"  {name:<12} {(elapsed - bare) / len(result.trace) * 1e3:6.2f} ms/step")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=1000)
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    store_rows()
+    batch_rows(args.items)
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The file store: a checkpoint is a file, its journal and lock sit beside it.
+
+For a run `cp.json` in a folder: the envelope `cp.json` (replaced
+atomically, 0600), the journal `cp.json.journal` (appended; its handle stays
+open while the run goes on) and the lock `cp.json.lock`.
+
+The lock is an advisory `flock` on the lock file, which names the holder's
+pid. It is opened without following symlinks (a planted link cannot make a
+run open or truncate another file) and is never unlinked: removing a lock
+file while it is held would let a second process create and lock a new file
+of the same name, and both would run. The kernel drops the lock when its
+process dies, even by SIGKILL, so a crashed run is resumable at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from pathlib import Path
+from typing import IO
+
+from mklang.errors import CheckpointError
+from mklang.files import write_atomic
+
+SUFFIXES = (".journal", ".lock", ".tmp")
+
+
+class FileStore:
+    """Runs as files in one folder; the run id is the file name."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._journals: dict[str, IO[bytes]] = {}
+        self._guard = threading.Lock()
+
+    def _path(self, run: str) -> Path:
+        return self.folder / run
+
+    def read(self, run: str) -> bytes | None:
+        try:
+            return self._path(run).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise CheckpointError(f"{self._path(run)}: cannot read the checkpoint: {error.strerror}") from None
+
+    def write(self, run: str, payload: bytes) -> None:
+        try:
+            write_atomic(self._path(run), payload, point="envelope")
+        except OSError as error:
+            raise CheckpointError(f"{self._path(run)}: cannot write the checkpoint: {error.strerror}") from None
+
+    def _journal(self, run: str) -> Path:
+        return self.folder / f"{run}.journal"
+
+    def read_journal(self, run: str) -> bytes:
+        try:
+            return self._journal(run).read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError as error:
+            raise CheckpointError(f"{self._journal(run)}: cannot read the journal: {error.strerror}") from None
+
+    def start_journal(self, run: str, payload: bytes) -> None:
+        path = self._journal(run)
+        with self._guard:
+            self._close_journal(run)
+            try:
+                write_atomic(path, payload, point="journal.gen")
+                self._journals[run] = open(path, "ab")  # noqa: SIM115 - held open across appends
+            except OSError as error:
+                raise CheckpointError(f"{path}: cannot write the journal: {error.strerror}") from None
+
+    def append(self, run: str, payload: bytes, *, durable: bool) -> None:
+        handle = self._journals.get(run)
+        if handle is None:
+            raise CheckpointError(f"{self._journal(run)}: the journal was not started")
+        try:
+            handle.write(payload)
+            handle.flush()  # at the OS now: it survives kill -9
+            if durable:
+                os.fsync(handle.fileno())  # on disk: it survives a power cut
+        except OSError as error:
+            raise CheckpointError(f"{self._journal(run)}: cannot append to the journal: {error.strerror}") from None
+
+    def drop_journal(self, run: str) -> None:
+        with self._guard:
+            self._close_journal(run)
+        with contextlib.suppress(FileNotFoundError):
+            self._journal(run).unlink()
+
+    def _close_journal(self, run: str) -> None:
+        handle = self._journals.pop(run, None)
+        if handle is not None:
+            handle.close()
+
+    def lock(self, run: str) -> FileLock:
+        return FileLock(self.folder / f"{run}.lock", str(self._path(run)))
+
+    def holder(self, run: str) -> str | None:
+        return lock_holder(self.folder / f"{run}.lock")
+
+    def runs(self) -> list[str]:
+        """Files of the folder that hold a checkpoint envelope."""
+        found = []
+        for path in sorted(self.folder.iterdir()):
+            if path.name.startswith(".") or path.name.endswith(SUFFIXES) or not path.is_file():
+                continue
+            with contextlib.suppress(OSError), open(path, "rb") as handle:
+                if handle.read(10) == b'{"format":':
+                    found.append(path.name)
+        return found
+
+    def close(self) -> None:
+        with self._guard:
+            for run in list(self._journals):
+                self._close_journal(run)
+
+
+class FileLock:
+    """An exclusive `flock` on a lock file that names its holder's pid (module docstring)."""
+
+    def __init__(self, path: Path, what: str):
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            raise CheckpointError(f"{what}: cannot lock the checkpoint: {error.strerror}") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(descriptor, 64).decode(errors="replace").strip() or "?"
+            os.close(descriptor)
+            raise still_running(what, pid) from None
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()}\n".encode())
+        self._descriptor: int | None = descriptor
+
+    def release(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)  # closing drops the lock; the file stays (module docstring)
+            self._descriptor = None
+
+
+def lock_holder(path: Path) -> str | None:
+    """The pid written in a held lock file, or None when no process holds it."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(descriptor, 64).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(descriptor)
+    return None
+
+
+def still_running(what: str, holder: str) -> CheckpointError:
+    return CheckpointError(
+        f"{what}: the run is still going in process {holder}; "
+        f"wait for it, or stop it (Ctrl-C suspends it) before resuming"
+    )

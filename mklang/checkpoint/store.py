@@ -1,0 +1,114 @@
+"""Where checkpoints live: a small store protocol, bytes in and bytes out.
+
+A store holds many runs, each named by a run id: its envelope (one document,
+replaced atomically), its journal (an append-only byte log that a new
+generation replaces whole), and its lock (one process at a time). The
+envelope codec, the journal's records and recovery live above it, so every
+adapter (files, SQLite, PostgreSQL) stores the same bytes.
+
+A checkpoint is named by a `Location`: a file path (the file store), or a
+store URI with the run after `#`: `sqlite:///runs.db#RUN`,
+`postgresql://host/db#RUN` (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from mklang.errors import UsageError
+
+SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+class RunLock(Protocol):
+    """A held lock on one run; released by `release` or when its process dies."""
+
+    def release(self) -> None: ...
+
+
+class Store(Protocol):
+    """The persistence port of checkpoints. Every method may raise `CheckpointError`."""
+
+    def read(self, run: str) -> bytes | None:
+        """The run's envelope, or None when the store holds no such run."""
+
+    def write(self, run: str, payload: bytes) -> None:
+        """Replace the run's envelope atomically: a reader sees the old or the new one."""
+
+    def read_journal(self, run: str) -> bytes:
+        """The run's journal as written so far (empty when it has none)."""
+
+    def start_journal(self, run: str, payload: bytes) -> None:
+        """Replace the run's journal with `payload` atomically (a new generation)."""
+
+    def append(self, run: str, payload: bytes, *, durable: bool) -> None:
+        """Append to the journal; it survives the process dying, and a power cut when `durable`."""
+
+    def drop_journal(self, run: str) -> None:
+        """Remove the run's journal (a finished run keeps none)."""
+
+    def lock(self, run: str) -> RunLock:
+        """Lock the run for this process, or raise `CheckpointError` naming who holds it."""
+
+    def holder(self, run: str) -> str | None:
+        """Who holds the run's lock (a process id, maybe with its host), or None."""
+
+    def runs(self) -> list[str]:
+        """The ids of every run the store holds."""
+
+    def close(self) -> None:
+        """Release connections and open files (held locks are released by `RunLock.release`)."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """One run in one store; `str()` is how the user named it, `key` tells two names of one run apart."""
+
+    store: Store
+    run: str
+    text: str
+    key: str
+    # The file a checkpoint's relative machine paths are relative to the folder of:
+    # the checkpoint file, the SQLite database, or (PostgreSQL) the current folder.
+    anchor: Path = Path("checkpoint")
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def is_uri(text: str | Path) -> bool:
+    return isinstance(text, str) and text.split(":", 1)[0] in SCHEMES and "://" in text
+
+
+def open_store(uri: str | Path) -> Store:
+    """The store a URI (without `#RUN`) or a folder names."""
+    if not is_uri(uri):
+        from mklang.checkpoint.file_store import FileStore
+
+        return FileStore(Path(uri))
+    scheme = str(uri).split(":", 1)[0]
+    if scheme == "sqlite":
+        from mklang.checkpoint.sqlite_store import SqliteStore
+
+        return SqliteStore.from_uri(str(uri))
+    from mklang.checkpoint.postgres_store import PostgresStore
+
+    return PostgresStore.from_uri(str(uri))
+
+
+def locate(target: str | Path | Location) -> Location:
+    """The location of a checkpoint named by a path or by `STORE-URI#RUN`."""
+    if isinstance(target, Location):
+        return target
+    if not is_uri(target):
+        path = Path(target)
+        from mklang.checkpoint.file_store import FileStore
+
+        return Location(FileStore(path.parent), path.name, str(target), str(path.resolve()), path)
+    uri, _, run = str(target).partition("#")
+    if not run:
+        raise UsageError(f"{target}: a store URI names a run after '#', e.g. sqlite:///runs.db#RUN_ID")
+    store = open_store(uri)
+    return Location(store, run, str(target), str(target), getattr(store, "path", Path.cwd() / "checkpoint"))

@@ -1,0 +1,196 @@
+"""`mklang runs`, `batch` and `worker`: many runs in one store (docs/scale.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
+from mklang.cli.run_cmds import (
+    ConcurrencyOpt,
+    ConfigOpt,
+    FormatOpt,
+    MaxTimeOpt,
+    ModelOpt,
+    PluginOpt,
+    ProviderOpt,
+    ReplayOpt,
+    ScenarioOpt,
+    ScriptOpt,
+    parse_duration,
+)
+
+StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
+STATUSES = ("running", "suspended", "done", "halted")
+
+
+@app.command()
+def runs(
+    store: str = StoreOpt,
+    status: list[str] | None = typer.Option(None, "--status", help="Only runs with this status. Repeatable."),
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Every run of a store: status, reason, spend against budgets, position and pending ask."""
+    with handle_errors(wants_json(format)):
+        from mklang.checkpoint.inspect import describe
+        from mklang.checkpoint.store import open_store
+        from mklang.cli.render import render_runs
+
+        unknown = sorted(set(status or []) - set(STATUSES))
+        if unknown:
+            raise fail(f"--status expects one of {', '.join(STATUSES)}, got {', '.join(unknown)}")
+        opened = open_store(store)
+        try:
+            listed = []
+            for run in opened.runs():
+                summary = describe(_where(store, run), last=0)
+                if not status or summary["status"] in status:
+                    listed.append(summary)
+        finally:
+            opened.close()
+        if wants_json(format):
+            print_json(listed)
+        else:
+            render_runs(listed)
+
+
+def _where(store: str, run: str) -> str:
+    return f"{store}#{run}" if "://" in store else str(Path(store) / run)
+
+
+@app.command()
+def batch(
+    machine: Path = typer.Argument(..., help="The machine file run for every input."),
+    inputs: Path = typer.Option(..., "--inputs", help="JSON Lines: one context object per run (its `id` names it)."),
+    store: str = StoreOpt,
+    out: Path | None = typer.Option(None, "--out", help="Write one result line per input here (JSON Lines)."),
+    concurrency: int = typer.Option(32, "--concurrency", min=1, help="Runs in flight at once."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=0, help="Token budget of each run."),
+    max_cost: float | None = typer.Option(None, "--max-cost", min=0.0, help="Dollar budget of each run."),
+    max_time: str | None = MaxTimeOpt,
+    batch_tokens: int | None = typer.Option(None, "--batch-max-tokens", min=0, help="Tokens for the whole batch."),
+    batch_cost: float | None = typer.Option(None, "--batch-max-cost", min=0.0, help="Dollars for the whole batch."),
+    executor: str = typer.Option("local", "--executor", help="local (threads here) or celery (workers)."),
+    broker: str | None = typer.Option(None, "--broker", help="Celery broker URL (amqp://... or redis://...)."),
+    provider: str | None = ProviderOpt,
+    model: str | None = ModelOpt,
+    config: Path | None = ConfigOpt,
+    script: Path | None = ScriptOpt,
+    scenario: str | None = ScenarioOpt,
+    replay: Path | None = ReplayOpt,
+    plugin: list[str] | None = PluginOpt,
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Run a machine once per input line, each run durable in the store; re-run to resume."""
+    with handle_errors(wants_json(format)):
+        from mklang import batching
+        from mklang.check import require_runnable
+        from mklang.checkpoint.store import open_store
+        from mklang.syntax import load_file
+
+        as_json = wants_json(format)
+        if executor not in ("local", "celery"):
+            raise fail(f"--executor expects local or celery, got {executor!r}")
+        if executor == "celery" and broker is None:
+            raise fail("--executor celery needs --broker URL")
+        loaded = require_runnable(load_file(machine))
+        items = batching.read_inputs(inputs)
+        host_options: dict[str, Any] = dict(
+            script=str(script) if script else None,
+            scenario=scenario,
+            provider=provider,
+            model=model,
+            config=str(config) if config else None,
+            replay=str(replay) if replay else None,
+            plugins=plugin or [],
+        )
+        from contextlib import nullcontext
+
+        from mklang.session import Host
+
+        # Built before any run, so a bad host option is a usage error. A real provider is shared by
+        # every run (it is thread-safe); a scripted host keeps a position per run, so each gets its own.
+        shared = Host.build(**host_options, max_cost=max_cost)
+        budgets: dict[str, Any] = dict(max_tokens=max_tokens, max_cost=max_cost, max_time=parse_duration(max_time))
+        opened = open_store(store)
+        try:
+            with _progress(as_json, len(items)) as progress:
+                if executor == "local":
+                    runner = batching.Batch(
+                        loaded,
+                        opened,
+                        store,
+                        (lambda: Host.build(**host_options, max_cost=max_cost))
+                        if script
+                        else (lambda: nullcontext(shared)),
+                        **budgets,
+                        ceilings=batching.Ceilings(batch_tokens, batch_cost),
+                        on_outcome=progress,
+                    )
+                    outcomes = runner.run(items, concurrency)
+                else:
+                    from mklang.distributed import enqueue_and_follow
+
+                    outcomes = enqueue_and_follow(
+                        broker or "",
+                        store,
+                        opened,
+                        str(machine.resolve()),
+                        items,
+                        budgets,
+                        on_outcome=progress,
+                    )
+        finally:
+            opened.close()
+            shared.close()
+        if out is not None:
+            batching.write_results(out, outcomes)
+        totals = batching.summary(outcomes)
+        if as_json:
+            print_json(totals)
+        else:
+            from mklang.cli.render import render_batch
+
+            render_batch(totals)
+        raise typer.Exit(totals["exit_code"])
+
+
+def _progress(as_json: bool, total: int) -> Any:
+    """A progress bar with done/halted/suspended/failed counts on a terminal; silent otherwise."""
+    from mklang.cli.render import BatchProgress
+
+    return BatchProgress(total, visible=not as_json and sys.stderr.isatty())
+
+
+@app.command()
+def worker(
+    store: str = StoreOpt,
+    broker: str = typer.Option(..., "--broker", help="Celery broker URL (amqp://... or redis://...)."),
+    concurrency: int | None = ConcurrencyOpt,
+    provider: str | None = ProviderOpt,
+    model: str | None = ModelOpt,
+    config: Path | None = ConfigOpt,
+    script: Path | None = ScriptOpt,
+    replay: Path | None = ReplayOpt,
+    plugin: list[str] | None = PluginOpt,
+) -> None:
+    """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""
+    with handle_errors():
+        from mklang.distributed import start_worker
+
+        start_worker(
+            broker,
+            store,
+            concurrency=concurrency or 8,
+            host_options=dict(
+                script=str(script) if script else None,
+                provider=provider,
+                model=model,
+                config=str(config) if config else None,
+                replay=str(replay) if replay else None,
+                plugins=plugin or [],
+            ),
+        )

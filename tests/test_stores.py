@@ -1,0 +1,184 @@
+"""Store conformance: the same cases against every checkpoint store (file, SQLite, PostgreSQL).
+
+A store moves bytes: envelopes replaced atomically, journals appended and
+replaced by generation, one lock per run that dies with its process, and a
+list of runs. On top of that, a real run suspended and crashed through each
+store must resume to the uninterrupted result.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT, cli_env, outcome
+from test_golden import EXAMPLES
+
+from mklang.checkpoint.envelope import load
+from mklang.checkpoint.store import Location, Store, locate, open_store
+from mklang.errors import CheckpointError
+from mklang.scenarios import load_script
+from mklang.session import Host, resume, start
+from mklang.syntax import load_file
+
+ENVELOPE = b'{"format":1,"whatever":"the store does not parse it"}'
+
+
+@pytest.fixture(params=["file", "sqlite", "postgresql"])
+def store_uri(request, tmp_path) -> str:
+    """A fresh, empty store of each kind, named as a user names it."""
+    if request.param == "file":
+        return str(tmp_path / "runs")
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    return request.getfixturevalue("postgres_uri")
+
+
+@pytest.fixture
+def store(store_uri, tmp_path) -> Store:
+    if not store_uri.startswith(("sqlite:", "postgresql:")):
+        (tmp_path / "runs").mkdir()
+    opened = open_store(store_uri)
+    yield opened
+    opened.close()
+
+
+def test_an_envelope_is_written_whole_and_replaced_whole(store):
+    assert store.read("a") is None
+    store.write("a", ENVELOPE)
+    assert store.read("a") == ENVELOPE
+    store.write("a", ENVELOPE + b" ")
+    assert store.read("a") == ENVELOPE + b" "
+    assert store.read("b") is None
+
+
+def test_a_journal_appends_and_a_new_generation_replaces_it(store):
+    assert store.read_journal("a") == b""
+    store.start_journal("a", b"gen 1\n")
+    store.append("a", b"step\n", durable=False)
+    store.append("a", b"call\n", durable=True)
+    assert store.read_journal("a") == b"gen 1\nstep\ncall\n"
+    store.start_journal("b", b"other\n")
+    store.start_journal("a", b"gen 2\n")
+    assert store.read_journal("a") == b"gen 2\n"
+    assert store.read_journal("b") == b"other\n"
+    store.drop_journal("a")
+    assert store.read_journal("a") == b""
+    assert store.read_journal("b") == b"other\n"
+
+
+def test_runs_lists_every_run_with_an_envelope(store):
+    assert store.runs() == []
+    for run in ("b", "a", "c"):
+        store.write(run, ENVELOPE)
+    store.start_journal("a", b"gen\n")
+    assert sorted(store.runs()) == ["a", "b", "c"]
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from mklang.checkpoint.store import open_store
+    store = open_store(sys.argv[1])
+    lock = store.lock(sys.argv[2])
+    print("locked", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_run_is_locked_by_one_process_until_it_dies(store, store_uri):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, store_uri, "run-1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=cli_env(),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert str(holder.pid) in (store.holder("run-1") or "")
+        with pytest.raises(CheckpointError, match=f"still going in process .*{holder.pid}"):
+            store.lock("run-1")
+        other = store.lock("run-2")  # runs lock independently
+        other.release()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = store.lock("run-1")  # the lock died with its process
+    assert store.holder("run-1") is not None
+    lock.release()
+    assert store.holder("run-1") is None
+    store.lock("run-1").release()  # and can be taken again
+
+
+def _location(store_uri: str, run: str) -> Location:
+    return locate(f"{store_uri}#{run}" if "://" in store_uri else f"{store_uri}/{run}")
+
+
+def test_a_run_suspends_into_the_store_and_resumes_from_it(store, store_uri):
+    machine = load_file(EXAMPLES / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    where = _location(store_uri, "approval-1")
+    first = start(machine, None, Host.for_scenario(scenario), checkpoint=where)
+    assert (first.status, first.reply_to) == ("suspended", "approval.answer")
+    assert load(where).status == "suspended"
+    done = resume(where, Host.for_scenario(scenario), set_values={"approval.answer": "yes"})
+    assert done.status == "done"
+    assert load(where).status == "done"
+    assert "approval-1" in store.runs()
+
+
+class Crash(BaseException):
+    """Raised at a loop-top like SIGKILL: nothing in the engine catches it."""
+
+
+def test_a_run_crashed_at_any_loop_top_resumes_from_the_store(store, store_uri, monkeypatch):
+    import mklang.checkpoint.journal as journal_module
+
+    monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 512)  # compaction happens in these short runs
+    machine = load_file(EXAMPLES / "nested" / "brief.mk")
+    scenario = load_script(EXAMPLES / "nested" / "scenarios.yaml")[0]
+    seen = []
+    reference = outcome(
+        start(machine, None, Host.for_scenario(scenario), checkpoint=_location(store_uri, "ref"), observer=seen.append)
+    )
+    assert reference["status"] == "done"
+    for n in range(2, len(seen) + 1, 3):
+        where = _location(store_uri, f"crash-{n}")
+        count = iter(range(1, n + 1))
+
+        def crash_at_n(chain, count=count, n=n):
+            if next(count, n) == n:
+                raise Crash
+
+        with pytest.raises(Crash):
+            start(machine, None, Host.for_scenario(scenario), checkpoint=where, observer=crash_at_n)
+        assert load(where).status == "running"
+        assert outcome(resume(where, Host.for_scenario(scenario))) == reference, f"crashed at loop-top {n}"
+
+
+def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(postgres_uri, tmp_path):
+    from conftest import mklang
+
+    example = EXAMPLES / "approval"
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    target = f"{postgres_uri}#approval-7"
+    first = mklang(
+        "run", str(example / "approval.mk"), "--script", str(example / "scenarios.yaml"), "--scenario",
+        "ask-then-publish", "--hitl", "--checkpoint", target, "--format", "json", cwd=here,
+    )  # fmt: skip
+    assert first.returncode == 3, first.stderr
+    listed = json.loads(mklang("runs", "--store", postgres_uri, "--status", "suspended", cwd=elsewhere).stdout)
+    assert [(run["path"], run["reason"], run["reply_to"]) for run in listed] == [
+        (target, "escalated", "approval.answer")
+    ]
+    assert listed[0]["ask"]
+    done = mklang("resume", target, "--set", "approval.answer=yes", "--format", "json", cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["context"]["approval"]["answer"] == "yes"
+    assert json.loads(mklang("runs", "--store", postgres_uri, cwd=elsewhere).stdout)[0]["status"] == "done"
