@@ -736,7 +736,7 @@ def _nested(depth: int) -> Any:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (None, "no such checkpoint file"),
+        (None, "no such checkpoint"),
         ("folder", "cannot read the checkpoint: Is a directory"),
         (b"  \n", "the checkpoint is empty"),
         (b'{"format": 1,', "the checkpoint is not valid JSON (truncated or corrupted?): "),

@@ -14,6 +14,7 @@ The lock connection is named after its holder (`pid@host`), which is what
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -150,15 +151,19 @@ class AdvisoryLock:
     """A session advisory lock on a connection of its own (module docstring)."""
 
     def __init__(self, store: PostgresStore, run: str):
+        self._key = _lock_key(run)
         self._db = store._connect(f"mklang {os.getpid()}@{socket.gethostname()}")
-        row = self._db.execute("SELECT pg_try_advisory_lock(%s)", (_lock_key(run),)).fetchone()
+        row = self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
         if not row[0]:
             self._db.close()
             raise still_running(f"{store._where()}#{run}", store.holder(run) or "?")
 
     def release(self) -> None:
         if not self._db.closed:
-            self._db.close()  # closing the session drops its advisory locks
+            # Unlocked at once: the server ends a closed session's backend (and its locks) a moment later.
+            with contextlib.suppress(_psycopg().Error):
+                self._db.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+            self._db.close()
 
 
 def _first_line(error: Exception) -> str:
