@@ -3,7 +3,9 @@
 Two `mklang worker` processes share a PostgreSQL store; `mklang batch
 --executor celery` enqueues the items and follows them in the store. One
 worker is killed with SIGKILL mid-batch: its runs are redelivered to the
-other and resumed, every item ends done with the uninterrupted answers, and
+other and resumed (each process has a home of its own: the fleet key in
+MKLANG_CHECKPOINT_KEY is what lets one worker resume what the other signed),
+every item ends done with the uninterrupted answers, and
 the extra model calls are at most the calls it had in flight.
 """
 
@@ -23,6 +25,7 @@ from test_batch import CALLS, MACHINE, reply, results, write_items
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS = "redis://127.0.0.1:6379/0"
 WORKER_CONCURRENCY = 4
+FLEET_KEY = "a fleet's shared checkpoint key"
 
 
 @pytest.fixture
@@ -40,10 +43,13 @@ def project(tmp_path: Path, server: FakeServer) -> Path:
 
 
 def start(project: Path, *args: str) -> subprocess.Popen[str]:
+    """A process with a home of its own: only the fleet key in MKLANG_CHECKPOINT_KEY is shared."""
+    home = project / f"home-{len(list(project.glob('home-*')))}"
+    home.mkdir()
     return subprocess.Popen(
         [sys.executable, "-m", "mklang", *args],
         cwd=project,
-        env=cli_env(),
+        env=cli_env(MKLANG_CHECKPOINT_KEY=FLEET_KEY, XDG_CONFIG_HOME=str(home)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -131,17 +137,16 @@ def test_sigterm_suspends_a_workers_runs_and_gives_them_back_to_the_queue(projec
     require_server("RabbitMQ")
     server.handler = lambda request: answer(reply(request).text, delay=0.3)  # slow enough to stop mid-run
     write_items(project, 8)
-    first = worker(project, postgres_uri, RABBITMQ)
+    workers = [worker(project, postgres_uri, RABBITMQ)]
     running = batch(project, postgres_uri, RABBITMQ)
     try:
         wait_for(lambda: server.count >= 2, running, "the worker started runs", timeout=120)
-        first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=120)  # a warm shutdown: its runs suspended at their next loop-top
-        second = worker(project, postgres_uri, RABBITMQ)
+        workers[0].send_signal(signal.SIGTERM)
+        workers[0].communicate(timeout=120)  # a warm shutdown: its runs suspended at their next loop-top
+        workers.append(worker(project, postgres_uri, RABBITMQ))
         stdout, stderr = running.communicate(timeout=180)
     finally:
-        stop(running, first)
-    stop(second)
+        stop(running, *workers)
     assert running.returncode == 0, stderr
     assert json.loads(stdout)["done"] == 8
     assert server.count == 8 * CALLS  # suspended at loop-tops: no call was made twice
