@@ -34,7 +34,6 @@ import pydantic
 import pytest
 from test_golden import scripted_machines
 
-import mklang.checkpoint.envelope as envelope_module
 import mklang.checkpoint.journal as journal_module
 import mklang.syntax
 from mklang import faults
@@ -241,7 +240,7 @@ def fast(monkeypatch):
     machine file is parsed once (thousands of resumes reload the same files); the
     thousands of envelopes of the same shapes are not each held to the schema
     (conftest), which every other checkpoint test does."""
-    monkeypatch.setattr(envelope_module.os, "fsync", lambda descriptor: None)
+    monkeypatch.setattr(os, "fsync", lambda descriptor: None)
     monkeypatch.setattr(envelope_module.Envelope, "model_dump", pydantic.BaseModel.model_dump)
     monkeypatch.setattr(mklang.syntax, "load_file", functools.cache(mklang.syntax.load_file))
     monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 2048)  # compactions happen too
