@@ -34,6 +34,7 @@ import pydantic
 import pytest
 from test_golden import scripted_machines
 
+import mklang.checkpoint.envelope as envelope_module
 import mklang.checkpoint.journal as journal_module
 import mklang.syntax
 from mklang import faults
