@@ -19,7 +19,8 @@ import pytest
 from conftest import mklang, outcome
 from fakeserver import FakeServer, Reply, Request, answer
 
-from mklang.checkpoint import resume, start
+from mklang import resume
+from mklang.checkpoint import start
 from mklang.engine import Control, run
 from mklang.providers.base import Produced, Usage, Verdict
 from mklang.scenarios import Scenario, ScriptedHost
