@@ -955,3 +955,273 @@ def test_a_machine_file_given_as_a_checkpoint_says_how_to_make_one(tmp_path, nam
     assert str(caught.value) == (
         f"{path} is a machine file, not a checkpoint: `mklang run {path} --checkpoint cp.json` writes one"
     )
+
+
+# --- what `mklang show` says about a checkpoint (`checkpoint.inspect`) ---------
+
+
+def _frame(machine: str, state: str, steps: int, budget: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "machine": machine,
+        "path": None,
+        "state": state,
+        "context": {},
+        "tainted": [],
+        "steps": steps,
+        "budget": budget,
+        "usage": {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
+        "feedback": None,
+        "repair_left": [],
+        "visits": {},
+        "trace": [],
+        "last_output": None,
+        **fields,
+    }
+
+
+def _checkpoint(**fields: Any) -> Envelope:
+    defaults: dict[str, Any] = {"mklang_version": "test", "run_id": "r", "status": "suspended", "frames": []}
+    return Envelope(machine=MachineRef(name="m", path=None, sha256=None), **{**defaults, **fields})
+
+
+def _suspended(tmp_path: Path, **fields: Any) -> Path:
+    folder = tmp_path / "my runs"
+    folder.mkdir(exist_ok=True)
+    path = folder / "cp.json"
+    save(path, _checkpoint(**fields))
+    return path
+
+
+def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_steps(tmp_path):
+    from mklang.checkpoint.envelope import Budgets, HostSettings
+    from mklang.checkpoint.inspect import describe
+
+    trace = [{"state": f"s{n}"} for n in range(7)]
+    path = _suspended(
+        tmp_path,
+        reason="time-exhausted",
+        detail="the clock ran out",
+        at="child:work",
+        frames=[_frame("root", "call", 4, 10, trace=trace), _frame("child", "work", 5, 3)],
+        budgets=Budgets(max_tokens=100, max_cost=0.5, max_time=30),
+        usage={"input_tokens": 30, "output_tokens": 10, "cost_usd": 0.25},
+        ask="Go on?",
+        reply_to="answer",
+        host=HostSettings(script="s.yaml", scenario="a", position={"calls": 3}, model=None, plugins=[], extra={}),
+    )
+    summary = describe(path, last=3)
+    assert summary == {
+        "path": str(path),
+        "status": "suspended",
+        "reason": "time-exhausted",
+        "detail": "the clock ran out",
+        "error": None,
+        "at": "child:work",
+        "run_id": "r",
+        "machine": {"name": "m", "path": None, "sha256": None},
+        "frames": [
+            {"machine": "root", "state": "call", "steps": 4, "budget": 10, "remaining": 6},
+            {"machine": "child", "state": "work", "steps": 5, "budget": 3, "remaining": 0},
+        ],
+        "tokens": {"spent": 40, "budget": 100, "remaining": 60},
+        "cost_usd": {"spent": 0.25, "budget": 0.5, "remaining": 0.25},
+        "max_time": 30,
+        "last_steps": trace[-3:],
+        "ask": "Go on?",
+        "reply_to": "answer",
+        "resumable": True,
+        "signature": {"seal": "signed", "text": "signed with your checkpoint key"},
+        "host": {"script": "s.yaml", "scenario": "a"},
+        "ran_out": "the time budget of 30s ran out",
+        "continue_with": f"mklang resume '{path}' --max-time 30s",
+    }
+    assert describe(path)["last_steps"] == trace[-5:]  # five by default
+    assert describe(path, last=0)["last_steps"] == []
+
+
+def test_show_counts_a_budget_overspent_as_nothing_remaining(tmp_path):
+    from mklang.checkpoint.envelope import Budgets
+    from mklang.checkpoint.inspect import describe
+
+    path = _suspended(
+        tmp_path,
+        reason="cost-exhausted",
+        frames=[_frame("m", "a", 0, 0)],
+        budgets=Budgets(max_tokens=5, max_cost=0.1),
+        usage={"input_tokens": 6, "output_tokens": 1, "cost_usd": 0.3},
+    )
+    summary = describe(path)
+    assert (summary["tokens"]["remaining"], summary["cost_usd"]["remaining"]) == (0, 0)
+    assert summary["frames"][0]["remaining"] == 0
+    assert summary["ran_out"] == "the token budget of 5 ran out: 7 tokens spent"
+
+
+def test_show_asks_the_question_of_the_innermost_level_and_a_halted_run_is_not_resumable(tmp_path):
+    from mklang.checkpoint.inspect import describe
+
+    asked = {"ask": "Which one?", "reply_to": "pick"}
+    path = _suspended(
+        tmp_path,
+        reason="escalated",
+        frames=[_frame("root", "a", 1, 5), _frame("child", "b", 1, 5, ask=asked)],
+        ask="an older question",
+        reply_to="pick",
+    )
+    summary = describe(path)
+    assert (summary["ask"], summary["reply_to"]) == ("Which one?", "pick")
+    assert (summary["ran_out"], summary["continue_with"]) == (None, f"mklang resume '{path}' --set pick=<reply>")
+    save(path, _checkpoint(status="halted", error="gate-fail", frames=[_frame("root", "a", 1, 5)]))
+    halted = describe(path)
+    assert (halted["resumable"], halted["error"], halted["ask"], halted["reply_to"]) == (False, "gate-fail", None, None)
+    assert "continue_with" not in halted and "interrupted" not in halted
+    save(path, _checkpoint(status="done"))
+    assert describe(path)["resumable"] is False
+
+
+class _Crash(BaseException):
+    """Raised at a loop-top like SIGKILL: nothing in the engine catches it."""
+
+
+def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
+    from conftest import ROOT
+
+    from mklang.checkpoint.inspect import describe
+    from mklang.scenarios import load_script
+    from mklang.session import Host
+    from mklang.session import start as start_run
+
+    machine = load_file(ROOT / "examples" / "nested" / "brief.mk")
+    scenario = load_script(ROOT / "examples" / "nested" / "scenarios.yaml")[0]
+    tops = iter(range(4))
+
+    def crash_at_the_fifth_loop_top(chain: Any) -> None:
+        if next(tops, None) is None:
+            raise _Crash
+
+    path = tmp_path / "cp.json"
+    with pytest.raises(_Crash):
+        start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, observer=crash_at_the_fifth_loop_top)
+    assert [(f["machine"], f["steps"]) for f in load(path).frames] == [("brief", 0)]  # the snapshot lags behind
+    summary = describe(path)
+    assert [(f["machine"], f["state"], f["steps"], f["remaining"]) for f in summary["frames"]] == [
+        ("brief", "add_section", 0, 10),
+        ("section", "check", 1, 5),
+        ("fact_check", "review", 1, 3),
+    ]
+    assert summary["tokens"]["spent"] == 140  # what every level spent, from the journal
+    assert (summary["status"], summary["resumable"]) == ("running", True)
+    assert "running_pid" not in summary
+    assert summary["interrupted"] == (
+        "the run was interrupted at fact_check:review (2 journaled step(s) past the last snapshot); "
+        f"`mklang resume {path}` continues from there"
+    )
+    location = locate(path)
+    lock = location.store.lock(location.run)
+    try:
+        held = describe(path)
+    finally:
+        lock.release()
+    assert (held["running_pid"], held["resumable"]) == (os.getpid(), False)
+    assert held["interrupted"] == f"the run is still going in process {os.getpid()}, last durable at fact_check:review"
+
+
+_SPENT = Usage(100, 20, 0.6)
+
+
+@pytest.mark.parametrize(
+    ("reason", "innermost", "usage", "budgets", "reply_to", "expected"),
+    [
+        (
+            "budget-exhausted",
+            {"machine": "child", "steps": 3, "budget": 3},
+            _SPENT,
+            {},
+            None,
+            ("the step budget of 3 (machine child) ran out: 3 steps taken", "--budget 6"),
+        ),
+        (
+            "budget-exhausted",
+            {"steps": 2, "budget": 5},
+            _SPENT,
+            {},
+            None,
+            ("the step budget of 5 ran out: 2 steps taken", "--budget 7"),
+        ),
+        (
+            "budget-exhausted",
+            {"steps": 1, "budget": 1},
+            _SPENT,
+            {},
+            None,
+            ("the step budget of 1 ran out: 1 step taken", "--budget 2"),
+        ),
+        ("budget-exhausted", {}, _SPENT, {}, None, ("the step budget of 0 ran out: 0 steps taken", "--budget 1")),
+        (
+            "cost-exhausted",
+            {},
+            _SPENT,
+            {"max_tokens": 120, "max_cost": 0.5},
+            None,
+            ("the token budget of 120 ran out: 120 tokens spent", "--max-tokens 240"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            _SPENT,
+            {"max_tokens": 50},
+            None,
+            ("the token budget of 50 ran out: 120 tokens spent", "--max-tokens 240"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            Usage(),
+            {"max_tokens": 0},
+            None,
+            ("the token budget of 0 ran out: 0 tokens spent", "--max-tokens 1000"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            _SPENT,
+            {"max_tokens": 121, "max_cost": 0.5},
+            None,
+            ("the dollar budget of $0.5 ran out: $0.6000 spent", "--max-cost 1.2"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            Usage(1, 0, 0.2),
+            {"max_cost": 0.75},
+            None,
+            ("the dollar budget of $0.75 ran out: $0.2000 spent", "--max-cost 0.95"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            Usage(),
+            {"max_cost": 0.0},
+            None,
+            ("the dollar budget of $0 ran out: $0.0000 spent", "--max-cost 1"),
+        ),
+        ("cost-exhausted", {}, _SPENT, {"max_tokens": 121}, None, (None, "")),
+        ("time-exhausted", {}, _SPENT, {"max_time": 1.5}, None, ("the time budget of 1.5s ran out", "--max-time 1.5s")),
+        ("time-exhausted", {}, _SPENT, {}, None, (None, "")),
+        ("escalated", {}, _SPENT, {}, "a.b", (None, "--set a.b=<reply>")),
+        ("escalated", {}, _SPENT, {}, None, (None, "")),
+        ("interrupted", {}, _SPENT, {"max_tokens": 1, "max_cost": 0.1, "max_time": 1}, "a", (None, "")),
+        (None, {}, _SPENT, {}, None, (None, "")),
+    ],
+)
+def test_show_says_which_budget_ran_out_and_the_command_that_continues(
+    reason, innermost, usage, budgets, reply_to, expected
+):
+    from mklang.checkpoint.envelope import Budgets
+    from mklang.checkpoint.inspect import how_to_continue
+
+    ran_out, flags = expected
+    command = "mklang resume 'my runs/cp.json'" + (f" {flags}" if flags else "")
+    assert how_to_continue("my runs/cp.json", reason, innermost, usage, Budgets(**budgets), reply_to) == (
+        ran_out,
+        command,
+    )
