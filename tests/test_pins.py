@@ -1225,3 +1225,213 @@ def test_show_says_which_budget_ran_out_and_the_command_that_continues(
         ran_out,
         command,
     )
+
+
+# --- stores at their edges: a lock taken twice in one process, errors, odd files ---
+
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(params=["file", "sqlite", "postgresql"])
+def named_store(request, tmp_path) -> Any:
+    """A fresh store, how it names a run in its messages, and the holder it reports for this process."""
+    import socket
+
+    from mklang.checkpoint.store import open_store
+
+    me = str(os.getpid())
+    if request.param == "file":
+        folder = tmp_path / "runs"
+        folder.mkdir()
+        store, name = open_store(folder), lambda run: str(folder / run)
+    elif request.param == "sqlite":
+        path = tmp_path / "runs.db"
+        store, name = open_store(f"sqlite:///{path}"), lambda run: f"sqlite:///{path}#{run}"
+    else:
+        store, name = open_store(request.getfixturevalue("postgres_uri")), lambda run: f"{POSTGRES}#{run}"
+        me = f"{me}@{socket.gethostname()}"
+    yield store, name, me
+    store.close()
+
+
+def test_a_run_locked_in_this_process_cannot_be_locked_again_but_another_run_can(named_store):
+    store, name, me = named_store
+    first = store.lock("run 1")
+    try:
+        assert store.holder("run 1") == me
+        assert store.holder("run 2") is None
+        with pytest.raises(CheckpointError) as caught:
+            store.lock("run 1")
+        assert str(caught.value) == (
+            f"{name('run 1')}: the run is still going in process {me}; "
+            "wait for it, or stop it (Ctrl-C suspends it) before resuming"
+        )
+        store.lock("run 2").release()
+    finally:
+        first.release()
+    assert store.holder("run 1") is None
+    store.lock("run 1").release()
+
+
+def test_a_closed_database_store_fails_with_one_line_naming_the_store(tmp_path, postgres_uri):
+    from mklang.checkpoint.store import open_store
+
+    closed = {
+        f"{tmp_path}/runs.db: SQLite checkpoint store: Cannot operate on a closed database.": open_store(
+            f"sqlite:///{tmp_path}/runs.db"
+        ),
+        f"{POSTGRES}: PostgreSQL checkpoint store: the connection is closed": open_store(postgres_uri),
+    }
+    for message, store in closed.items():
+        store.close()
+        for use in (
+            lambda: store.read("a"),
+            lambda: store.write("a", b"{}"),
+            lambda: store.read_journal("a"),
+            lambda: store.start_journal("a", b"gen\n"),
+            lambda: store.append("a", b"step\n", durable=True),
+            lambda: store.drop_journal("a"),
+            store.runs,
+        ):
+            with pytest.raises(CheckpointError) as caught:
+                use()
+            assert str(caught.value) == message
+
+
+def test_a_sqlite_store_serves_every_thread_of_the_process(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mklang.checkpoint.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path}/runs.db")
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(store.write, "a", b"{}").result()
+        pool.submit(store.start_journal, "a", b"gen\n").result()
+    assert (store.read("a"), store.read_journal("a")) == (b"{}", b"gen\n")
+    assert stat.S_IMODE((tmp_path / "runs.db.locks").stat().st_mode) == 0o700  # the locks are the owner's
+    store.close()
+
+
+@pytest.mark.parametrize("uri", ["sqlite://host/runs.db", "sqlite:///", "sqlite://"])
+def test_a_sqlite_uri_without_a_local_path_is_a_usage_error(uri):
+    from mklang.checkpoint.store import open_store
+    from mklang.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        open_store(uri)
+    assert str(caught.value) == f"{uri}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db"
+
+
+def test_a_sqlite_store_may_be_a_one_letter_file_and_not_a_folder(tmp_path, monkeypatch):
+    from mklang.checkpoint.store import open_store
+
+    monkeypatch.chdir(tmp_path)
+    open_store("sqlite:///a").close()
+    assert (tmp_path / "a").is_file()
+    with pytest.raises(CheckpointError) as caught:
+        open_store(f"sqlite:///{tmp_path}")
+    assert str(caught.value) == f"{tmp_path}: cannot open the SQLite checkpoint store: unable to open database file"
+
+
+def test_postgresql_store_errors_are_the_first_line_of_the_servers_and_hide_the_uri_options(monkeypatch):
+    import sys
+
+    from mklang.checkpoint.store import open_store
+    from mklang.errors import UsageError
+
+    with pytest.raises(CheckpointError) as caught:
+        open_store("postgresql://postgres@127.0.0.1:1/test?options=-csearch_path%3Dx")
+    assert str(caught.value).startswith(
+        "postgresql://postgres@127.0.0.1:1/test: cannot connect to the PostgreSQL checkpoint store: connection failed: "
+    )
+    assert "\n" not in str(caught.value) and str(caught.value).endswith("Connection refused")
+    require_postgres()
+    with pytest.raises(CheckpointError) as caught:
+        open_store(f"{POSTGRES}?options=-csearch_path%3Dmk_no_such_schema")
+    assert str(caught.value) == f"{POSTGRES}: PostgreSQL checkpoint store: no schema has been selected to create in"
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(UsageError) as missing:
+        open_store(POSTGRES)
+    assert str(missing.value) == "the PostgreSQL store needs psycopg: pip install 'mklang[distributed]'"
+
+
+def require_postgres() -> None:
+    from conftest import require_server
+
+    require_server("PostgreSQL")
+
+
+def test_the_file_store_lists_only_checkpoint_files(tmp_path):
+    from mklang.checkpoint.store import open_store
+
+    envelope = dump(_envelope())
+    for name in ("cp.json", ".hidden.json", "cp.json.tmp", "cp.json.journal", "cp.json.lock", "b.json"):
+        (tmp_path / name).write_bytes(envelope)
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / "folder").mkdir()
+    assert open_store(tmp_path).runs() == ["b.json", "cp.json"]
+
+
+def test_a_dropped_journal_takes_no_more_appends(tmp_path):
+    from mklang.checkpoint.store import open_store
+
+    store = open_store(tmp_path)
+    store.start_journal("cp.json", b"gen\n")
+    store.drop_journal("cp.json")
+    with pytest.raises(CheckpointError, match="the journal was not started"):
+        store.append("cp.json", b"step\n", durable=False)
+    assert not (tmp_path / "cp.json.journal").exists()
+
+
+# --- what a checkpoint may decide about the host that resumes it (ADR 0014) ---
+
+NOTHING_GIVEN = dict.fromkeys(("script", "scenario", "provider", "model", "config", "replay", "plugins"))
+
+
+def _recorded(**fields: Any) -> Any:
+    from mklang.checkpoint.envelope import HostSettings
+
+    return HostSettings(**fields)
+
+
+def test_a_trusted_checkpoint_answers_as_the_run_did_when_the_command_line_gives_no_way():
+    from mklang.checkpoint.trust import host_choice
+
+    recorded = _recorded(script="s.yaml", scenario="a", model="m", replay="c.yaml", record="new.yaml", plugins=["p"])
+    reused, ignored = host_choice(recorded, NOTHING_GIVEN, trusted=True)
+    assert ignored == []
+    assert reused == {
+        "script": "s.yaml",
+        "scenario": "a",
+        "provider": None,
+        "model": "m",
+        "config": None,
+        "replay": "c.yaml",
+        "plugins": ["p"],
+    }  # never re-recording
+    chosen, _ = host_choice(recorded, {**NOTHING_GIVEN, "scenario": "b"}, trusted=True)
+    assert (chosen["script"], chosen["scenario"]) == ("s.yaml", "b")
+
+
+def test_an_untrusted_checkpoint_decides_nothing_and_names_what_it_would_have():
+    from mklang.checkpoint.trust import host_choice
+
+    recorded = _recorded(script="s.yaml", scenario="a", model="m", replay="c.yaml", plugins=["p"])
+    assert host_choice(recorded, NOTHING_GIVEN, trusted=False) == (
+        NOTHING_GIVEN,
+        ["script", "scenario", "model", "replay", "plugins"],
+    )
+    assert host_choice(_recorded(), NOTHING_GIVEN, trusted=False) == (NOTHING_GIVEN, [])  # nothing recorded
+
+
+def test_one_way_of_answering_given_keeps_every_recorded_one_out():
+    from mklang.checkpoint.trust import host_choice
+
+    recorded = _recorded(script="s.yaml", scenario="a", plugins=["p"])
+    for name in ("script", "provider", "model", "config", "replay"):
+        given = {**NOTHING_GIVEN, name: "given"}
+        reused, _ = host_choice(recorded, given, trusted=True)
+        assert reused == {**given, "plugins": ["p"]}
+        assert host_choice(recorded, given, trusted=False) == (given, ["plugins"])
+    given = {**NOTHING_GIVEN, "provider": "given", "plugins": []}  # --plugin given: the recorded ones stay out
+    assert host_choice(recorded, given, trusted=True) == (given, [])
