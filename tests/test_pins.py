@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import textwrap
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -1285,12 +1286,12 @@ def test_a_closed_database_store_fails_with_one_line_naming_the_store(tmp_path, 
     for message, store in closed.items():
         store.close()
         for use in (
-            lambda: store.read("a"),
-            lambda: store.write("a", b"{}"),
-            lambda: store.read_journal("a"),
-            lambda: store.start_journal("a", b"gen\n"),
-            lambda: store.append("a", b"step\n", durable=True),
-            lambda: store.drop_journal("a"),
+            partial(store.read, "a"),
+            partial(store.write, "a", b"{}"),
+            partial(store.read_journal, "a"),
+            partial(store.start_journal, "a", b"gen\n"),
+            partial(store.append, "a", b"step\n", durable=True),
+            partial(store.drop_journal, "a"),
             store.runs,
         ):
             with pytest.raises(CheckpointError) as caught:
