@@ -175,3 +175,160 @@ def test_a_cassette_is_owner_only_and_synced_to_disk(tmp_path, monkeypatch):
     recorder.produce("sys", "hello", "fast", False)
     assert (path.stat().st_mode & 0o777) == 0o600  # prompts and answers are the user's data
     assert len(synced) >= 4  # each write: the file, then its folder
+
+
+class Echo:
+    """A provider that says what it was asked, so a recorder that changes a request shows."""
+
+    def __init__(self):
+        self.judged: list[tuple] = []
+        self.closed = False
+
+    def produce(self, system, user, tier, reason):
+        return Produced(f"{system}|{user}|{tier}|{reason}", None, Usage(1, 1, 0.0))
+
+    def judge(self, conditions, output, reasoning, context, tier):
+        self.judged.append((conditions, output, reasoning, context, tier))
+        return Verdict(0, Usage(1, 1, 0.0), "strict")
+
+    def close(self):
+        self.closed = True
+
+
+def test_recording_passes_each_request_on_unchanged_and_closing_closes_the_real_provider(tmp_path):
+    import datetime
+
+    inner = Echo()
+    path = tmp_path / "a" / "b" / "c.yaml"  # missing folders are made
+    recorder = RecordingProvider(inner, path)
+    assert recorder.produce("sys", "usr", "fast", True).text == "sys|usr|fast|True"
+    when = datetime.date(2026, 1, 2)
+    recorder.judge(["c"], {"when": when}, "why", {"k": when}, "balanced")
+    assert inner.judged == [(["c"], {"when": when}, "why", {"k": when}, "balanced")]
+    judged = yaml.safe_load(path.read_text())["exchanges"][1]["request"]
+    assert (judged["output"], judged["context"]) == ({"when": "2026-01-02"}, {"k": "2026-01-02"})  # as text
+    path.unlink()
+    recorder.close()
+    assert inner.closed
+    assert len(yaml.safe_load(path.read_text())["exchanges"]) == 2  # written again on close
+    RecordingProvider(Stub(), tmp_path / "d.yaml").close()  # a provider without close is fine
+
+
+def test_a_cassette_that_cannot_be_written_is_a_usage_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError) as caught:
+        RecordingProvider(Stub(), tmp_path / "file" / "c.yaml")
+    assert str(caught.value) == f"cannot write cassette {tmp_path / 'file' / 'c.yaml'}: File exists"
+
+
+def test_a_cassette_keeps_keys_in_order_unicode_as_is_and_folds_at_100_columns(tmp_path):
+    path = tmp_path / "c.yaml"
+    long = "x " + " ".join(["word"] * 40)
+    RecordingProvider(Stub(), path).produce("système", long, "fast", False)
+    text = path.read_text(encoding="utf-8")
+    request = text[text.index("  request:") :]
+    assert request.splitlines()[:7] == [
+        "  request:",
+        "    kind: produce",
+        "    tier: fast",
+        "    system: système",
+        "    user: x word word word word word word word word word word word word word word word word word word",
+        "      word word word word word word word word word word word word word word word word word word word word",
+        "      word word",
+    ]
+
+
+def test_the_fingerprint_is_the_sha256_of_the_canonical_json_of_the_request():
+    import hashlib
+    import json
+
+    request = {"tier": "fast", "kind": "produce", "user": "été", "system": "s", "reason": False}
+    canonical = '{"kind":"produce","reason":false,"system":"s","tier":"fast","user":"été"}'
+    assert json.loads(canonical) == request
+    assert fingerprint(request) == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_replay_gives_recorded_answers_in_order_one_at_a_time(tmp_path):
+    path = tmp_path / "c.yaml"
+    recorder = RecordingProvider(Stub(), path)
+    for _ in range(3):
+        recorder.produce("s", "same", "fast", False)
+    replay = ReplayProvider(path)
+    assert [replay.produce("s", "same", "fast", False).text[:8] for _ in range(4)] == [
+        "answer 1",
+        "answer 2",
+        "answer 3",
+        "answer 3",
+    ]
+
+
+def test_a_miss_is_compared_with_requests_of_its_kind_first_then_with_any(tmp_path):
+    path = tmp_path / "c.yaml"
+    recorder = RecordingProvider(Stub(), path)
+    recorder.produce("t", "zzz", "balanced", True)
+    recorder.judge(["c"], "l1\nl2\nl3\nl4", None, {}, "fast")  # more lines in common, but a judge
+    with pytest.raises(ProviderError) as caught:
+        ReplayProvider(path).produce("s", "l1\nl2\nl3\nl4", "fast", False)
+    assert str(caught.value).splitlines()[0].endswith("closest is exchange 1:")
+    only_produce = tmp_path / "p.yaml"
+    RecordingProvider(Stub(), only_produce).produce("s", "u", "fast", False)
+    with pytest.raises(ProviderError) as caught:
+        ReplayProvider(only_produce).judge(["a"], "o", None, {}, "fast")
+    assert str(caught.value) == "\n".join(
+        [
+            "replay: cassette p.yaml holds no judge request like this one (tier fast); closest is exchange 1:",
+            "@@ -1,5 +1,7 @@",
+            "-kind: produce",
+            "+kind: judge",
+            " tier: fast",
+            "-system: s",
+            "-user: u",
+            "-reason: false",
+            "+conditions:",
+            "+- a",
+            "+output: o",
+            "+reasoning: null",
+            "+context: {}",
+        ]
+    )
+
+
+CONDITIONS = [f"condition {i}" for i in range(14)]
+
+
+@pytest.mark.parametrize(
+    ("asked", "shown"),
+    [
+        (
+            ["changed 0", "changed 1", "changed 2", "changed 3", "added", *CONDITIONS[4:]],
+            [
+                "@@ -3,6 +3,7 @@",
+                " conditions:",
+                *(f"-- condition {i}" for i in range(4)),
+                *(f"+- changed {i}" for i in range(4)),
+                "+- added",
+                " - condition 4",
+            ],
+        ),
+        (
+            [*(f"changed {i}" for i in range(5)), *CONDITIONS[5:]],
+            [
+                "@@ -3,7 +3,7 @@",
+                " conditions:",
+                *(f"-- condition {i}" for i in range(5)),
+                *(f"+- changed {i}" for i in range(5)),
+                "  ...",
+            ],
+        ),
+    ],
+    ids=["twelve-lines", "more"],
+)
+def test_a_miss_shows_at_most_twelve_diff_lines_with_one_line_of_context(tmp_path, asked, shown):
+    path = tmp_path / "c.yaml"
+    recorder = RecordingProvider(Stub(), path)
+    recorder.judge(["short"], "o", None, {}, "fast")
+    recorder.judge(CONDITIONS, "o", None, {}, "fast")
+    with pytest.raises(ProviderError) as caught:
+        ReplayProvider(path).judge(asked, "o", None, {}, "fast")
+    head = "replay: cassette c.yaml holds no judge request like this one (tier fast); closest is exchange 2:"
+    assert str(caught.value).splitlines() == [head, *shown]
