@@ -24,6 +24,7 @@ from typing import Any
 
 from mklang import exitcodes
 from mklang.checkpoint.envelope import parse
+from mklang.checkpoint.journal import resume_change
 from mklang.checkpoint.store import Location, Store
 from mklang.engine import Control
 from mklang.errors import MklangError, UsageError
@@ -107,12 +108,13 @@ def outcome(store: Store, run: str) -> Outcome:
         return Outcome(run, "pending")
     envelope = parse(raw, run)
     status: str = envelope.status
-    if status == "running" or (status == "suspended" and envelope.reason == "interrupted"):
+    running = status == "running" or resume_change(store, run, envelope) is not None
+    if running or (status == "suspended" and envelope.reason == "interrupted"):
         status = "pending"  # a crashed or interrupted run: the next pass resumes it
     return Outcome(
         run,
         status,
-        envelope.reason if envelope.status == "suspended" else envelope.error,
+        envelope.reason if status == "suspended" else envelope.error,
         envelope.result,
         dict(envelope.usage),
     )

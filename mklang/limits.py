@@ -10,6 +10,8 @@ machines, scripts and data need.
 
 from __future__ import annotations
 
+from array import array
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +74,26 @@ def load_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise NestingError(max_depth) from None
-    if json_depth(value) > max_depth:
+    if text_depth(text.encode("utf-8") if isinstance(text, str) else text) > max_depth:
         raise NestingError(max_depth)
     return value
+
+
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'"[]{}')
+_NESTING_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 and -1 as signed bytes
+
+
+def text_depth(text: bytes) -> int:
+    """How deep lists and maps nest in a valid JSON text, the same as `json_depth` of its value.
+
+    Works on the bytes with C-speed passes (a checkpoint can be megabytes):
+    escapes and everything but quotes and brackets dropped, then strings,
+    then the deepest running count of open brackets.
+    """
+    skeleton = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    outside_strings = b"".join(skeleton.split(b'"')[::2])
+    steps = array("b", outside_strings.translate(_NESTING_STEP))
+    return max(accumulate(steps), default=0)
 
 
 def json_depth(value: Any) -> int:

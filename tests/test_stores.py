@@ -160,6 +160,41 @@ def test_a_run_crashed_at_any_loop_top_resumes_from_the_store(store, store_uri, 
         assert outcome(resume(where, Host.for_scenario(scenario))) == reference, f"crashed at loop-top {n}"
 
 
+def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(store, store_uri):
+    """A clean resume starts a journal generation against the suspended envelope instead of
+    rewriting it; a crash mid-way shows as running, and a bare resume keeps the reply and budgets."""
+    from mklang.batching import outcome as batch_outcome
+    from mklang.checkpoint.inspect import describe
+
+    machine = load_file(EXAMPLES / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    reply = {"approval.answer": "yes"}
+    reference_at = _location(store_uri, "reference")
+    start(machine, None, Host.for_scenario(scenario), checkpoint=reference_at)
+    reference = outcome(resume(reference_at, Host.for_scenario(scenario), set_values=reply, max_tokens=10**6))
+    assert reference["status"] == "done"
+
+    where = _location(store_uri, "approval-2")
+    host = Host.for_scenario(scenario)
+    assert start(machine, None, host, checkpoint=where).status == "suspended"
+    suspended = store.read("approval-2")
+    loop_tops = iter(range(3))
+
+    def crash_at_the_second_loop_top(chain):
+        if next(loop_tops) == 1:
+            raise Crash
+
+    with pytest.raises(Crash):
+        resume(where, host, set_values=reply, max_tokens=10**6, observer=crash_at_the_second_loop_top)
+    assert store.read("approval-2") == suspended  # continued in place, not rewritten
+    summary = describe(where)
+    assert (summary["status"], summary["tokens"]["budget"]) == ("running", 10**6)
+    assert "was interrupted" in summary["interrupted"]
+    assert batch_outcome(store, "approval-2").status == "pending"
+    assert outcome(resume(where, Host.for_scenario(scenario))) == reference  # no reply given again
+    assert load(where).status == "done"
+
+
 def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(postgres_uri, tmp_path):
     from conftest import mklang
 

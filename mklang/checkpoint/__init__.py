@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mklang import __version__
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load
-from mklang.checkpoint.journal import StoreJournal, durability_setting, read_journal, recover
+from mklang.checkpoint.journal import StoreJournal, durability_setting, read_journal, recover, resume_change
 from mklang.checkpoint.paths import MachinePaths, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, RunLock, locate
@@ -37,7 +37,7 @@ from mklang.vocabulary import root_key
 if TYPE_CHECKING:
     from mklang.scenarios import ScriptedHost
 
-__all__ = ["Resumable", "continue_checkpoint", "open_checkpoint", "start"]
+__all__ = ["Resumable", "continue_checkpoint", "open_checkpoint", "resumed", "start"]
 
 
 def start(
@@ -168,9 +168,12 @@ def _read_checkpoint(location: Location, *, force: bool, machine_path: str | Non
     resumable = Resumable(
         location, envelope, chain, dict(envelope.answers), envelope.host.position, loader, trusted=trusted
     )
-    if envelope.status == "running":  # the process died: replay its journal
+    change = resume_change(location.store, location.run, envelope)
+    if envelope.status == "running" or change is not None:  # the process died: replay its journal
         records, resumable.trusted = _journal(location, envelope, trusted, trust)
         try:
+            if change is not None:  # it died resuming this envelope: redo what that resume changed
+                resumable.envelope = resumed(envelope, chain, change)
             entered = _frame_reader(location, envelope.machines, paths, loader, digests=resumable.trusted)
             resumable.chain, resumable.replay, position = recover(chain, envelope.answers, records, entered)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -306,29 +309,24 @@ def continue_checkpoint(
             if value is not None
         }
     )
+    change = {
+        "budgets": budgets.model_dump(mode="json"),
+        "hitl": envelope.hitl if hitl is None else hitl,
+        "concurrency": concurrency or envelope.concurrency,
+        "host": (
+            envelope.host if host is None else host.model_copy(update={"position": envelope.host.position})
+        ).model_dump(mode="json"),
+        "budget": budget,
+        "set": dict(set_values or {}),
+    }
     chain = resumable.chain
-    innermost = chain[-1]
-    if budget is not None:
-        innermost.budget = budget
-    for dotted, value in (set_values or {}).items():
-        assign(innermost.context, dotted, value)
-        innermost.tainted.add(root_key(dotted))  # a human reply is untrusted data like any host input
-        innermost.answer(dotted)
+    envelope = resumed(envelope, chain, change)
     if scripted is not None and resumable.position:
         scripted.restore(resumable.position)
-    envelope = envelope.model_copy(
-        update=dict(
-            budgets=budgets,
-            hitl=envelope.hitl if hitl is None else hitl,
-            concurrency=concurrency or envelope.concurrency,
-            host=envelope.host if host is None else host.model_copy(update={"position": envelope.host.position}),
-            reason=None,
-            ask=None,
-            reply_to=None,
-            detail=None,
-        )
-    )
     target = locate(checkpoint) if checkpoint is not None else resumable.location
+    in_place = target.key == resumable.location.key
+    # A clean resume of a signed envelope continues it where it is instead of rewriting it.
+    continues = in_place and resumable.trusted and not resumable.crashed and envelope.signature is not None
     try:
         return _execute(
             envelope,
@@ -336,7 +334,8 @@ def continue_checkpoint(
             resumable.replay,
             resumable.loader,
             target,
-            resumable.lock if target.key == resumable.location.key else None,
+            resumable.lock if in_place else None,
+            change if continues else None,
             provider=provider,
             tools=tools,
             hooks=hooks,
@@ -348,6 +347,34 @@ def continue_checkpoint(
         resumable.release()
 
 
+def resumed(envelope: Envelope, chain: list[Frame], change: dict[str, Any]) -> Envelope:
+    """Apply what a resume changes (as its journal records it) to the frames and the envelope.
+
+    `change`: the new budgets, hitl, concurrency and host record, the innermost
+    level's step `budget` (None keeps it) and the `set` values that answer it.
+    """
+    innermost = chain[-1]
+    if change["budget"] is not None:
+        innermost.budget = int(change["budget"])
+    for dotted, value in change["set"].items():
+        assign(innermost.context, dotted, value)
+        innermost.tainted.add(root_key(dotted))  # a human reply is untrusted data like any host input
+        innermost.answer(dotted)
+    return envelope.model_copy(
+        update=dict(
+            status="running",
+            budgets=Budgets.model_validate(change["budgets"]),
+            hitl=bool(change["hitl"]),
+            concurrency=int(change["concurrency"]),
+            host=HostSettings.model_validate(change["host"]),
+            reason=None,
+            ask=None,
+            reply_to=None,
+            detail=None,
+        )
+    )
+
+
 def _execute(
     envelope: Envelope,
     chain: list[Frame],
@@ -355,6 +382,7 @@ def _execute(
     loader: MachineLoader,
     location: Location,
     held: RunLock | None,
+    change: dict[str, Any] | None = None,
     *,
     provider: Provider,
     tools: HostCallables,
@@ -363,11 +391,15 @@ def _execute(
     control: Control | None,
     observer: Observer | None,
 ) -> RunResult:
+    """Run `chain` persisting to `location`, under its lock (`held`, else taken here).
+
+    With `change` the stored envelope is continued in place (`StoreJournal.resume`);
+    otherwise a snapshot of `chain` starts the run's journal.
+    """
     budgets = envelope.budgets
     control = control or Control()
     if budgets.max_time is not None:
         control.deadline = time.monotonic() + budgets.max_time
-    """Run `chain` persisting to `location`, under its lock (`held`, else taken here)."""
     lock = held or location.store.lock(location.run)
     journal = StoreJournal(
         location,
@@ -380,7 +412,10 @@ def _execute(
         paths=MachinePaths(chain[0].machine.path),
     )
     try:
-        journal.snapshot(chain, status="running")
+        if change is None:
+            journal.snapshot(chain, status="running")
+        else:
+            journal.resume(change, envelope.stored_bytes)
         rt = make_runtime(
             provider,
             tools=tools,

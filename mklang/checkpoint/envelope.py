@@ -7,7 +7,6 @@ older formats are migrated forward on load by the functions in `MIGRATIONS`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -128,11 +127,17 @@ class Envelope(BaseModel):
     signature: Signature | None = None  # written by `dump`; checked by `load` into `seal`
 
     _seal: Seal = PrivateAttr(default="unsigned")
+    _stored_bytes: int = PrivateAttr(default=0)
 
     @property
     def seal(self) -> Seal:
         """How the file this envelope was read from was signed (`load` sets it)."""
         return self._seal
+
+    @property
+    def stored_bytes(self) -> int:
+        """The size of the file this envelope was read from (`load` sets it)."""
+        return self._stored_bytes
 
 
 def _relative_machine_paths(data: dict[str, Any]) -> dict[str, Any]:
@@ -180,10 +185,8 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
 
 def dump_signed(envelope: Envelope) -> tuple[bytes, str]:
     """The file bytes of `envelope`, signed with the checkpoint key, and the signature's MAC."""
-    document = envelope.model_dump(mode="json")
-    document["signature"] = sign(document, checkpoint_key())
-    payload = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return payload, document["signature"]["hmac"]
+    signed, signature = sign(envelope.model_dump(mode="json"), checkpoint_key())
+    return signed, signature["hmac"]
 
 
 def dump(envelope: Envelope) -> bytes:
@@ -223,7 +226,7 @@ def parse(raw: bytes, where: str) -> Envelope:
         raise CheckpointError(f"{where}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{where}: not a mklang checkpoint (expected a JSON object)")
-    seal = seal_of(data, checkpoint_key())
+    seal = seal_of(data, checkpoint_key(), raw)
     try:
         envelope = Envelope.model_validate(migrate(data))
     except CheckpointError as error:
@@ -233,6 +236,7 @@ def parse(raw: bytes, where: str) -> Envelope:
         spot = ".".join(str(part) for part in first["loc"])
         raise CheckpointError(f"{where}: not a valid mklang checkpoint: {spot}: {first['msg']}") from None
     envelope._seal = seal
+    envelope._stored_bytes = len(raw)
     return envelope
 
 

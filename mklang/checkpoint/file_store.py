@@ -25,6 +25,8 @@ from mklang.errors import CheckpointError
 from mklang.files import write_atomic
 
 SUFFIXES = (".journal", ".lock", ".tmp")
+# How an envelope file begins: signed (canonical JSON, keys sorted), or as format 1 and hand-written ones do.
+ENVELOPE_STARTS = (b'{"answers":', b'{"format":')
 
 
 class FileStore:
@@ -109,7 +111,7 @@ class FileStore:
             if path.name.startswith(".") or path.name.endswith(SUFFIXES) or not path.is_file():
                 continue
             with contextlib.suppress(OSError), open(path, "rb") as handle:
-                if handle.read(10) == b'{"format":':
+                if handle.read(11).startswith(ENVELOPE_STARTS):
                     found.append(path.name)
         return found
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mklang.checkpoint.envelope import Budgets, load
-from mklang.checkpoint.journal import read_journal
+from mklang.checkpoint.journal import read_journal, resume_change
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, locate
 from mklang.checkpoint.trust import recorded_host
@@ -25,12 +25,13 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
     frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
     usage = Usage.from_json(envelope.usage)
     steps_after = 0
-    if envelope.status == "running":
+    if envelope.status == "running" or resume_change(location.store, location.run, envelope) is not None:
         # The process died (or still runs): replay its journal to say where it really is.
         from mklang.checkpoint import open_checkpoint
 
         steps_after = sum(1 for r in read_journal(location, envelope.generation) if r.get("k") == "step")
-        chain = open_checkpoint(location, force=True, trust=True, lock=False).chain
+        resumable = open_checkpoint(location, force=True, trust=True, lock=False)
+        envelope, chain = resumable.envelope, resumable.chain
         frames = [frame.to_json() for frame in chain]
         usage = sum((frame.usage for frame in chain), Usage())
     root = frames[0] if frames else {}

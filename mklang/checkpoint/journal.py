@@ -23,6 +23,10 @@ paid twice; with `step` there is one fsync per step (a group commit at the
 `step` line), and a power cut may lose the calls of the step in flight,
 which a resume then pays again.
 
+A resume of a suspended envelope starts a generation against it without
+rewriting it; the generation's first line records what the resume changed
+(`StoreJournal.resume`, `resume_change`).
+
 Every line costs the same whatever the length of the run; the envelope is
 rewritten only when the journal has grown as large as it (compaction), so
 the checkpoint work per step stays flat (ADR 0009). A torn last line, the
@@ -41,7 +45,7 @@ from mklang import faults
 from mklang.checkpoint.envelope import Envelope, dump, dump_signed
 from mklang.checkpoint.paths import MachinePaths
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
-from mklang.checkpoint.store import Location
+from mklang.checkpoint.store import Location, Store
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
 from mklang.errors import CheckpointError, UsageError
@@ -111,8 +115,19 @@ class StoreJournal:
         payload, self._mac = dump_signed(envelope)
         self.store.write(self.run, payload)
         self.envelope = envelope
-        self._open_generation(generation)
-        self._threshold = max(MIN_COMPACT_BYTES, len(payload))
+        self._open_generation({"k": "gen", "g": generation}, len(payload))
+
+    def resume(self, change: dict[str, Any], envelope_bytes: int) -> None:
+        """Continue the stored (suspended, signed) envelope without rewriting it.
+
+        The new journal generation chains from the envelope's signature and its
+        first line records what the resume changed (`change`, see
+        `mklang.checkpoint.resumed`), so the work of a resume does not grow with
+        the trace it carries (ADR 0009).
+        """
+        assert self.envelope.signature is not None, "only a signed envelope is continued in place"
+        self._mac = self.envelope.signature.hmac
+        self._open_generation({"k": "gen", "g": self.envelope.generation, "resume": change}, envelope_bytes)
 
     def _host_update(self) -> dict[str, Any]:
         """Fields that change as the run goes: machines loaded, scripted position.
@@ -127,9 +142,11 @@ class StoreJournal:
             update["host"] = self.envelope.host.model_copy(update={"position": self.position()})
         return update
 
-    def _open_generation(self, generation: int) -> None:
-        self.store.start_journal(self.run, self._signed({"k": "gen", "g": generation}))
+    def _open_generation(self, header: dict[str, Any], envelope_bytes: int) -> None:
+        """Replace the journal with one that starts with `header`; compact once it grows as large as the envelope."""
+        self.store.start_journal(self.run, self._signed(header))
         self._written = 0
+        self._threshold = max(MIN_COMPACT_BYTES, envelope_bytes)
 
     def _append(self, record: dict[str, Any], durable: bool) -> None:
         """Append one line. Every line reaches the OS at once (it survives kill -9);
@@ -214,6 +231,7 @@ class StoreJournal:
         envelope = self.envelope.model_copy(
             update=dict(
                 frames=[self._frame(frame) for frame in chain],
+                generation=self.envelope.generation + 1,  # no journal left behind continues it
                 answers=answers,
                 **self._host_update(),
                 **fields,
@@ -266,6 +284,22 @@ def read_journal(location: Location, generation: int, chain_from: str | None = N
                 f"(resume with --trust to use it as untrusted data)"
             )
     return records[1:]
+
+
+def resume_change(store: Store, run: str, envelope: Envelope) -> dict[str, Any] | None:
+    """What a resume changed in a suspended envelope while that resume runs (or after it
+    died): the `resume` field of the journal generation it started, else None."""
+    if envelope.status != "suspended":
+        return None
+    head, newline, _ = store.read_journal(run).partition(b"\n")
+    try:
+        record = load_json(head, MAX_CHECKPOINT_DEPTH) if newline else None
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("k") != "gen" or record.get("g") != envelope.generation:
+        return None
+    change = record.get("resume")
+    return change if isinstance(change, dict) else None
 
 
 def recover(

@@ -93,19 +93,37 @@ def canonical(document: dict[str, Any]) -> bytes:
     return json.dumps(unsigned, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def sign(document: dict[str, Any], key: bytes) -> dict[str, str]:
-    """The `signature` field of an envelope document."""
-    mac = hmac.new(key, canonical(document), hashlib.sha256).hexdigest()
-    return {"key_id": key_id(key), "hmac": mac}
+def sign(document: dict[str, Any], key: bytes) -> tuple[bytes, dict[str, str]]:
+    """The bytes of an envelope document signed with `key`, and its `signature` field.
+
+    The bytes are the canonical JSON with the signature added last, so the
+    document is encoded once and a reader can check the bytes as they are.
+    """
+    unsigned = canonical(document)
+    signature = {"key_id": key_id(key), "hmac": hmac.new(key, unsigned, hashlib.sha256).hexdigest()}
+    return unsigned[:-1] + _signature_suffix(signature), signature
 
 
-def seal_of(document: dict[str, Any], key: bytes) -> Seal:
-    """Whether an envelope document (as read, before migration) is signed with `key`."""
+def _signature_suffix(signature: dict[str, str]) -> bytes:
+    return b',"signature":' + json.dumps(signature, separators=(",", ":")).encode("ascii") + b"}"
+
+
+def seal_of(document: dict[str, Any], key: bytes, raw: bytes = b"") -> Seal:
+    """Whether an envelope document (as read from `raw`, before migration) is signed with `key`.
+
+    Bytes laid out as `sign` writes them are checked as they are; any other
+    layout of the same document is checked through its canonical JSON.
+    """
     signature = document.get("signature")
     if not isinstance(signature, dict) or not isinstance(signature.get("hmac"), str):
         return "unsigned"
     if signature.get("key_id") != key_id(key):
         return "foreign"
+    suffix = _signature_suffix({"key_id": signature["key_id"], "hmac": signature["hmac"]})
+    if raw.rstrip().endswith(suffix):
+        written = raw.rstrip()[: -len(suffix)] + b"}"
+        if hmac.compare_digest(hmac.new(key, written, hashlib.sha256).hexdigest(), signature["hmac"]):
+            return "signed"
     expected = hmac.new(key, canonical(document), hashlib.sha256).hexdigest()
     return "signed" if hmac.compare_digest(expected, signature["hmac"]) else "tampered"
 

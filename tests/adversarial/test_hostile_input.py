@@ -7,6 +7,7 @@ Runs are real `python -m mklang` subprocesses of this tree.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import time
 from dataclasses import replace
@@ -17,7 +18,7 @@ import pytest
 from conftest import cli_env, mklang
 from fakeserver import FakeServer, answer, error, refusal
 
-from mklang.limits import MAX_DEPTH
+from mklang.limits import MAX_DEPTH, json_depth, text_depth
 
 JSON_MACHINE = """\
 mklang 0.4
@@ -216,6 +217,26 @@ def test_checkpoint_nested_too_deep_is_refused(tmp_path: Path):
 
 
 # -- calc ------------------------------------------------------------------------------
+
+
+def _nested(rng: random.Random, depth: int = 0):
+    """A random JSON value whose strings hold brackets, quotes and backslashes."""
+    roll = rng.random()
+    if depth > 8 or roll < 0.3:
+        return rng.choice(['a"b', "\\", "[", "}{", '\\"]', 1, None, 2.5, '\\\\"', "é[ü", ""])
+    if roll < 0.65:
+        return [_nested(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["k", "[", '\\"', "}"]) + str(i): _nested(rng, depth + 1) for i in range(rng.randint(0, 3))}
+
+
+def test_the_depth_of_a_json_text_is_the_depth_of_its_value():
+    """Checkpoints are measured on their bytes (fast); brackets inside strings must not count."""
+    rng = random.Random(7)
+    for _ in range(3000):
+        value = _nested(rng)
+        for ascii_only in (True, False):
+            text = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8")
+            assert text_depth(text) == json_depth(value), text
 
 
 @pytest.mark.parametrize(

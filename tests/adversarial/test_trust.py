@@ -63,7 +63,7 @@ def edit(checkpoint: Path, change, *, resign: bool = False) -> None:
     document = json.loads(checkpoint.read_text(encoding="utf-8"))
     change(document)
     if resign:
-        document["signature"] = sign(document, checkpoint_key())
+        document["signature"] = sign(document, checkpoint_key())[1]
     checkpoint.write_text(json.dumps(document), encoding="utf-8")
 
 
