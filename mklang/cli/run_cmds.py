@@ -15,6 +15,7 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
+from mklang.cli.hosting import HOST_OPTIONS, Hosting, hosted
 from mklang.limits import NestingError, load_json, read_text
 from mklang.terminal import printable
 from mklang.vocabulary import PATH
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from mklang.session import Host
 
 
-# Options shared by `run` and `resume` (typer needs them spelled out per command).
+# Options shared by `run`, `resume` and `batch`; the host options are in `mklang.cli.hosting`.
 SetOpt = typer.Option(
     None, "--set", metavar="K.PATH=VALUE", help="Set a context value (JSON when it parses, else text). Repeatable."
 )
@@ -36,18 +37,8 @@ MaxCostOpt = typer.Option(None, "--max-cost", min=0.0, help="Dollar budget of th
 MaxTimeOpt = typer.Option(
     None, "--max-time", metavar="DURATION", help="Wall-clock budget of this process: 90s, 10m, 1h30m."
 )
-ProviderOpt = typer.Option(None, "--provider", help="openai, anthropic or ollama (else from the config).")
-ModelOpt = typer.Option(None, "--model", help="Model used for every tier.")
-ConfigOpt = typer.Option(None, "--config", help="Host config TOML (tiers, providers, prices).")
-ScriptOpt = typer.Option(None, "--script", help="Scenario script: answer from a scripted model, offline.")
-ScenarioOpt = typer.Option(None, "--scenario", help="Scenario of --script to use.")
-ReplayOpt = typer.Option(None, "--replay", help="Answer from a recorded cassette, offline.")
-RecordOpt = typer.Option(None, "--record", help="Record every provider exchange into a cassette.")
 ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Calls in flight for the whole run (default 8).")
 HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend for a human reply.")
-PluginOpt = typer.Option(
-    None, "--plugin", metavar="MODULE|FILE.py", help="Load host tools and hooks (its TOOLS and HOOKS maps). Repeatable."
-)
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -138,6 +129,7 @@ def report(result, as_json: bool, checkpoint: str | None = None) -> None:
 
 
 @app.command()
+@hosted(*HOST_OPTIONS)
 def run(
     machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
     set_: list[str] | None = SetOpt,
@@ -149,15 +141,8 @@ def run(
     max_tokens: int | None = MaxTokensOpt,
     max_cost: float | None = MaxCostOpt,
     max_time: str | None = MaxTimeOpt,
-    provider: str | None = ProviderOpt,
-    model: str | None = ModelOpt,
-    config: Path | None = ConfigOpt,
-    script: Path | None = ScriptOpt,
-    scenario: str | None = ScenarioOpt,
-    replay: Path | None = ReplayOpt,
-    record: Path | None = RecordOpt,
+    hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
-    plugin: list[str] | None = PluginOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the machine's check warnings."),
     format: OutputFormat = FormatOpt,
 ) -> None:
@@ -176,17 +161,7 @@ def run(
         context.update(parse_assignments(set_))
         seconds = parse_duration(max_time)
         control = Control()
-        host = session.Host.build(
-            script=script,
-            scenario=scenario,
-            provider=provider,
-            model=model,
-            config=config,
-            replay=replay,
-            record=record,
-            max_cost=max_cost,
-            plugins=plugin,
-        )
+        host = session.Host.build(**hosting.settings(), record=hosting.record, max_cost=max_cost)
         if not quiet:
             _print_warnings(loaded, {**(host.scenario.input if host.scenario else {}), **context})
         with (
@@ -233,6 +208,7 @@ def _read_input(path: Path) -> dict[str, Any]:
 
 
 @app.command()
+@hosted(*HOST_OPTIONS)
 def resume(
     checkpoint: str = typer.Argument(
         ..., help="The checkpoint of a suspended or crashed run: a file, or STORE-URI#RUN (docs/scale.md)."
@@ -256,15 +232,8 @@ def resume(
         None, "--checkpoint", help="Write a re-suspension here, a file or STORE-URI#RUN (default: the same)."
     ),
     hitl: bool | None = HitlOpt,
-    provider: str | None = ProviderOpt,
-    model: str | None = ModelOpt,
-    config: Path | None = ConfigOpt,
-    script: Path | None = ScriptOpt,
-    scenario: str | None = ScenarioOpt,
-    replay: Path | None = ReplayOpt,
-    record: Path | None = RecordOpt,
+    hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
-    plugin: list[str] | None = PluginOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
@@ -282,10 +251,8 @@ def resume(
             if check:
                 _report_compatible(resumable, as_json)
             budgets = resumable.envelope.budgets
-            given: dict[str, Any] = dict(script=script, scenario=scenario, provider=provider, model=model)
-            given.update(config=config, replay=replay, plugins=plugin)
             with (
-                _resumed_host(resumable, given, record, max_cost or budgets.max_cost) as host,
+                _resumed_host(resumable, hosting, max_cost or budgets.max_cost) as host,
                 interrupts(control),
                 live_view(as_json, max_tokens or budgets.max_tokens) as view,
             ):
@@ -316,7 +283,7 @@ def _report_compatible(resumable: Resumable, as_json: bool) -> None:
     raise typer.Exit(exitcodes.OK)
 
 
-def _resumed_host(resumable: Resumable, given: dict[str, Any], record: Path | None, max_cost: float | None) -> Host:
+def _resumed_host(resumable: Resumable, hosting: Hosting, max_cost: float | None) -> Host:
     """The host given on the command line, filled in from a trusted checkpoint (never re-recording).
 
     From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0014).
@@ -324,13 +291,13 @@ def _resumed_host(resumable: Resumable, given: dict[str, Any], record: Path | No
     from mklang.checkpoint.trust import host_choice
     from mklang.session import Host
 
-    chosen, ignored = host_choice(resumable.envelope.host, given, resumable.trusted)
+    chosen, ignored = host_choice(resumable.envelope.host, hosting.settings(), resumable.trusted)
     if ignored:
         print(
             f"mklang: the checkpoint is not signed with your key: ignored its recorded {', '.join(ignored)}",
             file=sys.stderr,
         )
-    return Host.build(record=record, max_cost=max_cost, **chosen)
+    return Host.build(record=hosting.record, max_cost=max_cost, **chosen)
 
 
 @app.command()

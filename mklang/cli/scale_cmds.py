@@ -9,19 +9,8 @@ from typing import Any
 import typer
 
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
-from mklang.cli.run_cmds import (
-    ConcurrencyOpt,
-    ConfigOpt,
-    FormatOpt,
-    MaxTimeOpt,
-    ModelOpt,
-    PluginOpt,
-    ProviderOpt,
-    ReplayOpt,
-    ScenarioOpt,
-    ScriptOpt,
-    parse_duration,
-)
+from mklang.cli.hosting import Hosting, hosted
+from mklang.cli.run_cmds import ConcurrencyOpt, FormatOpt, MaxTimeOpt, parse_duration
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
 STATUSES = ("running", "suspended", "done", "halted")
@@ -62,6 +51,7 @@ def _where(store: str, run: str) -> str:
 
 
 @app.command()
+@hosted("provider", "model", "config", "script", "scenario", "replay", "plugin")
 def batch(
     machine: Path = typer.Argument(..., help="The machine file run for every input."),
     inputs: Path = typer.Option(..., "--inputs", help="JSON Lines: one context object per run (its `id` names it)."),
@@ -75,13 +65,7 @@ def batch(
     batch_cost: float | None = typer.Option(None, "--batch-max-cost", min=0.0, help="Dollars for the whole batch."),
     executor: str = typer.Option("local", "--executor", help="local (threads here) or celery (workers)."),
     broker: str | None = typer.Option(None, "--broker", help="Celery broker URL (amqp://... or redis://...)."),
-    provider: str | None = ProviderOpt,
-    model: str | None = ModelOpt,
-    config: Path | None = ConfigOpt,
-    script: Path | None = ScriptOpt,
-    scenario: str | None = ScenarioOpt,
-    replay: Path | None = ReplayOpt,
-    plugin: list[str] | None = PluginOpt,
+    hosting: Hosting = Hosting(),
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Run a machine once per input line, each run durable in the store; re-run to resume."""
@@ -98,15 +82,7 @@ def batch(
             raise fail("--executor celery needs --broker URL")
         loaded = require_runnable(load_file(machine))
         items = batching.read_inputs(inputs)
-        host_options: dict[str, Any] = dict(
-            script=str(script) if script else None,
-            scenario=scenario,
-            provider=provider,
-            model=model,
-            config=str(config) if config else None,
-            replay=str(replay) if replay else None,
-            plugins=plugin or [],
-        )
+        host_options = hosting.settings()
         from contextlib import nullcontext
 
         from mklang.session import Host
@@ -124,7 +100,7 @@ def batch(
                         opened,
                         store,
                         (lambda: Host.build(**host_options, max_cost=max_cost))
-                        if script
+                        if hosting.script
                         else (lambda: nullcontext(shared)),
                         **budgets,
                         ceilings=batching.Ceilings(batch_tokens, batch_cost),
@@ -166,16 +142,12 @@ def _progress(as_json: bool, total: int) -> Any:
 
 
 @app.command()
+@hosted("provider", "model", "config", "script", "replay", "plugin")
 def worker(
     store: str = StoreOpt,
     broker: str = typer.Option(..., "--broker", help="Celery broker URL (amqp://... or redis://...)."),
     concurrency: int | None = ConcurrencyOpt,
-    provider: str | None = ProviderOpt,
-    model: str | None = ModelOpt,
-    config: Path | None = ConfigOpt,
-    script: Path | None = ScriptOpt,
-    replay: Path | None = ReplayOpt,
-    plugin: list[str] | None = PluginOpt,
+    hosting: Hosting = Hosting(),
 ) -> None:
     """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""
     with handle_errors():
@@ -185,12 +157,5 @@ def worker(
             broker,
             store,
             concurrency=concurrency or 8,
-            host_options=dict(
-                script=str(script) if script else None,
-                provider=provider,
-                model=model,
-                config=str(config) if config else None,
-                replay=str(replay) if replay else None,
-                plugins=plugin or [],
-            ),
+            host_options=hosting.settings(),
         )
