@@ -54,6 +54,10 @@ class CheckpointError(MklangError):
     """A checkpoint cannot be read, verified or resumed."""
 
 
+class RunBusy(CheckpointError):
+    """Another process holds the run's lock: it is still going there."""
+
+
 class ProviderError(MklangError):
     """A model provider failed after its retries; the run halts `provider-error`."""
 

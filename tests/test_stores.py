@@ -20,7 +20,7 @@ from test_golden import EXAMPLES
 
 from mklang.checkpoint.envelope import load
 from mklang.checkpoint.store import Location, Store, locate, open_store
-from mklang.errors import CheckpointError
+from mklang.errors import RunBusy
 from mklang.scenarios import load_script
 from mklang.session import Host, resume, start
 from mklang.syntax import load_file
@@ -79,6 +79,26 @@ def test_runs_lists_every_run_with_an_envelope(store):
     assert sorted(store.runs()) == ["a", "b", "c"]
 
 
+def test_notes_are_replaced_whole_and_listed_as_no_run(store):
+    assert store.read_note("run:a") is None
+    store.write_note("run:a", b'{"first": 1}')
+    store.write_note("batch:x", b"ceilings")
+    store.write_note("run:a", b'{"second": 2}')
+    assert (store.read_note("run:a"), store.read_note("batch:x")) == (b'{"second": 2}', b"ceilings")
+    assert store.runs() == []  # notes are not runs
+
+
+def test_a_batchs_spend_sums_its_runs_and_a_runs_spend_never_goes_down(store):
+    assert store.spend("b1") == (0, 0.0)
+    store.record_spend("b1", "a", 100, 0.5)
+    store.record_spend("b1", "b", 20, 0.25)
+    store.record_spend("b1", "a", 60, 0.75)  # a resumed run replays its journal: fewer tokens so far, not less spent
+    store.record_spend("b2", "a", 1, 1.0)
+    assert store.spend("b1") == (120, 1.0)
+    assert store.spend("b2") == (1, 1.0)
+    assert store.runs() == []
+
+
 HOLDER = textwrap.dedent("""
     import sys, time
     from mklang.checkpoint.store import open_store
@@ -100,7 +120,7 @@ def test_a_run_is_locked_by_one_process_until_it_dies(store, store_uri):
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert str(holder.pid) in (store.holder("run-1") or "")
-        with pytest.raises(CheckpointError, match=f"still going in process .*{holder.pid}"):
+        with pytest.raises(RunBusy, match=f"still going in process .*{holder.pid}"):
             store.lock("run-1")
         other = store.lock("run-2")  # runs lock independently
         other.release()

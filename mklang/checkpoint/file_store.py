@@ -2,7 +2,9 @@
 
 For a run `cp.json` in a folder: the envelope `cp.json` (replaced
 atomically, 0600), the journal `cp.json.journal` (appended; its handle stays
-open while the run goes on) and the lock `cp.json.lock`.
+open while the run goes on) and the lock `cp.json.lock`. Batches keep notes
+in `.mklang-notes/` and each run's spend in `.mklang-spend/`, files named by
+the hash of their key.
 
 The lock is an advisory `flock` on the lock file, which names the holder's
 pid. It is opened without following symlinks (a planted link cannot make a
@@ -16,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import threading
 from pathlib import Path
 from typing import IO
 
-from mklang.errors import CheckpointError
+from mklang.errors import CheckpointError, RunBusy
 from mklang.files import write_atomic
 
 SUFFIXES = (".journal", ".lock", ".tmp")
@@ -115,6 +118,48 @@ class FileStore:
                     found.append(path.name)
         return found
 
+    def _note(self, key: str) -> Path:
+        # Keys are user text (run ids): the file is named by their hash.
+        return self.folder / ".mklang-notes" / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
+
+    def read_note(self, key: str) -> bytes | None:
+        try:
+            return self._note(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise CheckpointError(f"{self._note(key)}: cannot read the batch note: {error.strerror}") from None
+
+    def write_note(self, key: str, payload: bytes) -> None:
+        self._write_private(self._note(key), payload)
+
+    def _spend_folder(self, batch: str) -> Path:
+        return self.folder / ".mklang-spend" / hashlib.sha256(batch.encode("utf-8")).hexdigest()[:32]
+
+    def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
+        path = self._spend_folder(batch) / hashlib.sha256(run.encode("utf-8")).hexdigest()[:32]
+        with self._guard:  # only the run's lock holder records its spend: this process's threads are the race
+            old_tokens, old_cost = _spend_of(path)
+            if tokens > old_tokens or cost > old_cost:
+                self._write_private(path, f"{max(tokens, old_tokens)} {max(cost, old_cost)!r}".encode())
+
+    def spend(self, batch: str) -> tuple[int, float]:
+        tokens, cost = 0, 0.0
+        folder = self._spend_folder(batch)
+        if folder.is_dir():
+            for path in sorted(folder.iterdir()):
+                if not path.name.startswith("."):
+                    run_tokens, run_cost = _spend_of(path)
+                    tokens, cost = tokens + run_tokens, cost + run_cost
+        return tokens, cost
+
+    def _write_private(self, path: Path, payload: bytes) -> None:
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_atomic(path, payload)
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot write the batch note: {error.strerror}") from None
+
     def close(self) -> None:
         with self._guard:
             for run in list(self._journals):
@@ -160,8 +205,18 @@ def lock_holder(path: Path) -> str | None:
     return None
 
 
-def still_running(what: str, holder: str) -> CheckpointError:
-    return CheckpointError(
+def _spend_of(path: Path) -> tuple[int, float]:
+    try:
+        tokens, cost = path.read_text(encoding="ascii").split()
+        return int(tokens), float(cost)
+    except FileNotFoundError:
+        return 0, 0.0
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot read a run's recorded spend: {error}") from None
+
+
+def still_running(what: str, holder: str) -> RunBusy:
+    return RunBusy(
         f"{what}: the run is still going in process {holder}; "
         f"wait for it, or stop it (Ctrl-C suspends it) before resuming"
     )

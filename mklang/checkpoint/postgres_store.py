@@ -2,8 +2,9 @@
 
 `postgresql://[user@]host[:port]/database#RUN`; libpq's URI options apply
 (for a schema: `?options=-csearch_path%3Dmy_schema`). Runs are rows of
-`mklang_runs(run, envelope)` and `mklang_journal(run, seq, line)`, created
-on first use; every write is one committed transaction.
+`mklang_runs(run, envelope)` and `mklang_journal(run, seq, line)`, batches
+keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
+tables are created on first use; every write is one committed transaction.
 
 A run's lock is a session advisory lock held on a connection of its own,
 so it is released when the lock is, or when the process holding it dies
@@ -28,6 +29,11 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);
 CREATE TABLE IF NOT EXISTS mklang_journal (run TEXT NOT NULL, seq BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL);
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
+CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS mklang_spend (
+    batch TEXT NOT NULL, run TEXT NOT NULL, tokens BIGINT NOT NULL, cost DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (batch, run)
+);
 """
 
 
@@ -133,6 +139,35 @@ class PostgresStore:
 
     def runs(self) -> list[str]:
         return [str(row[0]) for row in self._execute("SELECT run FROM mklang_runs ORDER BY run")]
+
+    def read_note(self, key: str) -> bytes | None:
+        rows = self._execute("SELECT value FROM mklang_notes WHERE key = %s", key)
+        return bytes(rows[0][0]) if rows else None
+
+    def write_note(self, key: str, payload: bytes) -> None:
+        self._execute(
+            "INSERT INTO mklang_notes (key, value) VALUES (%s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            key,
+            payload,
+        )
+
+    def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
+        self._execute(
+            "INSERT INTO mklang_spend (batch, run, tokens, cost) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (batch, run) DO UPDATE SET tokens = GREATEST(mklang_spend.tokens, excluded.tokens), "
+            "cost = GREATEST(mklang_spend.cost, excluded.cost)",
+            batch,
+            run,
+            tokens,
+            cost,
+        )
+
+    def spend(self, batch: str) -> tuple[int, float]:
+        rows = self._execute(
+            "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0.0) FROM mklang_spend WHERE batch = %s", batch
+        )
+        return int(rows[0][0]), float(rows[0][1])
 
     def close(self) -> None:
         with self._guard:

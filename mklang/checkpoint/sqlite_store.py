@@ -3,7 +3,8 @@
 `sqlite:///runs.db#RUN` (a relative path) or `sqlite:////abs/runs.db#RUN`.
 The database runs in WAL mode with full sync, so readers never block the
 writer and a committed envelope or journal line survives a crash. Runs
-are rows: `mklang_runs(run, envelope)` and `mklang_journal(run, seq, line)`.
+are rows: `mklang_runs(run, envelope)` and `mklang_journal(run, seq, line)`;
+batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
 
 SQLite has no lock that dies with its process, so a run's lock is the file
 store's `flock` on `<database>.locks/<run>.lock`: released by the kernel
@@ -28,6 +29,10 @@ CREATE TABLE IF NOT EXISTS mklang_journal (
     run TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, line BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
+CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS mklang_spend (
+    batch TEXT NOT NULL, run TEXT NOT NULL, tokens INTEGER NOT NULL, cost REAL NOT NULL, PRIMARY KEY (batch, run)
+);
 """
 
 
@@ -106,6 +111,34 @@ class SqliteStore:
 
     def runs(self) -> list[str]:
         return [str(row[0]) for row in self._run("SELECT run FROM mklang_runs ORDER BY run")]
+
+    def read_note(self, key: str) -> bytes | None:
+        rows = self._run("SELECT value FROM mklang_notes WHERE key = ?", key)
+        return bytes(rows[0][0]) if rows else None
+
+    def write_note(self, key: str, payload: bytes) -> None:
+        self._run(
+            "INSERT INTO mklang_notes (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            key,
+            payload,
+        )
+
+    def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
+        self._run(
+            "INSERT INTO mklang_spend (batch, run, tokens, cost) VALUES (?, ?, ?, ?) ON CONFLICT (batch, run) "
+            "DO UPDATE SET tokens = MAX(tokens, excluded.tokens), cost = MAX(cost, excluded.cost)",
+            batch,
+            run,
+            tokens,
+            cost,
+        )
+
+    def spend(self, batch: str) -> tuple[int, float]:
+        rows = self._run(
+            "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0.0) FROM mklang_spend WHERE batch = ?", batch
+        )
+        return int(rows[0][0]), float(rows[0][1])
 
     def close(self) -> None:
         with self._guard:

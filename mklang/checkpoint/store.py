@@ -2,7 +2,8 @@
 
 A store holds many runs, each named by a run id: its envelope (one document,
 replaced atomically), its journal (an append-only byte log that a new
-generation replaces whole), and its lock (one process at a time). The
+generation replaces whole), and its lock (one process at a time). Batches
+(`mklang.batching`) keep notes and each run's spend beside them. The
 envelope codec, the journal's records and recovery live above it, so every
 adapter (files, SQLite, PostgreSQL) stores the same bytes.
 
@@ -57,6 +58,18 @@ class Store(Protocol):
 
     def runs(self) -> list[str]:
         """The ids of every run the store holds."""
+
+    def read_note(self, key: str) -> bytes | None:
+        """A batch's note under `key` (its ceilings, what a worker made of a run), or None."""
+
+    def write_note(self, key: str, payload: bytes) -> None:
+        """Replace the note under `key` atomically."""
+
+    def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
+        """Raise what `run` has spent in `batch` to at least these totals (never lowers them)."""
+
+    def spend(self, batch: str) -> tuple[int, float]:
+        """What every run of `batch` has spent: tokens and dollars."""
 
     def close(self) -> None:
         """Release connections and open files (held locks are released by `RunLock.release`)."""
