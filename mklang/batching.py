@@ -11,6 +11,7 @@ process or worker ran it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -27,7 +28,8 @@ from mklang.checkpoint.envelope import parse
 from mklang.checkpoint.journal import resume_change
 from mklang.checkpoint.store import Location, Store
 from mklang.engine import Control
-from mklang.errors import MklangError, UsageError
+from mklang.engine.runtime import COST_SLACK
+from mklang.errors import MklangError, RunBusy, UsageError
 from mklang.limits import load_json
 from mklang.model import Machine
 from mklang.providers.base import Usage
@@ -52,6 +54,71 @@ class Ceilings:
     max_tokens: int | None = None
     max_cost: float | None = None
 
+    def any(self) -> bool:
+        return self.max_tokens is not None or self.max_cost is not None
+
+    def reached(self, tokens: int, cost: float) -> bool:
+        return (self.max_tokens is not None and tokens >= self.max_tokens) or (
+            self.max_cost is not None and cost >= self.max_cost - COST_SLACK
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "max_cost": self.max_cost}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ceilings:
+        return cls(data.get("max_tokens"), data.get("max_cost"))
+
+
+class Ledger:
+    """A batch's spend against its ceilings: what each run spent, live, and the total.
+
+    The engine asks `record` at every loop-top and before every fan-out branch
+    (`Control.ceiling`), so a run learns of a ceiling another run crossed before
+    its next call. This one lives in the process (the local executor);
+    `StoreLedger` shares it between workers through the store.
+    """
+
+    def __init__(self, ceilings: Ceilings):
+        self.ceilings = ceilings
+        self._runs: dict[str, tuple[int, float]] = {}
+        self._tokens, self._cost = 0, 0.0
+        self._guard = threading.Lock()
+
+    def reached(self) -> bool:
+        with self._guard:
+            return self.ceilings.reached(self._tokens, self._cost)
+
+    def record(self, run: str, spent: Usage) -> bool:
+        """Note that `run` has spent `spent` in all (it never goes down); True once a ceiling is reached."""
+        with self._guard:
+            tokens, cost = self._runs.get(run, (0, 0.0))
+            now = max(tokens, spent.tokens), max(cost, spent.cost_usd)
+            self._runs[run] = now
+            self._tokens += now[0] - tokens
+            self._cost += now[1] - cost
+            return self.ceilings.reached(self._tokens, self._cost)
+
+
+class StoreLedger(Ledger):
+    """The ledger of a batch whose runs are spread over workers: each run's spend lives in the store."""
+
+    def __init__(self, ceilings: Ceilings, store: Store, batch: str):
+        super().__init__(ceilings)
+        self.store, self.batch = store, batch
+
+    def reached(self) -> bool:
+        return self.ceilings.reached(*self.store.spend(self.batch))
+
+    def record(self, run: str, spent: Usage) -> bool:
+        self.store.record_spend(self.batch, run, spent.tokens, spent.cost_usd)
+        return self.reached()
+
+
+def batch_id(items: Iterable[Item]) -> str:
+    """A batch is named by the runs it holds: re-running it (in any order) is the same batch."""
+    return hashlib.sha256("\n".join(sorted(item.run for item in items)).encode("utf-8")).hexdigest()[:16]
+
 
 @dataclass
 class Outcome:
@@ -71,6 +138,15 @@ class Outcome:
             "result": self.result,
             "usage": self.usage,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls(str(data["id"]), data["status"], data.get("reason"), data.get("result"), data.get("usage") or {})
+
+    @property
+    def settled(self) -> bool:
+        """Nothing a batch pass can do changes it: done, halted, or parked on a human question."""
+        return self.status in ("done", "halted") or (self.status == "suspended" and self.reason == PARKED)
 
 
 def read_inputs(path: str | Path) -> list[Item]:
@@ -125,6 +201,8 @@ class Batch:
 
     `host_for()` gives each run its host as a context manager: a `Host` built
     for the run (closed after it), or a shared one wrapped in `nullcontext`.
+    The ceilings are kept by `ledger` (by default one in this process, which
+    counts what the batch's runs spent in earlier passes too).
     """
 
     def __init__(
@@ -138,6 +216,7 @@ class Batch:
         max_cost: float | None = None,
         max_time: float | None = None,
         ceilings: Ceilings | None = None,
+        ledger: Ledger | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
         stop: threading.Event | None = None,
     ):
@@ -145,53 +224,44 @@ class Batch:
         self.store = store
         self.uri = uri
         self.host_for = host_for
-        self.budgets = dict(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time)
-        self.ceilings = ceilings or Ceilings()
+        self.budgets: dict[str, Any] = dict(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time)
+        if ledger is None and ceilings is not None and ceilings.any():
+            ledger = Ledger(ceilings)
+        self.ledger = ledger
         self.on_outcome = on_outcome
         self.stop = stop or threading.Event()  # set: every run suspends at its next loop-top
-        self._spent = Usage()
-        self._guard = threading.Lock()
 
     def run_item(self, item: Item) -> Outcome:
-        """Start, resume or skip one run; its outcome is read back from the store."""
+        """Start, resume or skip one run; its outcome is read back from the store.
+
+        A run that cannot be set up or resumed here (its host, its checkpoint)
+        is `failed` with the one-line reason; one locked by another process is
+        `pending` (it is still going there).
+        """
         done = outcome(self.store, item.run)
-        if done.status in ("done", "halted") or (done.status == "suspended" and done.reason == PARKED):
+        if done.settled:
             return self._report(done)
-        budgets = self._budgets()
-        if budgets is None:  # a batch-wide ceiling is reached: leave it for a later pass
-            return self._report(Outcome(item.run, "suspended", "batch-ceiling"))
+        if self.ledger is not None and self.ledger.reached():  # leave it for a pass with a higher ceiling
+            return self._report(Outcome(item.run, "suspended", "batch-ceiling", usage=done.usage))
         where = location(self.store, self.uri, item.run)
         control = Control()
         control.interrupted = self.stop
+        if self.ledger is not None:
+            control.ceiling = functools.partial(self.ledger.record, item.run)
         try:
             with self.host_for() as host:
                 if self.store.read(item.run) is None:
-                    result = start(self.machine, item.context, host, checkpoint=where, control=control, **budgets)
+                    result = start(self.machine, item.context, host, checkpoint=where, control=control, **self.budgets)
                 else:
                     with opened(where) as resumable:
-                        result = proceed(resumable, host, control=control, **budgets)
+                        result = proceed(resumable, host, control=control, **self.budgets)
+        except RunBusy as error:
+            return self._report(Outcome(item.run, "pending", first_line(error)))
         except MklangError as error:
-            return self._report(Outcome(item.run, "failed", str(error)))
-        with self._guard:
-            self._spent = self._spent + result.usage
+            return self._report(Outcome(item.run, "failed", first_line(error)))
+        if self.ledger is not None:
+            self.ledger.record(item.run, result.usage)  # the last call of a run is after its last loop-top
         return self._report(outcome(self.store, item.run))
-
-    def _budgets(self) -> dict[str, Any] | None:
-        """The run's budgets, lowered to what the batch-wide ceilings leave; None when nothing is left."""
-        budgets: dict[str, Any] = dict(self.budgets)
-        with self._guard:
-            spent = self._spent
-        for key, ceiling, used in (
-            ("max_tokens", self.ceilings.max_tokens, spent.tokens),
-            ("max_cost", self.ceilings.max_cost, spent.cost_usd),
-        ):
-            if ceiling is None:
-                continue
-            left = ceiling - used
-            if left <= 0:
-                return None
-            budgets[key] = left if budgets[key] is None else min(budgets[key], left)
-        return budgets
 
     def _report(self, result: Outcome) -> Outcome:
         if self.on_outcome is not None:
@@ -200,8 +270,16 @@ class Batch:
 
     def run(self, items: Iterable[Item], concurrency: int = DEFAULT_CONCURRENCY) -> list[Outcome]:
         items = list(items)
+        if self.ledger is not None:  # the batch's earlier passes count against its ceilings
+            for item in items:
+                self.ledger.record(item.run, Usage.from_json(outcome(self.store, item.run).usage))
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mklang-batch") as pool:
             return list(pool.map(self.run_item, items))
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def collect(store: Store, items: Iterable[Item]) -> list[Outcome]:

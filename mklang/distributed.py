@@ -15,17 +15,23 @@ message from running a run that another worker still runs.
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
+import socket
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Any
 
-from mklang.batching import Batch, Item, Outcome, outcome
+from mklang.batching import Batch, Ceilings, Item, Outcome, StoreLedger, batch_id, first_line, outcome
 from mklang.checkpoint.store import Store, open_store
-from mklang.errors import UsageError
+from mklang.errors import MklangError, UsageError
 from mklang.model import Machine
+from mklang.providers.base import Usage
 
 TASK = "mklang.run_item"
 POLL_SECONDS = 0.25
@@ -33,6 +39,12 @@ POLL_SECONDS = 0.25
 # many seconds: a run must finish within it, or it is delivered twice (the run
 # lock then refuses the second delivery while the first still runs).
 REDIS_VISIBILITY_TIMEOUT = 3600
+_log = logging.getLogger("mklang.worker")
+
+
+def _say(line: str) -> None:
+    """One line on the worker's stderr (its log), whatever Celery did with logging."""
+    print(f"mklang worker {os.getpid()}: {line}", file=sys.__stderr__, flush=True)
 
 
 def queue_for(uri: str) -> str:
@@ -61,6 +73,20 @@ def celery_app(broker: str) -> Any:
     return app
 
 
+def note_key(run: str) -> str:
+    return f"run:{run}"
+
+
+def batch_key(batch: str) -> str:
+    return f"batch:{batch}"
+
+
+def read_note(store: Store, run: str) -> dict[str, Any] | None:
+    """What the last worker to take `run` made of it: {id, worker, outcome}; None before any did."""
+    raw = store.read_note(note_key(run))
+    return json.loads(raw) if raw is not None else None
+
+
 def enqueue_and_follow(
     broker: str,
     uri: str,
@@ -69,32 +95,58 @@ def enqueue_and_follow(
     items: Iterable[Item],
     budgets: dict[str, Any],
     *,
+    ceilings: Ceilings | None = None,
+    stall: float | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
+    on_wait: Callable[[float], None] | None = None,
 ) -> list[Outcome]:
-    """Enqueue every item not finished yet, then wait until the store says each one stopped."""
+    """Enqueue every item not settled yet, then follow the store until a worker reported each one.
+
+    A worker reports a run by replacing its note (`read_note`), whatever became
+    of it: done, halted, suspended, or failed on that worker. With `stall`,
+    following ends once no run was reported for that many seconds; the runs
+    not reported are then `pending` (they stay queued). `on_wait` is told, at
+    every poll, how long no run was reported.
+    """
     items = list(items)
+    ceilings = ceilings or Ceilings()
     app = celery_app(broker)
     queue = queue_for(uri)
-    waiting: dict[str, Item] = {}
+    batch = batch_id(items)
+    store.write_note(batch_key(batch), json.dumps(ceilings.to_json()).encode("utf-8"))
+    waiting: dict[str, str | None] = {}  # run -> the id of its note when it was enqueued
     finished: dict[str, Outcome] = {}
     for item in items:
         now = outcome(store, item.run)
-        if now.status == "pending":
-            app.send_task(TASK, args=[item.run, item.context, machine_path, budgets], queue=queue)
-            waiting[item.run] = item
-        else:
+        if ceilings.any() and now.usage:  # the batch's earlier passes count against its ceilings
+            spent = Usage.from_json(now.usage)
+            store.record_spend(batch, item.run, spent.tokens, spent.cost_usd)
+        if now.settled:
             finished[item.run] = now
             if on_outcome is not None:
                 on_outcome(now)
+            continue
+        note = read_note(store, item.run)
+        waiting[item.run] = note["id"] if note else None
+        app.send_task(TASK, args=[item.run, item.context, machine_path, budgets], kwargs={"batch": batch}, queue=queue)
+    progress = time.monotonic()
     while waiting:
         time.sleep(POLL_SECONDS)
-        for run in list(waiting):
-            now = outcome(store, run)
-            if now.status != "pending":
-                finished[run] = now
+        for run, seen in list(waiting.items()):
+            note = read_note(store, run)
+            if note is not None and note["id"] != seen:
+                finished[run] = now = Outcome.from_json(note["outcome"])
                 del waiting[run]
+                progress = time.monotonic()
                 if on_outcome is not None:
                     on_outcome(now)
+        idle = time.monotonic() - progress
+        if waiting and on_wait is not None:
+            on_wait(idle)
+        if waiting and stall is not None and idle >= stall:
+            for run in waiting:
+                finished[run] = Outcome(run, "pending", f"no worker reported it within {stall:g}s")
+            break
     return [finished[item.run] for item in items]
 
 
@@ -106,19 +158,40 @@ class Worker:
         self.store = open_store(uri)
         self.host_options = host_options
         self.stopping = threading.Event()
+        self.name = f"{os.getpid()}@{socket.gethostname()}"
 
-    def run(self, run: str, context: dict[str, Any], machine_path: str, budgets: dict[str, Any]) -> Outcome:
+    def run(
+        self, run: str, context: dict[str, Any], machine_path: str, budgets: dict[str, Any], batch: str | None = None
+    ) -> Outcome:
+        """Start, resume or skip `run`; anything that keeps this worker from running it makes it `failed`."""
         from mklang.session import Host
 
-        runner = Batch(
-            _machine(machine_path),
-            self.store,
-            self.uri,
-            lambda: Host.build(**self.host_options, max_cost=budgets.get("max_cost")),
-            **budgets,
-            stop=self.stopping,
-        )
-        return runner.run_item(Item(run, context))
+        try:
+            ledger = None
+            if batch is not None:
+                raw = self.store.read_note(batch_key(batch))
+                ceilings = Ceilings.from_json(json.loads(raw)) if raw is not None else Ceilings()
+                ledger = StoreLedger(ceilings, self.store, batch) if ceilings.any() else None
+            runner = Batch(
+                _machine(machine_path),
+                self.store,
+                self.uri,
+                lambda: Host.build(**self.host_options, max_cost=budgets.get("max_cost")),
+                **budgets,
+                ledger=ledger,
+                stop=self.stopping,
+            )
+            return runner.run_item(Item(run, context))
+        except MklangError as error:
+            return Outcome(run, "failed", first_line(error))
+        except Exception as error:  # a fault of this worker: the run is failed, not retried forever
+            _log.exception("run %s failed on an internal error", run)
+            return Outcome(run, "failed", f"internal error on worker {self.name}: {first_line(error)}")
+
+    def report(self, done: Outcome) -> None:
+        """Tell the batch what became of a run: replace its note."""
+        note = {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
+        self.store.write_note(note_key(done.run), json.dumps(note, ensure_ascii=False).encode("utf-8"))
 
 
 @cache
@@ -138,10 +211,24 @@ def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[
     worker = Worker(uri, host_options)
 
     @app.task(name=TASK, bind=True)
-    def run_item(task: Any, run: str, context: dict[str, Any], machine_path: str, budgets: dict[str, Any]) -> None:
-        done = worker.run(run, context, machine_path, budgets)
-        if done.status == "pending" and worker.stopping.is_set():
-            raise Reject(f"{run}: suspended by the worker's shutdown", requeue=True)
+    def run_item(
+        task: Any,
+        run: str,
+        context: dict[str, Any],
+        machine_path: str,
+        budgets: dict[str, Any],
+        batch: str | None = None,
+    ) -> None:
+        done = worker.run(run, context, machine_path, budgets, batch)
+        if done.status == "pending":
+            if worker.stopping.is_set():
+                _say(f"run {run}: suspended by the worker's shutdown, back to the queue")
+                raise Reject(f"{run}: suspended by the worker's shutdown", requeue=True)
+            _say(f"run {run}: {done.reason}; left to that process")  # it reports the run when it stops
+            return
+        if done.status == "failed":
+            _say(f"run {run} failed: {done.reason}")
+        worker.report(done)  # then the message is acknowledged: a failure is not redelivered forever
 
     def stop(**_: Any) -> None:
         worker.stopping.set()  # every run suspends at its next loop-top

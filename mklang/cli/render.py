@@ -228,5 +228,14 @@ class BatchProgress:
 
     def __call__(self, outcome: Any) -> None:
         self.counts[outcome.status] = self.counts.get(outcome.status, 0) + 1
-        shown = "  ".join(f"{key} {value}" for key, value in sorted(self.counts.items()))
-        self._progress.update(self._task, advance=1, description=shown)
+        self._progress.update(self._task, advance=1, description=self._counts())
+
+    def waiting(self, idle: float) -> None:
+        """Workers have reported no run for `idle` seconds: say so after a few."""
+        shown = self._counts()
+        if idle >= 5:
+            shown = f"{shown}  waiting for workers ({idle:.0f}s)".strip()
+        self._progress.update(self._task, description=shown)
+
+    def _counts(self) -> str:
+        return "  ".join(f"{key} {value}" for key, value in sorted(self.counts.items()))

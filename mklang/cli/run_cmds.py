@@ -57,13 +57,13 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
     return values
 
 
-def parse_duration(text: str | None) -> float | None:
+def parse_duration(text: str | None, option: str = "--max-time") -> float | None:
     """`90`, `90s`, `10m`, `1h30m` -> seconds."""
     if text is None:
         return None
     match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
     if not match or not any(match.groups()):
-        raise fail(f"--max-time expects a duration such as 90s, 10m or 1h30m, got {text!r}")
+        raise fail(f"{option} expects a duration such as 90s, 10m or 1h30m, got {text!r}")
     hours, minutes, seconds = (float(group or 0) for group in match.groups())
     return hours * 3600 + minutes * 60 + seconds
 

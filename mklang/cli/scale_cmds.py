@@ -65,6 +65,12 @@ def batch(
     batch_cost: float | None = typer.Option(None, "--batch-max-cost", min=0.0, help="Dollars for the whole batch."),
     executor: str = typer.Option("local", "--executor", help="local (threads here) or celery (workers)."),
     broker: str | None = typer.Option(None, "--broker", help="Celery broker URL (amqp://... or redis://...)."),
+    stall_timeout: str | None = typer.Option(
+        None,
+        "--stall-timeout",
+        metavar="DURATION",
+        help="With --executor celery: stop following once no run was reported for this long (exit 3).",
+    ),
     hosting: Hosting = Hosting(),
     format: OutputFormat = FormatOpt,
 ) -> None:
@@ -80,6 +86,9 @@ def batch(
             raise fail(f"--executor expects local or celery, got {executor!r}")
         if executor == "celery" and broker is None:
             raise fail("--executor celery needs --broker URL")
+        stall = parse_duration(stall_timeout, "--stall-timeout")
+        if stall is not None and executor != "celery":
+            raise fail("--stall-timeout follows workers: it needs --executor celery")
         loaded = require_runnable(load_file(machine))
         items = batching.read_inputs(inputs)
         host_options = hosting.settings()
@@ -117,13 +126,26 @@ def batch(
                         str(machine.resolve()),
                         items,
                         budgets,
+                        ceilings=batching.Ceilings(batch_tokens, batch_cost),
+                        stall=stall,
                         on_outcome=progress,
+                        on_wait=progress.waiting,
                     )
         finally:
             opened.close()
             shared.close()
         if out is not None:
             batching.write_results(out, outcomes)
+        unreported = sum(1 for result in outcomes if result.status == "pending")
+        if executor == "celery" and stall is not None and unreported:
+            from mklang.distributed import queue_for
+
+            print(
+                f"mklang: no run was reported for {stall_timeout}: {unreported} run(s) not finished, still queued on "
+                f"{queue_for(store)}. Is a worker running (mklang worker --store {store} --broker ...)? "
+                "Re-run this command to follow them again.",
+                file=sys.stderr,
+            )
         totals = batching.summary(outcomes)
         if as_json:
             print_json(totals)

@@ -98,7 +98,8 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
 def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
     """Why `level` may not start another state, or another branch of a fan-out that has
     `launched` branches already; None when it may. The one budget check: loop-tops and
-    fan-outs both call it. SPEC section 4 order: steps, token/cost (then time), interrupts.
+    fan-outs both call it. SPEC section 4 order: steps, token/cost (the run's, then a
+    batch's shared ceiling, which also learns the run's spend here), time, interrupts.
 
     Tokens, dollars and time are the whole run's (every level, every branch, live);
     steps are the level's own, a branch counting one.
@@ -109,6 +110,8 @@ def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
     if rt.caps.spent(rt.spent):
         return "cost-exhausted"
     control = rt.control
+    if control.ceiling is not None and control.ceiling(rt.spent):
+        return "batch-ceiling"
     if control.past_deadline():
         return "time-exhausted"
     if control.interrupted.is_set() and not level.branch:

@@ -25,11 +25,13 @@ COST_SLACK = 1e-9  # USD
 
 
 class Control:
-    """Signals from outside the run: an interrupt request and a wall-clock deadline."""
+    """Signals from outside the run: an interrupt request, a wall-clock deadline, and a
+    shared ceiling (a batch's): given the run's live spend, True once it is reached."""
 
     def __init__(self, deadline: float | None = None):
         self.interrupted = threading.Event()
         self.deadline = deadline
+        self.ceiling: Callable[[Usage], bool] | None = None
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
