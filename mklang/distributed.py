@@ -42,9 +42,16 @@ REDIS_VISIBILITY_TIMEOUT = 3600
 _log = logging.getLogger("mklang.worker")
 
 
+_said = threading.Lock()
+
+
 def _say(line: str) -> None:
-    """One line on the worker's stderr (its log), whatever Celery did with logging."""
-    print(f"mklang worker {os.getpid()}: {line}", file=sys.__stderr__, flush=True)
+    """One whole line on the worker's stderr (its log), whatever Celery did with logging."""
+    stream = sys.__stderr__
+    if stream is not None:
+        with _said:
+            stream.write(f"mklang worker {os.getpid()}: {line}\n")
+            stream.flush()
 
 
 def queue_for(uri: str) -> str:
@@ -231,7 +238,8 @@ def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[
         worker.report(done)  # then the message is acknowledged: a failure is not redelivered forever
 
     def stop(**_: Any) -> None:
-        worker.stopping.set()  # every run suspends at its next loop-top
+        _say("stopping: every run suspends at its next loop-top and goes back to the queue")
+        worker.stopping.set()
 
     worker_shutting_down.connect(stop, weak=False)
     app.worker_main(

@@ -7,6 +7,12 @@ other and resumed (each process has a home of its own: the fleet key in
 MKLANG_CHECKPOINT_KEY is what lets one worker resume what the other signed),
 every item ends done with the uninterrupted answers, and
 the extra model calls are at most the calls it had in flight.
+
+A worker stopped with SIGTERM suspends its runs and gives them back; a run a
+worker cannot set up is failed, reported and acknowledged once; batch-wide
+ceilings hold across workers; a batch no worker serves stops following
+after its stall timeout. Tests wait for observable states (calls held at the
+fake model, lines a worker prints), not for time to pass.
 """
 
 from __future__ import annotations
@@ -15,12 +21,17 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from conftest import cli_env, model_config, require_server, wait_for
-from fakeserver import FakeServer, answer
+from fakeserver import FakeServer
 from test_batch import CALLS, MACHINE, reply, results, write_items
+
+from mklang.checkpoint.envelope import parse
+from mklang.checkpoint.store import open_store
+from mklang.distributed import celery_app, queue_for, read_note
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -56,7 +67,7 @@ def start(project: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def worker(project: Path, store: str, broker: str) -> subprocess.Popen[str]:
+def worker(project: Path, store: str, broker: str, config: str = "mklang.toml") -> subprocess.Popen[str]:
     return start(
         project,
         "worker",
@@ -67,11 +78,11 @@ def worker(project: Path, store: str, broker: str) -> subprocess.Popen[str]:
         "--concurrency",
         str(WORKER_CONCURRENCY),
         "--config",
-        "mklang.toml",
+        config,
     )
 
 
-def batch(project: Path, store: str, broker: str) -> subprocess.Popen[str]:
+def batch(project: Path, store: str, broker: str, *options: str) -> subprocess.Popen[str]:
     return start(
         project,
         "batch",
@@ -90,14 +101,46 @@ def batch(project: Path, store: str, broker: str) -> subprocess.Popen[str]:
         "mklang.toml",
         "--format",
         "json",
+        *options,
     )
+
+
+class Lines:
+    """The stderr lines a process has printed so far, read on a thread of their own."""
+
+    def __init__(self, process: subprocess.Popen[str]):
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._reader.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        for line in process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def having(self, text: str) -> list[str]:
+        return [line for line in list(self.lines) if text in line]
+
+    def done(self) -> list[str]:
+        self._reader.join(timeout=30)
+        return self.lines
+
+
+def queue_depth(store: str, broker: str = RABBITMQ) -> int:
+    """Messages waiting in the store's queue (RabbitMQ)."""
+    with celery_app(broker).connection_for_write() as connection:
+        return connection.default_channel.queue_declare(queue_for(store), passive=True).message_count
+
+
+def drop_queue(store: str, broker: str = RABBITMQ) -> None:
+    with celery_app(broker).connection_for_write() as connection:
+        connection.default_channel.queue_delete(queue_for(store))
 
 
 def stop(*processes: subprocess.Popen[str]) -> None:
     for process in processes:
         if process.poll() is None:
             process.kill()
-        process.communicate()
+        process.wait()
 
 
 def test_a_worker_killed_mid_batch_loses_only_its_calls_in_flight(project, server, postgres_uri):
@@ -135,18 +178,143 @@ def test_redis_works_as_the_broker(project, server, postgres_uri):
 
 def test_sigterm_suspends_a_workers_runs_and_gives_them_back_to_the_queue(project, server, postgres_uri):
     require_server("RabbitMQ")
-    server.handler = lambda request: answer(reply(request).text, delay=0.3)  # slow enough to stop mid-run
+    release = threading.Event()
+
+    def held(request):  # every call waits until the test lets it answer
+        release.wait(timeout=120)
+        return reply(request)
+
+    server.handler = held
     write_items(project, 8)
-    workers = [worker(project, postgres_uri, RABBITMQ)]
+    first = worker(project, postgres_uri, RABBITMQ)
+    said = Lines(first)
+    running = batch(project, postgres_uri, RABBITMQ)
+    workers = [first]
+    try:
+        # Every thread of the worker is inside a run's first call: 4 runs in flight, none finished.
+        wait_for(lambda: server.count >= WORKER_CONCURRENCY, running, "the worker started its runs", timeout=120)
+        first.send_signal(signal.SIGTERM)
+        wait_for(lambda: said.having("stopping"), running, "the worker heard SIGTERM", timeout=60)
+        release.set()  # the calls in flight answer; each run stops at its next loop-top
+        first.wait(timeout=120)
+        said.done()  # every line it printed is read
+        given_back = sorted(
+            line.split(": run ")[1].split(":")[0]
+            for line in said.having("suspended by the worker")
+            if line.startswith("mklang worker")
+        )
+        assert len(given_back) == WORKER_CONCURRENCY, "\n".join(said.lines)
+        store = open_store(postgres_uri)
+        try:
+            for run in given_back:  # suspended by the interrupt, its first call paid and kept
+                envelope = parse(store.read(run), run)
+                assert (envelope.status, envelope.reason, len(envelope.frames[-1]["trace"])) == (
+                    "suspended",
+                    "interrupted",
+                    1,
+                )
+                assert read_note(store, run) is None  # given back, not reported
+            assert server.count == WORKER_CONCURRENCY  # nothing else ran
+            second = worker(project, postgres_uri, RABBITMQ)
+            workers.append(second)
+            stdout, stderr = running.communicate(timeout=180)
+            assert running.returncode == 0, stderr
+            assert json.loads(stdout)["done"] == 8
+            for run in given_back:  # requeued and finished by the other worker
+                note = read_note(store, run)
+                assert (note["worker"].split("@")[0], note["outcome"]["status"]) == (str(second.pid), "done")
+        finally:
+            store.close()
+    finally:
+        release.set()
+        stop(running, *workers)
+    assert server.count == 8 * CALLS  # the calls paid before the SIGTERM were not paid again
+    assert [line["result"] for line in results(project / "out.jsonl")] == [f"answer {n}" for n in range(8)]
+
+
+def test_a_run_a_worker_cannot_set_up_is_failed_once_and_the_batch_ends(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 3)
+    broken = worker(project, postgres_uri, RABBITMQ, config="missing.toml")  # this worker's host cannot be built
+    said = Lines(broken)
     running = batch(project, postgres_uri, RABBITMQ)
     try:
-        wait_for(lambda: server.count >= 2, running, "the worker started runs", timeout=120)
-        workers[0].send_signal(signal.SIGTERM)
-        workers[0].communicate(timeout=120)  # a warm shutdown: its runs suspended at their next loop-top
-        workers.append(worker(project, postgres_uri, RABBITMQ))
+        stdout, stderr = running.communicate(timeout=180)
+        assert running.returncode == 1, stderr  # failed runs: as with the local executor
+        totals = json.loads(stdout)
+        assert (totals["failed"], totals["done"], totals["pending"], totals["exit_code"]) == (3, 0, 0, 1)
+        out = results(project / "out.jsonl")
+        assert {line["status"] for line in out} == {"failed"}
+        assert all("missing.toml" in line["reason"] and "\n" not in line["reason"] for line in out), out
+        assert queue_depth(postgres_uri) == 0  # acknowledged: not redelivered
+    finally:
+        stop(running, broken)
+    assert len([line for line in said.done() if " failed: " in line]) == 3  # each run failed once
+    assert server.count == 0
+
+
+def test_a_checkpoint_that_fails_verification_on_the_worker_is_failed(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 3)
+    foreign = project / "foreign"  # item-0 was suspended by someone holding another key
+    foreign.mkdir()
+    suspended = subprocess.run(
+        [sys.executable, "-m", "mklang", "run", "twostep.mk", "--set", "topic=t-0", "--config", "mklang.toml",
+         "--checkpoint", f"{postgres_uri}#item-0", "--max-tokens", "1", "--format", "json"],
+        cwd=project, capture_output=True, text=True, timeout=120,
+        env=cli_env(MKLANG_CHECKPOINT_KEY="another key", XDG_CONFIG_HOME=str(foreign)),
+    )  # fmt: skip
+    assert suspended.returncode == 3, suspended.stderr
+    one = worker(project, postgres_uri, RABBITMQ)
+    running = batch(project, postgres_uri, RABBITMQ)
+    try:
         stdout, stderr = running.communicate(timeout=180)
     finally:
-        stop(running, *workers)
-    assert running.returncode == 0, stderr
-    assert json.loads(stdout)["done"] == 8
-    assert server.count == 8 * CALLS  # suspended at loop-tops: no call was made twice
+        stop(running, one)
+    assert running.returncode == 1, stderr
+    out = {line["id"]: line for line in results(project / "out.jsonl")}
+    assert out["item-0"]["status"] == "failed" and "key" in out["item-0"]["reason"], out["item-0"]
+    assert (out["item-1"]["status"], out["item-2"]["status"]) == ("done", "done")
+    assert json.loads(stdout)["failed"] == 1
+
+
+def test_a_batch_no_worker_serves_stops_following_after_its_stall_timeout(project, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 3)
+    running = batch(project, postgres_uri, RABBITMQ, "--stall-timeout", "2s")
+    try:
+        stdout, stderr = running.communicate(timeout=120)
+        assert running.returncode == 3, stderr  # not finished: re-run to continue
+        assert json.loads(stdout)["pending"] == 3
+        assert "no run was reported for 2s" in stderr and queue_for(postgres_uri) in stderr
+        assert queue_depth(postgres_uri) == 3  # the runs stay queued for a worker
+    finally:
+        stop(running)
+        drop_queue(postgres_uri)
+
+
+def test_batch_wide_ceilings_hold_across_two_workers_and_a_rerun_with_more_finishes(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    items, ceiling, tokens_per_call = 20, 150, 15
+    write_items(project, items)
+    workers = [worker(project, postgres_uri, RABBITMQ) for _ in range(2)]
+    try:
+        first = batch(project, postgres_uri, RABBITMQ, "--batch-max-tokens", str(ceiling))
+        stdout, stderr = first.communicate(timeout=180)
+        assert first.returncode == 3, stderr  # some suspended: a re-run with more continues them
+        totals = json.loads(stdout)
+        spent = server.count * tokens_per_call
+        assert totals["usage"]["input_tokens"] + totals["usage"]["output_tokens"] == spent
+        # Over the ceiling by at most the calls in flight when it was reached: one per worker thread.
+        assert ceiling <= spent <= ceiling + 2 * WORKER_CONCURRENCY * tokens_per_call
+        out = results(project / "out.jsonl")
+        assert {line["reason"] for line in out if line["status"] == "suspended"} == {"batch-ceiling"}
+        assert totals["suspended"] > 0 and totals["done"] + totals["suspended"] == items
+        again = batch(project, postgres_uri, RABBITMQ, "--batch-max-tokens", str(items * CALLS * tokens_per_call))
+        stdout, stderr = again.communicate(timeout=180)
+        assert again.returncode == 0, stderr
+        assert json.loads(stdout)["done"] == items
+    finally:
+        stop(*workers)
+    assert server.count == items * CALLS  # the re-run paid only what the first had not
+    assert [line["result"] for line in results(project / "out.jsonl")] == [f"answer {n}" for n in range(items)]

@@ -26,7 +26,8 @@ COST_SLACK = 1e-9  # USD
 
 class Control:
     """Signals from outside the run: an interrupt request, a wall-clock deadline, and a
-    shared ceiling (a batch's): given the run's live spend, True once it is reached."""
+    shared ceiling (a batch's): told the run's live spend after every call and at every
+    budget check, it answers True once the ceiling is reached."""
 
     def __init__(self, deadline: float | None = None):
         self.interrupted = threading.Event()
@@ -183,7 +184,9 @@ class Runtime:
         usage = getattr(value, "usage", None)
         if usage is not None:
             with self._count_lock:
-                self.spent = self.spent + usage
+                self.spent = spent = self.spent + usage
+            if self.control.ceiling is not None:  # a shared ceiling learns of the spend as soon as it is paid
+                self.control.ceiling(spent)
         return value
 
     def states(self, machine: Machine) -> dict[str, State]:
