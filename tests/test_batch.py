@@ -19,6 +19,7 @@ from fakeserver import FakeServer, answer
 
 import mklang as api
 from mklang.checkpoint.store import open_store
+from mklang.providers.base import Usage
 
 MACHINE = """\
 mklang 0.4
@@ -116,6 +117,40 @@ def test_batch_wide_ceilings_suspend_the_rest_and_a_rerun_with_more_finishes(pro
     assert second.returncode == 0, second.stderr
     assert server.count == 10 * CALLS  # the re-run paid only what the first had not
     assert all(line["status"] == "done" for line in results(project / "out.jsonl"))
+
+
+FAN_OUT = """\
+mklang 0.4
+machine fan
+entry many
+budget 30
+
+state many {
+  sample 20
+  structure "One word."
+  prompt "idea {{topic}}"
+  output ideas
+  otherwise -> END
+}
+"""
+
+
+def test_a_batch_ceiling_cuts_a_fan_out_mid_way_and_a_rerun_pays_no_branch_twice(tmp_path, server):
+    from mklang.providers.factory import make_provider
+
+    (tmp_path / "fan.mk").write_text(FAN_OUT, encoding="utf-8")
+    provider = make_provider(config_path=model_config(server.openai_url, tmp_path / "mklang.toml"))
+    inputs = [{"id": f"item-{n}", "topic": f"t-{n}"} for n in range(2)]
+    store, ceiling, per_call = f"sqlite:///{tmp_path}/runs.db", 40, 15
+    first = api.batch(tmp_path / "fan.mk", inputs, store=store, provider=provider, batch_max_tokens=ceiling)
+    assert [(o.status, o.reason) for o in first] == [("suspended", "batch-ceiling")] * 2
+    # Over the ceiling by at most the calls in flight when it was reached: here the branches of
+    # the runs in flight, up to each run's concurrency (8).
+    assert ceiling <= server.count * per_call <= ceiling + 2 * 8 * per_call
+    assert sum(Usage.from_json(o.usage).tokens for o in first) == server.count * per_call
+    again = api.batch(tmp_path / "fan.mk", inputs, store=store, provider=provider, batch_max_tokens=100 * ceiling)
+    assert [o.status for o in again] == ["done"] * 2
+    assert server.count == 2 * 20  # branches paid before the cut were kept, not paid again
 
 
 def test_a_batch_killed_mid_way_finishes_on_a_rerun_without_paying_a_completed_call_twice(project, server):
