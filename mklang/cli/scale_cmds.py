@@ -142,7 +142,7 @@ def batch(
 
             print(
                 f"mklang: no run was reported for {stall_timeout}: {unreported} run(s) not finished, still queued on "
-                f"{queue_for(store)}. Is a worker running (mklang worker --store {store} --broker ...)? "
+                f"{queue_for(store)}. Is a worker running for this store (mklang worker --store ... --broker ...)? "
                 "Re-run this command to follow them again.",
                 file=sys.stderr,
             )
