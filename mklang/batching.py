@@ -30,7 +30,7 @@ from mklang.checkpoint.store import Location, Store
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
 from mklang.errors import MklangError, RunBusy, UsageError
-from mklang.limits import load_json
+from mklang.limits import load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.session import Host, opened, proceed, start
@@ -158,12 +158,7 @@ def read_inputs(path: str | Path) -> list[Item]:
     for number, line in enumerate(read_text(path, "--inputs file").splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            data = load_json(line)
-        except ValueError as error:
-            raise UsageError(f"{path}:{number}: not a JSON object: {error}") from None
-        if not isinstance(data, dict):
-            raise UsageError(f"{path}:{number}: each line must be a JSON object")
+        data = load_json_object(line, f"{path}:{number}", "each line")
         run = str(data["id"]) if "id" in data else hashlib.sha256(line.strip().encode()).hexdigest()[:16]
         if run in seen:
             raise UsageError(f"{path}:{number}: run id {run!r} appears twice")

@@ -79,6 +79,17 @@ def load_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
+def load_json_object(text: str, where: str, what: str) -> dict[str, Any]:
+    """A JSON object given by the user (`what` at `where` names it in errors), or one UsageError line."""
+    try:
+        data = load_json(text)
+    except ValueError as error:
+        raise UsageError(f"{where}: {what} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: {what} must hold a JSON object")
+    return data
+
+
 _NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'"[]{}')
 _NESTING_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 and -1 as signed bytes
 

@@ -209,7 +209,7 @@ def test_the_python_api_runs_a_batch_in_a_store(tmp_path, server):
 def test_bad_batch_input_is_a_usage_error(project):
     (project / "items.jsonl").write_text('{"id": 1}\n[1, 2]\n')
     bad = batch(project, "--store", "sqlite:///runs.db")
-    assert bad.returncode == 2 and "items.jsonl:2: each line must be a JSON object" in bad.stderr
+    assert bad.returncode == 2 and "items.jsonl:2: each line must hold a JSON object" in bad.stderr
     (project / "items.jsonl").write_text('{"id": 1}\n{"id": 1}\n')
     twice = batch(project, "--store", "sqlite:///runs.db")
     assert twice.returncode == 2 and "appears twice" in twice.stderr

@@ -16,7 +16,7 @@ import typer
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import HOST_OPTIONS, Hosting, hosted
-from mklang.limits import NestingError, load_json, read_text
+from mklang.limits import NestingError, load_json, load_json_object, read_text
 from mklang.terminal import printable
 from mklang.vocabulary import PATH
 
@@ -197,14 +197,7 @@ def _print_warnings(machine: Machine, context: dict[str, Any]) -> None:
 
 
 def _read_input(path: Path) -> dict[str, Any]:
-    text = read_text(path, "--input file")
-    try:
-        data = load_json(text)
-    except ValueError as error:
-        raise fail(f"{path}: --input is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise fail(f"{path}: --input must hold a JSON object")
-    return data
+    return load_json_object(read_text(path, "--input file"), str(path), "--input")
 
 
 @app.command()

@@ -8,6 +8,8 @@ points, the client counts in the negotiated encoding (UTF-16 by default).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path
@@ -66,6 +68,21 @@ def current(uri: str) -> tuple[TextDocument, Document]:
     return server.workspace.get_text_document(uri), documents[uri]
 
 
+class PositionRequest(Protocol):
+    """A request about one position of one document (definition, references, completion, hover)."""
+
+    @property
+    def text_document(self) -> lsp.TextDocumentIdentifier: ...
+    @property
+    def position(self) -> lsp.Position: ...
+
+
+def at_cursor(params: PositionRequest) -> tuple[TextDocument, Document, Pos]:
+    """The document a request is about, its analysis, and the request's position in mklang terms."""
+    doc, analysis = current(params.text_document.uri)
+    return doc, analysis, from_client(doc, params.position)
+
+
 @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
 def did_open(params: lsp.DidOpenTextDocumentParams) -> None:
     analyse(params.text_document.uri)
@@ -84,8 +101,8 @@ def did_close(params: lsp.DidCloseTextDocumentParams) -> None:
 
 @server.feature(lsp.TEXT_DOCUMENT_DEFINITION)
 def definition(params: lsp.DefinitionParams) -> lsp.Location | None:
-    doc, analysis = current(params.text_document.uri)
-    found = analysis.definition(from_client(doc, params.position))
+    doc, analysis, position = at_cursor(params)
+    found = analysis.definition(position)
     if found is None:
         return None
     path, where = found
@@ -97,25 +114,25 @@ def definition(params: lsp.DefinitionParams) -> lsp.Location | None:
 
 @server.feature(lsp.TEXT_DOCUMENT_REFERENCES)
 def references(params: lsp.ReferenceParams) -> list[lsp.Location]:
-    doc, analysis = current(params.text_document.uri)
-    found = analysis.references(from_client(doc, params.position), params.context.include_declaration)
+    doc, analysis, position = at_cursor(params)
+    found = analysis.references(position, params.context.include_declaration)
     return [lsp.Location(uri=doc.uri, range=to_client(doc, where)) for where in found]
 
 
 @server.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[">", "{", " "]))
 def completion(params: lsp.CompletionParams) -> lsp.CompletionList:
-    doc, analysis = current(params.text_document.uri)
+    _, analysis, position = at_cursor(params)
     items = [
         lsp.CompletionItem(label=c.label, kind=COMPLETION_KINDS[c.kind], detail=c.detail or None)
-        for c in analysis.completions(from_client(doc, params.position))
+        for c in analysis.completions(position)
     ]
     return lsp.CompletionList(is_incomplete=False, items=items)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def hover(params: lsp.HoverParams) -> lsp.Hover | None:
-    doc, analysis = current(params.text_document.uri)
-    found = analysis.hover(from_client(doc, params.position))
+    doc, analysis, position = at_cursor(params)
+    found = analysis.hover(position)
     if found is None:
         return None
     text, where = found
