@@ -31,7 +31,7 @@ from mklang.checkpoint.store import locate
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import NullJournal
-from mklang.errors import CheckpointError, LoadError
+from mklang.errors import CheckpointError, LoadError, ProviderError
 from mklang.host.config import ProviderConfig
 from mklang.providers import http
 from mklang.providers.base import Produced, Usage
@@ -1436,3 +1436,205 @@ def test_one_way_of_answering_given_keeps_every_recorded_one_out():
         assert host_choice(recorded, given, trusted=False) == (given, ["plugins"])
     given = {**NOTHING_GIVEN, "provider": "given", "plugins": []}  # --plugin given: the recorded ones stay out
     assert host_choice(recorded, given, trusted=True) == (given, [])
+
+
+# --- format 1 -> 2: machine files named relative to the root machine's folder ---
+
+
+def test_a_format_1_checkpoint_names_its_machine_files_relative_to_the_root_on_load(tmp_path):
+    from mklang.checkpoint.envelope import migrate
+
+    project = tmp_path / "project"
+    root = str(project / "main.mk")
+    frame = _frame("main", "a", 0, 5)
+    document = {
+        "format": 1,
+        "machine": {"name": "main", "path": root, "sha256": None},
+        "machines": {root: "h1", str(project / "lib" / "sub.mk"): "h2", str(tmp_path / "other.mk"): "h3"},
+        "frames": [
+            {**frame, "path": str(project / "lib" / "sub.mk")},
+            {**frame, "path": None},
+            {**frame, "path": "already/relative.mk"},
+            "not a frame",
+        ],
+    }
+    migrated = migrate(json.loads(json.dumps(document)))
+    assert migrated == {
+        **document,
+        "format": 2,
+        "machines": {"main.mk": "h1", "lib/sub.mk": "h2", "../other.mk": "h3"},
+        "frames": [
+            {**frame, "path": "lib/sub.mk"},
+            {**frame, "path": None},
+            {**frame, "path": "already/relative.mk"},
+            "not a frame",
+        ],
+    }  # the root keeps its absolute path: a valid name relative to the checkpoint's folder too
+    path = tmp_path / "cp.json"
+    path.write_text(
+        json.dumps(
+            {**document, "frames": document["frames"][:3], "mklang_version": "0", "run_id": "r", "status": "done"}
+        )
+    )
+    loaded = load(path)
+    assert (loaded.format, loaded.machines, [f["path"] for f in loaded.frames]) == (
+        2,
+        {"main.mk": "h1", "lib/sub.mk": "h2", "../other.mk": "h3"},
+        ["lib/sub.mk", None, "already/relative.mk"],
+    )
+
+
+@pytest.mark.parametrize(
+    "machine", [{"name": "m", "path": "main.mk", "sha256": None}, {"name": "m", "path": None}, "not a map", None]
+)
+def test_a_format_1_checkpoint_without_an_absolute_root_only_changes_format(machine):
+    from mklang.checkpoint.envelope import migrate
+
+    document = {"format": 1, "machine": machine, "machines": {"/abs/x.mk": "h"}, "frames": [{"path": "/abs/x.mk"}]}
+    if machine is None:
+        del document["machine"]
+    assert migrate(dict(document)) == {**document, "format": 2}
+
+
+def test_a_format_1_checkpoint_with_odd_machines_or_frames_keeps_them(tmp_path):
+    from mklang.checkpoint.envelope import migrate
+
+    root = str(tmp_path / "main.mk")
+    for odd in ("text", None, 3):
+        document = {"format": 1, "machine": {"path": root}, "machines": odd, "frames": odd}
+        assert migrate(dict(document)) == {**document, "format": 2}
+
+
+# --- fan-out edges: what `over` is, a branch's reasoning and its failed call -----
+
+
+@pytest.mark.parametrize(
+    ("xs", "what"), [(None, "missing"), ('"text"', "a str, not a list"), ("{ a: 1 }", "a dict, not a list")]
+)
+def test_over_a_value_that_is_not_a_list_halts_at_the_state_saying_what_it_is(xs, what):
+    context = f"context {{ xs: {xs} }}" if xs is not None else ""
+    result = run_mk(f"""
+        machine fan
+        entry start
+        budget 5
+        {context}
+        state start {{
+          structure "s"
+          prompt "p"
+          output first
+          otherwise -> each
+        }}
+        state each {{
+          over xs
+          structure "s"
+          prompt "{{{{item}}}}"
+          output o
+          otherwise -> END
+        }}
+    """)
+    assert (result.status, result.error, result.at) == ("halted", f"state-error: over: 'xs' is {what}", "each")
+
+
+def test_a_branch_keeps_its_reasoning_only_when_it_has_some():
+    result = run_mk(
+        """
+        machine fan
+        entry each
+        budget 5
+        context { xs: ["a", "b"] }
+        state each {
+          over xs
+          reason
+          structure "s"
+          prompt "{{item}}"
+          output o
+          otherwise -> END
+        }
+        """,
+        llm={"produce": {"a": {"text": "A", "reasoning": "because"}, "b": {"text": "B"}}},
+    )
+    assert result.status == "done", result.error
+    first, second = result.trace[0]["branches"]
+    assert (first["output"], first["reasoning"]) == ("A", "because")
+    assert (second["output"], "reasoning" in second) == ("B", False)
+
+
+def test_an_escalation_suspends_with_its_question_and_a_provider_error_with_its_detail():
+    result = run_mk(
+        """
+        machine ask
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          output x
+          otherwise escalate -> b ask "Publish?" reply_to answer
+        }
+        state b {
+          structure "s"
+          prompt "p"
+          output y
+          otherwise -> END
+        }
+        """,
+        suspendable=True,
+        hitl=True,
+    )
+    assert (result.status, result.reason, result.ask, result.reply_to) == (
+        "suspended",
+        "escalated",
+        "Publish?",
+        "answer",
+    )
+
+    class Down(Recorder):
+        def produce(self, system, user, tier, reason):
+            raise ProviderError("HTTP 503 from the model server")
+
+    parked = run_mk(
+        'machine m\nentry a\nbudget 5\nstate a {\n structure "s"\n prompt "p"\n output x\n otherwise -> END\n}\n',
+        provider=Down(),
+        suspendable=True,
+    )
+    assert (parked.status, parked.reason, parked.detail) == (
+        "suspended",
+        "provider-error",
+        "HTTP 503 from the model server",
+    )
+    assert parked.to_json()["detail"] == "HTTP 503 from the model server"
+
+
+def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend():
+    from mklang.engine.runtime import Control
+
+    control = Control()
+
+    class InterruptAfterOne(Recorder):
+        def produce(self, system, user, tier, reason):
+            control.interrupted.set()
+            return Produced("x", None, Usage(3, 4, 0.5))
+
+    result = run_mk(
+        """
+        machine m
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          output x
+          otherwise -> b
+        }
+        state b {
+          structure "s"
+          prompt "p"
+          output y
+          otherwise -> END
+        }
+        """,
+        provider=InterruptAfterOne(),
+        control=control,
+    )
+    assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
+    assert result.usage == Usage(3, 4, 0.5)
