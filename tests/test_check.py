@@ -170,3 +170,37 @@ def test_cli_exit_codes_streams_and_json(tmp_path):
         (str(bad), 2, 1, "error", "no-path-to-end"),
     ]
     assert set(records[0]) == {"file", "line", "col", "end_line", "end_col", "severity", "code", "message"}
+
+
+# Where each rule's caret goes (line, col, end line, end col) and what it says, case by case.
+RULE_FINDINGS = [
+    [(2, 1, 2, 8, 'the entry state "a" is not defined')],
+    [(8, 3, 8, 23, '"nowhere" is not a state (or END)'), (2, 1, 2, 8, 'no path leads from "a" to END (a gate above names a state that does not exist)')],
+    [(8, 3, 8, 11, 'state "a" has both sample and over: choose one')],
+    [(7, 3, 7, 11, 'sample must be at least 2, not 1')],
+    [(4, 1, 4, 6, 'state "a" has no gates: add at least `otherwise -> <state>`'), (2, 1, 2, 8, 'no path leads from "a" to END')],
+    [(10, 1, 10, 6, 'state "a" is defined twice (first at line 4)')],
+    [(2, 1, 2, 8, 'no path leads from "a" to END')],
+    [(3, 1, 3, 9, 'budget 3 is below the shortest path to END (4 steps)')],
+    [(10, 1, 10, 6, 'state "b" cannot be reached from the entry')],
+    [(4, 1, 4, 6, 'state "a" has no `otherwise` gate: the run halts when no condition holds')],
+    [(9, 3, 9, 26, 'the only `otherwise` is a repair gate: once its budget is spent, nothing catches')],
+    [(9, 3, 9, 18, 'this gate comes after `otherwise` and never fires')],
+    [(8, 3, 8, 25, 'hook "h" is not declared: add `hook h "<what it decides>"`')],
+    [(5, 3, 5, 9, 'tool "t" is not declared: add `tool t "<what it does>"`')],
+    [(7, 3, 7, 15, "max_visits 3 is at or under the state's repair budget (3): repairs cannot all run")],
+    [(6, 3, 6, 36, 'state "a" reads "ghost", which nothing writes')],
+    [(7, 3, 7, 15, 'state "a" fans out over "missing", a list whose length is set at run time (no declared bound): the step budget (10) is its only limit, one step per item, and a longer list stops the run here (budget-exhausted); cap the run\'s spend with --max-tokens or --max-cost'), (7, 3, 7, 15, 'state "a" reads "missing", which nothing writes')],
+    [(8, 3, 8, 10, 'state "a" fans out over "xs", a list whose length is set at run time (no declared bound): the step budget (10) is its only limit, one step per item, and a longer list stops the run here (budget-exhausted); cap the run\'s spend with --max-tokens or --max-cost')],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "findings"),
+    [(case[0], found) for case, found in zip(RULE_CASES, RULE_FINDINGS, strict=True)],
+    ids=[f"{i}-{case[1][0][1]}" for i, case in enumerate(RULE_CASES)],
+)
+def test_each_rule_marks_its_statement_and_says_what_is_wrong(text, findings):
+    found = check(parse(text, "m.mk"))
+    assert [(d.line, d.col, d.end_line, d.end_col, d.message) for d in found] == findings
+    assert {d.file for d in found} == {"m.mk"}
