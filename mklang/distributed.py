@@ -35,6 +35,7 @@ from mklang.providers.base import Usage
 
 TASK = "mklang.run_item"
 POLL_SECONDS = 0.25
+BUSY_SECONDS = 10  # how long a worker waits for a run another process holds before leaving it to that process
 # Redis (not RabbitMQ) redelivers an unacknowledged message only after this
 # many seconds: a run must finish within it, or it is delivered twice (the run
 # lock then refuses the second delivery while the first still runs).
@@ -188,7 +189,14 @@ class Worker:
                 ledger=ledger,
                 stop=self.stopping,
             )
-            return runner.run_item(Item(run, context))
+            deadline = time.monotonic() + BUSY_SECONDS
+            while True:
+                done = runner.run_item(Item(run, context))
+                # Pending and not stopping: another process holds the run's lock. A worker killed a moment
+                # ago may still hold it until its database session ends: wait a little before leaving it.
+                if done.status != "pending" or self.stopping.is_set() or time.monotonic() >= deadline:
+                    return done
+                time.sleep(POLL_SECONDS)
         except MklangError as error:
             return Outcome(run, "failed", first_line(error))
         except Exception as error:  # a fault of this worker: the run is failed, not retried forever

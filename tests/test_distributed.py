@@ -318,3 +318,23 @@ def test_batch_wide_ceilings_hold_across_two_workers_and_a_rerun_with_more_finis
         stop(*workers)
     assert server.count == items * CALLS  # the re-run paid only what the first had not
     assert [line["result"] for line in results(project / "out.jsonl")] == [f"answer {n}" for n in range(items)]
+
+
+def test_a_run_locked_elsewhere_waits_for_the_lock_when_it_is_soon_released(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 2)
+    store = open_store(postgres_uri)
+    held = store.lock("item-0")  # as a worker killed a moment ago whose session has not ended yet
+    one = worker(project, postgres_uri, RABBITMQ)
+    running = batch(project, postgres_uri, RABBITMQ)
+    try:
+        wait_for(lambda: read_note(store, "item-1") is not None, running, "item-1 was reported", timeout=120)
+        assert read_note(store, "item-0") is None  # the worker waits for its lock
+        held.release()
+        stdout, stderr = running.communicate(timeout=120)
+    finally:
+        held.release()
+        stop(running, one)
+        store.close()
+    assert running.returncode == 0, stderr
+    assert json.loads(stdout)["done"] == 2 and server.count == 2 * CALLS
