@@ -1638,3 +1638,84 @@ def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend
     )
     assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
     assert result.usage == Usage(3, 4, 0.5)
+
+
+# --- a halt journaled before the envelope says so ------------------------------
+
+
+def test_a_run_that_dies_after_journaling_a_halt_resumes_to_the_same_halt(tmp_path):
+    from conftest import outcome
+
+    from mklang import faults
+    from mklang.session import Host
+    from mklang.session import resume as resume_run
+    from mklang.session import start as start_run
+
+    class Crash(BaseException):
+        pass
+
+    def crash() -> None:
+        raise Crash
+
+    machine = write_machines(
+        tmp_path,
+        """
+        machine m
+        entry a
+        budget 5
+        tool risky "fails"
+        state a {
+          structure "s"
+          prompt "p"
+          output x
+          otherwise -> b
+        }
+        state b {
+          tool risky { q: "{{x}}" }
+          output y
+          otherwise -> END
+        }
+    """,
+    )
+
+    calls = []
+
+    def risky(args: dict[str, Any]) -> Any:
+        calls.append(args)
+        raise RuntimeError("exploded")
+
+    def host() -> Host:
+        return Host(
+            provider=Recorder({"produce": ["one"], "tokens": [2, 3]}),
+            tools={"risky": risky},
+        )
+
+    reference = outcome(start_run(machine, None, host(), checkpoint=tmp_path / "ref.json"))
+    assert (reference["status"], reference["usage"]["input_tokens"]) == ("halted", 2)
+    faults.arm("journal.halt", 1, crash)
+    try:
+        with pytest.raises(Crash):
+            start_run(machine, None, host(), checkpoint=tmp_path / "cp.json")
+    finally:
+        faults.disarm()
+    assert load(tmp_path / "cp.json").status == "running"
+    calls.clear()
+    resumed = resume_run(tmp_path / "cp.json", host())
+    assert calls == []  # the journaled halt ends the level: the state does not run again
+    assert outcome(resumed) == reference
+    assert (resumed.error, resumed.at) == ("state-error: tool risky: exploded", "b")
+
+
+def test_the_engine_signals_read_as_their_reason():
+    from mklang.engine.signals import Halt, Interrupted, Stopped, Suspend
+
+    frame = Frame.start(mk("machine m\nentry a\nbudget 1\nstate a {\n  tool t\n  output o\n  otherwise -> END\n}\n"))
+    assert [
+        str(signal)
+        for signal in (
+            Halt("gate-fail", "a"),
+            Suspend(frame, "escalated"),
+            Stopped("cost-exhausted", Usage()),
+            Interrupted("a", Usage()),
+        )
+    ] == ["gate-fail", "escalated", "cost-exhausted", "a"]
