@@ -8,7 +8,7 @@ no escape sequence reaches the terminal; JSON output is the exact data.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from rich.console import Console
 from rich.live import Live
@@ -84,19 +84,27 @@ def render_result(result, console: Console = stdout) -> None:
         )
 
 
-class LiveView:
+class Display:
+    """A rich display on stderr, shown while the `with` block runs and gone after it."""
+
+    def __init__(self, shown: Any):
+        self._shown = shown  # a rich Live or Progress
+
+    def __enter__(self) -> Self:
+        self._shown.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._shown.__exit__(*exc)
+
+
+class LiveView(Display):
     """The current state, steps and tokens against their budgets, on a terminal."""
 
     def __init__(self, max_tokens: int | None):
         self.max_tokens = max_tokens
         self.live = Live(Text(""), console=stderr, transient=True, refresh_per_second=8)
-
-    def __enter__(self) -> LiveView:
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.live.__exit__(*exc)
+        super().__init__(self.live)
 
     def __call__(self, chain: list) -> None:
         frame = chain[-1]
@@ -209,7 +217,7 @@ def render_batch(totals: dict[str, Any], console: Console = stdout) -> None:
     console.print(f"{totals['items']} runs: {counts}; tokens {tokens}", highlight=False)
 
 
-class BatchProgress:
+class BatchProgress(Display):
     """A progress bar of finished runs with done/halted/suspended/failed counts, on a terminal."""
 
     def __init__(self, total: int, *, visible: bool):
@@ -218,13 +226,7 @@ class BatchProgress:
         self.counts: dict[str, int] = {}
         self._progress = Progress(console=stderr, transient=True, disable=not visible)
         self._task = self._progress.add_task("runs", total=total)
-
-    def __enter__(self) -> BatchProgress:
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._progress.__exit__(*exc)
+        super().__init__(self._progress)
 
     def __call__(self, outcome: Any) -> None:
         self.counts[outcome.status] = self.counts.get(outcome.status, 0) + 1
