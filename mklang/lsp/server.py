@@ -132,11 +132,11 @@ def completion(params: lsp.CompletionParams) -> lsp.CompletionList:
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def hover(params: lsp.HoverParams) -> lsp.Hover | None:
     doc, analysis, position = at_cursor(params)
-    found = analysis.hover(position)
-    if found is None:
-        return None
-    text, where = found
-    return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text), range=to_client(doc, where))
+    match analysis.hover(position):
+        case (text, where):
+            markdown = lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text)
+            return lsp.Hover(contents=markdown, range=to_client(doc, where))
+    return None
 
 
 @server.feature(lsp.TEXT_DOCUMENT_FORMATTING)
