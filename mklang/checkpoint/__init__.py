@@ -9,12 +9,11 @@ given. `mklang.session.resume` is the one-call API over the last two.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from mklang import __version__
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
@@ -23,7 +22,7 @@ from mklang.checkpoint.journal import StoreJournal, durability_setting, read_jou
 from mklang.checkpoint.paths import MachinePaths, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, RunLock, locate
-from mklang.engine import Control, RunResult, continue_run, make_runtime
+from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.interpolate import assign
 from mklang.engine.runtime import Caps, Observer
@@ -46,17 +45,9 @@ def start(
     *,
     checkpoint: str | Path | Location,
     provider: Provider,
-    tools: HostCallables = None,
-    hooks: HostCallables = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    max_time: float | None = None,
-    concurrency: int = 8,
-    hitl: bool = False,
     host: HostSettings | None = None,
     scripted: ScriptedHost | None = None,
-    control: Control | None = None,
-    observer: Observer | None = None,
+    **options: Unpack[RunOptions],
 ) -> RunResult:
     """Run `machine` durably: a resumable checkpoint exists from the first loop-top on.
 
@@ -71,25 +62,16 @@ def start(
         status="running",
         machine=MachineRef(name=machine.name, path=machine.path, sha256=loader.hashes.get(machine.path or "")),
         frames=[],
-        budgets=Budgets(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time),
-        hitl=hitl,
-        concurrency=concurrency,
+        budgets=Budgets(
+            max_tokens=options.get("max_tokens"), max_cost=options.get("max_cost"), max_time=options.get("max_time")
+        ),
+        hitl=options.get("hitl", False),
+        concurrency=options.get("concurrency", 8),
         host=host or HostSettings(),
     )
     frame = Frame.start(machine, context or {})
     return _execute(
-        envelope,
-        [frame],
-        {},
-        loader,
-        locate(checkpoint),
-        None,
-        provider=provider,
-        tools=tools,
-        hooks=hooks,
-        scripted=scripted,
-        control=control,
-        observer=observer,
+        envelope, [frame], {}, loader, locate(checkpoint), None, provider=provider, scripted=scripted, **options
     )
 
 
@@ -337,9 +319,9 @@ def continue_checkpoint(
             resumable.lock if in_place else None,
             change if continues else None,
             provider=provider,
+            scripted=scripted,
             tools=tools,
             hooks=hooks,
-            scripted=scripted,
             control=control,
             observer=observer,
         )
@@ -385,21 +367,23 @@ def _execute(
     change: dict[str, Any] | None = None,
     *,
     provider: Provider,
-    tools: HostCallables,
-    hooks: HostCallables,
     scripted: ScriptedHost | None,
-    control: Control | None,
-    observer: Observer | None,
+    **options: Unpack[RunOptions],
 ) -> RunResult:
     """Run `chain` persisting to `location`, under its lock (`held`, else taken here).
 
-    With `change` the stored envelope is continued in place (`StoreJournal.resume`);
-    otherwise a snapshot of `chain` starts the run's journal.
+    Budgets, concurrency and hitl come from the envelope; of `options` only the
+    host callables, the control and the observer. With `change` the stored
+    envelope is continued in place (`StoreJournal.resume`); otherwise a
+    snapshot of `chain` starts the run's journal.
     """
     budgets = envelope.budgets
-    control = control or Control()
-    if budgets.max_time is not None:
-        control.deadline = time.monotonic() + budgets.max_time
+    recorded: RunOptions = {
+        **options,
+        "concurrency": envelope.concurrency,
+        "hitl": envelope.hitl,
+        "max_time": budgets.max_time,
+    }
     lock = held or location.store.lock(location.run)
     journal = StoreJournal(
         location,
@@ -418,15 +402,10 @@ def _execute(
             journal.resume(change, envelope.stored_bytes)
         rt = make_runtime(
             provider,
-            tools=tools,
-            hooks=hooks,
-            concurrency=envelope.concurrency,
-            hitl=envelope.hitl,
-            control=control,
             journal=journal,
             loader=loader,
-            observer=observer,
             run_id=envelope.run_id,
+            **recorded,
         )
         result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
         usage = result.usage.to_json()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from mklang.engine.frame import Frame
 from mklang.engine.records import TraceStep
@@ -17,7 +17,7 @@ from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
 from mklang.providers.base import Provider, Usage
 
-__all__ = ["Control", "RunResult", "continue_run", "make_runtime", "run"]
+__all__ = ["Control", "RunOptions", "RunResult", "continue_run", "make_runtime", "run"]
 
 
 @dataclass
@@ -64,30 +64,49 @@ class RunResult:
         return data
 
 
+class RunOptions(TypedDict, total=False):
+    """What every way of starting a run takes beside its provider (`run`,
+    `mklang.checkpoint.start`): host tools and hooks, the token, dollar and
+    time budgets, calls in flight (default 8), whether escalations wait for a
+    human, the interrupt flag and a loop-top observer."""
+
+    tools: HostCallables
+    hooks: HostCallables
+    max_tokens: int | None
+    max_cost: float | None
+    max_time: float | None
+    concurrency: int
+    hitl: bool
+    control: Control | None
+    observer: Observer | None
+
+
 def make_runtime(
     provider: Provider,
     *,
-    tools: HostCallables = None,
-    hooks: HostCallables = None,
-    concurrency: int = 8,
-    hitl: bool = False,
-    control: Control | None = None,
     journal: Journal | None = None,
     loader: MachineLoader | None = None,
-    observer: Observer | None = None,
     run_id: str | None = None,
+    **options: Unpack[RunOptions],
 ) -> Runtime:
-    """Assemble what every level of a run shares. Tools and hooks may be registries or maps."""
+    """Assemble what every level of a run shares; `max_time` starts counting now.
+
+    Tools and hooks may be registries or maps.
+    """
+    control = options.get("control") or Control()
+    max_time = options.get("max_time")
+    if max_time is not None:
+        control.deadline = time.monotonic() + max_time
     return Runtime(
         provider=provider,
-        tools=as_registry("mklang.tools", BUILTIN_TOOLS, tools),
-        hooks=as_registry("mklang.hooks", None, hooks),
+        tools=as_registry("mklang.tools", BUILTIN_TOOLS, options.get("tools")),
+        hooks=as_registry("mklang.hooks", None, options.get("hooks")),
         load_machine=loader or MachineLoader(),
-        concurrency=max(1, int(concurrency)),
-        hitl=hitl,
-        control=control or Control(),
+        concurrency=max(1, int(options.get("concurrency", 8))),
+        hitl=options.get("hitl", False),
+        control=control,
         journal=journal or NullJournal(),
-        observer=observer,
+        observer=options.get("observer"),
         run_id=run_id or uuid.uuid4().hex,
     )
 
@@ -97,38 +116,17 @@ def run(
     context: dict[str, Any] | None = None,
     *,
     provider: Provider,
-    tools: HostCallables = None,
-    hooks: HostCallables = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    max_time: float | None = None,
-    concurrency: int = 8,
     suspendable: bool = False,
-    hitl: bool = False,
-    control: Control | None = None,
     journal: Journal | None = None,
     loader: MachineLoader | None = None,
-    observer: Observer | None = None,
+    **options: Unpack[RunOptions],
 ) -> RunResult:
     """Run `machine` from its entry with host `context` (tainted) under the host budgets."""
     loader = loader or MachineLoader()
     loader.add(machine)
-    control = control or Control()
-    if max_time is not None:
-        control.deadline = time.monotonic() + max_time
-    rt = make_runtime(
-        provider,
-        tools=tools,
-        hooks=hooks,
-        concurrency=concurrency,
-        hitl=hitl,
-        control=control,
-        journal=journal,
-        loader=loader,
-        observer=observer,
-    )
+    rt = make_runtime(provider, journal=journal, loader=loader, **options)
     frame = Frame.start(machine, context or {})
-    return continue_run(rt, [frame], Caps(max_tokens, max_cost), suspendable)
+    return continue_run(rt, [frame], Caps(options.get("max_tokens"), options.get("max_cost")), suspendable)
 
 
 def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool) -> RunResult:
