@@ -1719,3 +1719,55 @@ def test_the_engine_signals_read_as_their_reason():
             Interrupted("a", Usage()),
         )
     ] == ["gate-fail", "escalated", "cost-exhausted", "a"]
+
+
+def test_show_says_which_step_budget_ran_out_even_with_no_level_recorded(tmp_path):
+    from mklang.checkpoint.inspect import describe
+
+    path = _suspended(tmp_path, reason="budget-exhausted", frames=[_frame("m", "a", 1, 5), _frame("child", "b", 3, 3)])
+    assert describe(path)["ran_out"] == "the step budget of 3 (machine child) ran out: 3 steps taken"
+    save(path, _checkpoint(reason="budget-exhausted"))
+    assert describe(path)["ran_out"] == "the step budget of 0 ran out: 0 steps taken"
+
+
+def _dead_run(folder: Path, example: str, main: str, crash_at: int) -> Path:
+    """A copy of an example whose checkpointed run died at its `crash_at`-th loop-top."""
+    import shutil
+
+    from conftest import ROOT
+
+    from mklang.scenarios import load_script
+    from mklang.session import Host
+    from mklang.session import start as start_run
+
+    shutil.copytree(ROOT / "examples" / example, folder / example)
+    machine = load_file(folder / example / main)
+    scenario = load_script(folder / example / "scenarios.yaml")[0]
+    tops = iter(range(crash_at - 1))
+
+    def crash(chain: Any) -> None:
+        if next(tops, None) is None:
+            raise _Crash
+
+    path = folder / "cp.json"
+    with pytest.raises(_Crash):
+        start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, observer=crash)
+    return path
+
+
+def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
+    from mklang.checkpoint.inspect import describe
+
+    path = _dead_run(tmp_path, "nested", "brief.mk", 5)
+    with open(tmp_path / "nested" / "brief.mk", "a", encoding="utf-8") as edited:
+        edited.write("# edited after the run died\n")
+    assert [f["machine"] for f in describe(path)["frames"]] == ["brief", "section", "fact_check"]
+
+
+def test_show_reads_a_dead_run_signed_with_another_key(tmp_path, monkeypatch):
+    from mklang.checkpoint.inspect import describe
+
+    path = _dead_run(tmp_path, "triage", "triage.mk", 2)
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
+    summary = describe(path)
+    assert (summary["signature"]["seal"], summary["frames"][0]["steps"]) == ("foreign", 1)
