@@ -79,3 +79,41 @@ def test_long_runs_compact_their_journal_into_new_envelope_generations(tmp_path)
     assert generations[-1] > generations[0] + 2, generations  # rewritten several times along the way
     assert load(checkpoint).status == "done"
     assert not Path(f"{checkpoint}.journal").exists()  # a finished run leaves no journal
+
+
+def test_a_crash_just_after_a_resumed_run_suspends_again_leaves_no_journal_that_applies(tmp_path):
+    """A resume journals against the suspended envelope; when it suspends again, a crash between
+    writing the new envelope and dropping that journal must not replay the journal onto it."""
+    from mklang import faults
+    from mklang.checkpoint import continue_checkpoint, open_checkpoint
+    from mklang.checkpoint import start as start_durably
+    from mklang.providers.scripted import ScriptedProvider
+
+    machine_file = tmp_path / "loop.mk"
+    machine_file.write_text(
+        'machine loop\nentry write\nbudget 2\nstate write {\n  structure "a line"\n  prompt "write"\n'
+        '  output lines\n  accumulate\n  when "more" -> write\n}\n'
+    )
+    machine = load_file(machine_file)
+
+    def provider() -> ScriptedProvider:
+        return ScriptedProvider({"produce": ["a line"], "judge": [0]})
+
+    def steps(checkpoint: Path, budget: int, crash_at_envelope: bool = False):
+        if crash_at_envelope:
+            faults.arm("envelope", 1, lambda: (_ for _ in ()).throw(Crash()))
+        try:
+            return continue_checkpoint(open_checkpoint(checkpoint), provider=provider(), budget=budget)
+        finally:
+            faults.disarm()
+
+    reference_at, crashed_at = tmp_path / "reference.json", tmp_path / "crashed.json"
+    for checkpoint in (reference_at, crashed_at):
+        assert start_durably(machine, {}, checkpoint=checkpoint, provider=provider()).status == "suspended"
+    assert steps(reference_at, 4).status == "suspended"
+    with pytest.raises(Crash):
+        steps(crashed_at, 4, crash_at_envelope=True)  # the second suspension is written, its journal not dropped
+    assert Path(f"{crashed_at}.journal").exists()
+    assert load(crashed_at).status == "suspended"
+    assert outcome(steps(crashed_at, 6)) == outcome(steps(reference_at, 6))
+    assert len(load(crashed_at).frames[0]["trace"]) == 6
