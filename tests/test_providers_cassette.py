@@ -332,3 +332,11 @@ def test_a_miss_shows_at_most_twelve_diff_lines_with_one_line_of_context(tmp_pat
         ReplayProvider(path).judge(asked, "o", None, {}, "fast")
     head = "replay: cassette c.yaml holds no judge request like this one (tier fast); closest is exchange 2:"
     assert str(caught.value).splitlines() == [head, *shown]
+
+
+def test_a_cassette_that_is_not_text_is_named_as_a_cassette(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"mklang_cassette: 1\n\xff\xfe\n")
+    with pytest.raises(UsageError) as caught:
+        ReplayProvider(path)
+    assert str(caught.value) == f"{path}: cannot read the cassette: not UTF-8 text"
