@@ -1771,3 +1771,54 @@ def test_show_reads_a_dead_run_signed_with_another_key(tmp_path, monkeypatch):
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
     summary = describe(path)
     assert (summary["signature"]["seal"], summary["frames"][0]["steps"]) == ("foreign", 1)
+
+
+def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
+    from mklang.checkpoint.store import open_store
+
+    store = open_store(tmp_path)
+    (tmp_path / "cp.json.journal").mkdir()
+    with pytest.raises(CheckpointError) as caught:
+        store.read_journal("cp.json")
+    assert str(caught.value) == f"{tmp_path / 'cp.json.journal'}: cannot read the journal: Is a directory"
+    with pytest.raises(CheckpointError) as caught:
+        store.start_journal("cp.json", b"gen\n")
+    assert str(caught.value) == f"{tmp_path / 'cp.json.journal'}: cannot write the journal: Is a directory"
+    missing = open_store(tmp_path / "missing")
+    with pytest.raises(CheckpointError) as caught:
+        missing.lock("cp.json")
+    assert (
+        str(caught.value)
+        == f"{tmp_path / 'missing' / 'cp.json'}: cannot lock the checkpoint: No such file or directory"
+    )
+    missing.drop_journal("cp.json")  # nothing to drop is fine
+
+
+def test_a_lock_file_is_owner_only_never_followed_through_a_link_and_released_once(tmp_path):
+    from mklang.checkpoint.store import open_store
+
+    store = open_store(tmp_path)
+    lock = store.lock("cp.json")
+    assert stat.S_IMODE((tmp_path / "cp.json.lock").stat().st_mode) == 0o600
+    lock.release()
+    lock.release()  # a second release does nothing
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / "other.json.lock").symlink_to(victim)
+    with pytest.raises(CheckpointError, match="cannot lock the checkpoint: Too many levels of symbolic links"):
+        store.lock("other.json")
+    assert store.holder("other.json") is None
+    assert victim.read_text() == "keep me"
+
+
+def test_a_closed_file_store_takes_no_more_journal_lines(tmp_path):
+    from mklang.checkpoint.store import open_store
+
+    store = open_store(tmp_path)
+    store.start_journal("cp.json", b"gen 1\n")
+    store.start_journal("cp.json", b"gen 2\n")
+    store.append("cp.json", b"step\n", durable=False)
+    assert store.read_journal("cp.json") == b"gen 2\nstep\n"
+    store.close()
+    with pytest.raises(CheckpointError, match="the journal was not started"):
+        store.append("cp.json", b"late\n", durable=False)
