@@ -1,4 +1,4 @@
-"""Start-up and load figures of the front end (issue 2 targets).
+"""Start-up and load figures of the front end, against their targets.
 
 Prints the median wall time of `mklang --version` and of `mklang check` on a
 20-state machine, each as a whole process, and of parsing plus checking a

@@ -1,4 +1,4 @@
-"""The six slow paths of issue 12, each as per-step (or per-state) figures and a growth ratio.
+"""Six paths once slow, each as per-step (or per-state) figures and a growth ratio.
 
     python bench/slow_paths.py [accumulate resume yaml parse durability startup]
 

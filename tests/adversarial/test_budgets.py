@@ -1,4 +1,4 @@
-"""Budgets bound fan-out (issue 10 item 3), tried the way a runaway machine would.
+"""Budgets bound fan-out (ADR 0012), tried the way a runaway machine would.
 
 Each test fails on a tree that checks budgets only at loop-tops, lets nested
 fan-outs open thread pools of their own, or caps HTTP requests at a fixed 8:

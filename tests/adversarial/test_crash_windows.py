@@ -1,4 +1,4 @@
-"""No crash window (issue 10 item 4), tried the way a kill -9 at the worst moment would.
+"""No crash window, tried the way a kill -9 at the worst moment would.
 
 Each test kills a real `mklang` process with SIGKILL at an injected crash
 point (`MKLANG_KILL_AT`, mklang.faults) in one of the windows that used to

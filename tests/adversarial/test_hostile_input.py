@@ -1,6 +1,6 @@
 """Hostile input is refused with one line (exit 2) before any spend, or ends in a clean halt.
 
-One test per attack of issue 10 item 8; the limits are in docs/limits.md.
+One test per attack; the limits are in docs/limits.md.
 Runs are real `python -m mklang` subprocesses of this tree.
 """
 

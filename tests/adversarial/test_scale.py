@@ -1,4 +1,4 @@
-"""Attacks on "one process per run" (issue: two resumes of one checkpoint both paid).
+"""Attacks on "one process per run" (two resumes of one checkpoint must never both pay).
 
 Two `mklang resume` of one suspended checkpoint are started at random
 offsets from each other, many times; every completed model call must be

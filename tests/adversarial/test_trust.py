@@ -1,4 +1,4 @@
-"""Attacks on checkpoints handed to someone else (issue 10, items 1, 2, 6 and 7).
+"""Attacks on checkpoints handed to someone else (ADR 0014).
 
 A checkpoint is data. Whoever edits one may not make `mklang resume` import
 code, send the resuming user's API key to a server the file names, run a
