@@ -1822,3 +1822,17 @@ def test_a_closed_file_store_takes_no_more_journal_lines(tmp_path):
     store.close()
     with pytest.raises(CheckpointError, match="the journal was not started"):
         store.append("cp.json", b"late\n", durable=False)
+
+
+def test_a_reply_to_the_asked_path_or_a_map_above_it_answers_the_question():
+    machine = mk("machine m\nentry a\nbudget 1\nstate a {\n  tool t\n  output o\n  otherwise -> END\n}\n")
+    for reply, answered in [
+        ("approval.answer", True),
+        ("approval", True),
+        ("approv", False),
+        ("approval.answer.x", False),
+    ]:
+        frame = Frame.start(machine)
+        frame.ask = {"ask": "Publish?", "reply_to": "approval.answer"}
+        frame.answer(reply)
+        assert (frame.ask is None) is answered, reply

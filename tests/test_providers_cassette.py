@@ -340,3 +340,9 @@ def test_a_cassette_that_is_not_text_is_named_as_a_cassette(tmp_path):
     with pytest.raises(UsageError) as caught:
         ReplayProvider(path)
     assert str(caught.value) == f"{path}: cannot read the cassette: not UTF-8 text"
+
+
+def test_replay_gives_back_the_recorded_reasoning(tmp_path):
+    path = tmp_path / "c.yaml"
+    RecordingProvider(Stub(), path).produce("s", "u", "fast", True)
+    assert ReplayProvider(path).produce("s", "u", "fast", True).reasoning == "thought"

@@ -350,3 +350,25 @@ def test_builtin_providers_honour_the_environment(server, monkeypatch, tmp_path)
         make_provider(provider=name, model="local-model", config_path=None).produce("", "hi", "fast", False)
     assert [r.wire for r in server.requests] == ["openai", "anthropic"]
     assert all(r.body["model"] == "local-model" for r in server.requests)
+
+
+@pytest.mark.parametrize(("status", "key", "hint"), [(403, None, True), (401, KEY, False), (400, None, False)])
+def test_only_a_refused_key_that_is_not_set_is_named(tmp_path, server, kind, monkeypatch, status, key, hint):
+    if key is None:
+        monkeypatch.delenv("FAKE_KEY", raising=False)
+    else:
+        monkeypatch.setenv("FAKE_KEY", key)
+    provider = make_provider(config_path=write_config(tmp_path, server, kind))
+    server.add(error(status, "no"))
+    with pytest.raises(ProviderError) as caught:
+        provider.produce("", "hi", "balanced", False)
+    assert str(caught.value) == f"p {status}: no" + (" (FAKE_KEY is not set)" if hint else "")
+
+
+def test_a_refusal_that_quotes_the_key_is_reported_without_it(tmp_path, server, monkeypatch):
+    monkeypatch.setenv("FAKE_KEY", KEY)
+    provider = make_provider(config_path=write_config(tmp_path, server, "openai"))
+    server.add(refusal(f"I won't use {KEY}."))
+    with pytest.raises(ProviderError) as caught:
+        provider.produce("", "hi", "balanced", False)
+    assert str(caught.value) == "p m1: the model refused: I won't use ***."
