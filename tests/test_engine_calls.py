@@ -137,3 +137,25 @@ def test_call_depth_is_capped_at_8(tmp_path, calls, status):
     if status == "halted":
         assert result.error == "call-failed: " * 8 + "call-depth-exceeded"
         assert result.at == "dive"
+
+
+def test_a_failed_call_in_a_fan_out_branch_keeps_the_child_trace(tmp_path):
+    fan = """
+        machine parent
+        entry each
+        budget 5
+        context { xs: ["a"] }
+        state each {
+          over xs
+          call child { topic: "{{item}}" }
+          output r
+          otherwise -> END
+        }
+    """
+    machine = write_machines(tmp_path, fan, FAILING_CHILD)
+    result = run_mk(machine, llm={"produce": ["x"], "tokens": [2, 1]})
+    assert result.status == "done", result.error
+    (branch,) = result.trace[0]["branches"]
+    assert branch["output"] == "[branch-error: call-failed: gate-fail]"
+    assert [(s["state"], s["policy"], s["to"]) for s in branch["sub_trace"]] == [("a", "fail", None)]
+    assert branch["usage"]["input_tokens"] == 2

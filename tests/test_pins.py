@@ -1836,3 +1836,34 @@ def test_a_reply_to_the_asked_path_or_a_map_above_it_answers_the_question():
         frame.ask = {"ask": "Publish?", "reply_to": "approval.answer"}
         frame.answer(reply)
         assert (frame.ask is None) is answered, reply
+
+
+def test_each_branch_of_a_fan_out_keys_its_calls_by_its_number():
+    class FoldJournal(KeyJournal):
+        def __init__(self) -> None:
+            super().__init__()
+            self.folded: list[str] = []
+
+        def fold(self, prefix: str) -> None:
+            self.folded.append(prefix)
+
+    journal = FoldJournal()
+    result = run_mk(
+        """
+        machine m
+        entry each
+        budget 5
+        context { xs: ["a", "b", "c"] }
+        state each {
+          over xs
+          structure "s"
+          prompt "{{item}}"
+          output o
+          otherwise -> END
+        }
+        """,
+        journal=journal,
+    )
+    assert result.status == "done", result.error
+    assert sorted(journal.keys) == [("produce", "r:1.1.1"), ("produce", "r:1.2.1"), ("produce", "r:1.3.1")]
+    assert sorted(journal.folded) == ["r:1.1", "r:1.2", "r:1.3"]  # each finished branch's answers fold into it
