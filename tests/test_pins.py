@@ -1867,3 +1867,85 @@ def test_each_branch_of_a_fan_out_keys_its_calls_by_its_number():
     assert result.status == "done", result.error
     assert sorted(journal.keys) == [("produce", "r:1.1.1"), ("produce", "r:1.2.1"), ("produce", "r:1.3.1")]
     assert sorted(journal.folded) == ["r:1.1", "r:1.2", "r:1.3"]  # each finished branch's answers fold into it
+
+
+def test_an_interrupt_inside_a_called_machine_ends_the_whole_run_with_every_levels_spend(tmp_path):
+    from mklang.engine.runtime import Control
+
+    control = Control()
+
+    class InterruptInTheChild(Recorder):
+        def produce(self, system, user, tier, reason):
+            if user == "child a":
+                control.interrupted.set()
+            return Produced("x", None, Usage(1, 1, 0.25))
+
+    machine = write_machines(
+        tmp_path,
+        """
+        machine parent
+        entry warm
+        budget 5
+        state warm {
+          structure "s"
+          prompt "warm"
+          output w
+          otherwise -> go
+        }
+        state go {
+          call child
+          output r
+          otherwise -> END
+        }
+        """,
+        """
+        machine child
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "child a"
+          output o
+          otherwise -> b
+        }
+        state b {
+          structure "s"
+          prompt "child b"
+          output o
+          otherwise -> END
+        }
+        """,
+    )
+    result = run_mk(machine, provider=InterruptInTheChild(), control=control)
+    assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
+    assert result.usage == Usage(2, 2, 0.5)
+
+
+def test_the_calls_of_a_called_machine_are_keyed_under_the_call(tmp_path):
+    machine = write_machines(
+        tmp_path,
+        """
+        machine parent
+        entry go
+        budget 5
+        state go {
+          call child
+          output r
+          otherwise -> END
+        }
+        """,
+        """
+        machine child
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> END
+        }
+        """,
+    )
+    journal = KeyJournal()
+    assert run_mk(machine, journal=journal).status == "done"
+    assert journal.keys == [("produce", "r:1.0/:1.0.1")]
