@@ -1949,3 +1949,49 @@ def test_the_calls_of_a_called_machine_are_keyed_under_the_call(tmp_path):
     journal = KeyJournal()
     assert run_mk(machine, journal=journal).status == "done"
     assert journal.keys == [("produce", "r:1.0/:1.0.1")]
+
+
+# --- the scratchpad and where a checkpoint lives --------------------------------
+
+
+def test_the_scratchpad_asks_alone_without_a_system_message_and_joins_every_block():
+    from mklang.providers.scratchpad import INSTRUCTION, split, with_instruction
+
+    assert with_instruction("") == INSTRUCTION
+    assert with_instruction("Be brief.") == f"Be brief.\n\n{INSTRUCTION}"
+    assert split("<think> a </think>x<reasoning>b</reasoning> y ") == ("x y", "a\n\nb")
+
+
+def test_a_checkpoint_is_located_by_path_or_by_store_uri_and_run(tmp_path, monkeypatch):
+    from mklang.checkpoint.store import locate
+    from mklang.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    by_path = locate("cp.json")
+    assert (by_path.run, str(by_path), by_path.key, by_path.anchor) == (
+        "cp.json",
+        "cp.json",
+        str(tmp_path / "cp.json"),
+        Path("cp.json"),
+    )
+    assert locate(str(tmp_path / "cp.json")).key == by_path.key  # two names of one run
+    in_sqlite = locate("sqlite:///runs.db#run#1")
+    assert (in_sqlite.run, str(in_sqlite), in_sqlite.key, in_sqlite.anchor) == (
+        "run#1",
+        "sqlite:///runs.db#run#1",
+        "sqlite:///runs.db#run#1",
+        Path("runs.db"),
+    )
+    in_sqlite.store.close()
+    with pytest.raises(UsageError) as caught:
+        locate("sqlite:///runs.db")
+    assert str(caught.value) == "sqlite:///runs.db: a store URI names a run after '#', e.g. sqlite:///runs.db#RUN_ID"
+
+
+def test_a_postgresql_checkpoint_anchors_machine_paths_in_the_current_folder(tmp_path, monkeypatch, postgres_uri):
+    from mklang.checkpoint.store import locate
+
+    monkeypatch.chdir(tmp_path)
+    location = locate(f"{postgres_uri}#r")
+    assert (location.run, location.anchor) == ("r", tmp_path / "checkpoint")
+    location.store.close()
