@@ -221,6 +221,10 @@ def render(reply: Reply, path: str, model: str) -> dict[str, Any]:
 def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # The headers and the body go out in two writes: with Nagle's algorithm the body
+        # waits for the client's delayed ACK of the headers, 40 ms a reply. Real servers
+        # do not stall so; neither does this one.
+        disable_nagle_algorithm = True
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
