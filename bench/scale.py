@@ -3,8 +3,9 @@
 1. 1,000 inputs x 5 steps, every model call answered after 100 ms: wall time
    of `mklang batch` against the ideal (calls x latency / concurrency) for the
    local executor with SQLite and with PostgreSQL (concurrency 32), and for
-   2 Celery workers of concurrency 16 each (RabbitMQ); the batch process's
-   peak memory.
+   2 Celery workers of concurrency 16 each (RabbitMQ); the CPU seconds per
+   run of the processes measured (less sensitive than wall time to other work
+   on the machine); the batch process's peak memory.
 2. The checkpoint cost per step of each store: a 300-step durable run with an
    instant scripted model, (time with the store - time without) / steps.
 
@@ -75,6 +76,12 @@ def mklang(folder: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of the child processes that ended so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed_batch(folder: Path, store: str, *options: str) -> tuple[float, float, dict]:
     """Wall seconds, peak memory (MiB) and JSON summary of one `mklang batch`."""
     started = time.monotonic()
@@ -99,8 +106,9 @@ def postgres_schema() -> str:
     return f"{POSTGRES}?options=-csearch_path%3D{schema}"
 
 
-def figure(elapsed: float, ideal: float) -> str:
-    return f"{elapsed:6.1f} s = {elapsed / ideal:4.2f} x ideal ({ideal:.1f} s)"
+def figure(elapsed: float, ideal: float, cpu: float, items: int) -> str:
+    """Wall time against the ideal, and CPU per run (less sensitive to other load on the machine)."""
+    return f"{elapsed:6.1f} s = {elapsed / ideal:4.2f} x ideal ({ideal:.1f} s); CPU {cpu / items * 1e3:5.1f} ms/run"
 
 
 def batch_rows(items: int) -> None:
@@ -124,9 +132,11 @@ def batch_rows(items: int) -> None:
         else:
             print("  (PostgreSQL not reachable on 127.0.0.1:5432: its rows are skipped)")
         for name, store, options in rows:
+            cpu = children_cpu()
             elapsed, peak, summary = timed_batch(folder, store, "--concurrency", "32", *options)
+            cpu = children_cpu() - cpu
             assert summary["done"] == items, summary
-            print(f"  {name:<38} {figure(elapsed, ideal)}; batch peak {peak:.0f} MiB")
+            print(f"  {name:<38} {figure(elapsed, ideal, cpu, items)}; batch peak {peak:.0f} MiB")
         if reachable(5432) and reachable(5672):
             store = postgres_schema()
             workers = [
@@ -134,6 +144,7 @@ def batch_rows(items: int) -> None:
                        "--config", "mklang.toml")
                 for _ in range(2)
             ]  # fmt: skip
+            cpu = children_cpu()
             try:
                 time.sleep(3)  # let the workers connect before the clock starts
                 elapsed, peak, summary = timed_batch(folder, store, "--executor", "celery", "--broker", RABBITMQ)
@@ -141,8 +152,9 @@ def batch_rows(items: int) -> None:
                 for worker in workers:
                     worker.kill()
                     worker.communicate()
+            cpu = children_cpu() - cpu  # the batch and both workers, their start included
             assert summary["done"] == items, summary
-            print(f"  {'2 Celery workers x 16, PostgreSQL':<38} {figure(elapsed, ideal)}")
+            print(f"  {'2 Celery workers x 16, PostgreSQL':<38} {figure(elapsed, ideal, cpu, items)}")
         else:
             print("  (RabbitMQ or PostgreSQL not reachable: the Celery row is skipped)")
 
