@@ -10,7 +10,12 @@ A run's lock is a session advisory lock held on a connection of its own,
 so it is released when the lock is, or when the process holding it dies
 or loses its connection: a worker killed by SIGKILL never blocks its run.
 The lock connection is named after its holder (`pid@host`), which is what
-`holder` reports.
+`holder` reports. While the lock is held, the run's own writes and reads go
+through its lock connection: runs in flight commit side by side (the
+server flushes concurrent commits together) instead of queueing on one
+connection, and a run that lost its lock cannot write. Released lock
+connections are kept for the next run's lock, so a batch does not open a
+connection per run; other reads share one connection.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from mklang.checkpoint.file_store import still_running
@@ -53,6 +59,10 @@ class PostgresStore:
         self._guard = threading.Lock()
         self._db = self._connect()
         self._create_tables()
+        self._held: dict[str, Any] = {}  # run -> the connection holding its lock
+        self._idle: list[Any] = []  # released lock connections, kept for the next lock
+        self._pool_guard = threading.Lock()
+        self._closed = False
 
     @classmethod
     def from_uri(cls, uri: str) -> PostgresStore:
@@ -80,17 +90,29 @@ class PostgresStore:
     def _where(self) -> str:
         return self.conninfo.split("?", 1)[0]
 
-    def _execute(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
+    @contextlib.contextmanager
+    def _connection(self, run: str | None) -> Iterator[Any]:
+        """The connection for a statement about `run`: its lock connection while held here, else the shared one.
+
+        A psycopg connection serializes its own users, so a run's fan-out branches may share it."""
         psycopg = _psycopg()
-        with self._guard:
-            try:
-                cursor = self._db.execute(sql, args or None)
-                return cursor.fetchall() if cursor.description else []
-            except psycopg.Error as error:
-                raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+        held = self._held.get(run) if run is not None else None
+        try:
+            if held is not None:
+                yield held
+            else:
+                with self._guard:
+                    yield self._db
+        except psycopg.Error as error:
+            raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+
+    def _execute(self, sql: str, *args: object, run: str | None = None) -> list[tuple[Any, ...]]:
+        with self._connection(run) as db:
+            cursor = db.execute(sql, args or None)
+            return cursor.fetchall() if cursor.description else []
 
     def read(self, run: str) -> bytes | None:
-        rows = self._execute("SELECT envelope FROM mklang_runs WHERE run = %s", run)
+        rows = self._execute("SELECT envelope FROM mklang_runs WHERE run = %s", run, run=run)
         return bytes(rows[0][0]) if rows else None
 
     def write(self, run: str, payload: bytes) -> None:
@@ -99,31 +121,51 @@ class PostgresStore:
             "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope",
             run,
             payload,
+            run=run,
         )
 
     def read_journal(self, run: str) -> bytes:
-        rows = self._execute("SELECT line FROM mklang_journal WHERE run = %s ORDER BY seq", run)
+        rows = self._execute("SELECT line FROM mklang_journal WHERE run = %s ORDER BY seq", run, run=run)
         return b"".join(bytes(row[0]) for row in rows)
 
     def start_journal(self, run: str, payload: bytes) -> None:
-        psycopg = _psycopg()
-        with self._guard:
-            try:
-                with self._db.transaction():  # the old generation or the new one, never a mix
-                    self._db.execute("DELETE FROM mklang_journal WHERE run = %s", (run,))
-                    self._db.execute("INSERT INTO mklang_journal (run, line) VALUES (%s, %s)", (run, payload))
-            except psycopg.Error as error:
-                raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+        with self._connection(run) as db, db.transaction():  # the old generation or the new one, never a mix
+            db.execute("DELETE FROM mklang_journal WHERE run = %s", (run,))
+            db.execute("INSERT INTO mklang_journal (run, line) VALUES (%s, %s)", (run, payload))
 
     def append(self, run: str, payload: bytes, *, durable: bool) -> None:
         # A committed row is durable (synchronous_commit): durable either way.
-        self._execute("INSERT INTO mklang_journal (run, line) VALUES (%s, %s)", run, payload)
+        self._execute("INSERT INTO mklang_journal (run, line) VALUES (%s, %s)", run, payload, run=run)
 
     def drop_journal(self, run: str) -> None:
-        self._execute("DELETE FROM mklang_journal WHERE run = %s", run)
+        self._execute("DELETE FROM mklang_journal WHERE run = %s", run, run=run)
 
     def lock(self, run: str) -> AdvisoryLock:
         return AdvisoryLock(self, run)
+
+    def _lock_connection(self) -> Any:
+        """A connection to hold a lock on: a released one, else a new one named after this process."""
+        with self._pool_guard:
+            while self._idle:
+                db = self._idle.pop()
+                if not db.closed and not db.broken:
+                    return db
+                db.close()
+        return self._connect(f"mklang {os.getpid()}@{socket.gethostname()}")
+
+    def _hold(self, run: str, db: Any) -> None:
+        with self._pool_guard:
+            self._held[run] = db
+
+    def _give_back(self, run: str, db: Any, unlocked: bool) -> None:
+        """A lock connection whose lock is released: kept for the next lock, or closed when in doubt."""
+        with self._pool_guard:
+            if self._held.get(run) is db:
+                del self._held[run]
+            if unlocked and not db.closed and not db.broken and not self._closed:
+                self._idle.append(db)
+                return
+        db.close()
 
     def holder(self, run: str) -> str | None:
         key = _lock_key(run) & 0xFFFFFFFFFFFFFFFF  # pg_locks shows the key's halves unsigned
@@ -170,6 +212,11 @@ class PostgresStore:
         return int(rows[0][0]), float(rows[0][1])
 
     def close(self) -> None:
+        with self._pool_guard:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for db in idle:
+            db.close()
         with self._guard:
             self._db.close()
 
@@ -186,19 +233,32 @@ class AdvisoryLock:
     """A session advisory lock on a connection of its own (module docstring)."""
 
     def __init__(self, store: PostgresStore, run: str):
+        self._store, self._run = store, run
         self._key = _lock_key(run)
-        self._db = store._connect(f"mklang {os.getpid()}@{socket.gethostname()}")
-        row = self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-        if not row[0]:
+        self._db: Any = store._lock_connection()
+        try:
+            row = self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
+        except _psycopg().Error as error:
             self._db.close()
+            raise CheckpointError(f"{store._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+        if not row[0]:
+            store._give_back(run, self._db, unlocked=True)  # it never held this lock
+            self._db = None
             raise still_running(f"{store._where()}#{run}", store.holder(run) or "?")
+        store._hold(run, self._db)
 
     def release(self) -> None:
-        if not self._db.closed:
-            # Unlocked at once: the server ends a closed session's backend (and its locks) a moment later.
+        db, self._db = self._db, None
+        if db is None:
+            return
+        unlocked = False
+        if not db.closed:
+            # Unlocked at once (a closed session's backend ends, and drops its locks, only a moment later);
+            # the connection is reused only when the server says this lock is gone.
             with contextlib.suppress(_psycopg().Error):
-                self._db.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
-            self._db.close()
+                row = db.execute("SELECT pg_advisory_unlock(%s)", (self._key,)).fetchone()
+                unlocked = bool(row and row[0])
+        self._store._give_back(self._run, db, unlocked)
 
 
 def _first_line(error: Exception) -> str:
