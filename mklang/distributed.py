@@ -24,14 +24,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mklang.batching import Batch, Ceilings, Item, Outcome, StoreLedger, batch_id, first_line, outcome
 from mklang.checkpoint.store import Store, open_store
 from mklang.errors import MklangError, UsageError
 from mklang.model import Machine
 from mklang.providers.base import Usage
+
+if TYPE_CHECKING:
+    from mklang.session import Host
 
 TASK = "mklang.run_item"
 POLL_SECONDS = 0.25
@@ -167,13 +171,13 @@ class Worker:
         self.host_options = host_options
         self.stopping = threading.Event()
         self.name = f"{os.getpid()}@{socket.gethostname()}"
+        self._hosts: dict[float | None, Host] = {}  # by the runs' dollar budget, which the provider checks
+        self._hosts_guard = threading.Lock()
 
     def run(
         self, run: str, context: dict[str, Any], machine_path: str, budgets: dict[str, Any], batch: str | None = None
     ) -> Outcome:
         """Start, resume or skip `run`; anything that keeps this worker from running it makes it `failed`."""
-        from mklang.session import Host
-
         try:
             ledger = None
             if batch is not None:
@@ -184,7 +188,7 @@ class Worker:
                 _machine(machine_path),
                 self.store,
                 self.uri,
-                lambda: Host.build(**self.host_options, max_cost=budgets.get("max_cost")),
+                lambda: self.host_for(budgets.get("max_cost")),
                 **budgets,
                 ledger=ledger,
                 stop=self.stopping,
@@ -207,6 +211,20 @@ class Worker:
         """Tell the batch what became of a run: replace its note."""
         note = {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
         self.store.write_note(note_key(done.run), json.dumps(note, ensure_ascii=False).encode("utf-8"))
+
+    def host_for(self, max_cost: float | None) -> AbstractContextManager[Host]:
+        """A run's host. A scripted host keeps a position per run, so each run gets its own; a real
+        provider is thread-safe and built once, so runs share its HTTP client and connections (as
+        `mklang batch` does) instead of paying a client, a TLS context and a connection each."""
+        from mklang.session import Host
+
+        if self.host_options.get("script"):
+            return Host.build(**self.host_options, max_cost=max_cost)
+        with self._hosts_guard:
+            host = self._hosts.get(max_cost)
+            if host is None:
+                host = self._hosts[max_cost] = Host.build(**self.host_options, max_cost=max_cost)
+        return nullcontext(host)
 
 
 @cache
