@@ -1,8 +1,12 @@
 """The SQLite store: many runs in one database file, safe for several processes on one host.
 
 `sqlite:///runs.db#RUN` (a relative path) or `sqlite:////abs/runs.db#RUN`.
-The database runs in WAL mode with full sync, so readers never block the
-writer and a committed envelope or journal line survives a crash. Runs
+The database runs in WAL mode, so readers never block the writer. Every
+commit reaches the OS (it survives the process dying); envelopes and
+durable journal lines are also synced (`synchronous=FULL`: they survive a
+power cut), other journal lines are not (`NORMAL`), so the durability
+setting decides the fsyncs of a step as in the file store. A synced commit
+syncs the ones before it too: the WAL is one file, written in order. Runs
 are rows: `mklang_runs(run, envelope)` and `mklang_journal(run, seq, line)`;
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
 
@@ -46,6 +50,7 @@ class SqliteStore:
             self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            self._synced = True  # the connection's setting: FULL (True) or NORMAL
             self._db.executescript(SCHEMA)
         except sqlite3.Error as error:
             raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {error}") from None
@@ -58,12 +63,19 @@ class SqliteStore:
             raise UsageError(f"{uri}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db")
         return cls(Path(unquote(parts.path[1:])))
 
-    def _run(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
+    def _run(self, sql: str, *args: object, synced: bool = True) -> list[tuple[Any, ...]]:
         with self._guard:
             try:
+                self._sync(synced)
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as error:
                 raise CheckpointError(f"{self.path}: SQLite checkpoint store: {error}") from None
+
+    def _sync(self, synced: bool) -> None:
+        """Whether the next commit is fsynced (the caller holds the guard, outside a transaction)."""
+        if synced != self._synced:
+            self._db.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
+            self._synced = synced
 
     def read(self, run: str) -> bytes | None:
         rows = self._run("SELECT envelope FROM mklang_runs WHERE run = ?", run)
@@ -84,6 +96,7 @@ class SqliteStore:
     def start_journal(self, run: str, payload: bytes) -> None:
         with self._guard:
             try:
+                self._sync(True)
                 with self._db:  # one transaction: the old generation or the new one
                     self._db.execute("BEGIN IMMEDIATE")
                     self._db.execute("DELETE FROM mklang_journal WHERE run = ?", (run,))
@@ -92,8 +105,7 @@ class SqliteStore:
                 raise CheckpointError(f"{self.path}: SQLite checkpoint store: {error}") from None
 
     def append(self, run: str, payload: bytes, *, durable: bool) -> None:
-        # Every commit is synced (WAL, synchronous=FULL): durable either way.
-        self._run("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", run, payload)
+        self._run("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", run, payload, synced=durable)
 
     def drop_journal(self, run: str) -> None:
         self._run("DELETE FROM mklang_journal WHERE run = ?", run)
