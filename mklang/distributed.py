@@ -142,8 +142,10 @@ def enqueue_and_follow(
         waiting[item.run] = note["id"] if note else None
         app.send_task(TASK, args=[item.run, item.context, machine_path, budgets], kwargs={"batch": batch}, queue=queue)
     progress = time.monotonic()
+    pause = POLL_SECONDS
     while waiting:
-        time.sleep(POLL_SECONDS)
+        time.sleep(pause)
+        began = time.monotonic()
         for run, seen in list(waiting.items()):
             note = read_note(store, run)
             if note is not None and note["id"] != seen:
@@ -152,6 +154,9 @@ def enqueue_and_follow(
                 progress = time.monotonic()
                 if on_outcome is not None:
                     on_outcome(now)
+        # Reading the notes of a large batch takes a while: the follower reads at most a quarter of
+        # its time, leaving the CPU and the database to the runs (workers may share this host).
+        pause = max(POLL_SECONDS, 3 * (time.monotonic() - began))
         idle = time.monotonic() - progress
         if waiting and on_wait is not None:
             on_wait(idle)
