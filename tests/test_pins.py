@@ -1995,3 +1995,114 @@ def test_a_postgresql_checkpoint_anchors_machine_paths_in_the_current_folder(tmp
     location = locate(f"{postgres_uri}#r")
     assert (location.run, location.anchor) == ("r", tmp_path / "checkpoint")
     location.store.close()
+
+
+# --- tool and call states at their edges -------------------------------------------
+
+TOOL_MACHINE = """
+    machine m
+    entry a
+    budget 5
+    tool lookup "finds"
+    state a {
+      tool lookup { q: "x" }
+      output found
+      otherwise -> END
+    }
+"""
+
+
+def test_a_tool_gets_its_arguments_and_an_idempotency_key_and_a_map_it_returns_is_json_text():
+    seen = []
+
+    def lookup(arguments: dict[str, Any], idempotency_key: str) -> Any:
+        seen.append((arguments, idempotency_key))
+        return {"hits": [1, 2]}
+
+    journal = KeyJournal()
+    result = run_mk(TOOL_MACHINE, tools={"lookup": lookup}, journal=journal)
+    assert result.status == "done", result.error
+    [(arguments, key)] = seen
+    assert arguments == {"q": "x"}
+    run_id, _, call = key.partition("/")
+    assert (bool(run_id), call) == (True, "r:1.0.1")
+    assert journal.keys == [("tool", "r:1.0.1")]
+    assert result.context["found"] == '{"hits": [1, 2]}'
+
+
+def test_an_answer_nested_too_deep_for_its_parse_halts_the_state():
+    result = run_mk(
+        """
+        machine m
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          parse json
+          output o
+          otherwise -> END
+        }
+        """,
+        llm={"produce": ["[" * 200 + "]" * 200]},
+    )
+    assert result.status == "halted"
+    assert result.error.startswith("state-error: parse-json: the answer is nested more than")
+
+
+CALLING = """
+    machine parent
+    entry go
+    budget 5
+    context { xs: ["a"] }
+    state go {
+      call child
+      output r
+      otherwise -> each
+    }
+    state each {
+      over xs
+      call child
+      output rs
+      otherwise -> END
+    }
+"""
+
+SHORT_CHILD = """
+    machine child
+    entry a
+    budget {budget}
+    state a {{
+      structure "s"
+      prompt "a"
+      output o
+      otherwise -> b
+    }}
+    state b {{
+      structure "s"
+      prompt "b"
+      output o
+      otherwise -> END
+    }}
+"""
+
+
+def test_a_called_machine_is_journaled_one_level_down_except_inside_a_branch(tmp_path):
+    class EnterJournal(NullJournal):
+        def __init__(self) -> None:
+            self.entered: list[tuple[int, str]] = []
+
+        def enter(self, depth: int, frame: Frame) -> None:
+            self.entered.append((depth, frame.machine.name))
+
+    journal = EnterJournal()
+    result = run_mk(write_machines(tmp_path, CALLING, SHORT_CHILD.format(budget=5)), journal=journal)
+    assert result.status == "done", result.error
+    assert journal.entered == [(1, "child")]  # the call in the fan-out branch is not
+
+
+def test_a_called_machine_that_runs_out_of_steps_suspends_a_suspendable_run(tmp_path):
+    machine = write_machines(tmp_path, CALLING, SHORT_CHILD.format(budget=1))
+    result = run_mk(machine, suspendable=True)
+    assert (result.status, result.reason, result.at) == ("suspended", "budget-exhausted", "b")
+    assert [frame.machine.name for frame in result.frames] == ["parent", "child"]
