@@ -2106,3 +2106,46 @@ def test_a_called_machine_that_runs_out_of_steps_suspends_a_suspendable_run(tmp_
     result = run_mk(machine, suspendable=True)
     assert (result.status, result.reason, result.at) == ("suspended", "budget-exhausted", "b")
     assert [frame.machine.name for frame in result.frames] == ["parent", "child"]
+
+
+def test_scripted_answers_go_to_branches_by_index_whatever_order_they_ask_in(tmp_path):
+    import time as clock
+
+    def wait(arguments: dict[str, Any]) -> str:
+        clock.sleep(float(arguments["s"]))
+        return "waited"
+
+    machine = write_machines(
+        tmp_path,
+        """
+        machine parent
+        entry each
+        budget 9
+        context { xs: ["0.3", "0"] }
+        state each {
+          over xs
+          call child { d: "{{item}}" }
+          output o
+          otherwise -> END
+        }
+        """,
+        """
+        machine child
+        entry t
+        budget 5
+        tool wait "sleeps"
+        state t {
+          tool wait { s: "{{d}}" }
+          output w
+          otherwise -> p
+        }
+        state p {
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> END
+        }
+        """,
+    )
+    result = run_mk(machine, tools={"wait": wait}, llm={"produce": ["first", "second"]})
+    assert result.result == ["first", "second"]  # branch 0 asked last
