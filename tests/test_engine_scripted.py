@@ -79,3 +79,12 @@ def test_scripted_tools_answer_by_a_substring_of_their_input():
     assert tools["kb"]({"query": "login loop"}) == "L"
     with pytest.raises(ProviderError):
         tools["kb"]({"query": "weather"})
+
+
+def test_a_skipped_answer_is_consumed_for_its_kind_only():
+    provider = ScriptedProvider({"produce": ["a", "b", "c"], "judge": [0, 1]})
+    provider.skip("produce")
+    provider.skip("judge")
+    assert provider.produce("s", "u", "fast", False).text == "b"
+    assert provider.judge(["x", "y"], "o", None, {}, "fast").choice == 1
+    assert provider.position() == {"produce": 2, "judge": 2}

@@ -372,3 +372,17 @@ def test_a_refusal_that_quotes_the_key_is_reported_without_it(tmp_path, server, 
     with pytest.raises(ProviderError) as caught:
         provider.produce("", "hi", "balanced", False)
     assert str(caught.value) == "p m1: the model refused: I won't use ***."
+
+
+def test_providers_name_their_routes_and_close_each_client_once(tmp_path, server, monkeypatch):
+    monkeypatch.setenv("FAKE_KEY", KEY)
+    provider = make_provider(
+        config_path=write_config(tmp_path, server, "openai", tiers={"fast": "p:m1", "reasoning": "p:m2"})
+    )
+    assert repr(provider) == "RoutedProvider(fast=p:m1, reasoning=p:m2)"
+    closed = []
+    for target in provider._targets.values():
+        assert repr(target.client) == "OpenAIClient('p')"
+        monkeypatch.setattr(target.client, "close", lambda client=target.client: closed.append(client))
+    provider.close()
+    assert len(closed) == 1  # both tiers share one client
