@@ -46,7 +46,7 @@ state three {
   otherwise -> END
 }
 """
-TRIALS = 50
+TRIALS = 20
 PAIRS_AT_ONCE = 5
 CALLS_LEFT = 2  # a suspended run resumes at `two`
 
