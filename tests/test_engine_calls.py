@@ -72,7 +72,7 @@ def test_a_failed_call_is_a_halting_step_with_the_child_trace(tmp_path):
     result = run_mk(machine, llm={"produce": ["w", "x"], "tokens": [2, 1]})
     assert (result.status, result.error, result.at) == ("halted", "call-failed: gate-fail", "go")
     step = result.trace[-1]
-    assert (step["policy"], step["to"]) == ("call-failed", None)
+    assert (step["step"], step["policy"], step["to"]) == (2, "call-failed", None)
     assert [(s["state"], s["policy"], s["to"]) for s in step["sub_trace"]] == [("a", "fail", None)]
     assert step["usage"]["input_tokens"] == 2  # what the child spent before it halted
     assert result.usage.tokens == 6

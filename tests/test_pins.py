@@ -2167,3 +2167,63 @@ def test_a_postgresql_lock_whose_connection_died_releases_quietly(postgres_uri):
     assert store.holder("r") is None
     store.lock("r").release()
     store.close()
+
+
+# --- steps, visits and the clock at their edges ----------------------------------
+
+
+def test_max_visits_1_lets_a_state_run_once():
+    result = run_mk("""
+        machine m
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          max_visits 1
+          otherwise -> a
+        }
+    """)
+    assert (result.error, result.at, len(result.trace)) == ("loop-ceiling", "a", 1)
+
+
+def test_a_fan_out_over_one_item_costs_one_step():
+    result = run_mk(
+        """
+        machine m
+        entry each
+        budget 2
+        context { xs: ["a"] }
+        state each {
+          over xs
+          structure "s"
+          prompt "{{item}}"
+          output o
+          otherwise -> b
+        }
+        state b {
+          structure "s"
+          prompt "p"
+          output p
+          otherwise -> END
+        }
+        """,
+        suspendable=True,
+    )
+    assert (result.status, [step["state"] for step in result.trace]) == ("done", ["each", "b"])
+
+
+def test_a_call_that_fails_after_the_deadline_is_the_time_budget_not_a_provider_error():
+    import time as clock
+
+    class Slow(Recorder):
+        def produce(self, system, user, tier, reason):
+            clock.sleep(0.2)
+            raise ProviderError("timeout: no answer")
+
+    machine = 'machine m\nentry a\nbudget 5\nstate a {\n structure "s"\n prompt "p"\n output x\n otherwise -> END\n}\n'
+    halted = run_mk(machine, provider=Slow(), max_time=0.05)
+    assert (halted.status, halted.error, halted.at) == ("halted", "time-exhausted", "a")
+    parked = run_mk(machine, provider=Slow(), max_time=0.05, suspendable=True)
+    assert (parked.status, parked.reason) == ("suspended", "time-exhausted")
