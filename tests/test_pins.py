@@ -2227,3 +2227,58 @@ def test_a_call_that_fails_after_the_deadline_is_the_time_budget_not_a_provider_
     assert (halted.status, halted.error, halted.at) == ("halted", "time-exhausted", "a")
     parked = run_mk(machine, provider=Slow(), max_time=0.05, suspendable=True)
     assert (parked.status, parked.reason) == ("suspended", "time-exhausted")
+
+
+FAN = """
+    machine m
+    entry each
+    budget {budget}
+    tool probe "looks"
+    context {{ xs: ["a", "b", "c"] }}
+    state each {{
+      over xs
+      {face}
+      output o
+      otherwise -> END
+    }}
+"""
+
+
+def test_a_branch_reads_the_context_and_fences_what_the_host_gave():
+    provider = Recorder()
+    result = run_mk(
+        FAN.format(budget=5, face='structure "s"\n      prompt "{{item}} for {{topic}}"'),
+        {"topic": "tides"},
+        provider=provider,
+    )
+    assert result.status == "done", result.error
+    users = sorted(request.user for request in provider.produced)
+    assert len(users) == 3 and all("tides" in user and "<data-" in user for user in users)
+
+
+def test_a_fan_out_cut_by_the_step_budget_suspends_with_its_finished_branches():
+    result = run_mk(
+        FAN.format(budget=2, face='structure "s"\n      prompt "{{item}}"'),
+        provider=Recorder({"produce": ["A", "B", "C"]}),
+        suspendable=True,
+        concurrency=1,
+    )
+    assert (result.status, result.reason, result.at) == ("suspended", "budget-exhausted", "each")
+    assert sorted(result.frames[-1].branches) == [0, 1]
+
+
+def test_an_exception_that_is_not_a_halt_leaves_the_fan_out():
+    class Crash(BaseException):
+        pass
+
+    finished = []
+
+    def probe(arguments: dict[str, Any]) -> str:
+        if arguments["q"] == "b":
+            raise Crash
+        finished.append(arguments["q"])
+        return "ok"
+
+    with pytest.raises(Crash):
+        run_mk(FAN.format(budget=5, face='tool probe { q: "{{item}}" }'), tools={"probe": probe})
+    assert "a" in finished  # branches launched before it still finish
