@@ -43,13 +43,12 @@ def parse(text: str, filename: str | None = None) -> Machine:
     parser = standalone_parser()
     try:
         with _collector_paused():
-            tree = parser.parse(source)
-            machine = build(tree, filename)
+            machine = build(parser.parse(source), filename)
+            attach(machine, comments(source))
     except UnexpectedInput as error:
         raise MkSyntaxError([diagnostic(error, source, filename, parser.parse)]) from None
     except RecursionError:
         raise MkSyntaxError(
             [Diagnostic(filename, 1, 1, 1, 1, "error", "syntax", "values are nested too deeply")]
         ) from None
-    attach(machine, comments(source))
     return machine
