@@ -44,12 +44,7 @@ class FileStore:
         return self.folder / run
 
     def read(self, run: str) -> bytes | None:
-        try:
-            return self._path(run).read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise CheckpointError(f"{self._path(run)}: cannot read the checkpoint: {error.strerror}") from None
+        return _read_if_there(self._path(run), "the checkpoint")
 
     def write(self, run: str, payload: bytes) -> None:
         try:
@@ -123,12 +118,7 @@ class FileStore:
         return self.folder / ".mklang-notes" / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
     def read_note(self, key: str) -> bytes | None:
-        try:
-            return self._note(key).read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise CheckpointError(f"{self._note(key)}: cannot read the batch note: {error.strerror}") from None
+        return _read_if_there(self._note(key), "the batch note")
 
     def write_note(self, key: str, payload: bytes) -> None:
         self._write_private(self._note(key), payload)
@@ -164,6 +154,16 @@ class FileStore:
         with self._guard:
             for run in list(self._journals):
                 self._close_journal(run)
+
+
+def _read_if_there(path: Path, what: str) -> bytes | None:
+    """The bytes of `path`, None when there is no such file; `what` names it in errors."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read {what}: {error.strerror}") from None
 
 
 class FileLock:

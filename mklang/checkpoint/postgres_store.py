@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mklang.checkpoint.file_store import still_running
+from mklang.checkpoint.sql_store import SqlStore
 from mklang.errors import CheckpointError, UsageError
 
 SCHEMA = """
@@ -51,8 +52,10 @@ def _psycopg() -> Any:
     return psycopg
 
 
-class PostgresStore:
+class PostgresStore(SqlStore):
     """Runs as rows of one PostgreSQL database; one data connection shared by this process's threads."""
+
+    GREATEST = "GREATEST"
 
     def __init__(self, conninfo: str):
         self.conninfo = conninfo
@@ -106,39 +109,16 @@ class PostgresStore:
         except psycopg.Error as error:
             raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
 
-    def _execute(self, sql: str, *args: object, run: str | None = None) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
+        # A committed row is durable (synchronous_commit): durable either way.
         with self._connection(run) as db:
-            cursor = db.execute(sql, args or None)
+            cursor = db.execute(sql.replace("?", "%s"), args or None)
             return cursor.fetchall() if cursor.description else []
-
-    def read(self, run: str) -> bytes | None:
-        rows = self._execute("SELECT envelope FROM mklang_runs WHERE run = %s", run, run=run)
-        return bytes(rows[0][0]) if rows else None
-
-    def write(self, run: str, payload: bytes) -> None:
-        self._execute(
-            "INSERT INTO mklang_runs (run, envelope) VALUES (%s, %s) "
-            "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope",
-            run,
-            payload,
-            run=run,
-        )
-
-    def read_journal(self, run: str) -> bytes:
-        rows = self._execute("SELECT line FROM mklang_journal WHERE run = %s ORDER BY seq", run, run=run)
-        return b"".join(bytes(row[0]) for row in rows)
 
     def start_journal(self, run: str, payload: bytes) -> None:
         with self._connection(run) as db, db.transaction():  # the old generation or the new one, never a mix
             db.execute("DELETE FROM mklang_journal WHERE run = %s", (run,))
             db.execute("INSERT INTO mklang_journal (run, line) VALUES (%s, %s)", (run, payload))
-
-    def append(self, run: str, payload: bytes, *, durable: bool) -> None:
-        # A committed row is durable (synchronous_commit): durable either way.
-        self._execute("INSERT INTO mklang_journal (run, line) VALUES (%s, %s)", run, payload, run=run)
-
-    def drop_journal(self, run: str) -> None:
-        self._execute("DELETE FROM mklang_journal WHERE run = %s", run, run=run)
 
     def lock(self, run: str) -> AdvisoryLock:
         return AdvisoryLock(self, run)
@@ -169,47 +149,15 @@ class PostgresStore:
 
     def holder(self, run: str) -> str | None:
         key = _lock_key(run) & 0xFFFFFFFFFFFFFFFF  # pg_locks shows the key's halves unsigned
-        rows = self._execute(
+        rows = self._rows(
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.database = "
             "(SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "AND l.classid = %s AND l.objid = %s AND l.objsubid = 1",
+            "AND l.classid = ? AND l.objid = ? AND l.objsubid = 1",
             key >> 32,
             key & 0xFFFFFFFF,
         )
         return str(rows[0][0]).removeprefix("mklang ") if rows else None
-
-    def runs(self) -> list[str]:
-        return [str(row[0]) for row in self._execute("SELECT run FROM mklang_runs ORDER BY run")]
-
-    def read_note(self, key: str) -> bytes | None:
-        rows = self._execute("SELECT value FROM mklang_notes WHERE key = %s", key)
-        return bytes(rows[0][0]) if rows else None
-
-    def write_note(self, key: str, payload: bytes) -> None:
-        self._execute(
-            "INSERT INTO mklang_notes (key, value) VALUES (%s, %s) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            key,
-            payload,
-        )
-
-    def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
-        self._execute(
-            "INSERT INTO mklang_spend (batch, run, tokens, cost) VALUES (%s, %s, %s, %s) "
-            "ON CONFLICT (batch, run) DO UPDATE SET tokens = GREATEST(mklang_spend.tokens, excluded.tokens), "
-            "cost = GREATEST(mklang_spend.cost, excluded.cost)",
-            batch,
-            run,
-            tokens,
-            cost,
-        )
-
-    def spend(self, batch: str) -> tuple[int, float]:
-        rows = self._execute(
-            "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0.0) FROM mklang_spend WHERE batch = %s", batch
-        )
-        return int(rows[0][0]), float(rows[0][1])
 
     def close(self) -> None:
         with self._pool_guard:

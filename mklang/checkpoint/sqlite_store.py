@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from mklang.checkpoint.file_store import FileLock, lock_holder
+from mklang.checkpoint.sql_store import SqlStore
 from mklang.errors import CheckpointError, UsageError
 
 SCHEMA = """
@@ -40,7 +41,7 @@ CREATE TABLE IF NOT EXISTS mklang_spend (
 """
 
 
-class SqliteStore:
+class SqliteStore(SqlStore):
     """Runs as rows of one SQLite database; one connection shared by this process's threads."""
 
     def __init__(self, path: Path):
@@ -63,10 +64,10 @@ class SqliteStore:
             raise UsageError(f"{uri}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db")
         return cls(Path(unquote(parts.path[1:])))
 
-    def _run(self, sql: str, *args: object, synced: bool = True) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
         with self._guard:
             try:
-                self._sync(synced)
+                self._sync(durable)
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as error:
                 raise CheckpointError(f"{self.path}: SQLite checkpoint store: {error}") from None
@@ -76,22 +77,6 @@ class SqliteStore:
         if synced != self._synced:
             self._db.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
             self._synced = synced
-
-    def read(self, run: str) -> bytes | None:
-        rows = self._run("SELECT envelope FROM mklang_runs WHERE run = ?", run)
-        return bytes(rows[0][0]) if rows else None
-
-    def write(self, run: str, payload: bytes) -> None:
-        self._run(
-            "INSERT INTO mklang_runs (run, envelope) VALUES (?, ?) "
-            "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope",
-            run,
-            payload,
-        )
-
-    def read_journal(self, run: str) -> bytes:
-        rows = self._run("SELECT line FROM mklang_journal WHERE run = ? ORDER BY seq", run)
-        return b"".join(bytes(row[0]) for row in rows)
 
     def start_journal(self, run: str, payload: bytes) -> None:
         with self._guard:
@@ -104,12 +89,6 @@ class SqliteStore:
             except sqlite3.Error as error:
                 raise CheckpointError(f"{self.path}: SQLite checkpoint store: {error}") from None
 
-    def append(self, run: str, payload: bytes, *, durable: bool) -> None:
-        self._run("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", run, payload, synced=durable)
-
-    def drop_journal(self, run: str) -> None:
-        self._run("DELETE FROM mklang_journal WHERE run = ?", run)
-
     def _lock_path(self, run: str) -> Path:
         # Run ids are user text: the lock file is named by their hash.
         digest = hashlib.sha256(run.encode("utf-8")).hexdigest()[:32]
@@ -120,37 +99,6 @@ class SqliteStore:
 
     def holder(self, run: str) -> str | None:
         return lock_holder(self._lock_path(run))
-
-    def runs(self) -> list[str]:
-        return [str(row[0]) for row in self._run("SELECT run FROM mklang_runs ORDER BY run")]
-
-    def read_note(self, key: str) -> bytes | None:
-        rows = self._run("SELECT value FROM mklang_notes WHERE key = ?", key)
-        return bytes(rows[0][0]) if rows else None
-
-    def write_note(self, key: str, payload: bytes) -> None:
-        self._run(
-            "INSERT INTO mklang_notes (key, value) VALUES (?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            key,
-            payload,
-        )
-
-    def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
-        self._run(
-            "INSERT INTO mklang_spend (batch, run, tokens, cost) VALUES (?, ?, ?, ?) ON CONFLICT (batch, run) "
-            "DO UPDATE SET tokens = MAX(tokens, excluded.tokens), cost = MAX(cost, excluded.cost)",
-            batch,
-            run,
-            tokens,
-            cost,
-        )
-
-    def spend(self, batch: str) -> tuple[int, float]:
-        rows = self._run(
-            "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0.0) FROM mklang_spend WHERE batch = ?", batch
-        )
-        return int(rows[0][0]), float(rows[0][1])
 
     def close(self) -> None:
         with self._guard:

@@ -1,0 +1,81 @@
+"""What the SQL stores (SQLite, PostgreSQL) share: their tables' rows and the statements on them.
+
+Statements are written once, with `?` placeholders; each store runs them
+through its `_rows` (its connection, its placeholder style, its error
+messages) and keeps to itself what differs: connecting, replacing a journal
+in one transaction, and locks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SqlStore:
+    """The row operations of the `Store` protocol over `mklang_runs`, `mklang_journal`,
+    `mklang_notes` and `mklang_spend`."""
+
+    GREATEST = "MAX"  # the dialect's maximum of two values
+
+    def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
+        """Run one statement (about `run`, when it is; fsynced unless not `durable`): its rows."""
+        raise NotImplementedError
+
+    def _blob(self, sql: str, key: str, run: str | None = None) -> bytes | None:
+        """The one value `sql` selects for `key`, or None."""
+        rows = self._rows(sql, key, run=run)
+        return bytes(rows[0][0]) if rows else None
+
+    def read(self, run: str) -> bytes | None:
+        return self._blob("SELECT envelope FROM mklang_runs WHERE run = ?", run, run=run)
+
+    def write(self, run: str, payload: bytes) -> None:
+        self._rows(
+            "INSERT INTO mklang_runs (run, envelope) VALUES (?, ?) "
+            "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope",
+            run,
+            payload,
+            run=run,
+        )
+
+    def read_journal(self, run: str) -> bytes:
+        rows = self._rows("SELECT line FROM mklang_journal WHERE run = ? ORDER BY seq", run, run=run)
+        return b"".join(bytes(row[0]) for row in rows)
+
+    def append(self, run: str, payload: bytes, *, durable: bool) -> None:
+        self._rows("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", run, payload, run=run, durable=durable)
+
+    def drop_journal(self, run: str) -> None:
+        self._rows("DELETE FROM mklang_journal WHERE run = ?", run, run=run)
+
+    def runs(self) -> list[str]:
+        return [str(row[0]) for row in self._rows("SELECT run FROM mklang_runs ORDER BY run")]
+
+    def read_note(self, key: str) -> bytes | None:
+        return self._blob("SELECT value FROM mklang_notes WHERE key = ?", key)
+
+    def write_note(self, key: str, payload: bytes) -> None:
+        self._rows(
+            "INSERT INTO mklang_notes (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            key,
+            payload,
+        )
+
+    def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
+        """A run's spend in a batch only grows (a resumed run replays from a smaller total)."""
+        self._rows(
+            "INSERT INTO mklang_spend (batch, run, tokens, cost) VALUES (?, ?, ?, ?) ON CONFLICT (batch, run) "
+            f"DO UPDATE SET tokens = {self.GREATEST}(mklang_spend.tokens, excluded.tokens), "
+            f"cost = {self.GREATEST}(mklang_spend.cost, excluded.cost)",
+            batch,
+            run,
+            tokens,
+            cost,
+        )
+
+    def spend(self, batch: str) -> tuple[int, float]:
+        rows = self._rows(
+            "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0.0) FROM mklang_spend WHERE batch = ?", batch
+        )
+        return int(rows[0][0]), float(rows[0][1])
