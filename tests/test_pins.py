@@ -1341,7 +1341,7 @@ def test_postgresql_store_errors_are_the_first_line_of_the_servers_and_hide_the_
     from mklang.errors import UsageError
 
     with pytest.raises(CheckpointError) as caught:
-        open_store("postgresql://postgres@127.0.0.1:1/test?options=-csearch_path%3Dx")
+        open_store("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2&application_name=a?b")
     assert str(caught.value).startswith(
         "postgresql://postgres@127.0.0.1:1/test: cannot connect to the PostgreSQL checkpoint store: connection failed: "
     )
@@ -2282,3 +2282,13 @@ def test_an_exception_that_is_not_a_halt_leaves_the_fan_out():
     with pytest.raises(Crash):
         run_mk(FAN.format(budget=5, face='tool probe { q: "{{item}}" }'), tools={"probe": probe})
     assert "a" in finished  # branches launched before it still finish
+
+
+def test_a_sqlite_store_file_may_have_a_colon_in_its_name(tmp_path, monkeypatch):
+    from mklang.checkpoint.sqlite_store import SqliteStore
+    from mklang.checkpoint.store import open_store
+
+    monkeypatch.chdir(tmp_path)
+    store = open_store("sqlite:///a:b.db")
+    assert isinstance(store, SqliteStore) and (tmp_path / "a:b.db").is_file()
+    store.close()
