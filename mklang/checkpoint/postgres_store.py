@@ -184,16 +184,23 @@ class AdvisoryLock:
         self._store, self._run = store, run
         self._key = _lock_key(run)
         self._db: Any = store._lock_connection()
-        try:
-            row = self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-        except _psycopg().Error as error:
-            self._db.close()
-            raise CheckpointError(f"{store._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
-        if not row[0]:
+        taken = self._try()
+        holder = None if taken else store.holder(run)
+        if not taken and holder is None:  # released since the try: a dead client's session just ended
+            taken = self._try()
+        if not taken:
             store._give_back(run, self._db, unlocked=True)  # it never held this lock
             self._db = None
-            raise still_running(f"{store._where()}#{run}", store.holder(run) or "?")
+            raise still_running(f"{store._where()}#{run}", holder or "?")
         store._hold(run, self._db)
+
+    def _try(self) -> bool:
+        try:
+            return bool(self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()[0])
+        except _psycopg().Error as error:
+            self._db.close()
+            where = self._store._where()
+            raise CheckpointError(f"{where}: PostgreSQL checkpoint store: {_first_line(error)}") from None
 
     def release(self) -> None:
         db, self._db = self._db, None
