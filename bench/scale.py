@@ -17,6 +17,7 @@ batch for a quick look.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -97,12 +98,18 @@ def timed_batch(folder: Path, store: str, *options: str) -> tuple[float, float, 
     return elapsed, peak, json.loads(stdout)
 
 
-def postgres_schema() -> str:
+def postgres_schema(cleanup: contextlib.ExitStack) -> str:
+    """A store URI into a fresh schema of database `test`, dropped when `cleanup` closes."""
     import psycopg
 
     schema = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(POSTGRES, autocommit=True) as db:
-        db.execute(f"CREATE SCHEMA {schema}")
+
+    def run(sql: str) -> None:
+        with psycopg.connect(POSTGRES, autocommit=True) as db:
+            db.execute(sql)
+
+    run(f"CREATE SCHEMA {schema}")
+    cleanup.callback(run, f"DROP SCHEMA {schema} CASCADE")
     return f"{POSTGRES}?options=-csearch_path%3D{schema}"
 
 
@@ -113,7 +120,7 @@ def figure(elapsed: float, ideal: float, cpu: float, items: int) -> str:
 
 def batch_rows(items: int) -> None:
     calls = items * STEPS
-    with FakeServer() as server, tempfile.TemporaryDirectory() as tmp:
+    with FakeServer() as server, tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as schemas:
         server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=2, delay=LATENCY)
         folder = Path(tmp)
         (folder / "five.mk").write_text(MACHINE)
@@ -128,7 +135,7 @@ def batch_rows(items: int) -> None:
         ideal = calls * LATENCY / 32
         rows = [("local, SQLite, concurrency 32", f"sqlite:///{folder}/runs.db", ())]
         if reachable(5432):
-            rows.append(("local, PostgreSQL, concurrency 32", postgres_schema(), ()))
+            rows.append(("local, PostgreSQL, concurrency 32", postgres_schema(schemas), ()))
         else:
             print("  (PostgreSQL not reachable on 127.0.0.1:5432: its rows are skipped)")
         for name, store, options in rows:
@@ -138,7 +145,7 @@ def batch_rows(items: int) -> None:
             assert summary["done"] == items, summary
             print(f"  {name:<38} {figure(elapsed, ideal, cpu, items)}; batch peak {peak:.0f} MiB")
         if reachable(5432) and reachable(5672):
-            store = postgres_schema()
+            store = postgres_schema(schemas)
             workers = [
                 mklang(folder, "worker", "--store", store, "--broker", RABBITMQ, "--concurrency", "16",
                        "--config", "mklang.toml")
@@ -177,10 +184,10 @@ def store_rows(steps: int = 300) -> None:
     run(machine, {}, provider=provider())
     bare = time.perf_counter() - began
     print(f"checkpoint cost per step, {steps}-step run (instant model):")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as schemas:
         targets = [("file", f"{tmp}/cp.json"), ("SQLite", f"sqlite:///{tmp}/runs.db#r")]
         if reachable(5432):
-            targets.append(("PostgreSQL", f"{postgres_schema()}#r"))
+            targets.append(("PostgreSQL", f"{postgres_schema(schemas)}#r"))
         for name, target in targets:
             began = time.perf_counter()
             result = start(machine, {}, Host(provider()), checkpoint=target)

@@ -15,6 +15,7 @@ imported, away from the real user's key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -176,8 +177,8 @@ def require_server(name: str) -> None:
         pytest.skip(message)
 
 
-@pytest.fixture
-def postgres_uri() -> Iterator[str]:
+@contextlib.contextmanager
+def postgres_schema() -> Iterator[str]:
     """A store URI into a fresh schema of database `test`, dropped afterwards (parallel runs never collide)."""
     require_server("PostgreSQL")
     import uuid
@@ -193,3 +194,9 @@ def postgres_uri() -> Iterator[str]:
     finally:
         with psycopg.connect(base, autocommit=True) as db:
             db.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    with postgres_schema() as uri:
+        yield uri

@@ -16,7 +16,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import ROOT, cli_env, outcome
+from conftest import ROOT, cli_env, outcome, postgres_schema
 from test_golden import EXAMPLES
 
 from mklang.checkpoint.envelope import load
@@ -138,6 +138,23 @@ def test_a_run_is_locked_by_one_process_until_it_dies(store, store_uri):
     lock.release()
     assert store.holder("run-1") is None
     store.lock("run-1").release()  # and can be taken again
+
+
+def test_runs_of_one_name_in_two_postgresql_schemas_lock_apart():
+    """Advisory locks are per database: a run's key names its schema, so two stores never block each other."""
+    with postgres_schema() as first_uri, postgres_schema() as second_uri:
+        first, second = open_store(first_uri), open_store(second_uri)
+        try:
+            held = first.lock("run-1")
+            other = second.lock("run-1")
+            assert second.holder("run-1") is not None and first.holder("run-1") is not None
+            with pytest.raises(RunBusy, match="still going"):
+                first.lock("run-1")
+            other.release()
+            held.release()
+        finally:
+            first.close()
+            second.close()
 
 
 def _location(store_uri: str, run: str) -> Location:

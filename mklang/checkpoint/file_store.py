@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -177,7 +178,7 @@ class FileLock:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = os.read(descriptor, 64).decode(errors="replace").strip() or "?"
+            pid = _named_holder(descriptor)
             os.close(descriptor)
             raise still_running(what, pid) from None
         os.ftruncate(descriptor, 0)
@@ -199,10 +200,21 @@ def lock_holder(path: Path) -> str | None:
     try:
         fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.read(descriptor, 64).decode(errors="replace").strip() or "?"
+        return _named_holder(descriptor)
     finally:
         os.close(descriptor)
     return None
+
+
+def _named_holder(descriptor: int) -> str:
+    """The pid a held lock file names. Its holder writes it just after taking the lock,
+    so an empty file is read again for a moment before the holder is called unknown."""
+    for _ in range(100):
+        named = os.pread(descriptor, 64, 0).decode(errors="replace").strip()
+        if named:
+            return named
+        time.sleep(0.002)
+    return "?"
 
 
 def _spend_of(path: Path) -> tuple[int, float]:

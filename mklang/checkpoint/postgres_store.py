@@ -62,6 +62,8 @@ class PostgresStore(SqlStore):
         self._guard = threading.Lock()
         self._db = self._connect()
         self._create_tables()
+        # Locks are per database; runs of the same name in two schemas must not share one.
+        self._schema = str(self._rows("SELECT current_schema()")[0][0])
         self._held: dict[str, Any] = {}  # run -> the connection holding its lock
         self._idle: list[Any] = []  # released lock connections, kept for the next lock
         self._pool_guard = threading.Lock()
@@ -147,8 +149,13 @@ class PostgresStore(SqlStore):
                 return
         db.close()
 
+    def lock_key(self, run: str) -> int:
+        """The run's 64-bit advisory lock key in this schema (signed, as PostgreSQL takes it)."""
+        named = f"mklang run {self._schema} {run}".encode()
+        return int.from_bytes(hashlib.sha256(named).digest()[:8], "big", signed=True)
+
     def holder(self, run: str) -> str | None:
-        key = _lock_key(run) & 0xFFFFFFFFFFFFFFFF  # pg_locks shows the key's halves unsigned
+        key = self.lock_key(run) & 0xFFFFFFFFFFFFFFFF  # pg_locks shows the key's halves unsigned
         rows = self._rows(
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.database = "
@@ -172,17 +179,12 @@ class PostgresStore(SqlStore):
 SCHEMA_LOCK_KEY = 0x6D6B6C616E67  # "mklang": serializes creating the tables
 
 
-def _lock_key(run: str) -> int:
-    """The run's 64-bit advisory lock key (signed, as PostgreSQL takes it)."""
-    return int.from_bytes(hashlib.sha256(f"mklang run {run}".encode()).digest()[:8], "big", signed=True)
-
-
 class AdvisoryLock:
     """A session advisory lock on a connection of its own (module docstring)."""
 
     def __init__(self, store: PostgresStore, run: str):
         self._store, self._run = store, run
-        self._key = _lock_key(run)
+        self._key = store.lock_key(run)
         self._db: Any = store._lock_connection()
         taken = self._try()
         holder = None if taken else store.holder(run)
