@@ -204,3 +204,72 @@ def test_each_rule_marks_its_statement_and_says_what_is_wrong(text, findings):
     found = check(parse(text, "m.mk"))
     assert [(d.line, d.col, d.end_line, d.end_col, d.message) for d in found] == findings
     assert {d.file for d in found} == {"m.mk"}
+
+
+OVER_B = produce("b", "  otherwise -> END\n", "  over xs\n").replace('"p"', '"{{item}}"')
+MORE_CASES = {
+    "unsupported-version": (
+        "mklang 9.9\n" + CLEAN,
+        [("error", "unsupported-version", 1, 1, 1, 11, "it runs language version 0.4, not 9.9")],
+    ),
+    "unwritten-result": (
+        machine_text(produce("a", "  otherwise -> END\n"), "machine m\nentry a\nbudget 10\nresult ghost\n"),
+        [("warning", "unwritten-context-key", 4, 1, 4, 13, 'nothing writes "ghost", the result')],
+    ),
+    "written-dotted-result": (
+        machine_text(produce("a", "  otherwise -> END\n"), "machine m\nentry a\nbudget 10\nresult a_out.x\n"),
+        [],
+    ),
+    "unclosed-placeholder": (
+        machine_text(produce("a", "  otherwise -> END\n").replace('"p"', '"{{oops"')),
+        [
+            (
+                "warning",
+                "unclosed-placeholder",
+                6,
+                3,
+                6,
+                18,
+                'state "a" opens a placeholder with "{{" but never closes it with "}}": it is sent as written',
+            )
+        ],
+    ),
+    "unknown-machine": (
+        machine_text("state a {\n  call nowhere\n  output o\n  otherwise -> END\n}\n"),
+        [("error", "unknown-machine", 5, 3, 5, 15, 'no machine "nowhere" found for the call')],
+    ),
+    "nested-tool-input": (
+        machine_text(
+            'state a {\n  tool t { q: { deep: ["{{ghost}}", 1] } }\n  output o\n  otherwise -> END\n}\n',
+            'machine m\nentry a\nbudget 10\ntool t "does"\n',
+        ),
+        [("warning", "unwritten-context-key", 6, 3, 6, 43, 'state "a" reads "ghost", which nothing writes')],
+    ),
+    "list-a-reply-overwrites": (
+        machine_text(
+            produce("a", '  otherwise escalate -> b ask "?" reply_to xs\n') + OVER_B,
+            "machine m\nentry a\nbudget 10\ncontext { xs: [1, 2] }\n",
+        ),
+        [("warning", "over-unbounded", 14, 3, 14, 10, 'state "b" fans out over "xs", a list whose length is set')],
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), MORE_CASES.values(), ids=MORE_CASES.keys())
+def test_versions_results_placeholders_calls_and_replies_are_checked(text, expected):
+    found = [(d.severity, d.code, d.line, d.col, d.end_line, d.end_col, d.message) for d in check(parse(text, "m.mk"))]
+    assert [finding[:6] for finding in found] == [finding[:6] for finding in expected]
+    for finding, (*_, message) in zip(found, expected, strict=True):
+        assert message in finding[6]
+
+
+def test_only_errors_keep_a_machine_from_running():
+    from mklang.check import require_runnable
+    from mklang.errors import LoadError
+
+    warned = parse(machine_text(produce("a", '  when "w" -> END\n')), "m.mk")
+    assert require_runnable(warned) is warned
+    broken = parse(machine_text(produce("a", '  when "w" -> nowhere\n')), "m.mk")
+    with pytest.raises(LoadError) as caught:
+        require_runnable(broken)
+    assert [d.code for d in caught.value.diagnostics] == ["unknown-target", "no-path-to-end"]
