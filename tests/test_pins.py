@@ -1293,6 +1293,10 @@ def test_a_closed_database_store_fails_with_one_line_naming_the_store(tmp_path, 
             partial(store.append, "a", b"step\n", durable=True),
             partial(store.drop_journal, "a"),
             store.runs,
+            partial(store.read_note, "batch:x"),
+            partial(store.write_note, "batch:x", b"note"),
+            partial(store.record_spend, "b", "a", 1, 0.5),
+            partial(store.spend, "b"),
         ):
             with pytest.raises(CheckpointError) as caught:
                 use()
@@ -2292,3 +2296,44 @@ def test_a_sqlite_store_file_may_have_a_colon_in_its_name(tmp_path, monkeypatch)
     store = open_store("sqlite:///a:b.db")
     assert isinstance(store, SqliteStore) and (tmp_path / "a:b.db").is_file()
     store.close()
+
+
+def test_a_runs_recorded_spend_keeps_the_most_of_tokens_and_of_dollars_apart(named_store):
+    store, _, _ = named_store
+    store.record_spend("b", "run ä/1", 100, 0.5)
+    store.record_spend("b", "run ä/1", 150, 0.25)  # more tokens, fewer dollars
+    assert store.spend("b") == (150, 0.5)
+    store.record_spend("b", "run ä/1", 10, 0.75)  # more dollars, fewer tokens
+    assert store.spend("b") == (150, 0.75)
+    store.record_spend("b", "run ä/1", 1, 0.1)  # less of both: nothing changes
+    store.record_spend("b", "run 2", 5, 0.25)
+    assert store.spend("b") == (155, 1.0)
+    assert (store.spend("other"), store.read_note("batch:b")) == ((0, 0.0), None)
+    store.write_note("batch:b", b"\x00binary\xff")
+    assert store.read_note("batch:b") == b"\x00binary\xff"
+
+
+def test_file_store_notes_and_spend_are_private_and_their_damage_is_named(tmp_path):
+    from mklang.checkpoint.store import open_store
+
+    store = open_store(tmp_path)
+    store.write_note("batch:b", b"n")
+    store.record_spend("b", "r", 1, 0.5)
+    (batch,) = (tmp_path / ".mklang-spend").iterdir()
+    for folder in (tmp_path / ".mklang-notes", batch):  # the folders that hold the files
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert store.runs() == []
+    (spent,) = (tmp_path / ".mklang-spend").glob("*/*")
+    spent.write_text("lots")
+    with pytest.raises(CheckpointError) as caught:
+        store.spend("b")
+    assert str(caught.value).startswith(f"{spent}: cannot read a run's recorded spend: ")
+    (note,) = (tmp_path / ".mklang-notes").iterdir()
+    note.unlink()
+    note.mkdir()
+    with pytest.raises(CheckpointError) as caught:
+        store.read_note("batch:b")
+    assert str(caught.value) == f"{note}: cannot read the batch note: Is a directory"
+    with pytest.raises(CheckpointError) as caught:
+        store.write_note("batch:b", b"n")
+    assert str(caught.value) == f"{note}: cannot write the batch note: Is a directory"
