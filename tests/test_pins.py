@@ -2337,3 +2337,118 @@ def test_file_store_notes_and_spend_are_private_and_their_damage_is_named(tmp_pa
     with pytest.raises(CheckpointError) as caught:
         store.write_note("batch:b", b"n")
     assert str(caught.value) == f"{note}: cannot write the batch note: Is a directory"
+
+
+# --- a resume that died: what it changed comes back from its journal ---------------
+
+
+@pytest.mark.parametrize("crash_at", [0, 1])
+def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given(tmp_path, crash_at):
+    import shutil
+
+    from conftest import ROOT, outcome
+
+    from mklang.checkpoint import open_checkpoint
+    from mklang.scenarios import load_script
+    from mklang.session import Host
+    from mklang.session import resume as resume_run
+    from mklang.session import start as start_run
+
+    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    machine = load_file(tmp_path / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(tmp_path / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    settings = {"max_tokens": 10**6, "max_cost": 2.5, "hitl": False, "concurrency": 3}
+    reply = {"approval.answer": "yes"}
+    reference_at = tmp_path / "reference.json"
+    start_run(machine, None, Host.for_scenario(scenario), checkpoint=reference_at)
+    reference = outcome(resume_run(reference_at, Host.for_scenario(scenario), set_values=reply, **settings))
+    assert reference["status"] == "done"
+
+    path = tmp_path / "cp.json"
+    start_run(machine, None, Host.for_scenario(scenario), checkpoint=path)
+    tops = iter(range(9))
+
+    def crash(chain: Any) -> None:
+        if next(tops) == crash_at:
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        resume_run(path, Host.for_scenario(scenario), set_values=reply, observer=crash, **settings)
+    reopened = open_checkpoint(path, lock=False)
+    envelope, innermost = reopened.envelope, reopened.chain[-1]
+    assert (envelope.status, envelope.reason, envelope.ask, envelope.reply_to) == ("running", None, None, None)
+    assert (envelope.budgets.max_tokens, envelope.budgets.max_cost, envelope.hitl, envelope.concurrency) == (
+        10**6,
+        2.5,
+        False,
+        3,
+    )
+    assert (innermost.context["approval"], innermost.ask, "approval" in innermost.tainted) == (
+        {"answer": "yes"},
+        None,
+        True,
+    )
+    assert (reopened.crashed, reopened.trusted) == (True, True)
+    assert outcome(resume_run(path, Host.for_scenario(scenario))) == reference  # nothing given again
+
+
+def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_releases_the_lock(tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import ROOT
+
+    from mklang.checkpoint import open_checkpoint
+    from mklang.scenarios import load_script
+    from mklang.session import Host
+    from mklang.session import start as start_run
+
+    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    source = tmp_path / "approval" / "approval.mk"
+    scenario = next(s for s in load_script(tmp_path / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    path = tmp_path / "cp.json"
+    start_run(load_file(source), None, Host.for_scenario(scenario), checkpoint=path)
+
+    def refusal(**options: Any) -> str:
+        with pytest.raises(CheckpointError) as caught:
+            open_checkpoint(path, **options)
+        assert holder(path) is None  # the refusal released its lock
+        return str(caught.value)
+
+    held = open_checkpoint(path)  # locked by default
+    with pytest.raises(CheckpointError) as busy:
+        open_checkpoint(path)
+    assert str(busy.value) == (
+        f"{path}: the run is still going in process {os.getpid()}; "
+        "wait for it, or stop it (Ctrl-C suspends it) before resuming"
+    )
+    held.lock.release()
+    suspended = load(path)
+    for changed, message in [
+        ({"status": "done"}, "the run already finished; a finished run cannot be resumed"),
+        (
+            {"status": "halted", "error": "gate-fail"},
+            "the run already halted (gate-fail); a finished run cannot be resumed",
+        ),
+        ({"frames": []}, "the checkpoint holds no frames"),
+    ]:
+        save(path, suspended.model_copy(update=changed))
+        assert refusal() == f"{path}: {message}"
+    save(path, suspended)
+    source.write_text(source.read_text(encoding="utf-8") + "# edited\n", encoding="utf-8")
+    assert refusal() == (
+        f"{source}: machine file changed since the checkpoint was written (resume with --force to accept the change)"
+    )
+    open_checkpoint(path, force=True).lock.release()
+    source.rename(tmp_path / "moved.mk")
+    assert refusal() == (
+        f"{source}: machine file of the checkpoint is missing (use --machine PATH if the root moved, or --force)"
+    )
+    (tmp_path / "moved.mk").rename(source)
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
+    assert refusal(force=True) == (
+        f"{path}: the checkpoint is signed with another checkpoint key; resume it with --trust to run it "
+        "as untrusted data (host settings from your command line only)"
+    )
+    opened = open_checkpoint(path, force=True, trust=True)
+    assert opened.trusted is False
+    opened.lock.release()
