@@ -2452,3 +2452,88 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
     opened = open_checkpoint(path, force=True, trust=True)
     assert opened.trusted is False
     opened.lock.release()
+
+
+# --- what a checkpointed run writes: its settings, then how it ended -----------------
+
+ENDS = """
+    machine m
+    entry a
+    budget 5
+    tool risky "fails"
+    context {{ topic: "tides" }}
+    state a {{
+      structure "s"
+      prompt "{{{{topic}}}} {{{{extra}}}}"
+      output x
+      otherwise -> b
+    }}
+    state b {{
+      {b}
+      output y
+      otherwise -> END
+    }}
+"""
+
+
+def test_a_checkpointed_run_records_its_settings_and_how_it_ended(tmp_path):
+    from mklang.checkpoint.envelope import HostSettings
+
+    machine = write_machines(tmp_path, ENDS.format(b='structure "s"\n      prompt "p"'))
+    path = tmp_path / "cp.json"
+    snapshots: list[Envelope] = []
+    result = start(
+        machine,
+        {"extra": "more"},
+        checkpoint=path,
+        provider=Recorder({"produce": ["one", "two"], "tokens": [2, 1]}),
+        max_tokens=500,
+        max_cost=2.5,
+        max_time=60,
+        concurrency=3,
+        hitl=True,
+        host=HostSettings(model="m1"),
+        observer=lambda chain: snapshots.append(load(path)),
+    )
+    assert result.status == "done"
+    first = snapshots[0]
+    assert (first.status, first.machine.path, first.machine.sha256 is not None) == ("running", "m.mk", True)
+    assert (first.budgets.max_tokens, first.budgets.max_cost, first.budgets.max_time) == (500, 2.5, 60)
+    assert (first.concurrency, first.hitl, first.host.model) == (3, True, "m1")
+    assert first.frames[0]["context"] == {"topic": "tides", "extra": "more"}
+    done = load(path)
+    assert (done.status, done.result, done.error, done.at) == ("done", "two", None, None)
+    assert done.usage == {"input_tokens": 4, "output_tokens": 2, "cost_usd": 0.0}
+
+
+def test_a_checkpointed_run_records_the_halt_and_the_question_it_ended_on(tmp_path):
+    def risky(arguments: dict[str, Any]) -> Any:
+        raise RuntimeError("exploded")
+
+    machine = write_machines(tmp_path, ENDS.format(b='tool risky { q: "{{x}}" }'))
+    path = tmp_path / "halted.json"
+    start(machine, {"extra": ""}, checkpoint=path, provider=Recorder(), tools={"risky": risky})
+    halted = load(path)
+    assert (halted.status, halted.error, halted.at, halted.result) == (
+        "halted",
+        "state-error: tool risky: exploded",
+        "b",
+        None,
+    )
+    (tmp_path / "asking").mkdir()
+    asking = write_machines(
+        tmp_path / "asking",
+        ENDS.format(b='structure "s"\n      prompt "p"').replace(
+            "otherwise -> b", 'otherwise escalate -> b ask "Go on?" reply_to go'
+        ),
+    )
+    path = tmp_path / "suspended.json"
+    start(asking, {"extra": ""}, checkpoint=path, provider=Recorder(), hitl=True)
+    suspended = load(path)
+    assert (suspended.status, suspended.reason, suspended.at, suspended.ask, suspended.reply_to) == (
+        "suspended",
+        "escalated",
+        "b",
+        "Go on?",
+        "go",
+    )
