@@ -2537,3 +2537,40 @@ def test_a_checkpointed_run_records_the_halt_and_the_question_it_ended_on(tmp_pa
         "Go on?",
         "go",
     )
+
+
+def test_an_edited_journal_of_a_signed_run_is_refused_unless_trusted_then_read_as_untrusted(tmp_path):
+    from mklang.checkpoint import open_checkpoint
+
+    path = _dead_run(tmp_path, "triage", "triage.mk", 2)
+    journal = journal_path(path)
+    lines = journal.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"billing"', b'"refunds"', 1)  # a paid answer, edited
+    journal.write_bytes(b"".join(lines))
+    with pytest.raises(CheckpointError) as caught:
+        open_checkpoint(path, lock=False)
+    assert str(caught.value) == (
+        f"{path}: journal line 2 was edited after it was signed (resume with --trust to use it as untrusted data)"
+    )
+    assert open_checkpoint(path, lock=False, trust=True).trusted is False
+
+
+def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was(tmp_path):
+    import shutil
+
+    from conftest import ROOT
+
+    from mklang.scenarios import load_script
+    from mklang.session import Host
+    from mklang.session import resume as resume_run
+    from mklang.session import start as start_run
+
+    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    scenario = next(s for s in load_script(tmp_path / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    path, other = tmp_path / "cp.json", tmp_path / "other.json"
+    start_run(load_file(tmp_path / "approval" / "approval.mk"), None, Host.for_scenario(scenario), checkpoint=path)
+    before = path.read_bytes()
+    done = resume_run(path, Host.for_scenario(scenario), set_values={"approval.answer": "yes"}, checkpoint=other)
+    assert (done.status, load(other).status) == ("done", "done")
+    assert path.read_bytes() == before
+    assert holder(path) is None  # the lock is released when the run ends
