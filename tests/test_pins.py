@@ -2574,3 +2574,38 @@ def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was
     assert (done.status, load(other).status) == ("done", "done")
     assert path.read_bytes() == before
     assert holder(path) is None  # the lock is released when the run ends
+
+
+def test_the_clock_and_a_batch_ceiling_stop_a_run_at_a_loop_top_by_name():
+    from mklang.engine.runtime import Control
+
+    machine = """
+        machine m
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          output x
+          otherwise -> b
+        }
+        state b {
+          structure "s"
+          prompt "p"
+          output y
+          otherwise -> END
+        }
+    """
+    late = run_mk(machine, max_time=0, suspendable=True)
+    assert (late.status, late.reason, late.at) == ("suspended", "time-exhausted", "a")
+    seen = []
+
+    def ceiling(spent: Usage) -> bool:
+        seen.append(spent)
+        return spent.tokens >= 3
+
+    control = Control()
+    control.ceiling = ceiling
+    capped = run_mk(machine, llm={"tokens": [2, 1]}, control=control, suspendable=True)
+    assert (capped.status, capped.reason, capped.at) == ("suspended", "batch-ceiling", "b")
+    assert seen[-1] == Usage(2, 1)
