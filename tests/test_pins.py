@@ -2309,6 +2309,8 @@ def test_a_runs_recorded_spend_keeps_the_most_of_tokens_and_of_dollars_apart(nam
     store.record_spend("b", "run 2", 5, 0.25)
     assert store.spend("b") == (155, 1.0)
     assert (store.spend("other"), store.read_note("batch:b")) == ((0, 0.0), None)
+    store.record_spend("c", "r", 1, 0.0)  # a first record of one token and no dollars
+    assert store.spend("c") == (1, 0.0)
     store.write_note("batch:b", b"\x00binary\xff")
     assert store.read_note("batch:b") == b"\x00binary\xff"
 
