@@ -84,7 +84,8 @@ def test_scripted_tools_answer_by_a_substring_of_their_input():
 def test_a_skipped_answer_is_consumed_for_its_kind_only():
     provider = ScriptedProvider({"produce": ["a", "b", "c"], "judge": [0, 1]})
     provider.skip("produce")
+    provider.skip("produce")
+    assert provider.produce("s", "u", "fast", False).text == "c"
+    assert provider.judge(["x", "y"], "o", None, {}, "fast").choice == 0
     provider.skip("judge")
-    assert provider.produce("s", "u", "fast", False).text == "b"
-    assert provider.judge(["x", "y"], "o", None, {}, "fast").choice == 1
-    assert provider.position() == {"produce": 2, "judge": 2}
+    assert provider.position() == {"produce": 3, "judge": 2}
