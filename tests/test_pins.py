@@ -1609,18 +1609,8 @@ def test_an_escalation_suspends_with_its_question_and_a_provider_error_with_its_
     assert parked.to_json()["detail"] == "HTTP 503 from the model server"
 
 
-def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend():
-    from mklang.engine.runtime import Control
-
-    control = Control()
-
-    class InterruptAfterOne(Recorder):
-        def produce(self, system, user, tier, reason):
-            control.interrupted.set()
-            return Produced("x", None, Usage(3, 4, 0.5))
-
-    result = run_mk(
-        """
+# Two generative states in a row: a then b then END.
+TWO_STATES = """
         machine m
         entry a
         budget 5
@@ -1636,7 +1626,21 @@ def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend
           output y
           otherwise -> END
         }
-        """,
+"""
+
+
+def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend():
+    from mklang.engine.runtime import Control
+
+    control = Control()
+
+    class InterruptAfterOne(Recorder):
+        def produce(self, system, user, tier, reason):
+            control.interrupted.set()
+            return Produced("x", None, Usage(3, 4, 0.5))
+
+    result = run_mk(
+        TWO_STATES,
         provider=InterruptAfterOne(),
         control=control,
     )
@@ -2581,24 +2585,7 @@ def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was
 def test_the_clock_and_a_batch_ceiling_stop_a_run_at_a_loop_top_by_name():
     from mklang.engine.runtime import Control
 
-    machine = """
-        machine m
-        entry a
-        budget 5
-        state a {
-          structure "s"
-          prompt "p"
-          output x
-          otherwise -> b
-        }
-        state b {
-          structure "s"
-          prompt "p"
-          output y
-          otherwise -> END
-        }
-    """
-    late = run_mk(machine, max_time=0, suspendable=True)
+    late = run_mk(TWO_STATES, max_time=0, suspendable=True)
     assert (late.status, late.reason, late.at) == ("suspended", "time-exhausted", "a")
     seen = []
 
@@ -2608,6 +2595,6 @@ def test_the_clock_and_a_batch_ceiling_stop_a_run_at_a_loop_top_by_name():
 
     control = Control()
     control.ceiling = ceiling
-    capped = run_mk(machine, llm={"tokens": [2, 1]}, control=control, suspendable=True)
+    capped = run_mk(TWO_STATES, llm={"tokens": [2, 1]}, control=control, suspendable=True)
     assert (capped.status, capped.reason, capped.at) == ("suspended", "batch-ceiling", "b")
     assert seen[-1] == Usage(2, 1)
