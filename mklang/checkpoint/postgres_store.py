@@ -9,13 +9,18 @@ tables are created on first use; every write is one committed transaction.
 A run's lock is a session advisory lock held on a connection of its own,
 so it is released when the lock is, or when the process holding it dies
 or loses its connection: a worker killed by SIGKILL never blocks its run.
-The lock connection is named after its holder (`pid@host`), which is what
-`holder` reports. While the lock is held, the run's own writes and reads go
-through its lock connection: runs in flight commit side by side (the
-server flushes concurrent commits together) instead of queueing on one
-connection, and a run that lost its lock cannot write. Released lock
+The lock connection is named after its holder (`mklang pid@host`), which is
+what `holder` reports; the shared one is `mklang-data pid@host`. While the
+lock is held, the run's own writes and reads go through its lock
+connection: runs in flight commit side by side (the server flushes
+concurrent commits together) instead of queueing on one connection, and a
+run that lost its lock cannot write. Released lock
 connections are kept for the next run's lock, so a batch does not open a
 connection per run; other reads share one connection.
+
+A connection whose session the server ended (a restart, a failover, an idle
+timeout) is replaced: a kept lock connection on the lock's first try, the
+shared connection on the statement after the one that failed.
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ class PostgresStore(SqlStore):
     def __init__(self, conninfo: str):
         self.conninfo = conninfo
         self._guard = threading.Lock()
-        self._db = self._connect()
+        self._who = f"{os.getpid()}@{socket.gethostname()}"
+        self._db = self._connect(f"mklang-data {self._who}")
         self._create_tables()
         # Locks are per database; runs of the same name in two schemas must not share one.
         self._schema = str(self._rows("SELECT current_schema()")[0][0])
@@ -73,7 +79,7 @@ class PostgresStore(SqlStore):
     def from_uri(cls, uri: str) -> PostgresStore:
         return cls(uri)
 
-    def _connect(self, name: str = "mklang") -> Any:
+    def _connect(self, name: str) -> Any:
         psycopg = _psycopg()
         try:
             return psycopg.connect(self.conninfo, autocommit=True, application_name=name)
@@ -107,6 +113,8 @@ class PostgresStore(SqlStore):
                 yield held
             else:
                 with self._guard:
+                    if self._db.broken:  # its session ended since it last failed
+                        self._db = self._connect(f"mklang-data {self._who}")
                     yield self._db
         except psycopg.Error as error:
             raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
@@ -125,15 +133,15 @@ class PostgresStore(SqlStore):
     def lock(self, run: str) -> AdvisoryLock:
         return AdvisoryLock(self, run)
 
-    def _lock_connection(self) -> Any:
-        """A connection to hold a lock on: a released one, else a new one named after this process."""
+    def _lock_connection(self, kept: bool = True) -> Any:
+        """A connection to hold a lock on: a released one (when `kept`), else a new one named after this process."""
         with self._pool_guard:
-            while self._idle:
+            while kept and self._idle:
                 db = self._idle.pop()
                 if not db.closed and not db.broken:
                     return db
                 db.close()
-        return self._connect(f"mklang {os.getpid()}@{socket.gethostname()}")
+        return self._connect(f"mklang {self._who}")
 
     def _hold(self, run: str, db: Any) -> None:
         with self._pool_guard:
@@ -186,7 +194,7 @@ class AdvisoryLock:
         self._store, self._run = store, run
         self._key = store.lock_key(run)
         self._db: Any = store._lock_connection()
-        taken = self._try()
+        taken = self._first_try()
         holder = None if taken else store.holder(run)
         if not taken and holder is None:  # released since the try: a dead client's session just ended
             taken = self._try()
@@ -196,13 +204,25 @@ class AdvisoryLock:
             raise still_running(f"{store._where()}#{run}", holder or "?")
         store._hold(run, self._db)
 
+    def _first_try(self) -> bool:
+        """The first try; on a kept connection whose session has ended, made again on a new connection."""
+        try:
+            return self._ask()
+        except _psycopg().OperationalError:
+            self._db.close()  # no lock lives on an ended session
+            self._db = self._store._lock_connection(kept=False)
+            return self._try()
+
     def _try(self) -> bool:
         try:
-            return bool(self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()[0])
+            return self._ask()
         except _psycopg().Error as error:
             self._db.close()
             where = self._store._where()
             raise CheckpointError(f"{where}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+
+    def _ask(self) -> bool:
+        return bool(self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()[0])
 
     def release(self) -> None:
         db, self._db = self._db, None
