@@ -16,7 +16,7 @@ import pytest
 from conformance.harness import mk, write_machines
 
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
-from mklang.checkpoint.envelope import Envelope, MachineRef, load
+from mklang.checkpoint.envelope import Envelope, MachineRef, load, save
 from mklang.checkpoint.journal import (
     DURABILITY_VARIABLE,
     StoreJournal,
@@ -389,6 +389,25 @@ def test_an_edited_document_is_tampered_whatever_its_layout():
     assert seal_of({**document, "signature": {**document["signature"], "hmac": "0" * 64}}, KEY, raw) == "tampered"
 
 
+@pytest.mark.parametrize("forged", ["é" + "0" * 63, "\ud800", "", "été"])
+def test_a_signature_edited_into_any_text_is_tampered_not_an_internal_error(forged):
+    document, raw = _signed({"n": 1})
+    edited = {**document, "signature": {**document["signature"], "hmac": forged}}
+    assert seal_of(edited, KEY, json.dumps(edited).encode()) == "tampered"
+    laid_out_as_signed = raw.replace(document["signature"]["hmac"].encode(), json.dumps(forged)[1:-1].encode())
+    assert seal_of(json.loads(laid_out_as_signed), KEY, laid_out_as_signed) == "tampered"
+
+
+def test_a_checkpoint_whose_signature_was_edited_into_non_ascii_text_loads_as_tampered(tmp_path):
+    path = tmp_path / "cp.json"
+    machine = MachineRef(name="m", path=None, sha256=None)
+    save(path, Envelope(mklang_version="t", run_id="r", status="running", machine=machine, frames=[]))
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved["signature"]["hmac"] = "é" * 64
+    path.write_text(json.dumps(saved, ensure_ascii=False), encoding="utf-8")
+    assert load(path).seal == "tampered"
+
+
 @pytest.mark.parametrize("signature", [None, "abc", [], {"key_id": "x"}, {"key_id": "x", "hmac": 5}, {"hmac": None}])
 def test_a_document_without_a_signature_of_the_right_shape_is_unsigned(signature):
     document = {"n": 1} if signature is None else {"n": 1, "signature": signature}
@@ -464,6 +483,15 @@ def test_journal_lines_cannot_move_to_another_checkpoint_or_key():
 def test_a_journal_line_without_its_mac_is_refused(bad):
     lines = _lines(*BODIES)
     assert check_lines([*lines[:2], bad, lines[2]], "envelope mac", KEY) == 2
+
+
+@pytest.mark.parametrize("forged", ["é".encode(), b"\xff", b"\xff\xfe"])
+def test_a_journal_mac_edited_into_any_bytes_is_refused_not_an_internal_error(forged):
+    lines = _lines(*BODIES)
+    mac = json.loads(lines[1])["h"].encode()
+    edited = lines[1].replace(mac, forged + mac[len(forged) :])
+    assert len(edited) == len(lines[1])
+    assert check_lines([lines[0], edited, lines[2]], "envelope mac", KEY) == 1
 
 
 def test_a_line_that_is_only_a_mac_is_refused_even_with_the_right_mac():
@@ -846,6 +874,17 @@ def test_a_journal_line_edited_after_it_was_signed_is_refused_naming_its_line(tm
         f"{location}: journal line 4 was edited after it was signed (resume with --trust to use it as untrusted data)"
     )
     assert [r["v"] for r in read_journal(location, 1) if r["k"] == "call"] == ["first", "forged"]  # read as data
+
+
+def test_a_journal_mac_edited_into_non_ascii_text_is_refused_as_an_edit(tmp_path):
+    _, _, path = _journaled(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    mac = json.loads(lines[2])["h"].encode()
+    lines[2] = lines[2].replace(mac, "é".encode() + mac[2:])
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(CheckpointError) as caught:
+        _records(tmp_path)
+    assert "journal line 3 was edited after it was signed" in str(caught.value)
 
 
 def test_a_torn_line_is_not_checked_against_its_mac(tmp_path):

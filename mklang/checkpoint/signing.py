@@ -122,10 +122,15 @@ def seal_of(document: dict[str, Any], key: bytes, raw: bytes = b"") -> Seal:
     suffix = _signature_suffix({"key_id": signature["key_id"], "hmac": signature["hmac"]})
     if raw.rstrip().endswith(suffix):
         written = raw.rstrip()[: -len(suffix)] + b"}"
-        if hmac.compare_digest(hmac.new(key, written, hashlib.sha256).hexdigest(), signature["hmac"]):
+        if _same_mac(hmac.new(key, written, hashlib.sha256).hexdigest(), signature["hmac"]):
             return "signed"
     expected = hmac.new(key, canonical(document), hashlib.sha256).hexdigest()
-    return "signed" if hmac.compare_digest(expected, signature["hmac"]) else "tampered"
+    return "signed" if _same_mac(expected, signature["hmac"]) else "tampered"
+
+
+def _same_mac(expected: str, given: str) -> bool:
+    """Whether a MAC read from a file (any text, perhaps edited) is the hex MAC computed now."""
+    return given.isascii() and hmac.compare_digest(expected, given)  # compare_digest refuses non-ASCII text
 
 
 def sign_line(body: bytes, previous: str, key: bytes) -> tuple[bytes, str]:
@@ -142,7 +147,7 @@ def check_lines(lines: list[bytes], previous: str, key: bytes) -> int | None:
         body = line[:-_MAC_SUFFIX_LENGTH] + b"}"
         mac = line[-66:-2].decode("ascii", errors="replace")
         expected = hmac.new(key, previous.encode("ascii") + b"\n" + body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, mac):
+        if not _same_mac(expected, mac):
             return index
         previous = mac
     return None
