@@ -997,6 +997,15 @@ def test_recovery_keeps_the_unreplayed_answers_until_a_step_and_no_position_with
     assert (calls, position) == ({}, None)
 
 
+def test_a_level_entered_at_a_depth_replaces_the_levels_from_that_depth_on(tmp_path):
+    machine = write_machines(tmp_path, RUN)
+    chain = [Frame.start(machine), Frame.start(machine), Frame.start(machine)]
+    entered = Frame.start(machine)
+    entered.state = "b"
+    recovered, _, _ = recover(chain, {}, [{"k": "enter", "d": 1, "f": entered.to_json()}], lambda f: machine)
+    assert [f.state for f in recovered] == ["a", "b"]
+
+
 def test_a_step_or_halt_at_a_level_drops_the_levels_below_it(tmp_path):
     machine = write_machines(tmp_path, RUN)
     chain = [Frame.start(machine), Frame.start(machine), Frame.start(machine)]
