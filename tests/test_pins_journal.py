@@ -156,6 +156,12 @@ def test_repair_counters_must_match_the_repair_gates_and_stay_within_their_budge
     assert first_misfit(chain) == f"frame 1 (parent at sub): no repair counter for gate 1 of 'pick' {where}"
 
 
+def test_the_first_repair_counter_in_gate_order_is_the_one_reported(tmp_path):
+    chain = _chain(tmp_path)
+    chain[0].repair_left = {("pick", 1): 5, ("pick", 0): 5}
+    assert first_misfit(chain) == "frame 1 (parent at sub): repair counter 5 of gate 0 of 'pick' is outside 0..2"
+
+
 def test_a_repair_counter_of_a_plain_gate_is_not_a_repair_gate(tmp_path):
     chain = _chain(tmp_path)
     chain[0].repair_left[("pick", 2)] = 0  # `otherwise -> each` is gate 2 and does not repair
@@ -521,13 +527,14 @@ RUN = """
 
 
 def _run_journal(tmp_path: Path, **options: Any) -> tuple[StoreJournal, Frame]:
-    """A journal of a run of `m.mk` (hashed "abc") checkpointed to `cp.json`, and its first frame."""
-    machine = write_machines(tmp_path, RUN)
+    """A journal of a run of `proj/m.mk` (hashed "abc") checkpointed to `cp.json`, and its first frame."""
+    (tmp_path / "proj").mkdir(exist_ok=True)
+    machine = write_machines(tmp_path / "proj", RUN)
     envelope = Envelope(
         mklang_version="test",
         run_id="r",
         status="running",
-        machine=MachineRef(name="m", path="m.mk", sha256="abc"),
+        machine=MachineRef(name="m", path=None, sha256="abc"),
         frames=[],
     )
     options.setdefault("hashes", {str(machine.path): "abc"})
@@ -556,8 +563,9 @@ def test_a_snapshot_writes_a_signed_envelope_of_the_next_generation_and_a_journa
     journal.snapshot([frame], status="running")
     envelope = load(tmp_path / "cp.json")
     assert (envelope.seal, envelope.status, envelope.generation) == ("signed", "running", 1)
-    assert (envelope.machine.path, envelope.machines) == ("m.mk", {"m.mk": "abc"})
-    assert [f["path"] for f in envelope.frames] == ["m.mk"]  # named relative to the root's folder
+    # The root is named relative to the checkpoint's folder, every machine file relative to the root's.
+    assert (envelope.machine.path, envelope.machines) == ("proj/m.mk", {"m.mk": "abc"})
+    assert [f["path"] for f in envelope.frames] == ["m.mk"]
     assert [{k: v for k, v in line.items() if k != "h"} for line in _journal_lines(tmp_path)] == [{"k": "gen", "g": 1}]
     assert _records(tmp_path) == []
     journal.snapshot([frame], status="running")
@@ -663,9 +671,11 @@ def test_a_replayed_answer_is_used_once_only_for_its_own_kind_and_is_skipped_in_
     assert journal.replay("k1", "produce", None) is None  # used once
     assert journal.replay("k2", "produce", None) is None  # recorded for another kind of call
     assert journal.replay("k2", "tool", "t") is None  # ... and not used by another call either
+    journal.replay_set["k4"] = {"kind": "tool", "v": "text"}
+    assert journal.replay("k4", "tool", "lookup") == "text"
     assert journal.replay("missing", "tool", "t") is None
     assert journal.replay("k3", "produce", None) == Produced("c", None, Usage(1, 1))
-    assert skipped == [("produce", None)]  # a consumed answer is already counted by the saved position
+    assert skipped == [("produce", None), ("tool", "lookup")]  # a consumed answer is already counted by the position
 
 
 def test_a_replay_without_a_script_uses_the_answer_without_skipping_anything(tmp_path):
@@ -736,7 +746,7 @@ def test_a_finished_envelope_keeps_no_answers_and_no_journal(tmp_path, status):
     envelope = load(tmp_path / "cp.json")
     assert (envelope.status, envelope.answers, envelope.generation) == (status, {}, 2)
     assert [f["path"] for f in envelope.frames] == ["m.mk"]
-    assert (envelope.machine.path, envelope.machines) == ("m.mk", {"m.mk": "abc"})
+    assert (envelope.machine.path, envelope.machines) == ("proj/m.mk", {"m.mk": "abc"})
     assert not (tmp_path / "cp.json.journal").exists()
 
 
@@ -1019,3 +1029,68 @@ def test_a_step_or_halt_at_a_level_drops_the_levels_below_it(tmp_path):
     recovered, calls, _ = recover(chain, {"old": {"kind": "tool", "v": "x"}}, records, lambda f: machine)
     assert [(f.halted, f.usage) for f in recovered] == [("gate-fail", Usage(4, 1, 0.25))]
     assert calls == {}
+
+
+def test_the_callers_replay_map_is_not_used_up_by_the_run(tmp_path):
+    replay = {"k1": {"kind": "tool", "v": "text"}}
+    journal, _ = _run_journal(tmp_path, replay=replay)
+    assert journal.replay("k1", "tool", "t") == "text"
+    assert replay == {"k1": {"kind": "tool", "v": "text"}}
+
+
+def test_a_machine_loaded_after_the_journal_started_is_named_in_the_next_snapshot(tmp_path):
+    hashes: dict[str, str] = {}
+    journal, frame = _run_journal(tmp_path, hashes=hashes)
+    journal.snapshot([frame], status="running")
+    assert load(tmp_path / "cp.json").machines == {}
+    hashes[str(tmp_path / "proj" / "child.mk")] = "def"
+    journal.snapshot([frame], status="running")
+    assert load(tmp_path / "cp.json").machines == {"child.mk": "def"}
+
+
+def test_a_journal_without_a_root_names_machine_files_relative_to_the_current_folder(tmp_path):
+    journal, frame = _run_journal(tmp_path, paths=None, hashes=None)
+    journal.snapshot([frame], status="running")
+    envelope = load(tmp_path / "cp.json")
+    assert (envelope.machine.path, envelope.machines) == (None, {})
+    assert [f["path"] for f in envelope.frames] == [os.path.relpath(tmp_path / "proj" / "m.mk")]
+
+
+def test_journal_lines_are_compact_json_that_keeps_non_ascii_text(tmp_path):
+    journal, frame = _run_journal(tmp_path)
+    journal.snapshot([frame], status="running")
+    journal.record("k", "tool", "été")
+    line = (tmp_path / "cp.json.journal").read_bytes().splitlines()[1]
+    assert line.startswith('{"k":"call","key":"k","kind":"tool","v":"été","h":"'.encode())
+
+
+def test_each_journal_line_is_a_crash_point_reached_once_the_line_is_in_the_file(tmp_path):
+    from mklang import faults
+
+    journal, frame = _run_journal(tmp_path)
+    journal.snapshot([frame], status="running")
+    reached: list[tuple[str, str]] = []
+
+    def watch(point: str) -> None:
+        if point.startswith("journal."):
+            reached.append((point, json.loads((tmp_path / "cp.json.journal").read_bytes().splitlines()[-1])["k"]))
+
+    faults.watch(watch)
+    try:
+        journal.record("r:1.0", "tool", "t")
+        journal.step(0, _step("a", "b", "one"))
+        journal.enter(1, frame)
+        journal.halt(1, "gate-fail", Usage())
+    finally:
+        faults.disarm()
+    assert reached == [
+        ("journal.call", "call"),
+        ("journal.step", "step"),
+        ("journal.enter", "enter"),
+        ("journal.halt", "halt"),
+    ]
+
+
+def test_a_key_is_created_in_a_config_folder_that_already_exists(config_home):
+    (config_home / "mklang").mkdir(parents=True)
+    assert len(checkpoint_key()) == 64
