@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance.harness import Recorder, mk, write_machines
+from conformance.harness import Recorder, mk, run_mk, write_machines
 
+from mklang import faults
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
 from mklang.checkpoint.paths import MachinePaths
+from mklang.engine import make_runtime, run
 from mklang.engine.frame import Frame
-from mklang.engine.runtime import Control
+from mklang.engine.runtime import Caps, Control, NullJournal
 from mklang.errors import CheckpointError, ProviderError
-from mklang.host.machines import file_sha256
+from mklang.host.machines import MachineLoader, file_sha256
 from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.scenarios import Scenario, ScriptedHost
@@ -91,6 +94,26 @@ def edit(path: Path, change: Any) -> None:
     document = load(path).model_dump(mode="json")
     change(document)
     save(path, Envelope.model_validate(document))
+
+
+# Two generative states in a row: a then b then END.
+TWO_STATES = """
+    machine m
+    entry a
+    budget 5
+    state a {
+      structure "s"
+      prompt "p"
+      output x
+      otherwise -> b
+    }
+    state b {
+      structure "s"
+      prompt "p"
+      output y
+      otherwise -> END
+    }
+"""
 
 
 # --- start: the envelope a checkpointed run begins with -------------------------------
@@ -691,3 +714,163 @@ def test_an_edited_journal_of_a_signed_dead_run_is_still_replayed_when_trusted_a
     opened = open_checkpoint(path, lock=False, trust=True)
     assert (opened.trusted, opened.crashed) == (False, True)
     assert [(frame.state, frame.context) for frame in opened.chain] == [("b", {"topic": "tides", "x": "one"})]
+
+
+# --- the engine: what a run is assembled from, and what it reports ---------------------
+
+
+def test_a_runtime_defaults_to_eight_calls_in_flight_no_hitl_and_a_run_id_of_its_own():
+    runtime = make_runtime(Recorder())
+    assert (runtime.concurrency, runtime.hitl, runtime.observer, runtime.control.deadline) == (8, False, None, None)
+    assert isinstance(runtime.journal, NullJournal) and isinstance(runtime.load_machine, MachineLoader)
+    assert len(runtime.run_id) == 32 and int(runtime.run_id, 16) >= 0
+    assert make_runtime(Recorder()).run_id != runtime.run_id
+    assert runtime.tools.get("calc") is not None and runtime.hooks.get("calc") is None
+
+
+def test_a_runtime_takes_what_it_is_given_and_at_least_one_call_in_flight():
+    control, loader, journal = Control(), MachineLoader(), NullJournal()
+
+    def observer(chain: Any) -> None:
+        pass
+
+    before = time.monotonic()
+    runtime = make_runtime(
+        Recorder(),
+        journal=journal,
+        loader=loader,
+        run_id="run-7",
+        concurrency=3,
+        hitl=True,
+        control=control,
+        observer=observer,
+        max_time=60,
+        hooks={"h": print},
+    )
+    assert (runtime.concurrency, runtime.hitl, runtime.run_id) == (3, True, "run-7")
+    assert (runtime.journal, runtime.load_machine, runtime.control, runtime.observer) == (
+        journal,
+        loader,
+        control,
+        observer,
+    )
+    assert before + 60 <= control.deadline <= time.monotonic() + 60
+    assert runtime.hooks.get("h") is print
+    assert make_runtime(Recorder(), concurrency=0).concurrency == 1
+
+
+def test_tools_and_hooks_registered_as_entry_points_are_found_by_their_documented_groups(monkeypatch):
+    import importlib.metadata
+
+    class Point:
+        def __init__(self, name: str, value: Any):
+            self.name, self.value = name, value
+
+        def load(self) -> Any:
+            return self.value
+
+    points = {
+        "mklang.tools": [Point("shout", lambda arguments: str(arguments["text"]).upper())],
+        "mklang.hooks": [Point("short", lambda context, output: len(output) < 10)],
+    }
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: points.get(group, []))
+    result = run_mk(
+        """
+        machine m
+        entry a
+        budget 3
+        tool shout "Upper-cases its text."
+        hook short "True when the output is short."
+        state a {
+          tool shout { text: "hi" }
+          output loud
+          when "it is short" hook short -> END
+          otherwise fail
+        }
+        """
+    )
+    assert (result.status, result.error, result.result) == ("done", None, "HI")
+
+
+def test_a_run_loads_the_machines_it_calls_through_the_loader_it_is_given(tmp_path):
+    machine = project(tmp_path, root_budget=5)
+    loader = MachineLoader()
+    result = run(machine, provider=Recorder({"produce": ["one", "two", "three"]}), loader=loader)
+    assert (result.status, result.result) == ("done", "three")
+    assert sorted(Path(path).name for path in loader.hashes) == ["root.mk", "sub.mk"]
+
+
+def test_a_run_result_reports_as_json_what_its_status_calls_for():
+    done = run_mk(TWO_STATES, llm={"produce": ["one", "two"], "tokens": [2, 1]})
+    assert done.to_json() == {
+        "status": "done",
+        "error": None,
+        "at": None,
+        "result": "two",
+        "context": {"x": "one", "y": "two"},
+        "trace": done.trace,
+        "usage": {"input_tokens": 4, "output_tokens": 2, "cost_usd": 0.0},
+        "calls": {"produce": 2},
+    }
+    assert done.reason is None
+    asked = run_mk(
+        TWO_STATES.replace("otherwise -> b", 'otherwise escalate -> b ask "Go on?" reply_to go'),
+        suspendable=True,
+        hitl=True,
+    )
+    data = asked.to_json()
+    assert (data["status"], data["error"], data["reason"], asked.reason) == (
+        "suspended",
+        None,
+        "escalated",
+        "escalated",
+    )
+    assert (data["at"], data["ask"], data["reply_to"], data["frames"]) == (
+        "b",
+        "Go on?",
+        "go",
+        [{"machine": "m", "state": "b"}],
+    )
+    assert "detail" not in data and data["result"] is None
+    halted = run_mk(TWO_STATES.replace("otherwise -> END", "otherwise fail"), llm={"tokens": [1, 1]})
+    data = halted.to_json()
+    assert (data["status"], data["error"], data["at"], halted.reason) == ("halted", halted.error, "b", None)
+    assert halted.error and "reason" not in data and "frames" not in data
+    assert data["usage"] == {"input_tokens": 2, "output_tokens": 2, "cost_usd": 0.0}
+
+
+# --- the runtime: budgets, the clock and crash points -----------------------------------
+
+
+def test_a_token_or_dollar_budget_is_spent_once_reached_with_a_nano_dollar_of_slack():
+    assert Caps().spent(Usage(10**9, 10**9, 10**9)) is False
+    assert Caps(tokens=10).spent(Usage(5, 5)) is True
+    assert Caps(tokens=10).spent(Usage(5, 4)) is False
+    assert Caps(cost=0.10).spent(Usage(cost_usd=sum([0.01] * 10))) is True  # 0.0999...: within the slack
+    assert Caps(cost=0.10).spent(Usage(cost_usd=0.0999)) is False
+    assert Caps(tokens=10, cost=0.10).spent(Usage(1, 1, 0.5)) is True
+    assert Caps(tokens=10, cost=0.10).spent(Usage(10, 0, 0.0)) is True
+
+
+def test_a_deadline_is_past_from_its_very_instant(monkeypatch):
+    monkeypatch.setattr(time, "monotonic", lambda: 100.0)
+    assert Control(deadline=100.0).past_deadline() is True
+    assert Control(deadline=100.5).past_deadline() is False
+    assert Control().past_deadline() is False
+    control = Control()
+    assert (control.deadline, control.ceiling, control.interrupted.is_set()) == (None, None, False)
+
+
+def test_every_model_and_tool_call_reaches_its_crash_points_before_and_after():
+    reached: list[str] = []
+    faults.watch(reached.append)
+    try:
+        result = run_mk(
+            TWO_STATES.replace(
+                'structure "s"\n      prompt "p"\n      output y', 'tool calc { expression: "1+1" }\n      output y'
+            )
+        )
+    finally:
+        faults.disarm()
+    assert result.status == "done", result.error
+    assert reached == ["call.before", "call.returned", "call.before", "call.returned"]
