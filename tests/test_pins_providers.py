@@ -795,6 +795,14 @@ def test_a_judge_nonce_is_rerolled_while_any_fenced_text_holds_it(monkeypatch):
         assert judge.fresh_nonce(*texts) == "bb"
 
 
+def test_a_judge_nonce_never_occurs_in_the_output_the_reasoning_or_the_context(monkeypatch):
+    for output, reasoning, context in (("has aa", None, {}), ("o", "has aa", {}), ("o", None, {"k": "has aa"})):
+        rolls = iter(["aa", "bb"])
+        monkeypatch.setattr(judge.secrets, "token_hex", lambda size, rolls=rolls: next(rolls))
+        system, _ = judge.build_prompt(["c"], output, reasoning, context)
+        assert "<data-bb>" in system
+
+
 def test_an_empty_reasoning_is_left_out_of_the_judge_prompt():
     _, user = judge.build_prompt(["c"], "o", "", {})
     assert "Reasoning" not in user
@@ -894,8 +902,9 @@ def _routed(server: FakeServer, kind: str = "openai", *, price: Price | None = N
     return build_routed(config)
 
 
-def test_a_routed_judge_sends_the_judge_prompt_without_reasoning_and_prices_the_call(server, kind_pair):
+def test_a_routed_judge_sends_the_judge_prompt_without_reasoning_and_prices_the_call(server, kind_pair, monkeypatch):
     kind = kind_pair
+    monkeypatch.setattr(judge.secrets, "token_hex", lambda size: "f1x")
     provider = _routed(
         server, kind, price=Price(2.0, 10.0), reasoning="native" if kind == "anthropic" else "scratchpad"
     )
@@ -904,10 +913,8 @@ def test_a_routed_judge_sends_the_judge_prompt_without_reasoning_and_prices_the_
     assert verdict == Verdict(1, Usage(1000, 100, (2000 + 1000) / 1e6), "strict")
     request = server.requests[0]
     assert request.body["model"] == "m1"
-    assert request.system.startswith("You are a strict judge.") and scratchpad.INSTRUCTION not in request.system
     assert "thinking" not in request.body
-    assert "1. is short\n2. is long\n3. none of the above" in request.user
-    assert "Reasoning behind the output:" in request.user
+    assert (request.system, request.user) == judge.build_prompt(["is short", "is long"], "the output", "why", {"k": 1})
 
 
 def test_a_routed_call_without_a_price_costs_nothing_and_keeps_its_tokens(server):
@@ -915,6 +922,21 @@ def test_a_routed_call_without_a_price_costs_nothing_and_keeps_its_tokens(server
     server.add(answer("<reasoning>r</reasoning>text", input_tokens=9, output_tokens=4))
     assert provider.produce("", "q", "reasoning", True) == Produced("text", "r", Usage(9, 4, 0.0))
     assert server.requests[0].body["model"] == "m2"
+
+
+def test_closing_a_routed_provider_closes_the_client_of_every_provider(server):
+    config = HostConfig(
+        None,
+        {"p": _config(server), "q": _config(server, "anthropic")},
+        {"fast": Route("p", "m1"), "balanced": Route("p", "m1"), "reasoning": Route("q", "m2")},
+        {},
+    )
+    provider = build_routed(config)
+    provider.close()
+    for tier in ("fast", "reasoning"):
+        with pytest.raises(RuntimeError, match="closed"):
+            provider.produce("", "q", tier, False)
+    assert server.count == 0
 
 
 def test_a_tier_with_no_route_names_what_to_do(server):
