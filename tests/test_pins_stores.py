@@ -102,7 +102,10 @@ def test_a_lock_file_that_is_a_symlink_is_not_followed(flocked, tmp_path):
 
 # --- PostgreSQL: lock connections kept, closed, and replaced -----------------
 
-ME = f"{os.getpid()}@{socket.gethostname()}"
+
+def me() -> str:
+    """This process as the store names it (read at test time: the mutation runner forks after import)."""
+    return f"{os.getpid()}@{socket.gethostname()}"
 
 
 @pytest.fixture
@@ -129,22 +132,22 @@ def end_sessions(uri: str, name: str) -> None:
 
 
 def test_a_released_lock_connection_is_kept_for_the_next_lock_and_closed_with_the_store(postgres, postgres_uri):
-    assert sessions(postgres_uri, f"mklang-data {ME}")
+    assert sessions(postgres_uri, f"mklang-data {me()}")
     postgres.lock("a").release()
-    (kept,) = sessions(postgres_uri, f"mklang {ME}")
+    (kept,) = sessions(postgres_uri, f"mklang {me()}")
     postgres.lock("b").release()
-    assert sessions(postgres_uri, f"mklang {ME}") == [kept]
+    assert sessions(postgres_uri, f"mklang {me()}") == [kept]
     held = postgres.lock("c")
     postgres.close()
     held.release()  # released after the store closed: its connection is closed, not kept
-    assert sessions(postgres_uri, f"mklang {ME}") == []
-    assert sessions(postgres_uri, f"mklang-data {ME}") == []
+    assert sessions(postgres_uri, f"mklang {me()}") == []
+    assert sessions(postgres_uri, f"mklang-data {me()}") == []
 
 
 def test_a_run_whose_lock_session_ended_cannot_write_and_its_store_goes_on(postgres, postgres_uri):
     lock = postgres.lock("a")
     postgres.write("a", b"before")
-    end_sessions(postgres_uri, f"mklang {ME}")
+    end_sessions(postgres_uri, f"mklang {me()}")
     with pytest.raises(CheckpointError, match="PostgreSQL checkpoint store: terminating connection"):
         postgres.start_journal("a", b"gen\n")
     with pytest.raises(CheckpointError, match="PostgreSQL checkpoint store"):
@@ -158,12 +161,12 @@ def test_a_run_whose_lock_session_ended_cannot_write_and_its_store_goes_on(postg
 def test_a_store_whose_sessions_the_server_ended_locks_and_reads_again(postgres, postgres_uri):
     postgres.write("a", b"envelope")
     postgres.lock("a").release()
-    end_sessions(postgres_uri, f"mklang {ME}")
-    end_sessions(postgres_uri, f"mklang-data {ME}")
+    end_sessions(postgres_uri, f"mklang {me()}")
+    end_sessions(postgres_uri, f"mklang-data {me()}")
     lock = postgres.lock("a")  # the kept connection's session ended: a new one takes the lock
     with pytest.raises(CheckpointError):  # the statement that finds the shared session ended fails ...
         postgres.read("b")
     assert postgres.read("a") == b"envelope"  # ... and the next one runs on a new session
-    assert postgres.holder("a") == ME
+    assert postgres.holder("a") == me()
     lock.release()
     assert postgres.holder("a") is None
