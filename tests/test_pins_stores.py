@@ -76,6 +76,30 @@ def test_a_runs_spend_never_goes_down_in_tokens_or_in_cost(tmp_path):
     assert store.spend("batch") == (20, 0.75)
 
 
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_file_journal_holds_one_open_file_per_run_across_generations(tmp_path):
+    store = FileStore(tmp_path)
+    store.start_journal("run", b"gen 1\n")
+    opened = open_descriptors()
+    for generation in range(2, 7):
+        store.start_journal("run", f"gen {generation}\n".encode())
+        store.append("run", b"step\n", durable=False)
+    assert open_descriptors() == opened
+    assert store.read_journal("run") == b"gen 6\nstep\n"
+    store.drop_journal("run")
+    assert open_descriptors() == opened - 1
+    store.close()
+
+
+def test_appending_to_a_journal_never_started_names_its_file(tmp_path):
+    store = FileStore(tmp_path)
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'run'}\.journal: the journal was not started$"):
+        store.append("run", b"step\n", durable=True)
+
+
 @pytest.fixture
 def flocked(tmp_path) -> Iterator[Path]:
     """A lock file held by another open file (as another process would hold it), still empty."""
