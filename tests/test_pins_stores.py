@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,6 +66,17 @@ def test_a_file_stores_spend_ignores_a_half_written_spend_file(tmp_path):
     (folder / ".run 3.tmp").write_text("1000 9.0")  # an atomic write cut before its rename
     assert store.spend("batch") == (15, 0.75)
     assert store.spend("another batch") == (0, 0.0)
+
+
+def test_a_file_stores_notes_and_spend_are_owner_only_at_every_level(tmp_path):
+    store = FileStore(tmp_path)
+    store.record_spend("batch", "run", 10, 0.5)
+    store.write_note("key", b"note")
+    written = list(tmp_path.rglob("*"))
+    assert {path.relative_to(tmp_path).parts[0] for path in written} == {".mklang-spend", ".mklang-notes"}
+    assert len(written) == 5  # the two folders, the batch's folder, the spend file, the note
+    for path in written:
+        assert stat.S_IMODE(path.stat().st_mode) in (0o700, 0o600), path
 
 
 def test_a_runs_spend_never_goes_down_in_tokens_or_in_cost(tmp_path):

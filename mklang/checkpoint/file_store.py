@@ -146,7 +146,8 @@ class FileStore:
 
     def _write_private(self, path: Path, payload: bytes) -> None:
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for folder in reversed(path.relative_to(self.folder).parents[:-1]):  # each owner-only, not just the last
+                (self.folder / folder).mkdir(mode=0o700, exist_ok=True)
             write_atomic(path, payload)
         except OSError as error:
             raise CheckpointError(f"{path}: cannot write the batch note: {error.strerror}") from None
