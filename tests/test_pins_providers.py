@@ -241,22 +241,35 @@ def test_a_retry_after_date_is_counted_from_now():
 # --- http: the key scrubbed in every form a message may quote it ---------------
 
 
+# Keys are printable ASCII without spaces or a leading quote (`ProviderConfig.api_key` refuses the rest).
 @pytest.mark.parametrize(
     ("secret", "echoed"),
     [
         ("sk-a/b+c", "sk-a/b+c"),
-        ("sk-a/b+c", "sk-a/b%2Bc"),
-        ("sk-a/b+c", "sk-a%2Fb%2Bc"),
-        ("sk a/b", "sk+a%2Fb"),
-        ("sk-\x85", "sk-\\x85"),
-        ("sk-é", "sk-\\xc3\\xa9"),
-        ("sk-é", "sk-\\u00e9"),
-        ('sk-"q', 'sk-\\"q'),
-        ("sk-\\", "sk-\\\\"),
+        ("sk-a/b+c", "sk-a/b%2Bc"),  # URL-encoded in a path
+        ("sk-a/b+c", "sk-a%2Fb%2Bc"),  # URL-encoded in a query
+        ('sk-a"b', 'sk-a\\"b'),  # JSON
+        ("sk-a\\b", "sk-a\\\\b"),  # JSON or repr
+        ("sk-'a\"b", "sk-\\'a\"b"),  # repr
+        ("sk-'a\"b", "sk-'a\\\"b"),  # JSON
     ],
 )
 def test_a_secret_is_scrubbed_in_each_encoding_an_error_may_echo(secret, echoed):
     assert redact(f"<{echoed}>", secret) == "<***>"
+
+
+def test_a_key_echoed_with_its_backslashes_doubled_is_scrubbed_whole_not_from_the_inside():
+    secret = "\\sk-abc"  # the key is also a substring of its repr, so the longer form must go first
+    assert redact("key '\\\\sk-abc' refused", secret) == "key '***' refused"
+
+
+def test_text_that_only_shares_part_of_the_key_is_left_whole(server):
+    secret = "sk-abcdef"
+    text = "null: sk-abcdeX, xk-abcdef, k-abcde, %6B"
+    assert redact(text, secret) == text
+    server.add(error(400, text))
+    transport = HttpTransport(_config(server), {}, secret=secret)
+    assert _fails(transport.post, "/chat/completions", {}) == f"p 400: {text}"
 
 
 def test_without_a_secret_nothing_is_scrubbed():
@@ -326,6 +339,14 @@ def test_openai_sends_the_key_as_a_bearer_token_and_the_messages_in_order(server
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}],
     }
     assert repr(client) == "OpenAIClient('p')"
+
+
+def test_a_client_waits_between_retries_with_the_sleep_it_is_given(server):
+    slept: list[float] = []
+    client = OpenAIClient(_config(server, retries=1, backoff=1, max_backoff=1), sleep=slept.append)
+    server.add(error(503), answer("ok"))
+    assert client.chat("m1", "", "q", reason=False).text == "ok"
+    assert len(slept) == 1 and 0.5 <= slept[0] <= 1
 
 
 def test_openai_sends_no_system_message_when_there_is_none(server):
