@@ -14,11 +14,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import postgres_schema
 
 from mklang.checkpoint.file_store import FileStore, lock_holder
 from mklang.checkpoint.postgres_store import PostgresStore
 from mklang.checkpoint.sqlite_store import SqliteStore
-from mklang.errors import CheckpointError
+from mklang.errors import CheckpointError, RunBusy
 
 # --- SQLite: durable lines are synced, the others reach the OS only ------------
 
@@ -206,3 +207,30 @@ def test_a_store_whose_sessions_the_server_ended_locks_and_reads_again(postgres,
     assert postgres.holder("a") == me()
     lock.release()
     assert postgres.holder("a") is None
+
+
+def test_a_failed_lock_keeps_its_connection_for_the_next_lock(postgres, postgres_uri):
+    other = PostgresStore(postgres_uri)
+    try:
+        held = postgres.lock("a")
+        with pytest.raises(RunBusy, match=f"still going in process {me()}"):
+            other.lock("a")
+        assert len(sessions(postgres_uri, f"mklang {me()}")) == 2  # the holder's and the one that tried
+        other.lock("b").release()
+        assert len(sessions(postgres_uri, f"mklang {me()}")) == 2
+        held.release()
+    finally:
+        other.close()
+
+
+def test_runs_of_one_name_in_two_schemas_are_locked_apart(postgres, postgres_uri):
+    with postgres_schema() as elsewhere:
+        other = PostgresStore(elsewhere)
+        try:
+            held = postgres.lock("a")
+            other.lock("a").release()
+            assert other.holder("a") is None
+            assert postgres.holder("a") == me()
+            held.release()
+        finally:
+            other.close()
