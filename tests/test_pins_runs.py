@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -874,3 +875,64 @@ def test_every_model_and_tool_call_reaches_its_crash_points_before_and_after():
         faults.disarm()
     assert result.status == "done", result.error
     assert reached == ["call.before", "call.returned", "call.before", "call.returned"]
+
+
+# --- a resumed run is hosted as the checkpoint records -----------------------------------
+
+FAN = """
+    machine fan
+    entry a
+    budget 1
+    context { xs: ["p", "q", "r"] }
+    state a {
+      structure "s"
+      prompt "p"
+      output first
+      otherwise -> each
+    }
+    state each {
+      over xs
+      structure "s"
+      prompt "{{item}}"
+      output o
+      otherwise escalate -> last ask "Done?" reply_to ok
+    }
+    state last {
+      structure "s"
+      prompt "p"
+      output y
+      otherwise -> END
+    }
+"""
+
+
+def test_a_resume_runs_with_the_recorded_calls_in_flight_and_hitl(tmp_path):
+    class Threads(Recorder):
+        def __init__(self) -> None:
+            super().__init__({"tokens": [1, 1]})
+            self.threads: set[int] = set()
+
+        def produce(self, system, user, tier, reason):
+            self.threads.add(threading.get_ident())
+            return super().produce(system, user, tier, reason)
+
+    machine = write_machines(tmp_path, FAN)
+    path = tmp_path / "cp.json"
+    first = start(machine, None, checkpoint=path, provider=Recorder({"tokens": [5, 5]}), concurrency=1, hitl=True)
+    assert (first.status, first.reason, first.at) == ("suspended", "budget-exhausted", "each")
+    provider = Threads()
+    again = continue_checkpoint(open_checkpoint(path), provider=provider, budget=5)
+    assert (again.status, again.reason, again.ask) == ("suspended", "escalated", "Done?")
+    assert provider.threads == {threading.get_ident()}  # one call at a time: all on this thread
+    assert (load(path).usage, again.usage) == (again.usage.to_json(), Usage(8, 8))  # the first call's too
+
+
+def test_a_resume_keeps_the_recorded_time_budget(tmp_path):
+    machine = write_machines(tmp_path, TWO_STATES)
+    path = tmp_path / "cp.json"
+    first = start(machine, None, checkpoint=path, provider=Recorder(), max_time=0)
+    assert (first.status, first.reason, first.at) == ("suspended", "time-exhausted", "a")
+    again = continue_checkpoint(open_checkpoint(path), provider=Recorder())
+    assert (again.status, again.reason, again.at) == ("suspended", "time-exhausted", "a")
+    done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), max_time=60)
+    assert done.status == "done"
