@@ -936,3 +936,24 @@ def test_a_resume_keeps_the_recorded_time_budget(tmp_path):
     assert (again.status, again.reason, again.at) == ("suspended", "time-exhausted", "a")
     done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), max_time=60)
     assert done.status == "done"
+
+
+def test_an_escalated_checkpoint_whose_frames_predate_their_pending_ask_takes_the_envelopes_question(tmp_path):
+    machine = write_machines(
+        tmp_path, TWO_STATES.replace("otherwise -> b", 'otherwise escalate -> b ask "Go on?" reply_to go')
+    )
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=Recorder(), hitl=True)
+    assert (load(path).reason, load(path).frames[-1]["ask"]) == ("escalated", {"ask": "Go on?", "reply_to": "go"})
+
+    def older(document: dict[str, Any]) -> None:
+        del document["frames"][-1]["ask"]
+
+    edit(path, older)
+    assert "ask" not in load(path).frames[-1]
+    opened = open_checkpoint(path)
+    assert opened.chain[-1].ask == {"ask": "Go on?", "reply_to": "go"}
+    again = continue_checkpoint(opened, provider=Recorder())
+    assert (again.status, again.reason, again.ask, again.reply_to) == ("suspended", "escalated", "Go on?", "go")
+    done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), set_values={"go": "yes"})
+    assert (done.status, done.context["go"]) == ("done", "yes")
