@@ -957,3 +957,14 @@ def test_an_escalated_checkpoint_whose_frames_predate_their_pending_ask_takes_th
     assert (again.status, again.reason, again.ask, again.reply_to) == ("suspended", "escalated", "Go on?", "go")
     done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), set_values={"go": "yes"})
     assert (done.status, done.context["go"]) == ("done", "yes")
+
+
+def test_a_run_suspended_inside_a_called_machine_reports_the_innermost_state_and_every_level(tmp_path):
+    machine = project(tmp_path, root_budget=2, sub_budget=1)
+    result = run(machine, provider=Recorder({"tokens": [1, 2]}), suspendable=True)
+    data = result.to_json()
+    assert (data["status"], data["reason"], data["at"]) == ("suspended", "budget-exhausted", "s2")
+    assert data["frames"] == [{"machine": "root", "state": "b"}, {"machine": "sub", "state": "s2"}]
+    assert [frame.machine.name for frame in result.frames] == ["root", "sub"]
+    assert data["usage"] == {"input_tokens": 2, "output_tokens": 4, "cost_usd": 0.0}  # both levels' calls
+    assert data["calls"] == {"produce": 2}
