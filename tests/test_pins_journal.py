@@ -574,6 +574,17 @@ def test_a_snapshot_writes_a_signed_envelope_of_the_next_generation_and_a_journa
     assert _records(tmp_path) == []
 
 
+def test_a_snapshot_and_a_compaction_record_the_run_as_running_whatever_envelope_it_continues(tmp_path):
+    journal, frame = _run_journal(tmp_path)
+    journal.envelope = journal.envelope.model_copy(update={"status": "suspended", "reason": "escalated"})
+    journal.snapshot([frame], status="running", reason=None)
+    assert (load(tmp_path / "cp.json").status, load(tmp_path / "cp.json").reason) == ("running", None)
+    journal.envelope = journal.envelope.model_copy(update={"status": "suspended"})
+    _grow(journal, tmp_path, COMPACT)
+    journal.loop_top([frame])
+    assert (load(tmp_path / "cp.json").status, load(tmp_path / "cp.json").generation) == ("running", 2)
+
+
 def test_each_line_of_a_run_is_journaled_with_its_level_and_chained_to_the_last(tmp_path):
     journal, frame = _run_journal(tmp_path)
     journal.snapshot([frame], status="running")
@@ -1046,6 +1057,9 @@ def test_a_machine_loaded_after_the_journal_started_is_named_in_the_next_snapsho
     hashes[str(tmp_path / "proj" / "child.mk")] = "def"
     journal.snapshot([frame], status="running")
     assert load(tmp_path / "cp.json").machines == {"child.mk": "def"}
+    hashes[str(tmp_path / "proj" / "sub" / "other.mk")] = "ghi"
+    journal.finish([frame], status="done")
+    assert load(tmp_path / "cp.json").machines == {"child.mk": "def", "sub/other.mk": "ghi"}
 
 
 def test_a_journal_without_a_root_names_machine_files_relative_to_the_current_folder(tmp_path):
