@@ -186,6 +186,13 @@ def test_a_deadline_already_passed_sends_no_request(server):
     assert server.count == 0
 
 
+def test_a_deadline_reached_exactly_sends_no_request(server, monkeypatch):
+    monkeypatch.setattr(http, "seconds_left", lambda: 0.0)
+    message = _fails(_transport(server).post, "/chat/completions", {})
+    assert message == "p timeout: the --max-time deadline passed before the request"
+    assert server.count == 0
+
+
 def test_a_retry_that_would_outlast_the_deadline_is_not_waited_for(server):
     slept: list[float] = []
     server.add(error(503, "busy", retry_after="20"), answer("ok"))
@@ -203,6 +210,15 @@ def test_a_retry_within_the_deadline_is_waited_for(server):
     with deadline(time.monotonic() + 10):
         transport.post("/chat/completions", {})
     assert slept == [2.0] and server.count == 2
+
+
+def test_a_retry_that_would_start_exactly_at_the_deadline_is_not_waited_for(server, monkeypatch):
+    monkeypatch.setattr(http, "seconds_left", lambda: 2.0)
+    slept: list[float] = []
+    server.add(error(503, "busy", retry_after="2"), answer("ok"))
+    message = _fails(_transport(server, slept, retries=1, max_backoff=30).post, "/chat/completions", {})
+    assert message == "p 503: busy (no time left for a retry before the --max-time deadline)"
+    assert slept == []
 
 
 def test_the_read_timeout_is_shortened_to_the_time_left(server):
@@ -717,6 +733,14 @@ def test_a_scripted_judge_map_is_matched_against_the_conditions():
     provider = ScriptedProvider({"judge": {"is long\nis short": 1, "is long": 0}})
     assert provider.judge(["is long", "is short"], "o", None, {}, "fast").choice == 1
     assert provider.judge(["is long"], "o", None, {}, "fast").choice == 0
+
+
+def test_a_scripted_provider_names_the_source_a_call_found_no_answer_in():
+    provider = ScriptedProvider({"produce": [], "judge": {"never": 0}})
+    assert _fails(provider.produce, "", "q", "fast", False) == "scripted produce: the script lists no answers"
+    assert _fails(provider.judge, ["c"], "o", None, {}, "fast") == (
+        "scripted judge: no scripted answer matches the request 'c'"
+    )
 
 
 def test_a_scripted_provider_skips_restores_and_reports_each_source_apart():
