@@ -197,10 +197,12 @@ def test_a_run_whose_lock_session_ended_cannot_write_and_its_store_goes_on(postg
 
 def test_a_store_whose_sessions_the_server_ended_locks_and_reads_again(postgres, postgres_uri):
     postgres.write("a", b"envelope")
-    postgres.lock("a").release()
+    first, second = postgres.lock("a"), postgres.lock("b")
+    first.release()
+    second.release()  # two kept connections, both about to end
     end_sessions(postgres_uri, f"mklang {me()}")
     end_sessions(postgres_uri, f"mklang-data {me()}")
-    lock = postgres.lock("a")  # the kept connection's session ended: a new one takes the lock
+    lock = postgres.lock("a")  # the kept connections' sessions ended: a new one takes the lock
     with pytest.raises(CheckpointError):  # the statement that finds the shared session ended fails ...
         postgres.read("b")
     assert postgres.read("a") == b"envelope"  # ... and the next one runs on a new session
