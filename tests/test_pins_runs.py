@@ -968,3 +968,40 @@ def test_a_run_suspended_inside_a_called_machine_reports_the_innermost_state_and
     assert [frame.machine.name for frame in result.frames] == ["root", "sub"]
     assert data["usage"] == {"input_tokens": 2, "output_tokens": 4, "cost_usd": 0.0}  # both levels' calls
     assert data["calls"] == {"produce": 2}
+
+
+PUBLISH = """
+    machine pub
+    entry a
+    budget 5
+    tool publish "Publishes its text; returns the URL."
+    state a {
+      tool publish { text: "one" }
+      output first
+      when "it went out" -> b
+      otherwise -> b
+    }
+    state b {
+      tool publish { text: "two" }
+      output second
+      otherwise -> END
+    }
+"""
+
+
+def test_a_scripted_tool_answer_replayed_after_a_crash_is_not_answered_again(tmp_path):
+    def dies(*args: Any) -> Any:
+        raise _Died
+
+    machine = write_machines(tmp_path, PUBLISH)
+    scenario = Scenario("s", llm={"judge": [0]}, tools={"publish": ["url-1", "url-2"]})
+    host = ScriptedHost(scenario)
+    host.provider.judge = dies  # type: ignore[method-assign]
+    path = tmp_path / "cp.json"
+    with pytest.raises(_Died):
+        start(machine, None, checkpoint=path, provider=host.provider, scripted=host, tools=host.tools.functions())
+    again = ScriptedHost(scenario)
+    done = continue_checkpoint(
+        open_checkpoint(path), provider=again.provider, scripted=again, tools=again.tools.functions()
+    )
+    assert (done.status, done.context) == ("done", {"first": "url-1", "second": "url-2"})
