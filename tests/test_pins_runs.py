@@ -1005,3 +1005,10 @@ def test_a_scripted_tool_answer_replayed_after_a_crash_is_not_answered_again(tmp
         open_checkpoint(path), provider=again.provider, scripted=again, tools=again.tools.functions()
     )
     assert (done.status, done.context) == ("done", {"first": "url-1", "second": "url-2"})
+
+
+def test_a_chain_that_no_longer_fits_its_machines_is_refused_even_with_force(tmp_path):
+    path = suspended(tmp_path)
+    root = tmp_path / "project" / "root.mk"
+    root.write_text(root.read_text().replace("state b", "state c").replace("-> b", "-> c"))
+    assert refusal(path, force=True) == f"{path}: frame 1 (root at b): state 'b' no longer exists in {root}"
