@@ -22,7 +22,7 @@ from mklang.checkpoint.paths import MachinePaths
 from mklang.engine import make_runtime, run
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import Caps, Control, NullJournal
-from mklang.errors import CheckpointError, ProviderError
+from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.model import Machine
 from mklang.providers.base import Usage
@@ -1012,3 +1012,38 @@ def test_a_chain_that_no_longer_fits_its_machines_is_refused_even_with_force(tmp
     root = tmp_path / "project" / "root.mk"
     root.write_text(root.read_text().replace("state b", "state c").replace("-> b", "-> c"))
     assert refusal(path, force=True) == f"{path}: frame 1 (root at b): state 'b' no longer exists in {root}"
+
+
+def test_a_checkpointed_run_reads_its_durability_setting_before_it_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("MKLANG_DURABILITY", "sometimes")
+    with pytest.raises(UsageError) as caught:
+        start(write_machines(tmp_path, TWO_STATES), None, checkpoint=tmp_path / "cp.json", provider=Recorder())
+    assert str(caught.value) == "MKLANG_DURABILITY must be call or step, not 'sometimes'"
+
+
+def test_a_checkpointed_run_keys_its_tool_calls_by_its_own_run_id_across_a_resume(tmp_path):
+    keys: list[str] = []
+
+    def publish(arguments: dict[str, Any], idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        return "url"
+
+    machine = write_machines(tmp_path, PUBLISH.replace("budget 5", "budget 1"))
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=Recorder(), tools={"publish": publish})
+    run_id = load(path).run_id
+    continue_checkpoint(open_checkpoint(path), provider=Recorder(), tools={"publish": publish}, budget=5)
+    assert keys == [f"{run_id}/r:1.0.1", f"{run_id}/r:2.0.1"]
+
+
+def test_a_checkpointed_run_stops_at_its_dollar_budget(tmp_path):
+    class Priced(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = Usage(1, 1, 0.5)
+
+    path = tmp_path / "cp.json"
+    result = start(write_machines(tmp_path, TWO_STATES), None, checkpoint=path, provider=Priced(), max_cost=0.4)
+    assert (result.status, result.reason, result.at) == ("suspended", "cost-exhausted", "b")
+    again = continue_checkpoint(open_checkpoint(path), provider=Priced())
+    assert (again.status, again.reason, again.at) == ("suspended", "cost-exhausted", "b")
