@@ -25,7 +25,7 @@ from mklang.engine.runtime import Caps, Control, NullJournal
 from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.model import Machine
-from mklang.providers.base import Usage
+from mklang.providers.base import Usage, seconds_left
 from mklang.scenarios import Scenario, ScriptedHost
 from mklang.syntax.resolve import stdlib_dirs
 
@@ -1047,3 +1047,21 @@ def test_a_checkpointed_run_stops_at_its_dollar_budget(tmp_path):
     assert (result.status, result.reason, result.at) == ("suspended", "cost-exhausted", "b")
     again = continue_checkpoint(open_checkpoint(path), provider=Priced())
     assert (again.status, again.reason, again.at) == ("suspended", "cost-exhausted", "b")
+
+
+def test_a_call_is_made_under_the_runs_deadline():
+    class Timed(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.left: list[float | None] = []
+
+        def produce(self, system, user, tier, reason):
+            self.left.append(seconds_left())
+            return super().produce(system, user, tier, reason)
+
+    timed = Timed()
+    assert run_mk(TWO_STATES, provider=timed, max_time=60).status == "done"
+    assert all(left is not None and 0 < left <= 60 for left in timed.left) and len(timed.left) == 2
+    untimed = Timed()
+    run_mk(TWO_STATES, provider=untimed)
+    assert untimed.left == [None, None]
