@@ -30,21 +30,41 @@ def over_items(xs: list[str], budget: int = 20, then: str = "END") -> str:
 
 
 class SlowEcho(Recorder):
-    """Echoes the prompt after `delays[prompt]` seconds, counting calls in flight."""
+    """Echoes the prompt after `delays[prompt]` seconds."""
 
     def __init__(self, delays: dict[str, float]):
         super().__init__()
         self.delays = delays
-        self.in_flight = 0
-        self.peak = 0
-        self.lock = threading.Lock()
 
     def produce(self, system, user, tier, reason):
-        with self.lock:
+        time.sleep(self.delays.get(user, 0))
+        return Produced(user.upper(), None, Usage(1, 1))
+
+
+class Wave(Recorder):
+    """Holds calls until `width` are in flight at once, then lets every call through, recording the peak.
+
+    No timing decides the outcome: a fan-out that runs fewer calls at once never
+    fills the wave (its calls give up after 10 s and the peak falls short), and
+    each call lingers until a call beyond `width` arrives (or 50 ms pass), so a
+    fan-out that runs more shows a peak above `width`."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+        self.in_flight = 0
+        self.peak = 0
+        self.full = False
+        self.changed = threading.Condition()
+
+    def produce(self, system, user, tier, reason):
+        with self.changed:
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
-        time.sleep(self.delays.get(user, 0))
-        with self.lock:
+            self.full = self.full or self.in_flight >= self.width
+            self.changed.notify_all()
+            self.changed.wait_for(lambda: self.full, timeout=10)
+            self.changed.wait_for(lambda: self.in_flight > self.width, timeout=0.05)
             self.in_flight -= 1
         return Produced(user.upper(), None, Usage(1, 1))
 
@@ -55,22 +75,19 @@ def test_outputs_keep_input_order_when_later_branches_finish_first():
     result = run_mk(over_items(xs), provider=provider, concurrency=4)
     assert result.result == ["A", "B", "C", "D"]
     assert [b["output"] for b in result.trace[0]["branches"]] == ["A", "B", "C", "D"]
-    assert provider.peak > 1
 
 
-def test_branches_run_concurrently():
+def test_branches_run_concurrently_up_to_the_concurrency_limit():
     xs = [f"item{i}" for i in range(8)]
-    provider = Recorder({"produce": "x", "delay_ms": 60})
-    started = time.perf_counter()
+    provider = Wave(8)
     result = run_mk(over_items(xs), provider=provider, concurrency=8)
-    elapsed = time.perf_counter() - started
-    assert result.result == ["x"] * 8
-    assert elapsed < 8 * 0.06 / 2  # sequential branches would take 0.48 s
+    assert result.result == [x.upper() for x in xs]
+    assert provider.peak == 8
 
 
 def test_the_concurrency_limit_bounds_branches_in_flight():
     xs = [f"item{i}" for i in range(6)]
-    provider = SlowEcho({x: 0.03 for x in xs})
+    provider = Wave(2)
     result = run_mk(over_items(xs), provider=provider, concurrency=2)
     assert result.status == "done"
     assert provider.peak == 2
@@ -217,7 +234,7 @@ def test_a_run_wide_ceiling_inside_branches_suspends_the_fan_out_instead_of_a_ma
 
 def test_at_most_8_branches_run_at_once_by_default():
     xs = [f"item{i}" for i in range(12)]
-    provider = SlowEcho({x: 0.03 for x in xs})
+    provider = Wave(8)
     result = run_mk(over_items(xs), provider=provider)
     assert len(result.result) == 12
     assert provider.peak == 8
