@@ -227,9 +227,12 @@ def test_a_run_wide_ceiling_inside_branches_suspends_the_fan_out_instead_of_a_ma
     machine = write_machines(tmp_path, parent, child)
     result = run_mk(machine, llm={"tokens": [5, 5]}, max_tokens=25, suspendable=True)
     assert (result.status, result.reason, result.at) == ("suspended", "cost-exhausted", "each")
-    assert result.usage.tokens == 30  # the call that crossed 25 was in flight; both branches' spend counts
+    # Both branches' spend counts: 20 after their first calls, then the calls in flight when 25 was
+    # crossed (one per branch at most: which ones started first depends on the thread schedule).
+    assert result.usage.tokens in (30, 40)
     halted = run_mk(machine, llm={"tokens": [5, 5]}, max_tokens=25)
-    assert (halted.status, halted.error, halted.at, halted.usage.tokens) == ("halted", "cost-exhausted", "each", 30)
+    assert (halted.status, halted.error, halted.at) == ("halted", "cost-exhausted", "each")
+    assert halted.usage.tokens in (30, 40)
 
 
 def test_at_most_8_branches_run_at_once_by_default():

@@ -231,7 +231,7 @@ def test_the_read_timeout_is_shortened_to_the_time_left(server):
         r"p timeout: no answer within (0\.\d+)s \(no time left for a retry before the --max-time deadline\)", message
     )
     assert found, message
-    assert 0.1 < float(found.group(1)) <= 0.3  # what was left of the 0.3 s when the request went out
+    assert 0 < float(found.group(1)) <= 0.3  # what was left of the 0.3 s when the request went out
     assert time.monotonic() - started < 1.5
 
 
