@@ -21,7 +21,7 @@ from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
 from mklang.checkpoint.paths import MachinePaths
 from mklang.engine import make_runtime, run
 from mklang.engine.frame import Frame
-from mklang.engine.runtime import Caps, Control, NullJournal
+from mklang.engine.runtime import COST_SLACK, Caps, Control, NullJournal
 from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.model import Machine
@@ -848,6 +848,7 @@ def test_a_token_or_dollar_budget_is_spent_once_reached_with_a_nano_dollar_of_sl
     assert Caps(tokens=10).spent(Usage(5, 5)) is True
     assert Caps(tokens=10).spent(Usage(5, 4)) is False
     assert Caps(cost=0.10).spent(Usage(cost_usd=sum([0.01] * 10))) is True  # 0.0999...: within the slack
+    assert Caps(cost=0.10).spent(Usage(cost_usd=0.10 - COST_SLACK)) is True  # the slack's own edge counts
     assert Caps(cost=0.10).spent(Usage(cost_usd=0.0999)) is False
     assert Caps(tokens=10, cost=0.10).spent(Usage(1, 1, 0.5)) is True
     assert Caps(tokens=10, cost=0.10).spent(Usage(10, 0, 0.0)) is True
@@ -968,6 +969,19 @@ def test_a_run_suspended_inside_a_called_machine_reports_the_innermost_state_and
     assert [frame.machine.name for frame in result.frames] == ["root", "sub"]
     assert data["usage"] == {"input_tokens": 2, "output_tokens": 4, "cost_usd": 0.0}  # both levels' calls
     assert data["calls"] == {"produce": 2}
+    assert (data["context"], [step["state"] for step in data["trace"]]) == ({"topic": "tides", "x": ""}, ["a"])
+
+
+def test_an_interrupted_run_that_cannot_suspend_reports_the_context_and_trace_it_reached():
+    control = Control()
+
+    def interrupt_at_b(chain: Any) -> None:
+        if chain[-1].state == "b":
+            control.interrupted.set()
+
+    result = run_mk(TWO_STATES, llm={"produce": ["one"]}, control=control, observer=interrupt_at_b)
+    assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
+    assert (result.context, [step["state"] for step in result.trace]) == ({"x": "one"}, ["a"])
 
 
 PUBLISH = """
