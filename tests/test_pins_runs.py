@@ -1079,3 +1079,14 @@ def test_a_call_is_made_under_the_runs_deadline():
     untimed = Timed()
     run_mk(TWO_STATES, provider=untimed)
     assert untimed.left == [None, None]
+
+
+def test_a_resume_given_a_host_record_keeps_the_scripted_position_the_checkpoint_saved(tmp_path):
+    machine = project(tmp_path / "project")
+    host = ScriptedHost(Scenario("s", llm={"produce": ["one", "two", "three"]}))
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=host.provider, scripted=host)
+    recorded = load(path).host.position
+    again = continue_checkpoint(open_checkpoint(path), provider=Recorder(), host=HostSettings(model="m2"))
+    assert (again.status, again.reason) == ("suspended", "budget-exhausted")
+    assert (load(path).host.model, load(path).host.position) == ("m2", recorded)
