@@ -37,6 +37,26 @@ ROOT = Path(__file__).resolve().parent.parent
 _CONFIG_HOME = tempfile.mkdtemp(prefix="mklang-tests-xdg-")
 
 
+# Two generative states in a row: a then b then END.
+TWO_STATES = """
+    machine m
+    entry a
+    budget 5
+    state a {
+      structure "s"
+      prompt "p"
+      output x
+      otherwise -> b
+    }
+    state b {
+      structure "s"
+      prompt "p"
+      output y
+      otherwise -> END
+    }
+"""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
     os.environ.pop("MKLANG_CHECKPOINT_KEY", None)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, mk, run_mk, write_machines
-from conftest import mklang
+from conftest import TWO_STATES, mklang
 from fakeserver import FakeServer, answer, error, raw
 
 from mklang.check import check
@@ -1607,26 +1607,6 @@ def test_an_escalation_suspends_with_its_question_and_a_provider_error_with_its_
         "HTTP 503 from the model server",
     )
     assert parked.to_json()["detail"] == "HTTP 503 from the model server"
-
-
-# Two generative states in a row: a then b then END.
-TWO_STATES = """
-        machine m
-        entry a
-        budget 5
-        state a {
-          structure "s"
-          prompt "p"
-          output x
-          otherwise -> b
-        }
-        state b {
-          structure "s"
-          prompt "p"
-          output y
-          otherwise -> END
-        }
-"""
 
 
 def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend():

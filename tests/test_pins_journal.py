@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conformance.harness import mk, write_machines
+from conftest import TWO_STATES
 
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
 from mklang.checkpoint.envelope import Envelope, MachineRef, load, save
@@ -507,29 +508,11 @@ def test_a_line_that_is_only_a_mac_is_refused_even_with_the_right_mac():
 
 # --- journal: what a run's journal holds, line by line ------------------------------
 
-RUN = """
-    machine m
-    entry a
-    budget 5
-    state a {
-      structure "s"
-      prompt "p"
-      output x
-      otherwise -> b
-    }
-    state b {
-      structure "s"
-      prompt "p"
-      output y
-      otherwise -> END
-    }
-"""
-
 
 def _run_journal(tmp_path: Path, **options: Any) -> tuple[StoreJournal, Frame]:
     """A journal of a run of `proj/m.mk` (hashed "abc") checkpointed to `cp.json`, and its first frame."""
     (tmp_path / "proj").mkdir(exist_ok=True)
-    machine = write_machines(tmp_path / "proj", RUN)
+    machine = write_machines(tmp_path / "proj", TWO_STATES)
     envelope = Envelope(
         mklang_version="test",
         run_id="r",
@@ -979,7 +962,7 @@ def test_a_resume_change_may_nest_values_as_deep_as_a_checkpoint(tmp_path):
 
 
 def test_recovery_replays_steps_entered_levels_halts_and_the_calls_of_the_step_in_flight(tmp_path):
-    machine = write_machines(tmp_path, RUN)
+    machine = write_machines(tmp_path, TWO_STATES)
     top, child = Frame.start(machine), Frame.start(machine)
     child.context["from"] = "journal"
     loaded: list[dict[str, Any]] = []
@@ -1007,7 +990,7 @@ def test_recovery_replays_steps_entered_levels_halts_and_the_calls_of_the_step_i
 
 
 def test_recovery_keeps_the_unreplayed_answers_until_a_step_and_no_position_without_one(tmp_path):
-    machine = write_machines(tmp_path, RUN)
+    machine = write_machines(tmp_path, TWO_STATES)
     answers = {"old": {"kind": "tool", "v": "kept"}}
     records = [{"k": "call", "key": "r:1.0", "kind": "tool", "v": "one"}]
     chain, calls, position = recover([Frame.start(machine)], answers, records, lambda f: machine)
@@ -1019,7 +1002,7 @@ def test_recovery_keeps_the_unreplayed_answers_until_a_step_and_no_position_with
 
 
 def test_a_level_entered_at_a_depth_replaces_the_levels_from_that_depth_on(tmp_path):
-    machine = write_machines(tmp_path, RUN)
+    machine = write_machines(tmp_path, TWO_STATES)
     chain = [Frame.start(machine), Frame.start(machine), Frame.start(machine)]
     entered = Frame.start(machine)
     entered.state = "b"
@@ -1028,7 +1011,7 @@ def test_a_level_entered_at_a_depth_replaces_the_levels_from_that_depth_on(tmp_p
 
 
 def test_a_step_or_halt_at_a_level_drops_the_levels_below_it(tmp_path):
-    machine = write_machines(tmp_path, RUN)
+    machine = write_machines(tmp_path, TWO_STATES)
     chain = [Frame.start(machine), Frame.start(machine), Frame.start(machine)]
     recovered, _, _ = recover(chain, {}, [{"k": "step", "d": 1, "r": _step("a", "b", 1)}], lambda f: machine)
     assert [f.state for f in recovered] == ["a", "b"]

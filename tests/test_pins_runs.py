@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, mk, run_mk, write_machines
+from conftest import TWO_STATES
 
 from mklang import faults
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
@@ -95,26 +96,6 @@ def edit(path: Path, change: Any) -> None:
     document = load(path).model_dump(mode="json")
     change(document)
     save(path, Envelope.model_validate(document))
-
-
-# Two generative states in a row: a then b then END.
-TWO_STATES = """
-    machine m
-    entry a
-    budget 5
-    state a {
-      structure "s"
-      prompt "p"
-      output x
-      otherwise -> b
-    }
-    state b {
-      structure "s"
-      prompt "p"
-      output y
-      otherwise -> END
-    }
-"""
 
 
 # --- start: the envelope a checkpointed run begins with -------------------------------
