@@ -245,6 +245,24 @@ MORE_CASES = {
         ),
         [("warning", "unwritten-context-key", 6, 3, 6, 43, 'state "a" reads "ghost", which nothing writes')],
     ),
+    "call-input-at-its-call": (
+        machine_text('state a {\n  call sub { q: "{{ghost}}" }\n  output o\n  otherwise -> END\n}\n'),
+        [
+            ("error", "unknown-machine", 5, 3, 5, 30, 'no machine "sub" found for the call'),
+            ("warning", "unwritten-context-key", 5, 3, 5, 30, 'state "a" reads "ghost", which nothing writes'),
+        ],
+    ),
+    "a-reply-is-written": (
+        machine_text(
+            produce("a", '  otherwise escalate -> b ask "?" reply_to answer\n')
+            + produce("b", "  otherwise -> END\n").replace('"p"', '"{{answer.text}}"')
+        ),
+        [],
+    ),
+    "a-key-read-twice-warns-once": (
+        machine_text(produce("a", "  otherwise -> END\n").replace('"p"', '"{{ghost}} and {{ghost.x}}"')),
+        [("warning", "unwritten-context-key", 6, 3, 6, 37, 'state "a" reads "ghost", which nothing writes')],
+    ),
     "list-a-reply-overwrites": (
         machine_text(
             produce("a", '  otherwise escalate -> b ask "?" reply_to xs\n') + OVER_B,
