@@ -121,6 +121,17 @@ def test_shortest_path_counts_fan_out_as_sample_size():
     assert shortest_steps(parse(text)) == 3  # a, c (over: 1), d beats a, b (sample 5)
 
 
+def test_shortest_path_passes_a_state_two_paths_reached_first():
+    text = machine_text(
+        produce("a", '  when "w" -> b\n  otherwise -> c\n')
+        + produce("b", "  otherwise -> d\n")
+        + produce("c", "  otherwise -> d\n")
+        + produce("d", "  otherwise -> e\n")
+        + produce("e", "  otherwise -> END\n")
+    )
+    assert shortest_steps(parse(text)) == 4  # d is queued twice, via b and via c; the search goes on past it
+
+
 def test_call_targets_resolve_beside_the_machine_then_machines_dir(tmp_path, monkeypatch):
     (tmp_path / "helper.mk").write_text(CLEAN)
     (tmp_path / "lib" / "machines").mkdir(parents=True)
