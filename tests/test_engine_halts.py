@@ -144,3 +144,11 @@ def test_a_state_error_still_counts_what_the_state_paid_for(second, extra, error
     assert result.status == "halted" and result.error.startswith(error)
     assert len(result.trace) == 1  # a state-error records no step...
     assert result.usage.tokens == 10  # ...but both produce calls were paid for
+
+
+@pytest.mark.parametrize(("answer", "kind"), [('{"a": 1}', "dict"), ('"text"', "str"), ("3", "int")])
+def test_a_parse_list_answer_that_is_json_but_no_array_names_what_it_got(answer, kind):
+    source = TWO_STATES.format(gates="otherwise -> END").replace('prompt "q"', 'prompt "q"\n      parse list')
+    result = run_mk(source, llm={"produce": ["one", answer]})
+    assert (result.status, result.at) == ("halted", "b")
+    assert result.error == f"state-error: parse-list: expected a JSON array, got {kind}"
