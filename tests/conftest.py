@@ -29,6 +29,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from fakeserver import FakeServer
 
 from mklang.checkpoint.envelope import FORMAT, Envelope, load
 from mklang.errors import CheckpointError
@@ -220,3 +221,10 @@ def postgres_schema() -> Iterator[str]:
 def postgres_uri() -> Iterator[str]:
     with postgres_schema() as uri:
         yield uri
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    """A fake model server on a free port (files that script their own replies define their own)."""
+    with FakeServer() as running:
+        yield running

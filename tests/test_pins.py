@@ -2139,24 +2139,6 @@ def test_scripted_answers_go_to_branches_by_index_whatever_order_they_ask_in(tmp
     assert result.result == ["first", "second"]  # branch 0 asked last
 
 
-def test_a_postgresql_lock_whose_connection_died_releases_quietly(postgres_uri):
-    import socket
-
-    import psycopg
-
-    from mklang.checkpoint.store import open_store
-
-    store = open_store(postgres_uri)
-    lock = store.lock("r")
-    name = f"mklang {os.getpid()}@{socket.gethostname()}"
-    with psycopg.connect(POSTGRES, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (name,))
-    lock.release()
-    assert store.holder("r") is None
-    store.lock("r").release()
-    store.close()
-
-
 # --- steps, visits and the clock at their edges ----------------------------------
 
 

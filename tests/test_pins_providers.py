@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from datetime import date
 from email.utils import formatdate
 from typing import Any
@@ -45,12 +44,6 @@ KEY = "sk-pin-SECRET-0123456789"
 @pytest.fixture(params=["openai", "anthropic"])
 def kind_pair(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as running:
-        yield running
 
 
 def _config(server: FakeServer, kind: str = "openai", **options: Any) -> ProviderConfig:

@@ -236,3 +236,11 @@ def test_runs_of_one_name_in_two_schemas_are_locked_apart(postgres, postgres_uri
             held.release()
         finally:
             other.close()
+
+
+def test_a_lock_whose_session_ended_releases_quietly(postgres, postgres_uri):
+    lock = postgres.lock("r")
+    end_sessions(postgres_uri, f"mklang {me()}")
+    lock.release()
+    assert postgres.holder("r") is None
+    postgres.lock("r").release()

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakeserver import FakeServer, answer, error
+from fakeserver import answer, error
 from test_providers_runs import PRICE_IN, PRICE_OUT, Model
 
 KEY = "sk-cli-SECRET-5f5f5f5f5f5f"
@@ -41,12 +41,6 @@ state summarize {
   otherwise -> END
 }
 """
-
-
-@pytest.fixture
-def server():
-    with FakeServer() as running:
-        yield running
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 from email.utils import formatdate
 
 import pytest
-from fakeserver import FakeServer, answer, error, raw, refusal
+from fakeserver import answer, error, raw, refusal
 
 from mklang.errors import ProviderError, UsageError
 from mklang.host.config import ProviderConfig, load_config
@@ -16,12 +16,6 @@ from mklang.providers.factory import make_provider
 from mklang.providers.http import HttpTransport, retry_after
 
 KEY = "sk-test-SECRET-0123456789"
-
-
-@pytest.fixture
-def server():
-    with FakeServer() as running:
-        yield running
 
 
 def write_config(tmp_path, server, kind="openai", *, prices=True, tiers=None, **options) -> str:

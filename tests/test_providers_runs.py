@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakeserver import FakeServer, answer, error, refusal
+from fakeserver import answer, error, refusal
 
 import mklang
 from mklang.model import Machine
@@ -85,12 +85,6 @@ class Model:
 
     def cost(self) -> float:
         return sum((i * PRICE_IN + o * PRICE_OUT) / 1e6 for i, o in self.served)
-
-
-@pytest.fixture
-def server():
-    with FakeServer() as running:
-        yield running
 
 
 @pytest.fixture(params=["openai", "anthropic"])

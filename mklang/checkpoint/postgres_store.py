@@ -14,9 +14,9 @@ what `holder` reports; the shared one is `mklang-data pid@host`. While the
 lock is held, the run's own writes and reads go through its lock
 connection: runs in flight commit side by side (the server flushes
 concurrent commits together) instead of queueing on one connection, and a
-run that lost its lock cannot write. Released lock
-connections are kept for the next run's lock, so a batch does not open a
-connection per run; other reads share one connection.
+run that lost its lock cannot write. Released lock connections are kept for
+the next run's lock, so a batch does not open a connection per run; other
+reads share one connection.
 
 A connection whose session the server ended (a restart, a failover, an idle
 timeout) is replaced: a kept lock connection on the lock's first try, the
