@@ -69,8 +69,6 @@ def batch(
     each run's (`max_tokens`, `max_cost`, `max_time`); `batch_max_*` bound the
     whole batch. With `out`, one result line per input is written there.
     """
-    import hashlib
-    import json
     from contextlib import nullcontext
 
     from mklang import batching
@@ -82,15 +80,7 @@ def batch(
     if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__"):
         items = batching.read_inputs(inputs)
     else:
-        items = [
-            batching.Item(
-                str(data["id"])
-                if "id" in data
-                else hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
-                data,
-            )
-            for data in inputs
-        ]
+        items = batching.items_of((data, f"input {number}") for number, data in enumerate(inputs, 1))
     host = Host(provider, tools or {}, hooks or {})
     opened = open_store(store)
     try:

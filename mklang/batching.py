@@ -26,7 +26,7 @@ from typing import Any
 from mklang import exitcodes
 from mklang.checkpoint.envelope import parse
 from mklang.checkpoint.journal import resume_change
-from mklang.checkpoint.store import Location, Store
+from mklang.checkpoint.store import Location, Store, run_name
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
 from mklang.errors import MklangError, RunBusy, UsageError
@@ -153,18 +153,32 @@ def read_inputs(path: str | Path) -> list[Item]:
     """The items of a JSON Lines file; each line is a JSON object (blank lines are skipped)."""
     from mklang.limits import read_text
 
+    return items_of(
+        (load_json_object(line, f"{path}:{number}", "each line"), f"{path}:{number}")
+        for number, line in enumerate(read_text(path, "--inputs file").splitlines(), 1)
+        if line.strip()
+    )
+
+
+def items_of(inputs: Iterable[tuple[dict[str, Any], str]]) -> list[Item]:
+    """The items of context maps, each with where it was given: its `id` names the run, else its hash.
+
+    A run name is checked here, before any run starts (`run_name`): an id is never a file path."""
     items: list[Item] = []
     seen: set[str] = set()
-    for number, line in enumerate(read_text(path, "--inputs file").splitlines(), 1):
-        if not line.strip():
-            continue
-        data = load_json_object(line, f"{path}:{number}", "each line")
-        run = str(data["id"]) if "id" in data else hashlib.sha256(line.strip().encode()).hexdigest()[:16]
+    for data, where in inputs:
+        run = run_name(str(data["id"]), where) if "id" in data else input_hash(data)
         if run in seen:
-            raise UsageError(f"{path}:{number}: run id {run!r} appears twice")
+            raise UsageError(f"{where}: run id {run!r} appears twice")
         seen.add(run)
         items.append(Item(run, data))
     return items
+
+
+def input_hash(data: dict[str, Any]) -> str:
+    """The name of an input without `id`: the hash of its canonical JSON, whether it came from a file or not."""
+    canonical = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
 def location(store: Store, uri: str, run: str) -> Location:

@@ -14,6 +14,7 @@ store URI with the run after `#`: `sqlite:///runs.db#RUN`,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +22,16 @@ from typing import Protocol
 from mklang.errors import UsageError
 
 SCHEMES = ("sqlite", "postgresql", "postgres")
+# A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
+# name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
+# files) and does not end like the files a run keeps beside its checkpoint.
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RUN_NAME_MAX = 128
+RUN_NAME_RULE = (
+    f"1 to {RUN_NAME_MAX} ASCII letters, digits, '.', '_' or '-', starting with a letter or digit, "
+    "not ending in .journal, .lock or .tmp"
+)
+RESERVED_ENDINGS = (".journal", ".lock", ".tmp")
 
 
 class RunLock(Protocol):
@@ -91,6 +102,14 @@ class Location:
         return self.text
 
 
+def run_name(text: str, where: str = "") -> str:
+    """`text` when it is a valid run name, else a one-line UsageError (`where` says where it was given)."""
+    if len(text) <= RUN_NAME_MAX and RUN_NAME.fullmatch(text) and not text.endswith(RESERVED_ENDINGS):
+        return text
+    shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
+    raise UsageError(f"{where}{': ' if where else ''}run name {shown} is not valid: a run name is {RUN_NAME_RULE}")
+
+
 def is_uri(text: str | Path) -> bool:
     return isinstance(text, str) and text.split(":", 1)[0] in SCHEMES and "://" in text
 
@@ -111,17 +130,27 @@ def open_store(uri: str | Path) -> Store:
     return PostgresStore.from_uri(str(uri))
 
 
+def split_target(target: str | Path) -> tuple[str, str]:
+    """The store (a URI, or a file's folder) and the run a checkpoint target names, the run name checked;
+    nothing is opened."""
+    if not is_uri(target):
+        path = Path(target)
+        return str(path.parent), run_name(path.name, str(path.parent))
+    uri, _, run = str(target).partition("#")
+    if not run:
+        raise UsageError(f"{target}: a store URI names a run after '#', e.g. sqlite:///runs.db#RUN_ID")
+    return uri, run_name(run, uri)
+
+
 def locate(target: str | Path | Location) -> Location:
     """The location of a checkpoint named by a path or by `STORE-URI#RUN`."""
     if isinstance(target, Location):
         return target
+    uri, run = split_target(target)
     if not is_uri(target):
         path = Path(target)
         from mklang.checkpoint.file_store import FileStore
 
-        return Location(FileStore(path.parent), path.name, str(target), str(path.resolve()), path)
-    uri, _, run = str(target).partition("#")
-    if not run:
-        raise UsageError(f"{target}: a store URI names a run after '#', e.g. sqlite:///runs.db#RUN_ID")
+        return Location(FileStore(path.parent), run, str(target), str(path.resolve()), path)
     store = open_store(uri)
     return Location(store, run, str(target), str(target), getattr(store, "path", Path.cwd() / "checkpoint"))

@@ -155,6 +155,7 @@ def run(
 
         as_json = wants_json(format)
         loaded = require_runnable(load_file(machine))
+        where = run_name_of(checkpoint)
         context: dict[str, Any] = {}
         if input_file is not None:
             context.update(_read_input(input_file))
@@ -173,7 +174,7 @@ def run(
                 loaded,
                 context,
                 host,
-                checkpoint=checkpoint,
+                checkpoint=where,
                 max_tokens=max_tokens,
                 max_cost=max_cost,
                 max_time=seconds,
@@ -183,6 +184,15 @@ def run(
                 observer=view,
             )
         report(result, as_json, checkpoint)
+
+
+def run_name_of(checkpoint: str | None) -> str | None:
+    """The checkpoint a run is given, once its run name is checked (before the run prints or spends anything)."""
+    if checkpoint is not None:
+        from mklang.checkpoint.store import split_target
+
+        split_target(checkpoint)
+    return checkpoint
 
 
 def _print_warnings(machine: Machine, context: dict[str, Any]) -> None:
