@@ -15,7 +15,7 @@ from mklang import __version__
 from mklang.engine.interpolate import lookup
 from mklang.errors import Diagnostic, LoadError, Severity, did_you_mean
 from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
-from mklang.vocabulary import END, FAN_OUT_KEYS, LANGUAGE_VERSIONS, PLACEHOLDER, UNCLOSED_PLACEHOLDER, root_key
+from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, UNCLOSED_PLACEHOLDER, root_key, version_refusal
 
 CONSEQUENCES = frozenset({"no-path-to-end", "budget-infeasible"})  # reported after what causes them
 
@@ -125,13 +125,9 @@ def check(machine: Machine, provided: Iterable[str] = ()) -> list[Diagnostic]:
     a scenario's input): they count as written.
     """
     out = _Findings(machine)
-    if machine.version is not None and machine.version not in LANGUAGE_VERSIONS:
-        out.error(
-            _at(machine, "version"),
-            "unsupported-version",
-            f"this is mklang {__version__}: it runs language version {' or '.join(LANGUAGE_VERSIONS)}, "
-            f"not {machine.version}",
-        )
+    refusal = None if machine.version is None else version_refusal(machine.version)
+    if refusal:
+        out.error(_at(machine, "version"), "unsupported-version", f"this is mklang {__version__}: {refusal}")
     names: dict[str, State] = {}
     for state in machine.states:
         if state.name in names:

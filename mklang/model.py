@@ -23,7 +23,6 @@ from mklang.vocabulary import Tier
 
 Policy = Literal["ok", "repair", "escalate", "fail"]
 DEFAULT_REPLY_TO = "human.reply"
-LANGUAGE_VERSION = "0.4"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,6 +73,8 @@ LISTS = {"resumes", "expect.trace", "resumes[].expect.trace"}
 WHOLE_NUMBERS = {"max_tokens": 0, "budget": 0, "concurrency": 1}  # name: least value
 FLAGS = {"checkpoint", "hitl"}
 SCENARIO_KEYS = KEYS[""]
+# Statuses as mklang 1.x scripts spell them, read as this project's (SPEC section 5).
+STATUS_1X = {"halt": "halted"}
 
 
 @dataclass
@@ -165,7 +167,7 @@ def _check_setting(place: str, key: str, value: Any, shown: str) -> None:
     """The values of `status` and of the run settings, in the user's words."""
     if value is None:
         return
-    if key == "status" and place.endswith("expect") and value not in STATUSES:
+    if key == "status" and place.endswith("expect") and value not in STATUSES and value not in STATUS_1X:
         hint = did_you_mean(str(value), STATUSES)
         raise UsageError(f"'{shown}' is {json.dumps(value)}, not one of {' | '.join(STATUSES)}{hint}")
     if place not in ("run", "resumes[]"):
@@ -333,6 +335,8 @@ def compare(expect: dict[str, Any], result: RunResult) -> list[str]:
     A missing `status` means `done`: a scenario that says nothing of its
     outcome passes only when the run finishes. A missing key and null compare
     equal; trace and context compare only the keys the expectation lists.
+    Scripts written for mklang 1.x compare as they did there: `halt` is
+    `halted`, and the `error` of a suspended run is its `reason`.
     """
     problems: list[str] = []
     actual = result.to_json()
@@ -341,12 +345,17 @@ def compare(expect: dict[str, Any], result: RunResult) -> list[str]:
         if want != got:
             problems.append(f"{label}: expected {_show(want)}, got {_show(got)}")
 
-    differ("status", expect.get("status") or "done", result.status)
-    for key in ("error", "at", "result", "ask", "reply_to", "reason"):
+    status = expect.get("status") or "done"
+    differ("status", STATUS_1X.get(status, status), result.status)
+    # A suspended run has no error: mklang 1.x scripts name its reason there.
+    error = result.reason if result.status == "suspended" else result.error
+    if "error" in expect:
+        differ("error", expect["error"], error)
+    for key in ("at", "result", "ask", "reply_to", "reason"):
         if key in expect:
             differ(key, expect[key], actual.get(key))
-    if "error_prefix" in expect and not str(result.error or "").startswith(expect["error_prefix"]):
-        problems.append(f"error: expected to start with {_show(expect['error_prefix'])}, got {_show(result.error)}")
+    if "error_prefix" in expect and not str(error or "").startswith(expect["error_prefix"]):
+        problems.append(f"error: expected to start with {_show(expect['error_prefix'])}, got {_show(error)}")
     for key, want in (expect.get("usage") or {}).items():
         differ(f"usage.{key}", want, actual["usage"].get(key))
     for key, want in (expect.get("context") or {}).items():

@@ -33,7 +33,11 @@ KEYWORDS: Final = tuple(dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_
 END: Final = "END"  # the target that finishes a run
 LITERALS: Final = ("true", "false", "null")
 
-LANGUAGE_VERSIONS: Final = ("0.4",)  # the `mklang X.Y` lines this release runs
+# The language version this release implements. Earlier versions are subsets
+# of it (the YAML machines of mklang 1.x declare 0.2 and 0.3) and run
+# unchanged; only a newer one is refused.
+LANGUAGE_VERSION: Final = "0.4"
+VERSION_NUMBER: Final = re.compile(r"([0-9]+)(?:\.([0-9]+))?\Z")  # what a `mklang` line may say
 
 MK_SUFFIX: Final = ".mk"
 YAML_SUFFIXES: Final = (".mkl", ".yaml", ".yml")
@@ -52,6 +56,17 @@ PATH: Final = r"[A-Za-z_][\w-]*(?:\.[\w-]+)*"
 PLACEHOLDER: Final = re.compile(r"\{\{\s*(" + PATH + r")\s*\}\}")
 # A `{{` with no `}}` before the next brace: a placeholder never closed, sent as written.
 UNCLOSED_PLACEHOLDER: Final = re.compile(r"\{\{(?![^{}]*\}\})")
+
+
+def version_refusal(declared: str) -> str | None:
+    """Why a machine declaring `mklang <declared>` cannot run here, or None when it can."""
+    number = VERSION_NUMBER.match(declared)
+    if number is None:
+        return f"{declared} is not a language version (like {LANGUAGE_VERSION})"
+    major, minor = LANGUAGE_VERSION.split(".")
+    if (int(number[1]), int(number[2] or 0)) > (int(major), int(minor)):
+        return f"it runs language version {LANGUAGE_VERSION} and earlier, not the newer {declared}"
+    return None
 
 
 def root_key(path: str) -> str:

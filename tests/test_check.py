@@ -221,7 +221,7 @@ OVER_B = produce("b", "  otherwise -> END\n", "  over xs\n").replace('"p"', '"{{
 MORE_CASES = {
     "unsupported-version": (
         "mklang 9.9\n" + CLEAN,
-        [("error", "unsupported-version", 1, 1, 1, 11, "it runs language version 0.4, not 9.9")],
+        [("error", "unsupported-version", 1, 1, 1, 11, "it runs language version 0.4 and earlier, not the newer 9.9")],
     ),
     "unwritten-result": (
         machine_text(produce("a", "  otherwise -> END\n"), "machine m\nentry a\nbudget 10\nresult ghost\n"),

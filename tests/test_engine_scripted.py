@@ -61,6 +61,12 @@ def test_reasoning_is_returned_only_when_asked_for():
     assert provider.produce("s", "u", "fast", False).reasoning is None
 
 
+def test_an_answer_naming_no_reasoning_reasons_like_the_1x_scripted_model():
+    provider = ScriptedProvider({"produce": ["plain", {"text": "mapped"}, {"text": "none", "reasoning": None}]})
+    assert [provider.produce("s", "u", "fast", True).reasoning for _ in range(3)] == ["thought", "thought", None]
+    assert provider.produce("s", "u", "fast", False).reasoning is None
+
+
 def test_delay_ms_delays_every_produce_and_judge():
     provider = ScriptedProvider({"delay_ms": 30})
     started = time.perf_counter()

@@ -1555,7 +1555,7 @@ def test_a_branch_keeps_its_reasoning_only_when_it_has_some():
           otherwise -> END
         }
         """,
-        llm={"produce": {"a": {"text": "A", "reasoning": "because"}, "b": {"text": "B"}}},
+        llm={"produce": {"a": {"text": "A", "reasoning": "because"}, "b": {"text": "B", "reasoning": None}}},
     )
     assert result.status == "done", result.error
     first, second = result.trace[0]["branches"]

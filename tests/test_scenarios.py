@@ -121,8 +121,8 @@ def test_a_failing_scenario_says_why_the_run_ended(tmp_path):
             "scenario 'typo': unknown key 'llm.prodcue'; did you mean \"llm.produce\"?",
         ),
         (
-            {"name": "halt", "expect": {"status": "halt"}},
-            "scenario 'halt': 'expect.status' is \"halt\", not one of done | halted | suspended; "
+            {"name": "halt", "expect": {"status": "halts"}},
+            "scenario 'halt': 'expect.status' is \"halts\", not one of done | halted | suspended; "
             'did you mean "halted"?',
         ),
         (

@@ -20,6 +20,11 @@ from typing import Any
 from mklang.errors import ProviderError, UsageError
 from mklang.providers.base import BRANCH, NONE, UNPARSEABLE, Produced, Usage, Verdict
 
+# What the scripted model reasons when a `reason` state asks and the answer
+# names no reasoning: the scripted model of mklang 1.x said this, and its
+# scenario scripts expect it in the trace (ADR 0020).
+SCRIPTED_REASONING = "thought"
+
 
 class Answers:
     """One scripted source: a list (in order, last repeats) or a substring map.
@@ -101,9 +106,9 @@ class ScriptedProvider:
             self.calls["produce"] += 1
         if self.delay:
             time.sleep(self.delay)
-        reasoning = None
+        reasoning = SCRIPTED_REASONING
         if isinstance(answer, dict) and "text" in answer:
-            reasoning = answer.get("reasoning")
+            reasoning = answer.get("reasoning", SCRIPTED_REASONING)
             answer = answer["text"]
         return Produced(_as_text(answer), reasoning if reason else None, self.tokens)
 

@@ -14,7 +14,7 @@ from typing import Any
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolUse
 from mklang.syntax.build import Builder, Item
-from mklang.vocabulary import PARSE_MODES, PLACEHOLDER, TIERS
+from mklang.vocabulary import LANGUAGE_VERSION, PARSE_MODES, PLACEHOLDER, TIERS, VERSION_NUMBER
 
 # YAML key -> `.mk` statement, where they differ.
 TOP_KEYS = {"mklang": "version", "machine": "name", "entry": "entry", "budget": "budget", "default_tier": "tier",
@@ -23,7 +23,6 @@ STATE_KEYS = ("prompt", "structure", "execution", "reason", "parse", "call", "to
               "accumulate", "sample", "over", "max_visits", "gates")  # fmt: skip
 GATE_KEYS = ("when", "hook", "then", "to", "ask", "reply_to", "repair", "escalate", "fail")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
-_VERSION = re.compile(r"[0-9]+(\.[0-9]+)?\Z")
 
 
 class _Reader:
@@ -111,8 +110,10 @@ class _Reader:
                 return {}
             return value
         if field == "version":
-            if not _VERSION.match(str(value)):
-                self.error(node, "invalid-value", f'mklang must be a version number like 0.4, not "{value}"')
+            if not VERSION_NUMBER.match(str(value)):
+                self.error(
+                    node, "invalid-value", f'mklang must be a version number like {LANGUAGE_VERSION}, not "{value}"'
+                )
             return str(value)
         return self.name(
             node,
