@@ -228,12 +228,16 @@ class Batch:
         ledger: Ledger | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
         stop: threading.Event | None = None,
+        hitl: bool = False,
+        kept_texts: bool = False,
     ):
         self.machine = machine
         self.store = store
         self.uri = uri
         self.host_for = host_for
         self.budgets: dict[str, Any] = dict(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time)
+        self.hitl = hitl  # escalations park the run for a human reply
+        self.kept_texts = kept_texts  # a resume runs the machine texts the store keeps in place of edited files
         if ledger is None and ceilings is not None and ceilings.any():
             ledger = Ledger(ceilings)
         self.ledger = ledger
@@ -260,9 +264,11 @@ class Batch:
         try:
             with self.host_for() as host:
                 if self.store.read(item.run) is None:
-                    result = start(self.machine, item.context, host, checkpoint=where, control=control, **self.budgets)
+                    result = start(
+                        self.machine, item.context, host, checkpoint=where, control=control, hitl=self.hitl or None, **self.budgets
+                    )
                 else:
-                    with opened(where) as resumable:
+                    with opened(where, kept_texts=self.kept_texts) as resumable:
                         result = proceed(resumable, host, control=control, **self.budgets)
         except RunBusy as error:
             return self._report(Outcome(item.run, "pending", first_line(error)))

@@ -10,11 +10,19 @@ loop-top, answering completed calls from the journal. SIGTERM interrupts
 every run at its next loop-top (they suspend) and gives them back to the
 queue. The run's lock, which dies with its process, keeps a redelivered
 message from running a run that another worker still runs.
+
+Nothing on the broker is trusted (ADR 0024). A message names a run and the
+store's identity, and carries a MAC made with the fleet's checkpoint key;
+everything else (the machine, the context, the budgets, the batch and its
+ceilings, hitl) is read from the run's record in the store, which is signed
+with the same key, and the machines are the texts the store keeps under the
+sha256 the record signs. A worker's report of a run is signed too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -25,14 +33,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mklang.batching import Batch, Ceilings, Item, Outcome, StoreLedger, batch_id, first_line, outcome
-from mklang.checkpoint.store import Store, open_store
-from mklang.errors import MklangError, UsageError
+from mklang.checkpoint.signing import SEAL_TEXT, checkpoint_key, seal_of, sign
+from mklang.checkpoint.store import Store, open_store, run_name
+from mklang.checkpoint.texts import keep_texts, machine_root
+from mklang.errors import CheckpointError, MklangError, UsageError
+from mklang.limits import load_json
 from mklang.model import Machine
 from mklang.providers.base import Usage
+from mklang.terminal import printable
 
 if TYPE_CHECKING:
     from mklang.session import Host
@@ -51,17 +63,32 @@ _said = threading.Lock()
 
 
 def _say(line: str) -> None:
-    """One whole line on the worker's stderr (its log), whatever Celery did with logging."""
+    """One whole line on the worker's stderr (its log), whatever Celery did with logging; control
+    characters of run ids or reasons (anyone may write a message) are shown escaped."""
     stream = sys.__stderr__
     if stream is not None:
         with _said:
-            stream.write(f"mklang worker {os.getpid()}: {line}\n")
+            stream.write(f"mklang worker {os.getpid()}: {printable(line.replace(chr(10), ' '))}\n")
             stream.flush()
 
 
-def queue_for(uri: str) -> str:
+IDENTITY = "store:identity"
+
+
+def store_identity(store: Store) -> str:
+    """The store's identity: a random id the store gets on first use (not its URI, which two
+    projects may share, as `sqlite:///runs.db`)."""
+    return store.add_note(IDENTITY, uuid.uuid4().hex.encode("ascii")).decode("ascii", errors="replace")
+
+
+def queue_for(store: Store) -> str:
     """The queue of a store's runs: workers and batches of one store meet there, other stores never do."""
-    return "mklang-" + hashlib.sha256(uri.encode("utf-8")).hexdigest()[:12]
+    return "mklang-" + store_identity(store)
+
+
+def task_mac(identity: str, run: str) -> str:
+    """What a task message carries to show the fleet key sent it: a MAC of the store and the run."""
+    return hmac.new(checkpoint_key(), f"mklang task\n{identity}\n{run}".encode(), hashlib.sha256).hexdigest()
 
 
 def celery_app(broker: str) -> Any:
@@ -89,33 +116,70 @@ def note_key(run: str) -> str:
     return f"run:{run}"
 
 
-def batch_key(batch: str) -> str:
-    return f"batch:{batch}"
+def record_key(run: str) -> str:
+    return f"record:{run}"
+
+
+def write_signed(store: Store, key: str, document: dict[str, Any]) -> None:
+    """Replace the note under `key` with `document` signed with the fleet key."""
+    store.write_note(key, sign(document, checkpoint_key())[0])
+
+
+def read_signed(store: Store, key: str, what: str) -> dict[str, Any] | None:
+    """The document of a signed note (None when there is none); CheckpointError unless the fleet key signed it."""
+    raw = store.read_note(key)
+    if raw is None:
+        return None
+    try:
+        document = load_json(raw)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        raise CheckpointError(f"{what} is not a JSON object")
+    seal = seal_of(document, checkpoint_key(), raw)
+    if seal != "signed":
+        raise CheckpointError(f"{what} is {SEAL_TEXT[seal].replace('your', 'the fleet')}")
+    return document
 
 
 def read_note(store: Store, run: str) -> dict[str, Any] | None:
-    """What the last worker to take `run` made of it: {id, worker, outcome}; None before any did."""
-    raw = store.read_note(note_key(run))
-    return json.loads(raw) if raw is not None else None
+    """What the last worker to take `run` made of it: {id, worker, outcome}; None before any did.
+    A note the fleet key did not sign is CheckpointError."""
+    return read_signed(store, note_key(run), f"the worker's report of run {run}")
+
+
+def _reported(store: Store, run: str) -> Outcome:
+    """The outcome a worker reported; `failed` when the report is not one a worker of the fleet signed."""
+    try:
+        note = read_note(store, run)
+        return Outcome.from_json((note or {})["outcome"])
+    except (CheckpointError, KeyError, TypeError) as error:
+        return Outcome(run, "failed", first_line(error))
+
+
+def _note_bytes(store: Store, run: str) -> bytes | None:
+    return store.read_note(note_key(run))
 
 
 def enqueue_and_follow(
     broker: str,
-    uri: str,
     store: Store,
-    machine_path: str,
+    machine: Machine,
     items: Iterable[Item],
     budgets: dict[str, Any],
     *,
     ceilings: Ceilings | None = None,
+    hitl: bool = False,
     stall: float | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
     on_wait: Callable[[float], None] | None = None,
 ) -> list[Outcome]:
     """Enqueue every item not settled yet, then follow the store until a worker reported each one.
 
-    A worker reports a run by replacing its note (`read_note`), whatever became
-    of it: done, halted, suspended, or failed on that worker. With `stall`,
+    Each run's record (what a worker runs: machine texts, context, budgets,
+    batch) is written signed before its message is sent. A worker reports a
+    run by replacing its note (`read_note`), whatever became of it: done,
+    halted, suspended, or failed on that worker. With `stall`,
     following ends once no run was reported for that many seconds; the runs
     not reported are then `pending` (they stay queued). `on_wait` is told, at
     every poll, how long no run was reported.
@@ -123,10 +187,11 @@ def enqueue_and_follow(
     items = list(items)
     ceilings = ceilings or Ceilings()
     app = celery_app(broker)
-    queue = queue_for(uri)
+    identity = store_identity(store)
     batch = batch_id(items)
-    store.write_note(batch_key(batch), json.dumps(ceilings.to_json()).encode("utf-8"))
-    waiting: dict[str, str | None] = {}  # run -> the id of its note when it was enqueued
+    texts = keep_texts(store, machine, "the batch")
+    record = dict(machine=machine.path, texts=texts, budgets=budgets, batch=batch, ceilings=ceilings.to_json(), hitl=hitl)
+    waiting: dict[str, bytes | None] = {}  # run -> its note when it was enqueued
     finished: dict[str, Outcome] = {}
     for item in items:
         now = outcome(store, item.run)
@@ -138,18 +203,19 @@ def enqueue_and_follow(
             if on_outcome is not None:
                 on_outcome(now)
             continue
-        note = read_note(store, item.run)
-        waiting[item.run] = note["id"] if note else None
-        app.send_task(TASK, args=[item.run, item.context, machine_path, budgets], kwargs={"batch": batch}, queue=queue)
+        waiting[item.run] = _note_bytes(store, item.run)
+        write_signed(store, record_key(item.run), {**record, "run": item.run, "context": item.context})
+        kwargs = {"store": identity, "mac": task_mac(identity, item.run)}
+        app.send_task(TASK, args=[item.run], kwargs=kwargs, queue="mklang-" + identity)
     progress = time.monotonic()
     pause = POLL_SECONDS
     while waiting:
         time.sleep(pause)
         began = time.monotonic()
         for run, seen in list(waiting.items()):
-            note = read_note(store, run)
-            if note is not None and note["id"] != seen:
-                finished[run] = now = Outcome.from_json(note["outcome"])
+            note = _note_bytes(store, run)
+            if note is not None and note != seen:
+                finished[run] = now = _reported(store, run)
                 del waiting[run]
                 progress = time.monotonic()
                 if on_outcome is not None:

@@ -227,17 +227,23 @@ def start(
 
 @contextmanager
 def opened(
-    source: str | Path | Location, *, force: bool = False, machine_path: str | None = None, trust: bool = False
+    source: str | Path | Location,
+    *,
+    force: bool = False,
+    machine_path: str | None = None,
+    trust: bool = False,
+    kept_texts: bool = False,
 ) -> Iterator[Resumable]:
     """Lock, read and verify a checkpoint; the lock is held until the run ends or the block does.
 
     Everything that can make it unresumable is raised here, before the caller
     sets up any provider. `trust` accepts a checkpoint not signed with this
-    user's key, as untrusted data (ADR 0014).
+    user's key, as untrusted data (ADR 0014). `kept_texts` runs the machine
+    texts the store keeps in place of edited files, not only of missing ones.
     """
     from mklang.checkpoint import open_checkpoint
 
-    resumable = open_checkpoint(source, force=force, machine_path=machine_path, trust=trust)
+    resumable = open_checkpoint(source, force=force, machine_path=machine_path, trust=trust, kept_texts=kept_texts)
     try:
         yield resumable
     finally:

@@ -89,6 +89,18 @@ def test_notes_are_replaced_whole_and_listed_as_no_run(store):
     assert store.runs() == []  # notes are not runs
 
 
+def test_a_note_added_twice_keeps_the_first_even_from_two_processes(store_uri, store):
+    assert store.add_note("store:id", b"first") == b"first"
+    assert store.add_note("store:id", b"second") == b"first"
+    other = open_store(store_uri)  # another process's handle on the same store
+    try:
+        assert other.add_note("store:id", b"third") == b"first"
+        assert other.read_note("store:id") == b"first"
+    finally:
+        other.close()
+    assert store.runs() == []
+
+
 def test_a_batchs_spend_sums_its_runs_and_a_runs_spend_never_goes_down(store):
     assert store.spend("b1") == (0, 0.0)
     store.record_spend("b1", "a", 100, 0.5)

@@ -22,6 +22,7 @@ from mklang.checkpoint.journal import StoreJournal, durability_setting, read_jou
 from mklang.checkpoint.paths import MachinePaths, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, RunLock, locate
+from mklang.checkpoint.texts import keep_texts, machine_root
 from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.interpolate import assign
@@ -56,11 +57,13 @@ def start(
     """
     loader = MachineLoader()
     loader.add(machine)
+    location = locate(checkpoint)
     envelope = Envelope(
         mklang_version=__version__,
         run_id=uuid.uuid4().hex,
         status="running",
         machine=MachineRef(name=machine.name, path=machine.path, sha256=loader.hashes.get(machine.path or "")),
+        texts=keep_texts(location.store, machine, location),
         frames=[],
         budgets=Budgets(
             max_tokens=options.get("max_tokens"), max_cost=options.get("max_cost"), max_time=options.get("max_time")
@@ -70,9 +73,7 @@ def start(
         host=host or HostSettings(),
     )
     frame = Frame.start(machine, context or {})
-    return _execute(
-        envelope, [frame], {}, loader, locate(checkpoint), None, provider=provider, scripted=scripted, **options
-    )
+    return _execute(envelope, [frame], {}, loader, location, None, provider=provider, scripted=scripted, **options)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Resumable:
     position: dict[str, Any] | None = None
     loader: MachineLoader = field(default_factory=MachineLoader)
     crashed: bool = False
+    machines_note: str | None = None  # why the machines run from the texts the store keeps, when they do
     trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0014)
     lock: RunLock | None = None
 
@@ -106,6 +108,7 @@ def open_checkpoint(
     machine_path: str | None = None,
     trust: bool = False,
     lock: bool = True,
+    kept_texts: bool = False,
 ) -> Resumable:
     """Lock (unless `lock` is False), read and verify a checkpoint.
 
@@ -115,11 +118,15 @@ def open_checkpoint(
 
     A checkpoint not signed with this user's key is refused unless `trust`;
     then it is resumed as untrusted data (`Resumable.trusted` is False).
+    Missing machine files are replaced by the texts the store keeps; edited
+    ones too with `kept_texts` (a worker), else they are refused.
     """
     location = locate(target)
     held = location.store.lock(location.run) if lock else None
     try:
-        resumable = _read_checkpoint(location, force=force, machine_path=machine_path, trust=trust)
+        resumable = _read_checkpoint(
+            location, force=force, machine_path=machine_path, trust=trust, kept_texts=kept_texts
+        )
     except BaseException:
         if held is not None:
             held.release()
@@ -128,7 +135,9 @@ def open_checkpoint(
     return resumable
 
 
-def _read_checkpoint(location: Location, *, force: bool, machine_path: str | None, trust: bool) -> Resumable:
+def _read_checkpoint(
+    location: Location, *, force: bool, machine_path: str | None, trust: bool, kept_texts: bool
+) -> Resumable:
     envelope = load(location)
     trusted = require_seal(location, envelope, trust)
     if envelope.status in ("done", "halted"):
@@ -136,7 +145,13 @@ def _read_checkpoint(location: Location, *, force: bool, machine_path: str | Non
         raise CheckpointError(f"{location}: the run already {what}; a finished run cannot be resumed")
     if not envelope.frames:
         raise CheckpointError(f"{location}: the checkpoint holds no frames")
-    paths = MachinePaths(machine_path or _recorded_root(location, envelope))
+    root = Path(machine_path) if machine_path else _recorded_root(location, envelope)
+    note = None
+    if machine_path is None and not force:  # files gone (or changed, on a worker): the texts the signature covers
+        root, note = machine_root(
+            location.store, root, {**envelope.texts, **envelope.machines}, changed=kept_texts
+        )
+    paths = MachinePaths(root)
     if not force:
         verify_hashes(envelope.machines, paths)
     loader = MachineLoader()
@@ -148,7 +163,14 @@ def _read_checkpoint(location: Location, *, force: bool, machine_path: str | Non
         # Written before frames kept their pending ask: the envelope's ask is the one pending.
         chain[-1].ask = {"ask": envelope.ask, "reply_to": envelope.reply_to}
     resumable = Resumable(
-        location, envelope, chain, dict(envelope.answers), envelope.host.position, loader, trusted=trusted
+        location,
+        envelope,
+        chain,
+        dict(envelope.answers),
+        envelope.host.position,
+        loader,
+        machines_note=note,
+        trusted=trusted,
     )
     change = resume_change(location.store, location.run, envelope)
     if envelope.status == "running" or change is not None:  # the process died: replay its journal

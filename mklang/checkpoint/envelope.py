@@ -109,6 +109,9 @@ class Envelope(BaseModel):
     machine: MachineRef
     # sha256 of every machine file loaded, by name relative to the root's folder (`stdlib:<file>` for the library)
     machines: dict[str, str] = Field(default_factory=dict)
+    # sha256 of the root and every machine it may call, by the same names, when the run started:
+    # their texts are kept in the run's store (`texts.py`), so it runs where the files are not
+    texts: dict[str, str] = Field(default_factory=dict)
     frames: list[FrameRecord]  # root..innermost
     budgets: Budgets = Field(default_factory=Budgets)
     usage: UsageRecord = Field(default_factory=lambda: UsageRecord(input_tokens=0, output_tokens=0, cost_usd=0.0))

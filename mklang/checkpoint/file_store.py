@@ -124,6 +124,25 @@ class FileStore:
     def write_note(self, key: str, payload: bytes) -> None:
         self._write_private(self._note(key), payload)
 
+    def add_note(self, key: str, payload: bytes) -> bytes:
+        path = self._note(key)
+        there = self.read_note(key)
+        if there is not None:
+            return there
+        temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            self._write_private(temp, payload)
+            os.link(temp, path)  # fails when another process added it first: theirs stays
+        except FileExistsError:
+            pass
+        except (OSError, CheckpointError) as error:
+            reason = error.strerror if isinstance(error, OSError) else str(error).rsplit(": ", 1)[-1]
+            raise CheckpointError(f"{path}: cannot write the note: {reason}") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+        return self.read_note(key) or payload
+
     def _spend_folder(self, batch: str) -> Path:
         return self.folder / ".mklang-spend" / hashlib.sha256(batch.encode("utf-8")).hexdigest()[:32]
 

@@ -62,6 +62,10 @@ class SqlStore:
             payload,
         )
 
+    def add_note(self, key: str, payload: bytes) -> bytes:
+        self._rows("INSERT INTO mklang_notes (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", key, payload)
+        return self._blob("SELECT value FROM mklang_notes WHERE key = ?", key) or payload
+
     def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
         """A run's spend in a batch only grows (a resumed run replays from a smaller total)."""
         self._rows(

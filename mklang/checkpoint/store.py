@@ -76,6 +76,9 @@ class Store(Protocol):
     def write_note(self, key: str, payload: bytes) -> None:
         """Replace the note under `key` atomically."""
 
+    def add_note(self, key: str, payload: bytes) -> bytes:
+        """Write the note under `key` unless there is one (never replaced): the note now there."""
+
     def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
         """Raise what `run` has spent in `batch` to at least these totals (never lowers them)."""
 

@@ -251,6 +251,8 @@ def resume(
         control = Control()
         opened = session.opened(checkpoint, force=force, machine_path=str(machine) if machine else None, trust=trust)
         with opened as resumable:
+            if resumable.machines_note is not None:
+                print(printable(f"mklang: {resumable.machines_note}"), file=sys.stderr)
             if check:
                 _report_compatible(resumable, as_json)
             budgets = resumable.envelope.budgets
