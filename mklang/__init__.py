@@ -59,6 +59,7 @@ def batch(
     batch_max_tokens=None,
     batch_max_cost=None,
     out=None,
+    hitl=False,
     **budgets,
 ):
     """Run `machine` once per input, each a durable run in `store`; returns their `Outcome`s.
@@ -68,6 +69,8 @@ def batch(
     Calling it again with the same inputs resumes the batch. `budgets` are
     each run's (`max_tokens`, `max_cost`, `max_time`); `batch_max_*` bound the
     whole batch. With `out`, one result line per input is written there.
+    With `hitl`, an escalation parks its run for a human reply (`mklang resume
+    STORE#RUN --set ...`); calling it again continues the answered runs.
     """
     from contextlib import nullcontext
 
@@ -90,6 +93,7 @@ def batch(
             str(store),
             lambda: nullcontext(host),
             ceilings=batching.Ceilings(batch_max_tokens, batch_max_cost),
+            hitl=hitl,
             **budgets,
         )
         outcomes = runner.run(items, concurrency)

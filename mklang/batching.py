@@ -264,8 +264,9 @@ class Batch:
         try:
             with self.host_for() as host:
                 if self.store.read(item.run) is None:
+                    hitl = self.hitl or None  # else the scenario's `run:` setting, if any
                     result = start(
-                        self.machine, item.context, host, checkpoint=where, control=control, hitl=self.hitl or None, **self.budgets
+                        self.machine, item.context, host, checkpoint=where, control=control, hitl=hitl, **self.budgets
                     )
                 else:
                     with opened(where, kept_texts=self.kept_texts) as resumable:

@@ -190,7 +190,9 @@ def enqueue_and_follow(
     identity = store_identity(store)
     batch = batch_id(items)
     texts = keep_texts(store, machine, "the batch")
-    record = dict(machine=machine.path, texts=texts, budgets=budgets, batch=batch, ceilings=ceilings.to_json(), hitl=hitl)
+    record = dict(
+        machine=machine.path, texts=texts, budgets=budgets, batch=batch, ceilings=ceilings.to_json(), hitl=hitl
+    )
     waiting: dict[str, bytes | None] = {}  # run -> its note when it was enqueued
     finished: dict[str, Outcome] = {}
     for item in items:
@@ -239,34 +241,72 @@ class Worker:
     def __init__(self, uri: str, host_options: dict[str, Any]):
         self.uri = uri
         self.store = open_store(uri)
+        self.identity = store_identity(self.store)
         self.host_options = host_options
         self.stopping = threading.Event()
         self.name = f"{os.getpid()}@{socket.gethostname()}"
         self._hosts: dict[float | None, Host] = {}  # by the runs' dollar budget, which the provider checks
         self._hosts_guard = threading.Lock()
+        self._machines: dict[tuple[str, str], Machine] = {}  # by root file and the sha256 of every text
 
-    def run(
-        self, run: str, context: dict[str, Any], machine_path: str, budgets: dict[str, Any], batch: str | None = None
-    ) -> Outcome:
-        """Start, resume or skip `run`; anything that keeps this worker from running it makes it `failed`."""
+    def accept(self, args: Any, kwargs: Any) -> str | None:
+        """The run a task message names, or None (said on stderr) when the fleet key did not send it.
+
+        A refused message is acknowledged and dropped: it reaches no run, so it changes nothing a
+        batch follows."""
+        run, why = self._check_message(args, kwargs)
+        if why is not None:
+            _say(f"refused a task message: {why}")
+            return None
+        return run
+
+    def _check_message(self, args: Any, kwargs: Any) -> tuple[str, str | None]:
+        """The run a message names, and why it is refused (None: it is not)."""
+        if (
+            not isinstance(args, (list, tuple))
+            or len(args) != 1
+            or not isinstance(args[0], str)
+            or not isinstance(kwargs, dict)
+            or set(kwargs) != {"store", "mac"}
+            or not all(isinstance(value, str) for value in kwargs.values())
+        ):
+            return "", "not a mklang task (a run name, the store's identity and a MAC)"
+        run = args[0]
+        if kwargs["store"] != self.identity:
+            return run, f"it names another store ({kwargs['store'][:40]!r}) than this worker's"
         try:
-            ledger = None
-            if batch is not None:
-                raw = self.store.read_note(batch_key(batch))
-                ceilings = Ceilings.from_json(json.loads(raw)) if raw is not None else Ceilings()
-                ledger = StoreLedger(ceilings, self.store, batch) if ceilings.any() else None
+            run_name(run, "the message")
+        except UsageError as error:
+            return run, str(error)
+        if not (kwargs["mac"].isascii() and hmac.compare_digest(task_mac(self.identity, run), kwargs["mac"])):
+            return run, f"run {run}: the message is not signed with the fleet's checkpoint key"
+        return run, None
+
+    def run(self, run: str) -> Outcome:
+        """Start, resume or skip `run` as its signed record says; anything that keeps this worker from
+        running it makes it `failed`."""
+        try:
+            record = read_signed(self.store, record_key(run), f"the run record of {run}")
+            if record is None:
+                raise CheckpointError(f"run {run}: the store holds no run record for it (was it enqueued by a batch?)")
+            ceilings = Ceilings.from_json(record["ceilings"])
+            ledger = StoreLedger(ceilings, self.store, str(record["batch"])) if ceilings.any() else None
+            budgets = dict(record["budgets"])
             runner = Batch(
-                _machine(machine_path),
+                self.machine(str(record["machine"]), dict(record["texts"])),
                 self.store,
                 self.uri,
                 lambda: self.host_for(budgets.get("max_cost")),
                 **budgets,
                 ledger=ledger,
                 stop=self.stopping,
+                hitl=bool(record["hitl"]),
+                kept_texts=True,
             )
+            item = Item(run, dict(record["context"]))
             deadline = time.monotonic() + BUSY_SECONDS
             while True:
-                done = runner.run_item(Item(run, context))
+                done = runner.run_item(item)
                 # Pending and not stopping: another process holds the run's lock. A worker killed a moment
                 # ago may still hold it until its database session ends: wait a little before leaving it.
                 if done.status != "pending" or self.stopping.is_set() or time.monotonic() >= deadline:
@@ -274,14 +314,32 @@ class Worker:
                 time.sleep(POLL_SECONDS)
         except MklangError as error:
             return Outcome(run, "failed", first_line(error))
+        except (KeyError, TypeError, ValueError) as error:
+            return Outcome(run, "failed", f"run {run}: malformed run record: {type(error).__name__}: {error}")
         except Exception as error:  # a fault of this worker: the run is failed, not retried forever
             _log.exception("run %s failed on an internal error", run)
             return Outcome(run, "failed", f"internal error on worker {self.name}: {first_line(error)}")
 
+    def machine(self, root: str, texts: dict[str, str]) -> Machine:
+        """The root machine a record names: its file here when every machine file matches the signed
+        sha256, else the texts the store keeps (said once)."""
+        from mklang.check import require_runnable
+        from mklang.syntax import load_file
+
+        key = (root, json.dumps(texts, sort_keys=True))
+        machine = self._machines.get(key)
+        if machine is None:
+            where, note = machine_root(self.store, Path(root), texts, changed=True)
+            if note is not None:
+                _say(note)
+            machine = self._machines[key] = require_runnable(load_file(where))
+        return machine
+
     def report(self, done: Outcome) -> None:
-        """Tell the batch what became of a run: replace its note."""
-        note = {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
-        self.store.write_note(note_key(done.run), json.dumps(note, ensure_ascii=False).encode("utf-8"))
+        """Tell the batch what became of a run: replace its note, signed."""
+        write_signed(
+            self.store, note_key(done.run), {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
+        )
 
     def host_for(self, max_cost: float | None) -> AbstractContextManager[Host]:
         """A run's host. A scripted host keeps a position per run, so each run gets its own; a real
@@ -298,14 +356,6 @@ class Worker:
         return nullcontext(host)
 
 
-@cache
-def _machine(path: str) -> Machine:
-    from mklang.check import require_runnable
-    from mklang.syntax import load_file
-
-    return require_runnable(load_file(path))
-
-
 def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[str, Any]) -> None:
     """Run a Celery worker (threads: one process, so SIGKILL loses exactly its runs in flight)."""
     from celery.exceptions import Reject
@@ -315,15 +365,11 @@ def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[
     worker = Worker(uri, host_options)
 
     @app.task(name=TASK, bind=True)
-    def run_item(
-        task: Any,
-        run: str,
-        context: dict[str, Any],
-        machine_path: str,
-        budgets: dict[str, Any],
-        batch: str | None = None,
-    ) -> None:
-        done = worker.run(run, context, machine_path, budgets, batch)
+    def run_item(task: Any, *args: Any, **kwargs: Any) -> None:
+        run = worker.accept(args, kwargs)
+        if run is None:
+            return  # acknowledged and dropped
+        done = worker.run(run)
         if done.status == "pending":
             if worker.stopping.is_set():
                 _say(f"run {run}: suspended by the worker's shutdown, back to the queue")
@@ -345,7 +391,7 @@ def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[
             "--pool=threads",
             f"--concurrency={concurrency}",
             "--loglevel=WARNING",
-            f"--queues={queue_for(uri)}",
+            f"--queues=mklang-{worker.identity}",
             "--without-gossip",
             "--without-mingle",
             f"--hostname=mklang-{os.getpid()}@%h",

@@ -60,6 +60,7 @@ TWO_STATES = """
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
+    os.environ["XDG_CACHE_HOME"] = os.path.join(_CONFIG_HOME, "cache")  # machine texts run from a store
     os.environ.pop("MKLANG_CHECKPOINT_KEY", None)
 
 

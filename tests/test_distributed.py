@@ -39,6 +39,12 @@ WORKER_CONCURRENCY = 4
 FLEET_KEY = "a fleet's shared checkpoint key"
 
 
+@pytest.fixture(autouse=True)
+def fleet_key(monkeypatch):
+    """This process reads what workers sign (their reports, the runs) with the fleet's key."""
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", FLEET_KEY)
+
+
 @pytest.fixture
 def server():
     with FakeServer() as running:
@@ -125,15 +131,23 @@ class Lines:
         return self.lines
 
 
+def queue_of(uri: str) -> str:
+    store = open_store(uri)
+    try:
+        return queue_for(store)
+    finally:
+        store.close()
+
+
 def queue_depth(store: str, broker: str = RABBITMQ) -> int:
     """Messages waiting in the store's queue (RabbitMQ)."""
     with celery_app(broker).connection_for_write() as connection:
-        return connection.default_channel.queue_declare(queue_for(store), passive=True).message_count
+        return connection.default_channel.queue_declare(queue_of(store), passive=True).message_count
 
 
 def drop_queue(store: str, broker: str = RABBITMQ) -> None:
     with celery_app(broker).connection_for_write() as connection:
-        connection.default_channel.queue_delete(queue_for(store))
+        connection.default_channel.queue_delete(queue_of(store))
 
 
 def stop(*processes: subprocess.Popen[str]) -> None:
@@ -286,7 +300,7 @@ def test_a_batch_no_worker_serves_stops_following_after_its_stall_timeout(projec
         stdout, stderr = running.communicate(timeout=120)
         assert running.returncode == 3, stderr  # not finished: re-run to continue
         assert json.loads(stdout)["pending"] == 3
-        assert "no run was reported for 2s" in stderr and queue_for(postgres_uri) in stderr
+        assert "no run was reported for 2s" in stderr and queue_of(postgres_uri) in stderr
         assert queue_depth(postgres_uri) == 3  # the runs stay queued for a worker
     finally:
         stop(running)

@@ -148,9 +148,7 @@ def _read_checkpoint(
     root = Path(machine_path) if machine_path else _recorded_root(location, envelope)
     note = None
     if machine_path is None and not force:  # files gone (or changed, on a worker): the texts the signature covers
-        root, note = machine_root(
-            location.store, root, {**envelope.texts, **envelope.machines}, changed=kept_texts
-        )
+        root, note = machine_root(location.store, root, {**envelope.texts, **envelope.machines}, changed=kept_texts)
     paths = MachinePaths(root)
     if not force:
         verify_hashes(envelope.machines, paths)

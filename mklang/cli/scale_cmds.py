@@ -71,6 +71,9 @@ def batch(
         metavar="DURATION",
         help="With --executor celery: stop following once no run was reported for this long (exit 3).",
     ),
+    hitl: bool = typer.Option(
+        False, "--hitl", help="Escalate gates park their run for a human reply: mklang resume STORE#RUN --set ..."
+    ),
     hosting: Hosting = Hosting(),
     format: OutputFormat = FormatOpt,
 ) -> None:
@@ -96,9 +99,12 @@ def batch(
 
         from mklang.session import Host
 
+        if executor == "celery":  # the workers host the runs, with their own options
+            _say_host_options_unused(host_options)
+            host_options = {}
         # Built before any run, so a bad host option is a usage error. A real provider is shared by
         # every run (it is thread-safe); a scripted host keeps a position per run, so each gets its own.
-        shared = Host.build(**host_options, max_cost=max_cost)
+        shared = Host.build(**host_options, max_cost=max_cost) if executor == "local" else Host(None)
         budgets: dict[str, Any] = dict(max_tokens=max_tokens, max_cost=max_cost, max_time=parse_duration(max_time))
         opened = open_store(store)
         try:
@@ -114,19 +120,21 @@ def batch(
                         **budgets,
                         ceilings=batching.Ceilings(batch_tokens, batch_cost),
                         on_outcome=progress,
+                        hitl=hitl,
                     )
                     outcomes = runner.run(items, concurrency)
                 else:
-                    from mklang.distributed import enqueue_and_follow
+                    from mklang.distributed import enqueue_and_follow, queue_for
 
+                    queue = queue_for(opened)
                     outcomes = enqueue_and_follow(
                         broker or "",
-                        store,
                         opened,
-                        str(machine.resolve()),
+                        loaded,
                         items,
                         budgets,
                         ceilings=batching.Ceilings(batch_tokens, batch_cost),
+                        hitl=hitl,
                         stall=stall,
                         on_outcome=progress,
                         on_wait=progress.waiting,
@@ -138,11 +146,9 @@ def batch(
             batching.write_results(out, outcomes)
         unreported = sum(1 for result in outcomes if result.status == "pending")
         if executor == "celery" and stall is not None and unreported:
-            from mklang.distributed import queue_for
-
             print(
                 f"mklang: no run was reported for {stall_timeout}: {unreported} run(s) not finished, still queued on "
-                f"{queue_for(store)}. Is a worker running for this store (mklang worker --store ... --broker ...)? "
+                f"{queue}. Is a worker running for this store (mklang worker --store ... --broker ...)? "
                 "Re-run this command to follow them again.",
                 file=sys.stderr,
             )
@@ -154,6 +160,17 @@ def batch(
 
             render_batch(totals)
         raise typer.Exit(totals["exit_code"])
+
+
+def _say_host_options_unused(host_options: dict[str, Any]) -> None:
+    """`batch --executor celery` hosts nothing: the provider options of this command line would not be used."""
+    given = [f"--{name.rstrip('s')}" for name, value in host_options.items() if value]
+    if given:
+        print(
+            f"mklang: {', '.join(given)} not used with --executor celery: each worker runs with its own "
+            "(mklang worker --provider/--config ...)",
+            file=sys.stderr,
+        )
 
 
 def _progress(as_json: bool, total: int) -> Any:
