@@ -10,6 +10,7 @@ the engine and the checkpoint package; `mklang/host/` stays below both.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from mklang.engine import Control, RunResult
 from mklang.errors import CheckpointError, UsageError
 from mklang.model import Machine
 from mklang.scenarios import Scenario, ScriptedHost
+from mklang.terminal import printable
 
 if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
@@ -233,17 +235,30 @@ def opened(
     machine_path: str | None = None,
     trust: bool = False,
     kept_texts: bool = False,
+    allow_rollback: bool = False,
 ) -> Iterator[Resumable]:
     """Lock, read and verify a checkpoint; the lock is held until the run ends or the block does.
 
     Everything that can make it unresumable is raised here, before the caller
-    sets up any provider. `trust` accepts a checkpoint not signed with this
-    user's key, as untrusted data (ADR 0014). `kept_texts` runs the machine
-    texts the store keeps in place of edited files, not only of missing ones.
+    sets up any provider; what the user should know before it runs (a rollback
+    allowed, a torn journal) is printed on stderr. `trust` accepts a checkpoint
+    not signed with this user's key, as untrusted data (ADR 0014);
+    `allow_rollback` an older generation than one already written (ADR 0022).
+    `kept_texts` runs the machine texts the store keeps in place of edited
+    files, not only of missing ones.
     """
     from mklang.checkpoint import open_checkpoint
 
-    resumable = open_checkpoint(source, force=force, machine_path=machine_path, trust=trust, kept_texts=kept_texts)
+    resumable = open_checkpoint(
+        source,
+        force=force,
+        machine_path=machine_path,
+        trust=trust,
+        kept_texts=kept_texts,
+        allow_rollback=allow_rollback,
+    )
+    for note in resumable.notes:
+        print(f"mklang: note: {printable(note)}", file=sys.stderr)
     try:
         yield resumable
     finally:
@@ -276,6 +291,7 @@ def resume(
     force: bool = False,
     machine_path: str | None = None,
     trust: bool = False,
+    allow_rollback: bool = False,
     checkpoint: str | Path | Location | None = None,
     **options: Any,
 ) -> RunResult:
@@ -293,5 +309,7 @@ def resume(
             raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
         save(checkpoint, source)
         source = checkpoint
-    with opened(source, force=force, machine_path=machine_path, trust=trust) as resumable:
+    with opened(
+        source, force=force, machine_path=machine_path, trust=trust, allow_rollback=allow_rollback
+    ) as resumable:
         return proceed(resumable, host, checkpoint=checkpoint, **options)

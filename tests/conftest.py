@@ -9,8 +9,9 @@ checkpoint the schema rejects fails the test that wrote it.
 
 Every test, and every `mklang` process a test starts, signs checkpoints with
 a key of its own: the per-user checkpoint key lives under XDG_CONFIG_HOME
-(ADR 0014), which points at a temporary folder before any test module is
-imported, away from the real user's key.
+(ADR 0014), and the generations seen of each run under XDG_STATE_HOME (ADR
+0022); both point at a temporary folder before any test module is imported,
+away from the real user's key and state.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ TWO_STATES = """
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
     os.environ["XDG_CACHE_HOME"] = os.path.join(_CONFIG_HOME, "cache")  # machine texts run from a store
+    os.environ["XDG_STATE_HOME"] = os.path.join(_CONFIG_HOME, "state")
     os.environ.pop("MKLANG_CHECKPOINT_KEY", None)
 
 

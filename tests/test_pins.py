@@ -45,7 +45,7 @@ from mklang.syntax import format_machine, load_file, parse
 def write_atomic(path: Path, payload: bytes) -> None:
     """Write a checkpoint file through the file store (its errors are one CheckpointError line)."""
     location = locate(path)
-    location.store.write(location.run, payload)
+    location.store.write(location.run, payload, generation=1)
 
 
 def journal_path(checkpoint: Path) -> Path:
@@ -1287,7 +1287,7 @@ def test_a_closed_database_store_fails_with_one_line_naming_the_store(tmp_path, 
         store.close()
         for use in (
             partial(store.read, "a"),
-            partial(store.write, "a", b"{}"),
+            partial(store.write, "a", b"{}", generation=1),
             partial(store.read_journal, "a"),
             partial(store.start_journal, "a", b"gen\n"),
             partial(store.append, "a", b"step\n", durable=True),
@@ -1310,7 +1310,7 @@ def test_a_sqlite_store_serves_every_thread_of_the_process(tmp_path):
 
     store = open_store(f"sqlite:///{tmp_path}/runs.db")
     with ThreadPoolExecutor(1) as pool:
-        pool.submit(store.write, "a", b"{}").result()
+        pool.submit(partial(store.write, "a", b"{}", generation=1)).result()
         pool.submit(store.start_journal, "a", b"gen\n").result()
     assert (store.read("a"), store.read_journal("a")) == (b"{}", b"gen\n")
     assert stat.S_IMODE((tmp_path / "runs.db.locks").stat().st_mode) == 0o700  # the locks are the owner's

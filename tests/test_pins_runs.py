@@ -435,7 +435,7 @@ def test_a_resume_of_a_dead_run_or_to_another_file_starts_from_a_fresh_snapshot(
     assert done.status == "done" and load(other).status == "done"
     assert busy and all("the run is still going in process" in line for line in busy)  # the new file is locked
     assert path.read_bytes() == before
-    open_checkpoint(path).release()  # and both locks are free once the run ends
+    open_checkpoint(path, allow_rollback=True).release()  # and both locks are free once the run ends
     with pytest.raises(CheckpointError, match="already finished"):
         open_checkpoint(other)
 
@@ -648,7 +648,9 @@ def test_a_scripted_run_saves_its_position_and_a_resume_restores_it_or_runs_with
     assert load(path).host.position == again.position() != recorded
 
     other = continue_checkpoint(
-        open_checkpoint(tmp_path / "copy.json"), provider=Recorder({"produce": ["a", "b"]}), budget=5
+        open_checkpoint(tmp_path / "copy.json", allow_rollback=True),
+        provider=Recorder({"produce": ["a", "b"]}),
+        budget=5,
     )
     assert (other.status, other.result) == ("done", "b")
 

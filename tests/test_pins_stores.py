@@ -37,7 +37,7 @@ def test_sqlite_syncs_envelopes_and_durable_lines_and_not_the_others(tmp_path):
         assert synchronous(store) == "NORMAL"
         store.append("a", b"more\n", durable=False)
         assert synchronous(store) == "NORMAL"
-        store.write("a", b"{}")
+        store.write("a", b"{}", generation=1)
         assert synchronous(store) == "FULL"
         store.append("a", b"step\n", durable=False)
         store.append("a", b"call\n", durable=True)
@@ -183,12 +183,12 @@ def test_a_released_lock_connection_is_kept_for_the_next_lock_and_closed_with_th
 
 def test_a_run_whose_lock_session_ended_cannot_write_and_its_store_goes_on(postgres, postgres_uri):
     lock = postgres.lock("a")
-    postgres.write("a", b"before")
+    postgres.write("a", b"before", generation=1)
     end_sessions(postgres_uri, f"mklang {me()}")
     with pytest.raises(CheckpointError, match="PostgreSQL checkpoint store: terminating connection"):
         postgres.start_journal("a", b"gen\n")
     with pytest.raises(CheckpointError, match="PostgreSQL checkpoint store"):
-        postgres.write("a", b"after")
+        postgres.write("a", b"after", generation=2)
     lock.release()
     assert postgres.read("a") == b"before"
     assert postgres.read_journal("a") == b""
@@ -196,7 +196,7 @@ def test_a_run_whose_lock_session_ended_cannot_write_and_its_store_goes_on(postg
 
 
 def test_a_store_whose_sessions_the_server_ended_locks_and_reads_again(postgres, postgres_uri):
-    postgres.write("a", b"envelope")
+    postgres.write("a", b"envelope", generation=1)
     first, second = postgres.lock("a"), postgres.lock("b")
     first.release()
     second.release()  # two kept connections, both about to end

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from mklang import __version__
+from mklang.checkpoint import generations
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load
 from mklang.checkpoint.journal import StoreJournal, durability_setting, read_journal, recover, resume_change
@@ -94,6 +95,7 @@ class Resumable:
     machines_note: str | None = None  # why the machines run from the texts the store keeps, when they do
     trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0014)
     lock: RunLock | None = None
+    notes: list[str] = field(default_factory=list)  # what the caller should tell the user before it runs
 
     def release(self) -> None:
         if self.lock is not None:
@@ -109,6 +111,7 @@ def open_checkpoint(
     trust: bool = False,
     lock: bool = True,
     kept_texts: bool = False,
+    allow_rollback: bool = False,
 ) -> Resumable:
     """Lock (unless `lock` is False), read and verify a checkpoint.
 
@@ -120,12 +123,19 @@ def open_checkpoint(
     then it is resumed as untrusted data (`Resumable.trusted` is False).
     Missing machine files are replaced by the texts the store keeps; edited
     ones too with `kept_texts` (a worker), else they are refused.
+    An older generation of a run than one already written is refused as a
+    rollback unless `allow_rollback` (ADR 0022).
     """
     location = locate(target)
     held = location.store.lock(location.run) if lock else None
     try:
         resumable = _read_checkpoint(
-            location, force=force, machine_path=machine_path, trust=trust, kept_texts=kept_texts
+            location,
+            force=force,
+            machine_path=machine_path,
+            trust=trust,
+            kept_texts=kept_texts,
+            allow_rollback=allow_rollback,
         )
     except BaseException:
         if held is not None:
@@ -136,10 +146,18 @@ def open_checkpoint(
 
 
 def _read_checkpoint(
-    location: Location, *, force: bool, machine_path: str | None, trust: bool, kept_texts: bool
+    location: Location,
+    *,
+    force: bool,
+    machine_path: str | None,
+    trust: bool,
+    kept_texts: bool,
+    allow_rollback: bool,
 ) -> Resumable:
     envelope = load(location)
     trusted = require_seal(location, envelope, trust)
+    newest = max(location.store.generation(location.run), generations.seen(envelope.run_id))
+    rolled_back = generations.rollback(str(location), envelope.run_id, envelope.generation, newest, allow_rollback)
     if envelope.status in ("done", "halted"):
         what = "finished" if envelope.status == "done" else f"halted ({envelope.error})"
         raise CheckpointError(f"{location}: the run already {what}; a finished run cannot be resumed")
@@ -170,9 +188,10 @@ def _read_checkpoint(
         machines_note=note,
         trusted=trusted,
     )
+    resumable.notes += [rolled_back] if rolled_back else []
     change = resume_change(location.store, location.run, envelope)
     if envelope.status == "running" or change is not None:  # the process died: replay its journal
-        records, resumable.trusted = _journal(location, envelope, trusted, trust)
+        records, resumable.trusted = _journal(location, envelope, trusted, trust, resumable.notes)
         try:
             if change is not None:  # it died resuming this envelope: redo what that resume changed
                 resumable.envelope = resumed(envelope, chain, change)
@@ -188,6 +207,8 @@ def _read_checkpoint(
     if not resumable.trusted:
         for frame in resumable.chain:  # its taint marks are as untrusted as the rest: fence every value
             frame.tainted.update(frame.context)
+    else:
+        generations.remember(envelope.run_id, envelope.generation)
     return resumable
 
 
@@ -260,20 +281,22 @@ def require_seal(location: Location, envelope: Envelope, trust: bool) -> bool:
     return False
 
 
-def _journal(location: Location, envelope: Envelope, trusted: bool, trust: bool) -> tuple[list[dict[str, Any]], bool]:
+def _journal(
+    location: Location, envelope: Envelope, trusted: bool, trust: bool, notes: list[str]
+) -> tuple[list[dict[str, Any]], bool]:
     """The journal records of a crashed run, and whether the checkpoint is still trusted.
 
     The journal of a signed envelope must carry its chained MACs; with `trust`
-    an edited journal is read as untrusted data instead of refused.
+    an edited journal is read as untrusted data instead of refused. A torn end is reported in `notes`.
     """
     if not trusted or envelope.signature is None:
-        return read_journal(location, envelope.generation), False
+        return read_journal(location, envelope.generation, notes=notes), False
     try:
-        return read_journal(location, envelope.generation, chain_from=envelope.signature.hmac), True
+        return read_journal(location, envelope.generation, chain_from=envelope.signature.hmac, notes=notes), True
     except CheckpointError:
         if not trust:
             raise
-        return read_journal(location, envelope.generation), False
+        return read_journal(location, envelope.generation, notes=notes), False
 
 
 def continue_checkpoint(

@@ -199,7 +199,7 @@ def dump(envelope: Envelope) -> bytes:
 def save(target: str | Path | Location, envelope: Envelope) -> None:
     """Write `envelope`, signed, to a checkpoint path or store location, atomically."""
     location = locate(target)
-    location.store.write(location.run, dump(envelope))
+    location.store.write(location.run, dump(envelope), generation=envelope.generation)
 
 
 def load(target: str | Path | Location) -> Envelope:

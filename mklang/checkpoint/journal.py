@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from mklang import faults
+from mklang.checkpoint import generations
 from mklang.checkpoint.envelope import Envelope, dump, dump_signed
 from mklang.checkpoint.paths import MachinePaths
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
@@ -113,9 +114,14 @@ class StoreJournal:
             )
         )
         payload, self._mac = dump_signed(envelope)
-        self.store.write(self.run, payload)
-        self.envelope = envelope
+        self._write(envelope, payload)
         self._open_generation({"k": "gen", "g": generation}, len(payload))
+
+    def _write(self, envelope: Envelope, payload: bytes) -> None:
+        """Store the next generation's envelope; the user's state folder remembers it (ADR 0022)."""
+        self.store.write(self.run, payload, generation=envelope.generation)
+        generations.remember(envelope.run_id, envelope.generation)
+        self.envelope = envelope
 
     def resume(self, change: dict[str, Any], envelope_bytes: int) -> None:
         """Continue the stored (suspended, signed) envelope without rewriting it.
@@ -237,8 +243,7 @@ class StoreJournal:
                 **fields,
             )
         )
-        self.store.write(self.run, dump(envelope))
-        self.envelope = envelope
+        self._write(envelope, dump(envelope))
         self.store.drop_journal(self.run)
 
     def _frame(self, frame: Frame) -> dict[str, Any]:
@@ -256,16 +261,21 @@ def _body(record: dict[str, Any]) -> bytes:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def read_journal(location: Location, generation: int, chain_from: str | None = None) -> list[dict[str, Any]]:
+def read_journal(
+    location: Location, generation: int, chain_from: str | None = None, notes: list[str] | None = None
+) -> list[dict[str, Any]]:
     """The intact records of the journal that continues envelope `generation`.
 
     With `chain_from` (the MAC of a signed envelope) every line must carry its
-    chained MAC made with the checkpoint key; an edited line is refused.
+    chained MAC made with the checkpoint key; an edited line is refused. A
+    torn or unreadable end (a crash mid-write, or a truncated copy) is left
+    out and, given `notes`, reported there: what it recorded runs again.
     """
     raw = location.store.read_journal(location.run)
+    *complete, torn = raw.split(b"\n")  # the part after the last newline is torn
     lines: list[bytes] = []
     records = []
-    for line in raw.split(b"\n")[:-1]:  # the part after the last newline is torn
+    for line in complete:
         try:
             record = load_json(line, MAX_CHECKPOINT_DEPTH)
         except ValueError:
@@ -283,6 +293,12 @@ def read_journal(location: Location, generation: int, chain_from: str | None = N
                 f"{location}: journal line {bad + 1} was edited after it was signed "
                 f"(resume with --trust to use it as untrusted data)"
             )
+    lost = len(complete) - len(lines) + (1 if torn else 0)
+    if lost and notes is not None:
+        notes.append(
+            f"{location}: the journal ends in {lost} incomplete or unreadable line(s) after line {len(lines)} "
+            "(a crash mid-write, or a truncated copy): what they recorded runs again, paid calls included"
+        )
     return records[1:]
 
 

@@ -2,7 +2,7 @@
 
 `postgresql://[user@]host[:port]/database#RUN`; libpq's URI options apply
 (for a schema: `?options=-csearch_path%3Dmy_schema`). Runs are rows of
-`mklang_runs(run, envelope)` and `mklang_journal(run, seq, line)`, batches
+`mklang_runs(run, envelope, generation)` and `mklang_journal(run, seq, line)`, batches
 keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
 tables are created on first use; every write is one committed transaction.
 
@@ -39,6 +39,7 @@ from mklang.errors import CheckpointError, UsageError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);
+ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS mklang_journal (run TEXT NOT NULL, seq BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL);
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
 CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BYTEA NOT NULL);

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mklang.errors import CheckpointError
+
 
 class SqlStore:
     """The row operations of the `Store` protocol over `mklang_runs`, `mklang_journal`,
@@ -29,14 +31,26 @@ class SqlStore:
     def read(self, run: str) -> bytes | None:
         return self._blob("SELECT envelope FROM mklang_runs WHERE run = ?", run, run=run)
 
-    def write(self, run: str, payload: bytes) -> None:
-        self._rows(
-            "INSERT INTO mklang_runs (run, envelope) VALUES (?, ?) "
-            "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope",
+    def write(self, run: str, payload: bytes, *, generation: int) -> None:
+        """The row keeps the generation written last and refuses an older one (ADR 0022)."""
+        written = self._rows(
+            "INSERT INTO mklang_runs (run, envelope, generation) VALUES (?, ?, ?) "
+            "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope, generation = excluded.generation "
+            "WHERE mklang_runs.generation <= excluded.generation RETURNING generation",
             run,
             payload,
+            generation,
             run=run,
         )
+        if not written:
+            raise CheckpointError(
+                f"run {run} holds generation {self.generation(run)}: refusing to write the older generation "
+                f"{generation} over it (a restored older checkpoint?)"
+            )
+
+    def generation(self, run: str) -> int:
+        rows = self._rows("SELECT generation FROM mklang_runs WHERE run = ?", run, run=run)
+        return int(rows[0][0]) if rows else 0
 
     def read_journal(self, run: str) -> bytes:
         rows = self._rows("SELECT line FROM mklang_journal WHERE run = ? ORDER BY seq", run, run=run)

@@ -7,7 +7,7 @@ durable journal lines are also synced (`synchronous=FULL`: they survive a
 power cut), other journal lines are not (`NORMAL`), so the durability
 setting decides the fsyncs of a step as in the file store. A synced commit
 syncs the ones before it too: the WAL is one file, written in order. Runs
-are rows: `mklang_runs(run, envelope)` and `mklang_journal(run, seq, line)`;
+are rows: `mklang_runs(run, envelope, generation)` and `mklang_journal(run, seq, line)`;
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
 
 SQLite has no lock that dies with its process, so a run's lock is the file
@@ -29,7 +29,9 @@ from mklang.checkpoint.sql_store import SqlStore
 from mklang.errors import CheckpointError, UsageError
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS mklang_runs (
+    run TEXT PRIMARY KEY, envelope BLOB NOT NULL, generation INTEGER NOT NULL DEFAULT 0
+);
 CREATE TABLE IF NOT EXISTS mklang_journal (
     run TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, line BLOB NOT NULL
 );
@@ -53,6 +55,9 @@ class SqliteStore(SqlStore):
             self._db.execute("PRAGMA synchronous=FULL")
             self._synced = True  # the connection's setting: FULL (True) or NORMAL
             self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(mklang_runs)")}
+            if "generation" not in columns:  # a database written before runs kept their generation
+                self._db.execute("ALTER TABLE mklang_runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
         except sqlite3.Error as error:
             raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {error}") from None
         path.with_name(f"{path.name}.locks").mkdir(mode=0o700, exist_ok=True)

@@ -46,8 +46,13 @@ class Store(Protocol):
     def read(self, run: str) -> bytes | None:
         """The run's envelope, or None when the store holds no such run."""
 
-    def write(self, run: str, payload: bytes) -> None:
-        """Replace the run's envelope atomically: a reader sees the old or the new one."""
+    def write(self, run: str, payload: bytes, *, generation: int) -> None:
+        """Replace the run's envelope (of `generation`) atomically: a reader sees the old or the new one.
+
+        A store that keeps generations refuses one older than it holds (ADR 0022)."""
+
+    def generation(self, run: str) -> int:
+        """The generation of the run's envelope written last; 0 for none, or a store that keeps none."""
 
     def read_journal(self, run: str) -> bytes:
         """The run's journal as written so far (empty when it has none)."""

@@ -227,6 +227,12 @@ def resume(
         "--trust",
         help="Resume a checkpoint not signed with your key, as untrusted data: host settings from this command only.",
     ),
+    allow_rollback: bool = typer.Option(
+        False,
+        "--allow-rollback",
+        help="Resume an older generation of the run than one already written (a restored copy): "
+        "what ran after it may repeat.",
+    ),
     machine: Path | None = typer.Option(None, "--machine", help="Where the root machine file is now."),
     check: bool = typer.Option(
         False, "--check", help="Only check that the machines fit every frame (no provider, no spend); exit 0 or 2."
@@ -249,7 +255,13 @@ def resume(
         seconds = parse_duration(max_time)
 
         control = Control()
-        opened = session.opened(checkpoint, force=force, machine_path=str(machine) if machine else None, trust=trust)
+        opened = session.opened(
+            checkpoint,
+            force=force,
+            machine_path=str(machine) if machine else None,
+            trust=trust,
+            allow_rollback=allow_rollback,
+        )
         with opened as resumable:
             if resumable.machines_note is not None:
                 print(printable(f"mklang: {resumable.machines_note}"), file=sys.stderr)

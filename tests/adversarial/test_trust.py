@@ -255,14 +255,17 @@ def test_a_moved_project_folder_resumes_and_a_moved_root_takes_its_sub_machines_
     shutil.copy(tmp_path / "here" / "cp.json", tmp_path / "cp.json")
     shutil.copytree(tmp_path / "here", tmp_path / "copy")
     shutil.move(tmp_path / "here", tmp_path / "moved")
-    for folder in ("moved", "copy"):
-        done = mklang("resume", "cp.json", "--max-tokens", "100000", *nested, cwd=tmp_path / folder)
+    # A copy of a run already resumed is an older generation of it: it runs again only when allowed.
+    for folder, again in (("moved", []), ("copy", ["--allow-rollback"])):
+        done = mklang("resume", "cp.json", "--max-tokens", "100000", *again, *nested, cwd=tmp_path / folder)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["result"] == reference["result"]
     # The checkpoint stays behind, the project goes: --machine names the root, the sub-machines follow.
-    assert "--machine" in refused(mklang("resume", "cp.json", "--max-tokens", "100000", cwd=tmp_path))
+    assert "--machine" in refused(
+        mklang("resume", "cp.json", "--max-tokens", "100000", "--allow-rollback", cwd=tmp_path)
+    )
     moved_root = ["--machine", "copy/nested/brief.mk", "--script", "copy/nested/scenarios.yaml", *nested[2:4]]
-    done = mklang("resume", "cp.json", "--max-tokens", "100000", *moved_root, cwd=tmp_path)
+    done = mklang("resume", "cp.json", "--max-tokens", "100000", "--allow-rollback", *moved_root, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
 
 

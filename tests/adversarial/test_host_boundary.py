@@ -1,0 +1,121 @@
+"""Trust at the host boundary (ADR 0014, ADR 0022, docs/limits.md "Trust").
+
+What is around a checkpoint may decide only what its owner said: a config
+found in a project folder routes no key until allowed, a `--trust`ed file
+decides no run setting, a model server's numbers and a config's prices are
+validated, a restored older file cannot replay a human approval, a key file
+others can read or write is refused, resume cycles stay within the bound,
+and JSON output is JSON. Every test is one attack, against real `mklang`
+processes, a real HTTP server, real files and real databases.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, cli_env, mklang, postgres_schema
+
+EXAMPLES = ROOT / "examples"
+APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish", "--format", "json"]
+
+
+def refused(done) -> str:
+    """Exit 2 with one line on stderr, which it returns."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def approval(tmp_path: Path) -> Path:
+    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    return tmp_path
+
+
+# --- item 5: a restored older file or row cannot replay a human approval ----------
+
+
+def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not_publish_again(approval):
+    suspended = mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval)
+    assert suspended.returncode == 3, suspended.stderr
+    backup = (approval / "cp.json").read_bytes()
+    # The approving resume dies just after its journal's first line (which records the approval).
+    killed = mklang(
+        "resume", "cp.json", "--set", "approval.answer=yes", *APPROVAL, cwd=approval,
+        env=cli_env(MKLANG_KILL_AT="journal.gen:1"),
+    )  # fmt: skip
+    assert killed.returncode == -9
+    first_line = (approval / "cp.json.journal").read_bytes()
+    published = mklang("resume", "cp.json", *APPROVAL, cwd=approval)
+    assert published.returncode == 0, published.stderr
+    assert '"result": "https://status.example.com/posts/118"' in published.stdout
+
+    (approval / "cp.json").write_bytes(backup)  # put back from a backup, with no --set and no --trust
+    (approval / "cp.json.journal").write_bytes(first_line)
+    line = refused(mklang("resume", "cp.json", *APPROVAL, cwd=approval))
+    assert "is older than generation" in line and "human approvals" in line and "--allow-rollback" in line
+
+    again = mklang("resume", "cp.json", "--allow-rollback", *APPROVAL, cwd=approval)
+    assert again.returncode == 0, again.stderr
+    assert "may repeat" not in again.stderr and "resuming it anyway (--allow-rollback)" in again.stderr
+
+
+def store_rows(uri: str):
+    """A DB-API connection to the store's database and its placeholder."""
+    if uri.startswith("sqlite"):
+        return sqlite3.connect(uri.removeprefix("sqlite:///"), isolation_level=None), "?"
+    import psycopg
+
+    return psycopg.connect(uri, autocommit=True), "%s"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_uri(request, approval: Path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{approval / 'runs.db'}"
+    else:
+        with postgres_schema() as uri:
+            yield uri
+
+
+def test_a_restored_store_row_is_refused_by_the_host_that_saw_newer_and_by_the_row_itself(
+    approval, store_uri, tmp_path_factory
+):
+    target = f"{store_uri}#announce"
+    assert (
+        mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", target, cwd=approval).returncode == 3
+    )
+    db, mark = store_rows(store_uri)
+    try:
+        (old_envelope, old_generation) = db.execute(
+            f"SELECT envelope, generation FROM mklang_runs WHERE run = {mark}", ("announce",)
+        ).fetchone()
+        done = mklang("resume", target, "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
+        assert done.returncode == 0, done.stderr
+
+        # A database backup taken at the question, restored whole: this host remembers the newer generation.
+        db.execute(
+            f"UPDATE mklang_runs SET envelope = {mark}, generation = {mark} WHERE run = {mark}",
+            (old_envelope, old_generation, "announce"),
+        )
+        assert "--allow-rollback" in refused(mklang("resume", target, *APPROVAL, cwd=approval))
+
+        # Another host (a state folder of its own) reading a row whose envelope alone was put back: the row refuses.
+        db.execute(f"UPDATE mklang_runs SET generation = 99 WHERE run = {mark}", ("announce",))
+        elsewhere = cli_env(XDG_STATE_HOME=str(tmp_path_factory.mktemp("other-host")))
+        line = refused(mklang("resume", target, *APPROVAL, cwd=approval, env=elsewhere))
+        assert f"generation {old_generation} of run" in line and "older than generation 99" in line
+
+        # And an old copy resumed into the row cannot write its older generation over it.
+        (approval / "old.json").write_bytes(bytes(old_envelope))
+        line = refused(
+            mklang("resume", "old.json", "--checkpoint", target, "--set", "approval.answer=yes", *APPROVAL,
+                   cwd=approval, env=elsewhere)
+        )  # fmt: skip
+        assert "refusing to write the older generation" in line
+    finally:
+        db.close()
