@@ -356,10 +356,27 @@ class Worker:
         return nullcontext(host)
 
 
+def _say_malformed_messages(**_: Any) -> None:
+    """A message Celery cannot even hand to the task (its arguments are no list and map) is one
+    refusal line, not the traceback Celery warns with (installed once Celery set up its logging)."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        text = str(message)
+        if issubclass(category, RuntimeWarning) and text.startswith("Exception raised outside body"):
+            _say(f"refused a task message: {text.splitlines()[0].removeprefix('Exception raised outside body: ')}")
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+
+
 def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[str, Any]) -> None:
     """Run a Celery worker (threads: one process, so SIGKILL loses exactly its runs in flight)."""
     from celery.exceptions import Reject
-    from celery.signals import worker_shutting_down
+    from celery.signals import worker_ready, worker_shutting_down
 
     app = celery_app(broker)
     worker = Worker(uri, host_options)
@@ -385,6 +402,7 @@ def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[
         worker.stopping.set()
 
     worker_shutting_down.connect(stop, weak=False)
+    worker_ready.connect(_say_malformed_messages, weak=False)
     app.worker_main(
         [
             "worker",

@@ -1,0 +1,306 @@
+"""Attacks on Celery workers: forged and replayed task messages, forged reports, shared queue names,
+machine files that are not where the run was started.
+
+Messages are built with kombu and published on the real RabbitMQ broker, as
+anyone who can reach the broker could; workers are real `mklang worker`
+processes on the real PostgreSQL (or SQLite) store, and the model is the
+fake HTTP server, so every paid call is counted where it is paid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, mklang, model_config, require_server, wait_for
+from fakeserver import FakeServer
+from test_batch import CALLS, MACHINE, reply, results, write_items
+from test_distributed import FLEET_KEY, RABBITMQ, Lines, batch, drop_queue, queue_of, stop, worker
+from test_fleet_store import cli
+
+import mklang as api
+from mklang.checkpoint.envelope import parse
+from mklang.checkpoint.store import open_store
+from mklang.distributed import TASK, read_note, task_mac
+from mklang.scenarios import ScriptedHost, load_script
+
+# A machine an attacker would like a worker to run: it calls the model until a budget stops it.
+GREEDY = """\
+mklang 0.4
+machine greedy
+entry ask
+budget 1000
+
+state ask {
+  structure "One word."
+  prompt "again"
+  output a
+  otherwise -> ask
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def fleet_key(monkeypatch):
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", FLEET_KEY)
+
+
+@pytest.fixture
+def server():
+    with FakeServer() as running:
+        running.handler = reply
+        yield running
+
+
+@pytest.fixture
+def project(tmp_path: Path, server: FakeServer) -> Path:
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    (tmp_path / "greedy.mk").write_text(GREEDY, encoding="utf-8")
+    model_config(server.openai_url, tmp_path / "mklang.toml")
+    return tmp_path
+
+
+def publish(queue: str, args: Any, kwargs: Any, broker: str = RABBITMQ) -> None:
+    """A Celery (protocol 2) task message built by hand and published on the store's queue."""
+    from kombu import Connection, Exchange, Queue
+
+    task_id = str(uuid.uuid4())
+    headers = {
+        "lang": "py", "task": TASK, "id": task_id, "root_id": task_id, "parent_id": None, "group": None,
+        "retries": 0, "eta": None, "expires": None, "timelimit": [None, None],
+        "argsrepr": repr(args), "kwargsrepr": repr(kwargs), "origin": "attacker@elsewhere",
+    }  # fmt: skip
+    with Connection(broker) as connection:
+        connection.Producer().publish(
+            [args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
+            exchange="",
+            routing_key=queue,
+            serializer="json",
+            headers=headers,
+            delivery_mode=2,
+            declare=[Queue(queue, Exchange(queue), routing_key=queue)],
+        )
+
+
+def signed_task(store_uri: str, run: str) -> tuple[list[str], dict[str, str]]:
+    """The message an honest `mklang batch` sends for `run` (what a replay repeats)."""
+    identity = queue_of(store_uri).removeprefix("mklang-")
+    return [run], {"store": identity, "mac": task_mac(identity, run)}
+
+
+def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 1)
+    one = worker(project, postgres_uri, RABBITMQ)
+    said = Lines(one)
+    queue = queue_of(postgres_uri)
+    identity = queue.removeprefix("mklang-")
+    other_key_mac = hmac.new(b"another key", f"mklang task\n{identity}\nevil-4".encode(), hashlib.sha256).hexdigest()
+    forged = [
+        # The message of the past, field by field: a machine of its choosing, no budget, its own context.
+        (["evil-1", {"topic": "t-9"}, str(project / "greedy.mk"), {}], {"batch": None}),
+        (["evil-2"], {"store": identity}),  # no MAC
+        (["evil-3"], {"store": identity, "mac": "0" * 64}),
+        (["evil-4"], {"store": identity, "mac": other_key_mac}),  # signed with another key
+        (["\x1b[31mred\x1b[0m"], {"store": identity, "mac": task_mac(identity, "\x1b[31mred\x1b[0m")}),
+        (["../x"], {"store": identity, "mac": task_mac(identity, "../x")}),  # signed, and still no run name
+        (["item-0"], {"store": "0" * 32, "mac": task_mac("0" * 32, "item-0")}),  # for another store
+        ("item-0", "not a map"),
+    ]
+    try:
+        for args, kwargs in forged:
+            publish(queue, args, kwargs)
+        try:
+            wait_for(lambda: len(said.having("refused a task message")) >= len(forged), one, "every refusal", 60)
+        except AssertionError:
+            raise AssertionError(said.lines) from None
+        assert server.count == 0  # no forged message made a call
+        running = batch(project, postgres_uri, RABBITMQ)
+        stdout, stderr = running.communicate(timeout=180)
+        assert running.returncode == 0, stderr
+        assert json.loads(stdout)["done"] == 1 and server.count == CALLS
+        store = open_store(postgres_uri)
+        try:
+            first = read_note(store, "item-0")
+            for _ in range(2):  # a replayed honest message: the run is finished, nothing is paid again
+                publish(queue, *signed_task(postgres_uri, "item-0"))
+            wait_for(lambda: read_note(store, "item-0")["id"] != first["id"], one, "the replay was reported", 120)
+            assert read_note(store, "item-0")["outcome"]["status"] == "done"
+            assert parse(store.read("item-0"), "item-0").status == "done"
+            # A record written by someone without the fleet key (the database is reachable, the key is not):
+            # even a replayed honest message for it runs nothing.
+            store.write_note(
+                "record:item-1",
+                json.dumps(
+                    {"run": "item-1", "machine": str(project / "greedy.mk"), "context": {}, "budgets": {}}
+                ).encode(),
+            )
+            publish(queue, *signed_task(postgres_uri, "item-1"))
+            wait_for(lambda: read_note(store, "item-1") is not None, one, "the forged record was reported", 120)
+            refused = read_note(store, "item-1")["outcome"]
+            assert refused["status"] == "failed" and "run record of item-1 is not signed" in refused["reason"], refused
+            assert store.read("item-1") is None and store.runs() == ["item-0"]
+        finally:
+            store.close()
+        assert server.count == CALLS
+    finally:
+        stop(one)
+    lines = said.done()
+    assert len([line for line in lines if "refused a task message" in line]) == len(forged), lines
+    assert not any("\x1b" in line or "Traceback" in line for line in lines), lines
+    assert any("\\x1b[31mred" in line for line in lines)  # the forged id is shown, escaped
+    assert not (project.parent / "x").exists()
+
+
+def test_a_forged_progress_note_is_never_reported_done(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 2)
+    running = batch(project, postgres_uri, RABBITMQ, "--stall-timeout", "20s")  # no worker serves it
+    store = open_store(postgres_uri)
+    try:
+        wait_for(lambda: store.read_note("record:item-1") is not None, running, "both runs were enqueued", 120)
+        forged = {"id": "f", "worker": "1@x", "outcome": {"id": "item-0", "status": "done", "result": "forged"}}
+        store.write_note("run:item-0", json.dumps(forged).encode())  # unsigned
+        from mklang.checkpoint.signing import sign
+
+        other = {**forged, "outcome": {**forged["outcome"], "id": "item-1"}}
+        store.write_note("run:item-1", sign(other, b"another key")[0])  # signed, not with the fleet key
+        stdout, stderr = running.communicate(timeout=120)
+    finally:
+        stop(running)
+        store.close()
+        drop_queue(postgres_uri)
+    assert running.returncode == 1, stderr
+    assert json.loads(stdout)["done"] == 0 and json.loads(stdout)["failed"] == 2
+    out = {line["id"]: line for line in results(project / "out.jsonl")}
+    assert "not signed" in out["item-0"]["reason"] and "another checkpoint key" in out["item-1"]["reason"], out
+    assert all(line["result"] is None for line in out.values())
+    assert server.count == 0
+
+
+def test_two_projects_with_the_same_store_uri_text_never_share_a_queue(tmp_path, server):
+    require_server("RabbitMQ")
+    projects = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+        model_config(server.openai_url, folder / "mklang.toml")
+        write_items(folder, 2)
+        projects.append(folder)
+    uri = "sqlite:///runs.db"  # the same text, two databases
+    theirs = worker(projects[0], uri, RABBITMQ)
+    said = Lines(theirs)
+    ours = batch(projects[1], uri, RABBITMQ, "--stall-timeout", "4s")
+    try:
+        stdout, stderr = ours.communicate(timeout=120)
+    finally:
+        stop(ours, theirs)
+        for folder in projects:
+            store = open_store(f"sqlite:///{folder}/runs.db")
+            queue = queue_of(f"sqlite:///{folder}/runs.db")
+            store.close()
+            from mklang.distributed import celery_app
+
+            with celery_app(RABBITMQ).connection_for_write() as connection:
+                connection.default_channel.queue_delete(queue)
+    assert ours.returncode == 3, stderr  # not run: no worker of this store exists
+    assert json.loads(stdout)["pending"] == 2
+    assert server.count == 0 and not said.having("run item-")
+    assert queue_of(f"sqlite:///{projects[0]}/runs.db") != queue_of(f"sqlite:///{projects[1]}/runs.db")
+
+
+def test_a_worker_in_another_folder_without_the_machine_files_runs_the_texts_the_store_keeps(
+    project, server, postgres_uri
+):
+    require_server("RabbitMQ")
+    write_items(project, 3)
+    elsewhere = project / "elsewhere"  # the worker's folder: a config, no machine file
+    elsewhere.mkdir()
+    shutil.copy(project / "mklang.toml", elsewhere / "mklang.toml")
+    one = worker(elsewhere, postgres_uri, RABBITMQ)
+    said = Lines(one)
+    running = batch(project, postgres_uri, RABBITMQ)
+    try:
+        stdout, stderr = running.communicate(timeout=180)
+    finally:
+        stop(running, one)
+    assert running.returncode == 0, (stderr, said.lines)
+    assert json.loads(stdout)["done"] == 3 and server.count == 3 * CALLS
+    assert [line["result"] for line in results(project / "out.jsonl")] == [f"answer {n}" for n in range(3)]
+
+
+def test_resume_store_run_from_another_folder_runs_the_kept_machine_text(project, server, postgres_uri):
+    """A run suspended by a batch is resumed from a folder holding no machine file: said on stderr."""
+    write_items(project, 1)
+    first = mklang(
+        "batch", "twostep.mk", "--inputs", "items.jsonl", "--config", "mklang.toml", "--store", postgres_uri,
+        "--max-tokens", "1", "--format", "json", cwd=project,
+    )  # fmt: skip
+    assert first.returncode == 3, first.stderr
+    elsewhere = project / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(project / "mklang.toml", elsewhere / "mklang.toml")
+    done = mklang(
+        "resume", f"{postgres_uri}#item-0", "--max-tokens", "100", "--config", "mklang.toml", "--format", "json",
+        cwd=elsewhere,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"] == "answer 0"
+    assert "twostep.mk is missing; running the machine texts the store keeps" in done.stderr
+    assert server.count == CALLS
+
+
+# --- a batch does what a run does: human approvals --------------------------------------------
+
+APPROVAL = ROOT / "examples" / "approval" / "approval.mk"
+REVIEW = """\
+scenarios:
+  - name: review
+    llm:
+      produce: ["Maintenance on Saturday\\nLogins may fail from 02:00 to 04:00 UTC.", approve]
+      judge: [0]
+    tools:
+      publish: ["https://status.example.com/posts/118"]
+"""
+ASK = "Publish this announcement? Answer yes, or say what to change."
+
+
+def test_the_approval_example_parks_in_a_hitl_batch_and_is_answered_from_another_folder(tmp_path, capsys, monkeypatch):
+    (tmp_path / "review.yaml").write_text(REVIEW, encoding="utf-8")
+    (tmp_path / "items.jsonl").write_text('{"id": "post-1"}\n{"id": "post-2"}\n', encoding="utf-8")
+    store = f"sqlite:///{tmp_path}/runs.db"
+    monkeypatch.chdir(tmp_path)
+    options = ("--inputs", "items.jsonl", "--store", store, "--script", "review.yaml", "--scenario", "review")
+    code, out, err = cli(capsys, "batch", str(APPROVAL), *options, "--hitl", "--format", "json")
+    assert (code, json.loads(out)["suspended"]) == (3, 2), err  # nothing published without a human answer
+    code, out, err = cli(capsys, "runs", "--store", store, "--status", "suspended", "--format", "json")
+    assert [(run["reason"], run["ask"]) for run in json.loads(out)] == [("escalated", ASK)] * 2, err
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, err = cli(
+        capsys, "resume", f"{store}#post-1", "--set", "approval.answer=yes, ship it", "--format", "json"
+    )
+    assert (code, json.loads(out)["result"]) == (0, "https://status.example.com/posts/118"), err
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, "batch", str(APPROVAL), *options, "--hitl", "--format", "json", "--out", "out.jsonl")
+    assert (code, json.loads(out)["done"], json.loads(out)["suspended"]) == (3, 1, 1), err
+    assert [line["status"] for line in results(tmp_path / "out.jsonl")] == ["done", "suspended"]
+
+
+def test_the_python_batch_parks_escalations_with_hitl(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "review.yaml").write_text(REVIEW, encoding="utf-8")
+    scripted = ScriptedHost(load_script(tmp_path / "review.yaml")[0])
+    outcomes = api.batch(
+        APPROVAL, [{"id": "post-1"}], store=str(tmp_path / "runs"), provider=scripted.provider,
+        tools=scripted.tools.functions(), hitl=True,
+    )  # fmt: skip
+    assert [(done.status, done.reason) for done in outcomes] == [("suspended", "escalated")]
