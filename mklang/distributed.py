@@ -401,6 +401,10 @@ def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[
         _say("stopping: every run suspends at its next loop-top and goes back to the queue")
         worker.stopping.set()
 
+    # A run given back is said above in one line; Celery would log each with a traceback.
+    logging.getLogger("celery.app.trace").addFilter(
+        lambda record: not (record.exc_info and isinstance(record.exc_info[1], Reject))
+    )
     worker_shutting_down.connect(stop, weak=False)
     worker_ready.connect(_say_malformed_messages, weak=False)
     app.worker_main(

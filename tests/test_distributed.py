@@ -218,6 +218,7 @@ def test_sigterm_suspends_a_workers_runs_and_gives_them_back_to_the_queue(projec
             if line.startswith("mklang worker")
         )
         assert len(given_back) == WORKER_CONCURRENCY, "\n".join(said.lines)
+        assert not [line for line in said.lines if "Traceback" in line or "Error" in line], "\n".join(said.lines)
         store = open_store(postgres_uri)
         try:
             for run in given_back:  # suspended by the interrupt, its first call paid and kept

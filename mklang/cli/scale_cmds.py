@@ -10,7 +10,7 @@ import typer
 
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import Hosting, hosted
-from mklang.cli.run_cmds import ConcurrencyOpt, FormatOpt, MaxTimeOpt, parse_duration
+from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, parse_duration
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
 STATUSES = ("running", "suspended", "done", "halted")
@@ -185,7 +185,7 @@ def _progress(as_json: bool, total: int) -> Any:
 def worker(
     store: str = StoreOpt,
     broker: str = typer.Option(..., "--broker", help="Celery broker URL (amqp://... or redis://...)."),
-    concurrency: int | None = ConcurrencyOpt,
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Runs this worker runs at once (its threads)."),
     hosting: Hosting = Hosting(),
 ) -> None:
     """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""
@@ -195,6 +195,6 @@ def worker(
         start_worker(
             broker,
             store,
-            concurrency=concurrency or 8,
+            concurrency=concurrency,
             host_options=hosting.settings(),
         )

@@ -13,6 +13,8 @@ import hashlib
 import hmac
 import json
 import shutil
+import signal
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 from conftest import ROOT, mklang, model_config, require_server, wait_for
 from fakeserver import FakeServer
 from test_batch import CALLS, MACHINE, reply, results, write_items
-from test_distributed import FLEET_KEY, RABBITMQ, Lines, batch, drop_queue, queue_of, stop, worker
+from test_distributed import FLEET_KEY, RABBITMQ, Lines, batch, drop_queue, queue_of, start, stop, worker
 from test_fleet_store import cli
 
 import mklang as api
@@ -304,3 +306,60 @@ def test_the_python_batch_parks_escalations_with_hitl(tmp_path):
         tools=scripted.tools.functions(), hitl=True,
     )  # fmt: skip
     assert [(done.status, done.reason) for done in outcomes] == [("suspended", "escalated")]
+
+
+# --- the batch's side of workers ---------------------------------------------------------------
+
+
+def test_a_celery_batch_needs_no_provider_here_and_says_a_given_one_is_not_used(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 2)
+    (project / "mklang.toml").rename(project / "worker.toml")  # only the worker has a model configured
+    one = worker(project, postgres_uri, RABBITMQ, config="worker.toml")
+    try:
+        plain = start(
+            project, "batch", "twostep.mk", "--inputs", "items.jsonl", "--store", postgres_uri,
+            "--executor", "celery", "--broker", RABBITMQ, "--format", "json",
+        )  # fmt: skip
+        stdout, stderr = plain.communicate(timeout=180)
+        assert plain.returncode == 0, stderr
+        assert json.loads(stdout)["done"] == 2 and "not used" not in stderr
+        given = start(
+            project, "batch", "twostep.mk", "--inputs", "items.jsonl", "--store", postgres_uri,
+            "--executor", "celery", "--broker", RABBITMQ, "--format", "json", "--provider", "anthropic",
+        )  # fmt: skip
+        stdout, stderr = given.communicate(timeout=180)
+        assert given.returncode == 0, stderr
+        assert "--provider not used with --executor celery" in stderr
+    finally:
+        stop(one)
+    assert server.count == 2 * CALLS
+
+
+def test_a_worker_stopped_with_sigterm_says_so_in_lines_without_tracebacks(project, server, postgres_uri, capsys):
+    require_server("RabbitMQ")
+    release = threading.Event()
+
+    def held(request):
+        release.wait(timeout=120)
+        return reply(request)
+
+    server.handler = held
+    write_items(project, 1)
+    one = worker(project, postgres_uri, RABBITMQ)
+    said = Lines(one)
+    running = batch(project, postgres_uri, RABBITMQ, "--stall-timeout", "30s")
+    try:
+        wait_for(lambda: server.count >= 1, running, "the run's first call", timeout=120)
+        one.send_signal(signal.SIGTERM)
+        wait_for(lambda: said.having("stopping"), running, "the worker heard SIGTERM", timeout=60)
+        release.set()
+        one.wait(timeout=120)
+    finally:
+        release.set()
+        stop(running, one)
+        drop_queue(postgres_uri)
+    lines = said.done()
+    assert said.having("run item-0: suspended by the worker's shutdown, back to the queue"), lines
+    assert not [line for line in lines if "Traceback" in line or "Reject" in line], "\n".join(lines)
+    assert cli(capsys, "worker", "--help")[1].count("Runs this worker runs at once") == 1
