@@ -36,7 +36,7 @@ from mklang.distributed import celery_app, queue_for, read_note
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS = "redis://127.0.0.1:6379/0"
 WORKER_CONCURRENCY = 4
-FLEET_KEY = "a fleet's shared checkpoint key"
+FLEET_KEY = "a fleet's shared checkpoint key, long enough"
 
 
 @pytest.fixture(autouse=True)
@@ -277,7 +277,7 @@ def test_a_checkpoint_that_fails_verification_on_the_worker_is_failed(project, s
         [sys.executable, "-m", "mklang", "run", "twostep.mk", "--set", "topic=t-0", "--config", "mklang.toml",
          "--checkpoint", f"{postgres_uri}#item-0", "--max-tokens", "1", "--format", "json"],
         cwd=project, capture_output=True, text=True, timeout=120,
-        env=cli_env(MKLANG_CHECKPOINT_KEY="another key", XDG_CONFIG_HOME=str(foreign)),
+        env=cli_env(MKLANG_CHECKPOINT_KEY="another user's checkpoint key, 32 bytes or more", XDG_CONFIG_HOME=str(foreign)),
     )  # fmt: skip
     assert suspended.returncode == 3, suspended.stderr
     one = worker(project, postgres_uri, RABBITMQ)

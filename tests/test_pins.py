@@ -1756,7 +1756,7 @@ def test_show_reads_a_dead_run_signed_with_another_key(tmp_path, monkeypatch):
     from mklang.checkpoint.inspect import describe
 
     path = _dead_run(tmp_path, "triage", "triage.mk", 2)
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
     summary = describe(path)
     assert (summary["signature"]["seal"], summary["frames"][0]["steps"]) == ("foreign", 1)
 
@@ -2412,7 +2412,7 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
         f"{source}: machine file of the checkpoint is missing (use --machine PATH if the root moved, or --force)"
     )
     (tmp_path / "moved.mk").rename(source)
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
     assert refusal(force=True) == (
         f"{path}: the checkpoint is signed with another checkpoint key; resume it with --trust to run it "
         "as untrusted data (host settings from your command line only)"

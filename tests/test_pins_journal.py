@@ -265,8 +265,8 @@ def config_home(tmp_path, monkeypatch) -> Path:
 
 
 def test_the_fleet_key_in_the_environment_wins_over_the_key_file(config_home, monkeypatch):
-    monkeypatch.setenv(KEY_VARIABLE, "fleet clé")
-    assert checkpoint_key() == "fleet clé".encode()
+    monkeypatch.setenv(KEY_VARIABLE, "fleet clé shared by every worker of it")
+    assert checkpoint_key() == "fleet clé shared by every worker of it".encode()
     assert not config_home.exists()  # no key file is made when the fleet key is set
     monkeypatch.setenv(KEY_VARIABLE, "")
     assert checkpoint_key() == (config_home / "mklang" / "checkpoint.key").read_bytes().strip()
@@ -299,6 +299,7 @@ def test_a_key_file_another_process_created_first_is_the_one_used(config_home, m
 
     def racing_link(source: Any, target: Any) -> None:
         Path(target).write_bytes(b"theirs\n")  # the other process won the race
+        Path(target).chmod(0o600)
         link(source, target)
 
     monkeypatch.setattr(os, "link", racing_link)
@@ -310,6 +311,7 @@ def test_an_empty_key_file_is_refused_rather_than_signing_with_no_key(config_hom
     path = config_home / "mklang" / "checkpoint.key"
     path.parent.mkdir(parents=True)
     path.write_bytes(b" \n")
+    path.chmod(0o600)
     with pytest.raises(CheckpointError) as caught:
         checkpoint_key()
     assert str(caught.value) == f"{path}: the checkpoint key file is empty"

@@ -292,7 +292,7 @@ def test_a_machine_entered_after_the_snapshot_must_be_unchanged_since_its_journa
 
 def test_the_journal_of_an_untrusted_checkpoint_cannot_vouch_for_a_machine(tmp_path, monkeypatch):
     path = dead(tmp_path)
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
     assert refusal(path, trust=True) == (
         f"{path}: a frame of machine 'sub' names sub.mk, which is not one of the checkpoint's hashed machine files"
     )
@@ -300,7 +300,7 @@ def test_the_journal_of_an_untrusted_checkpoint_cannot_vouch_for_a_machine(tmp_p
 
 def test_an_untrusted_dead_run_has_every_value_of_every_frame_fenced(tmp_path, monkeypatch):
     path = dead(tmp_path, at_top=1)  # died at root b, before entering sub
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
     opened = open_checkpoint(path, lock=False, trust=True)
     assert (opened.crashed, opened.trusted) == (True, False)
     assert [frame.tainted for frame in opened.chain] == [{"topic", "x"}]
@@ -334,7 +334,7 @@ def test_a_malformed_journal_of_an_untrusted_run_is_refused_in_one_line(tmp_path
     lines = journal_lines(path)
     edit_line(lines)
     write_journal(path, lines)
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key")
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
     assert refusal(path, trust=True, force=True) == f"{path}: {problem}"
 
 

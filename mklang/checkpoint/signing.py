@@ -21,6 +21,7 @@ import hmac
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,10 +46,18 @@ def key_file() -> Path:
     return Path(config_home) / "mklang" / "checkpoint.key"
 
 
+MIN_KEY_BYTES = 32
+
+
 def checkpoint_key() -> bytes:
     """The key from MKLANG_CHECKPOINT_KEY, else the per-user key file (created 0600 on first use)."""
     shared = os.environ.get(KEY_VARIABLE)
     if shared:
+        if len(shared.encode("utf-8")) < MIN_KEY_BYTES:
+            raise CheckpointError(
+                f"{KEY_VARIABLE} is shorter than {MIN_KEY_BYTES} bytes: anyone could guess it and sign checkpoints; "
+                "set it to a random secret, e.g. `openssl rand -hex 32`"
+            )
         return shared.encode("utf-8")
     path = key_file()
     try:
@@ -74,8 +83,21 @@ def _read_or_create(path: Path) -> bytes:
 
 
 def _read_key(path: Path) -> bytes:
+    """The key in `path`, refused (as ssh refuses a private key) unless only this user can read or write it:
+    a key another user planted or can read lets them sign checkpoints that choose code and endpoints."""
     descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(descriptor, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if status.st_uid != os.getuid():
+            raise CheckpointError(
+                f"{path}: the checkpoint key file belongs to another user (uid {status.st_uid}): "
+                "remove it and mklang creates a key of your own"
+            )
+        if status.st_mode & 0o077:
+            raise CheckpointError(
+                f"{path}: the checkpoint key file is readable or writable by others "
+                f"(mode {stat.S_IMODE(status.st_mode):04o}): chmod 600 {path}, or remove it if you did not make it"
+            )
         key = handle.read().strip()
     if not key:
         raise CheckpointError(f"{path}: the checkpoint key file is empty")

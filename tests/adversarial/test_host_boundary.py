@@ -11,6 +11,7 @@ processes, a real HTTP server, real files and real databases.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -119,3 +120,40 @@ def test_a_restored_store_row_is_refused_by_the_host_that_saw_newer_and_by_the_r
         assert "refusing to write the older generation" in line
     finally:
         db.close()
+
+
+# --- item 6: a key file others could plant or read, a short fleet key ---------------
+
+
+@pytest.fixture
+def own_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A config folder of this test's own, its key file, and the environment that uses it."""
+    home = tmp_path / "home-config"
+    env = cli_env(XDG_CONFIG_HOME=str(home))
+    return home / "mklang" / "checkpoint.key", env
+
+
+def test_a_key_file_readable_or_writable_by_others_or_owned_by_another_user_is_refused(approval, own_home):
+    key, env = own_home
+    run = mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval, env=env)
+    assert run.returncode == 3, run.stderr
+    resume = ["resume", "cp.json", "--set", "approval.answer=yes", *APPROVAL]
+    for mode in (0o644, 0o606, 0o620):
+        key.chmod(mode)
+        line = refused(mklang(*resume, cwd=approval, env=env))
+        assert f"readable or writable by others (mode {mode:04o}): chmod 600" in line
+    key.chmod(0o600)
+    if os.getuid() == 0:  # only root can give a file away: the key another user planted
+        os.chown(key, 65534, -1)
+        assert "belongs to another user (uid 65534)" in refused(mklang(*resume, cwd=approval, env=env))
+        os.chown(key, 0, -1)
+    assert mklang(*resume, cwd=approval, env=env).returncode == 0
+
+
+def test_a_fleet_key_shorter_than_32_bytes_is_refused(approval):
+    short = cli_env(MKLANG_CHECKPOINT_KEY="fleet-secret")
+    line = refused(
+        mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval, env=short)
+    )
+    assert "MKLANG_CHECKPOINT_KEY is shorter than 32 bytes" in line and "fleet-secret" not in line
+    assert not (approval / "cp.json").exists()

@@ -90,7 +90,7 @@ def test_an_unsigned_checkpoint_is_refused_in_one_line(project):
 
 
 def test_a_checkpoint_of_another_key_is_refused_and_a_shared_fleet_key_resumes_it(project, tmp_path):
-    fleet = {"MKLANG_CHECKPOINT_KEY": "fleet-secret"}
+    fleet = {"MKLANG_CHECKPOINT_KEY": "fleet-secret-shared-by-every-worker-0123"}
     shutil.copytree(EXAMPLES / "approval", tmp_path / "fleet" / "approval")
     run = mklang(
         "run", "approval/approval.mk", *SCRIPT, "--hitl", "--checkpoint", "cp.json", cwd=tmp_path / "fleet", env=fleet
