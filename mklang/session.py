@@ -46,15 +46,17 @@ class Host:
 
     @classmethod
     def for_scenario(cls, scenario: Scenario, settings: dict[str, Any] | None = None) -> Host:
-        """A host answering from a scenario's scripted model, tools and hooks."""
+        """A host answering from a scenario's scripted model, tools and hooks; its settings
+        name the script, so `mklang resume` answers from it too."""
         scripted = ScriptedHost(scenario)
+        script = str(Path(scenario.source).resolve()) if scenario.source else None
         return cls(
             provider=scripted.provider,
             tools=scripted.tools.functions(),
             hooks=scripted.hooks.functions(),
             scripted=scripted,
             scenario=scenario,
-            settings=settings or {"scenario": scenario.name},
+            settings=settings or {"scenario": scenario.name, "script": script},
         )
 
     @classmethod

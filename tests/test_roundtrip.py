@@ -3,16 +3,23 @@
 For every golden scenario of the examples and the standard library, the run
 is suspended at each loop-top it passes (root and nested levels alike) and
 resumed from its checkpoint file; trace, usage, context, result and final
-status must equal the uninterrupted run's.
+status must equal the uninterrupted run's. A run suspended by a budget and
+resumed with the budgets it suspended at (`mklang resume cp.json`) takes no
+step and leaves its frames as they were (idempotent, seed ADR 0007).
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import outcome
 from test_golden import EXAMPLES, scripted_machines
+from typer.testing import CliRunner
 
+import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
 from mklang.checkpoint.envelope import load
+from mklang.cli.app import app
 from mklang.engine import Control
 from mklang.scenarios import ScriptedHost, load_script
 from mklang.session import Host, resume, start
@@ -104,11 +111,20 @@ def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(ma
             raise_budget = {"max_tokens": 10**9}
         if first.status != "suspended" or first.error != reason:
             continue  # the run ended (or parked for a human) before the budget tripped
+        _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, reason)
         resumed = _resume(scenario, checkpoint, **raise_budget)
         assert _outcome(resumed) == reference, f"resumed after {reason} at {limit}"
         resumed_count += 1
     if reference["status"] == "done" and len(set(spend.root_steps)) > 1:
         assert resumed_count > 0, "a finished multi-step run must trip some budget"
+
+
+def _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, reason):
+    """`mklang resume cp.json` with the budgets it suspended at takes no step and changes no frame."""
+    before = load(checkpoint).frames
+    done = CliRunner().invoke(app, ["resume", str(checkpoint), "--format", "json"])
+    assert (done.exit_code, json.loads(done.stdout)["reason"]) == (3, reason), done.output
+    assert load(checkpoint).frames == before, f"resuming at the {reason} of {[f['state'] for f in before]}"
 
 
 def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_path):

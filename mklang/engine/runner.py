@@ -56,13 +56,17 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
             raise Halt(frame.halted, frame.state)
         if frame.ask is not None:
             raise Suspend(frame, "escalated", ask=frame.ask["ask"], reply_to=frame.ask["reply_to"])
-        if not level.branch:
-            rt.journal.loop_top(level.chain)
-            if rt.observer is not None:
-                rt.observer(level.chain)
-        reason = exhausted(rt, level)
-        if reason:
-            _stop(level, reason)
+        # A level resuming into its suspended call is not at a loop-top but inside
+        # the call state: the innermost level checks the budgets, so a resume that
+        # cannot take a step re-suspends with every frame as it was (idempotent).
+        if not resume:
+            if not level.branch:
+                rt.journal.loop_top(level.chain)
+                if rt.observer is not None:
+                    rt.observer(level.chain)
+            reason = exhausted(rt, level)
+            if reason:
+                _stop(level, reason)
         state = states[frame.state]
         try:
             record = _run_state(rt, level, state, resume)
