@@ -6,7 +6,8 @@ is a fixed point of `fmt`, and passes its own `.test.yaml` with `mklang
 test`, unchanged. The one exception is the 1.x console's own machine
 (`agent.mkl`): its scenarios rely on a hook that only the 1.x console
 registers (docs/language.md, "Machines and scripts of mklang 1.x"), and the
-test pins exactly how they fail. Without pip access to the package the
+test pins exactly how they fail, and that scripting that hook makes them
+pass. Without pip access to the package the
 tests skip with one line, except under CI=true, where they fail.
 """
 
@@ -20,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 import mklang.cli.run_cmds  # registers `test`
@@ -104,11 +106,15 @@ def test_a_1x_machine_checks_and_converts_to_canonical_mk(wheel_data, name, tmp_
     assert cli("fmt", "--check", str(converted))[0] == 0
 
 
+def run_script(source: Path, script: Path) -> tuple[int, list[dict], str]:
+    code, out, err = cli("test", str(source), "--script", str(script), "--format", "json")
+    return code, json.loads(out), err
+
+
 @pytest.mark.parametrize("name", MACHINES)
 def test_a_1x_machine_passes_its_own_script(wheel_data, name):
     source = wheel_data / f"{name}.mkl"
-    code, out, err = cli("test", str(source), "--script", str(source.with_suffix(".test.yaml")), "--format", "json")
-    outcomes = json.loads(out)
+    code, outcomes, err = run_script(source, source.with_suffix(".test.yaml"))
     failed = {outcome["name"]: outcome for outcome in outcomes if not outcome["passed"]}
     if name != "console/agent":
         assert (code, failed) == (0, {}), err
@@ -117,3 +123,14 @@ def test_a_1x_machine_passes_its_own_script(wheel_data, name):
     assert len(outcomes) == len(AGENT_FAILURES) + 1  # `malformed-decision-halts` needs no hook and passes
     for outcome in failed.values():
         assert outcome["ended"] == CONSOLE_HOOK_FAILURE
+
+
+def test_the_console_machine_lacks_only_the_console_hook(wheel_data, tmp_path):
+    source = wheel_data / "console" / "agent.mkl"
+    script = yaml.safe_load(source.with_suffix(".test.yaml").read_text(encoding="utf-8"))
+    for scenario in script["scenarios"]:
+        scenario.setdefault("hooks", {})["console_workspace_ready"] = [True]
+    hooked = tmp_path / "agent.test.yaml"
+    hooked.write_text(yaml.safe_dump(script), encoding="utf-8")
+    code, outcomes, err = run_script(source, hooked)
+    assert code == 0 and len(outcomes) == len(AGENT_FAILURES) + 1 and all(o["passed"] for o in outcomes), err
