@@ -26,7 +26,8 @@ from typing import Any
 from mklang import exitcodes
 from mklang.checkpoint.envelope import parse
 from mklang.checkpoint.journal import resume_change
-from mklang.checkpoint.store import Location, Store, run_name
+from mklang.checkpoint.signing import SEAL_TEXT
+from mklang.checkpoint.store import Location, RunLock, Store, run_name
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
 from mklang.errors import MklangError, RunBusy, UsageError
@@ -187,13 +188,23 @@ def location(store: Store, uri: str, run: str) -> Location:
 
 
 def outcome(store: Store, run: str) -> Outcome:
-    """A run's outcome as its envelope says; `pending` when it has not run or is still running."""
-    raw = store.read(run)
-    if raw is None:
-        return Outcome(run, "pending")
-    envelope = parse(raw, run)
+    """A run's outcome as its envelope says; `pending` when it has not run or is still running.
+
+    A run that cannot be read, or whose envelope is not signed with this
+    user's key, is `failed` with the reason: what fails verification is never
+    reported as a result.
+    """
+    try:
+        raw = store.read(run_name(run))
+        if raw is None:
+            return Outcome(run, "pending")
+        envelope = parse(raw, run)
+        if envelope.seal != "signed":
+            return Outcome(run, "failed", f"{run}: the checkpoint is {SEAL_TEXT[envelope.seal]}")
+        running = envelope.status == "running" or resume_change(store, run, envelope) is not None
+    except MklangError as error:
+        return Outcome(run, "failed", first_line(error))
     status: str = envelope.status
-    running = status == "running" or resume_change(store, run, envelope) is not None
     if running or (status == "suspended" and envelope.reason == "interrupted"):
         status = "pending"  # a crashed or interrupted run: the next pass resumes it
     return Outcome(
@@ -247,15 +258,29 @@ class Batch:
     def run_item(self, item: Item) -> Outcome:
         """Start, resume or skip one run; its outcome is read back from the store.
 
-        A run that cannot be set up or resumed here (its host, its checkpoint)
-        is `failed` with the one-line reason; one locked by another process is
-        `pending` (it is still going there).
+        The run's lock is taken first and its envelope read under it, so a run
+        another process finished meanwhile is skipped, never started again.
+        A run that cannot be set up or resumed here (its name, its host, its
+        checkpoint) is `failed` with the one-line reason; one locked by
+        another process is `pending` (it is still going there).
         """
+        try:
+            lock = self.store.lock(run_name(item.run))
+        except RunBusy as error:
+            return self._report(Outcome(item.run, "pending", first_line(error)))
+        except MklangError as error:
+            return self._report(Outcome(item.run, "failed", first_line(error)))
+        try:
+            return self._report(self._run_locked(item, lock))
+        finally:
+            lock.release()
+
+    def _run_locked(self, item: Item, lock: RunLock) -> Outcome:
         done = outcome(self.store, item.run)
         if done.settled:
-            return self._report(done)
+            return done
         if self.ledger is not None and self.ledger.reached():  # leave it for a pass with a higher ceiling
-            return self._report(Outcome(item.run, "suspended", "batch-ceiling", usage=done.usage))
+            return Outcome(item.run, "suspended", "batch-ceiling", usage=done.usage)
         where = location(self.store, self.uri, item.run)
         control = Control()
         control.interrupted = self.stop
@@ -266,18 +291,23 @@ class Batch:
                 if self.store.read(item.run) is None:
                     hitl = self.hitl or None  # else the scenario's `run:` setting, if any
                     result = start(
-                        self.machine, item.context, host, checkpoint=where, control=control, hitl=hitl, **self.budgets
+                        self.machine,
+                        item.context,
+                        host,
+                        checkpoint=where,
+                        control=control,
+                        hitl=hitl,
+                        held=lock,
+                        **self.budgets,
                     )
                 else:
-                    with opened(where, kept_texts=self.kept_texts) as resumable:
+                    with opened(where, kept_texts=self.kept_texts, held=lock) as resumable:
                         result = proceed(resumable, host, control=control, **self.budgets)
-        except RunBusy as error:
-            return self._report(Outcome(item.run, "pending", first_line(error)))
         except MklangError as error:
-            return self._report(Outcome(item.run, "failed", first_line(error)))
+            return Outcome(item.run, "failed", first_line(error))
         if self.ledger is not None:
             self.ledger.record(item.run, result.usage)  # the last call of a run is after its last loop-top
-        return self._report(outcome(self.store, item.run))
+        return outcome(self.store, item.run)
 
     def _report(self, result: Outcome) -> Outcome:
         if self.on_outcome is not None:

@@ -26,7 +26,7 @@ from mklang.terminal import printable
 if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
     from mklang.checkpoint.envelope import Envelope, HostSettings
-    from mklang.checkpoint.store import Location
+    from mklang.checkpoint.store import Location, RunLock
 
 __all__ = ["Host", "opened", "proceed", "resume", "start"]
 
@@ -191,10 +191,14 @@ def start(
     suspendable: bool = False,
     control: Control | None = None,
     observer: Any = None,
+    replace: bool = False,
+    held: RunLock | None = None,
 ) -> RunResult:
     """Run `machine` with `host`; with a checkpoint the run persists and suspends.
 
     Without one, `suspendable` makes budgets suspend into the result's frames.
+    A run not finished at the checkpoint is refused unless `replace`; `held`
+    is the checkpoint's lock when the caller took it already.
 
     A scenario's input lies under `context`, and its `run:` settings under the
     given options. Scripted branches run concurrently like real ones: a
@@ -219,13 +223,22 @@ def start(
         observer=observer,
     )
     if checkpoint is None:
+        if replace:
+            raise UsageError("replace=True replaces the run at a checkpoint: it needs checkpoint=")
         from mklang.engine import run
 
         return run(machine, context, suspendable=suspendable, **options)
     from mklang.checkpoint import start as start_durably
 
     return start_durably(
-        machine, context, checkpoint=checkpoint, host=host.recorded(), scripted=host.scripted, **options
+        machine,
+        context,
+        checkpoint=checkpoint,
+        host=host.recorded(),
+        scripted=host.scripted,
+        replace=replace,
+        held=held,
+        **options,
     )
 
 
@@ -238,8 +251,10 @@ def opened(
     trust: bool = False,
     kept_texts: bool = False,
     allow_rollback: bool = False,
+    held: RunLock | None = None,
 ) -> Iterator[Resumable]:
-    """Lock, read and verify a checkpoint; the lock is held until the run ends or the block does.
+    """Lock (unless `held` is its lock), read and verify a checkpoint; the lock is held until
+    the run ends or the block does.
 
     Everything that can make it unresumable is raised here, before the caller
     sets up any provider; what the user should know before it runs (a rollback
@@ -258,6 +273,7 @@ def opened(
         trust=trust,
         kept_texts=kept_texts,
         allow_rollback=allow_rollback,
+        held=held,
     )
     for note in resumable.notes:
         print(f"mklang: note: {printable(note)}", file=sys.stderr)

@@ -33,7 +33,7 @@ import pytest
 from fakeserver import FakeServer
 
 from mklang.checkpoint.envelope import FORMAT, Envelope, load
-from mklang.errors import CheckpointError
+from mklang.errors import MklangError
 
 ROOT = Path(__file__).resolve().parent.parent
 _CONFIG_HOME = tempfile.mkdtemp(prefix="mklang-tests-xdg-")
@@ -132,8 +132,8 @@ def _left_checkpoints(folder: Path) -> Iterator[tuple[Path, Any]]:
                 continue
         try:
             load(path)
-        except CheckpointError:
-            continue  # not a checkpoint, or one a test broke on purpose
+        except MklangError:
+            continue  # not a checkpoint (nor a run name), or one a test broke on purpose
         document = json.loads(path.read_bytes())
         if document.get("format") == FORMAT:  # older formats are migrated on load, not described
             yield path, document

@@ -385,7 +385,7 @@ def test_the_checkpoint_file_is_owner_only_even_when_it_existed(loop):
     checkpoint = loop / "cp.json"
     checkpoint.write_text("{}", encoding="utf-8")
     checkpoint.chmod(0o644)
-    assert run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")[0] == 3
+    assert run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json", "--replace")[0] == 3
     assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
     as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
     assert stat.S_IMODE((loop / "other.json").stat().st_mode) == 0o600

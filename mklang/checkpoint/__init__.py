@@ -10,7 +10,8 @@ given. `mklang.session.resume` is the one-call API over the last two.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from mklang import __version__
 from mklang.checkpoint import generations
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
-from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load
+from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, parse
 from mklang.checkpoint.journal import StoreJournal, durability_setting, read_journal, recover, resume_change
 from mklang.checkpoint.paths import MachinePaths, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
@@ -49,12 +50,16 @@ def start(
     provider: Provider,
     host: HostSettings | None = None,
     scripted: ScriptedHost | None = None,
+    replace: bool = False,
+    held: RunLock | None = None,
     **options: Unpack[RunOptions],
 ) -> RunResult:
     """Run `machine` durably: a resumable checkpoint exists from the first loop-top on.
 
     `scripted` (a `ScriptedHost`) lets the checkpoint save which scripted
-    answers were consumed.
+    answers were consumed. A run that is not finished at `checkpoint` is
+    refused unless `replace` (`claimed`); `held` is its lock when the caller
+    took it already.
     """
     loader = MachineLoader()
     loader.add(machine)
@@ -74,7 +79,43 @@ def start(
         host=host or HostSettings(),
     )
     frame = Frame.start(machine, context or {})
-    return _execute(envelope, [frame], {}, loader, location, None, provider=provider, scripted=scripted, **options)
+    with claimed(location, held, replace):
+        return _execute(envelope, [frame], {}, loader, location, provider=provider, scripted=scripted, **options)
+
+
+@contextmanager
+def claimed(location: Location, held: RunLock | None, replace: bool) -> Iterator[None]:
+    """The lock of a location a run is about to take (`held`, else taken here and released after),
+    once nothing there would be lost: no run, a finished one, or `replace` (docs/scale.md).
+
+    The lock comes first: a run another process is still writing is busy, not replaced.
+    """
+    lock = held or location.store.lock(location.run)
+    try:
+        if not replace:
+            require_vacant(location)
+        yield
+    finally:
+        if held is None:
+            lock.release()
+
+
+def require_vacant(location: Location) -> None:
+    """Refuse a location that holds a run not finished, or anything that is not a run."""
+    raw = location.store.read(location.run)
+    if raw is None:
+        return
+    try:
+        envelope = parse(raw, str(location))
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}; it is not replaced: name another checkpoint, or give --replace") from None
+    if envelope.status in ("done", "halted") and resume_change(location.store, location.run, envelope) is None:
+        return
+    state = envelope.status if envelope.status != "suspended" else f"suspended ({envelope.reason})"
+    raise CheckpointError(
+        f"{location}: a run that is not finished is there ({state}); continue it with "
+        f"`mklang resume {location.text}`, or start over with --replace"
+    )
 
 
 @dataclass
@@ -112,8 +153,9 @@ def open_checkpoint(
     lock: bool = True,
     kept_texts: bool = False,
     allow_rollback: bool = False,
+    held: RunLock | None = None,
 ) -> Resumable:
-    """Lock (unless `lock` is False), read and verify a checkpoint.
+    """Lock (unless `lock` is False, or `held` is the lock already taken), read and verify a checkpoint.
 
     The lock comes first, so no other process can change or run the
     checkpoint between this read and the end of the resumed run. Raises
@@ -127,7 +169,8 @@ def open_checkpoint(
     rollback unless `allow_rollback` (ADR 0022).
     """
     location = locate(target)
-    held = location.store.lock(location.run) if lock else None
+    if held is None and lock:
+        held = location.store.lock(location.run)
     try:
         resumable = _read_checkpoint(
             location,
@@ -317,14 +360,16 @@ def continue_checkpoint(
     host: HostSettings | None = None,
     control: Control | None = None,
     observer: Observer | None = None,
+    replace: bool = False,
 ) -> RunResult:
     """Resume a verified checkpoint; raised budgets are new totals, spend included.
 
     `host` records how this process hosts the run (the checkpoint keeps the
     old record when it is None), so a later resume never reuses settings
     that an untrusted file brought in. The run persists to `checkpoint`
-    (default: where it was read from); the lock taken by `open_checkpoint`
-    is released when the run ends.
+    (default: where it was read from; another location is `claimed`, so an
+    unfinished run there is refused unless `replace`); the lock taken by
+    `open_checkpoint` is released when the run ends.
     """
     envelope = resumable.envelope
     budgets = envelope.budgets.model_copy(
@@ -353,21 +398,21 @@ def continue_checkpoint(
     # A clean resume of a signed envelope continues it where it is instead of rewriting it.
     continues = in_place and resumable.trusted and not resumable.crashed and envelope.signature is not None
     try:
-        return _execute(
-            envelope,
-            chain,
-            resumable.replay,
-            resumable.loader,
-            target,
-            resumable.lock if in_place else None,
-            change if continues else None,
-            provider=provider,
-            scripted=scripted,
-            tools=tools,
-            hooks=hooks,
-            control=control,
-            observer=observer,
-        )
+        with claimed(target, resumable.lock if in_place else None, replace or in_place):
+            return _execute(
+                envelope,
+                chain,
+                resumable.replay,
+                resumable.loader,
+                target,
+                change if continues else None,
+                provider=provider,
+                scripted=scripted,
+                tools=tools,
+                hooks=hooks,
+                control=control,
+                observer=observer,
+            )
     finally:
         resumable.release()
 
@@ -406,14 +451,13 @@ def _execute(
     replay: dict[str, dict[str, Any]],
     loader: MachineLoader,
     location: Location,
-    held: RunLock | None,
     change: dict[str, Any] | None = None,
     *,
     provider: Provider,
     scripted: ScriptedHost | None,
     **options: Unpack[RunOptions],
 ) -> RunResult:
-    """Run `chain` persisting to `location`, under its lock (`held`, else taken here).
+    """Run `chain` persisting to `location`, whose lock the caller holds (`claimed`).
 
     Budgets, concurrency and hitl come from the envelope; of `options` only the
     host callables, the control and the observer. With `change` the stored
@@ -427,7 +471,6 @@ def _execute(
         "hitl": envelope.hitl,
         "max_time": budgets.max_time,
     }
-    lock = held or location.store.lock(location.run)
     journal = StoreJournal(
         location,
         envelope,
@@ -438,36 +481,32 @@ def _execute(
         durability=durability_setting(),
         paths=MachinePaths(chain[0].machine.path),
     )
-    try:
-        if change is None:
-            journal.snapshot(chain, status="running")
-        else:
-            journal.resume(change, envelope.stored_bytes)
-        rt = make_runtime(
-            provider,
-            journal=journal,
-            loader=loader,
-            run_id=envelope.run_id,
-            **recorded,
+    if change is None:
+        journal.snapshot(chain, status="running")
+    else:
+        journal.resume(change, envelope.stored_bytes)
+    rt = make_runtime(
+        provider,
+        journal=journal,
+        loader=loader,
+        run_id=envelope.run_id,
+        **recorded,
+    )
+    result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
+    usage = result.usage.to_json()
+    if result.status == "suspended":
+        journal.finish(
+            result.frames,
+            status="suspended",
+            reason=result.error,
+            detail=result.detail,
+            ask=result.ask,
+            reply_to=result.reply_to,
+            at=result.at,
+            usage=usage,
         )
-        result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
-        usage = result.usage.to_json()
-        if result.status == "suspended":
-            journal.finish(
-                result.frames,
-                status="suspended",
-                reason=result.error,
-                detail=result.detail,
-                ask=result.ask,
-                reply_to=result.reply_to,
-                at=result.at,
-                usage=usage,
-            )
-        else:
-            journal.finish(
-                [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
-            )
-    finally:
-        if held is None:
-            lock.release()
+    else:
+        journal.finish(
+            [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
+        )
     return result

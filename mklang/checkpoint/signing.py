@@ -70,7 +70,7 @@ def _read_or_create(path: Path) -> bytes:
     with contextlib.suppress(FileNotFoundError):
         return _read_key(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # one per writer: threads race here too
     descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(descriptor, "w") as handle:

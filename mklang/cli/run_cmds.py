@@ -39,6 +39,9 @@ MaxTimeOpt = typer.Option(
 )
 ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Calls in flight for the whole run (default 8).")
 HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend for a human reply.")
+ReplaceOpt = typer.Option(
+    False, "--replace", help="Replace whatever the --checkpoint holds, even a run that is not finished."
+)
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -137,6 +140,7 @@ def run(
     checkpoint: str | None = typer.Option(
         None, "--checkpoint", help="Persist the run here; suspend instead of halting on budgets."
     ),
+    replace: bool = ReplaceOpt,
     hitl: bool | None = HitlOpt,
     max_tokens: int | None = MaxTokensOpt,
     max_cost: float | None = MaxCostOpt,
@@ -156,6 +160,8 @@ def run(
         as_json = wants_json(format)
         loaded = require_runnable(load_file(machine))
         where = run_name_of(checkpoint)
+        if replace and checkpoint is None:
+            raise fail("--replace replaces the run at a checkpoint: it needs --checkpoint")
         context: dict[str, Any] = {}
         if input_file is not None:
             context.update(_read_input(input_file))
@@ -175,6 +181,7 @@ def run(
                 context,
                 host,
                 checkpoint=where,
+                replace=replace,
                 max_tokens=max_tokens,
                 max_cost=max_cost,
                 max_time=seconds,
@@ -240,6 +247,7 @@ def resume(
     out: str | None = typer.Option(
         None, "--checkpoint", help="Write a re-suspension here, a file or STORE-URI#RUN (default: the same)."
     ),
+    replace: bool = ReplaceOpt,
     hitl: bool | None = HitlOpt,
     hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
@@ -253,6 +261,8 @@ def resume(
         as_json = wants_json(format)
         values = parse_assignments(set_)
         seconds = parse_duration(max_time)
+        if replace and out is None:
+            raise fail("--replace replaces the run at another --checkpoint: it needs --checkpoint")
 
         control = Control()
         opened = session.opened(
@@ -277,6 +287,7 @@ def resume(
                     resumable,
                     host,
                     checkpoint=out,
+                    replace=replace,
                     set_values=values,
                     max_tokens=max_tokens,
                     max_cost=max_cost,
