@@ -79,22 +79,24 @@ def start(
         host=host or HostSettings(),
     )
     frame = Frame.start(machine, context or {})
-    with claimed(location, held, replace):
+    with claimed(location, held, replace) as above:
+        envelope.generation = above
         return _execute(envelope, [frame], {}, loader, location, provider=provider, scripted=scripted, **options)
 
 
 @contextmanager
-def claimed(location: Location, held: RunLock | None, replace: bool) -> Iterator[None]:
-    """The lock of a location a run is about to take (`held`, else taken here and released after),
-    once nothing there would be lost: no run, a finished one, or `replace` (docs/scale.md).
+def claimed(location: Location, held: RunLock | None, replace: bool) -> Iterator[int]:
+    """Hold the lock of a location a run is about to take (`held`, else taken here and released
+    after), once nothing there would be lost: no run, a finished one, or `replace` (docs/scale.md).
 
-    The lock comes first: a run another process is still writing is busy, not replaced.
+    The lock comes first: a run another process is still writing is busy, not replaced. Yields the
+    generation written there last: a run replacing another writes the ones after it (ADR 0022).
     """
     lock = held or location.store.lock(location.run)
     try:
         if not replace:
             require_vacant(location)
-        yield
+        yield location.store.generation(location.run)
     finally:
         if held is None:
             lock.release()
@@ -398,7 +400,9 @@ def continue_checkpoint(
     # A clean resume of a signed envelope continues it where it is instead of rewriting it.
     continues = in_place and resumable.trusted and not resumable.crashed and envelope.signature is not None
     try:
-        with claimed(target, resumable.lock if in_place else None, replace or in_place):
+        with claimed(target, resumable.lock if in_place else None, replace or in_place) as above:
+            if not in_place:
+                envelope.generation = max(envelope.generation, above)
             return _execute(
                 envelope,
                 chain,
