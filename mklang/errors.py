@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from mklang.providers.base import Usage
 
 Severity = Literal["error", "warning"]
 
@@ -59,7 +62,15 @@ class RunBusy(CheckpointError):
 
 
 class ProviderError(MklangError):
-    """A model provider failed after its retries; the run halts `provider-error`."""
+    """A model provider failed after its retries; the run halts `provider-error`.
+
+    `usage` is what the failed call was still paid for (a server that answered
+    with malformed token counts, or an empty answer): the run's spend includes it.
+    """
+
+    def __init__(self, message: str, usage: Usage | None = None):
+        super().__init__(message)
+        self.usage = usage
 
 
 def did_you_mean(name: str, known: Iterable[object]) -> str:

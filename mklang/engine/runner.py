@@ -76,11 +76,13 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
                 rt.journal.halt(level.depth, halted.error, halted.usage)
             continue
         except ProviderError as error:
+            paid = error.usage or Usage()  # a failed call the server still charged for
             if rt.control.past_deadline():  # the call was cut short by the --max-time deadline
-                _stop(level, "time-exhausted")
+                _stop(level, "time-exhausted", paid)
             if level.suspendable:
+                frame.usage = frame.usage + paid
                 raise Suspend(frame, "provider-error", detail=str(error)) from None
-            raise Halt(f"provider-error: {error}", state.name) from None
+            raise Halt(f"provider-error: {error}", state.name, paid) from None
         except Suspend as suspend:
             suspend.frames.insert(0, frame)
             raise
@@ -431,7 +433,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
                 "sub_trace": failed.trace,
             }
         except ProviderError as error:
-            return {"output": f"[branch-error: provider-error: {error}]", "usage": Usage().to_json()}
+            return {"output": f"[branch-error: provider-error: {error}]", "usage": (error.usage or Usage()).to_json()}
         record = {"output": output, "usage": usage.to_json()}
         if reasoning is not None:
             record["reasoning"] = reasoning

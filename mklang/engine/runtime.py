@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from mklang import faults
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
+from mklang.errors import ProviderError
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
 from mklang.providers.base import Provider, Usage, deadline
@@ -177,17 +178,25 @@ class Runtime:
             with self._count_lock:
                 self.live_calls[kind] += 1
             faults.reach("call.before")
-            with deadline(self.control.deadline):
-                value = live()
+            try:
+                with deadline(self.control.deadline):
+                    value = live()
+            except ProviderError as error:  # a failed call may still have been paid for
+                self.charge(error.usage)
+                raise
             faults.reach("call.returned")
             self.journal.record(key, kind, value)
-        usage = getattr(value, "usage", None)
-        if usage is not None:
-            with self._count_lock:
-                self.spent = spent = self.spent + usage
-            if self.control.ceiling is not None:  # a shared ceiling learns of the spend as soon as it is paid
-                self.control.ceiling(spent)
+        self.charge(getattr(value, "usage", None))
         return value
+
+    def charge(self, usage: Usage | None) -> None:
+        """Add a call's spend to the run's live total, which every budget check reads."""
+        if usage is None:
+            return
+        with self._count_lock:
+            self.spent = spent = self.spent + usage
+        if self.control.ceiling is not None:  # a shared ceiling learns of the spend as soon as it is paid
+            self.control.ceiling(spent)
 
     def states(self, machine: Machine) -> dict[str, State]:
         index = self._states.get(id(machine))

@@ -8,7 +8,7 @@ become the reasoning, `text` blocks the answer.
 from __future__ import annotations
 
 from mklang.providers import scratchpad
-from mklang.providers.http import ProviderClient, Reply
+from mklang.providers.http import ProviderClient, Reply, token_counts
 
 API_VERSION = "2023-06-01"
 
@@ -48,14 +48,11 @@ class AnthropicClient(ProviderClient):
         if reason:
             text, tagged = scratchpad.split(text)
             reasoning = reasoning or tagged
-        usage = data.get("usage") or {}
-        input_tokens = sum(
-            int(usage.get(key) or 0)
-            for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        counts, problem = token_counts(
+            data.get("usage"),
+            {
+                "input": ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"),
+                "output": ("output_tokens",),
+            },
         )
-        return Reply(
-            text=text,
-            reasoning=reasoning if reason else None,
-            input_tokens=input_tokens,
-            output_tokens=int(usage.get("output_tokens") or 0),
-        )
+        return Reply(text, reasoning if reason else None, counts["input"], counts["output"], problem)

@@ -28,16 +28,48 @@ from mklang.providers.base import seconds_left
 
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 REASON_LIMIT = 200
+MAX_CALL_TOKENS = 100_000_000  # more than any model reads and writes in one call: a larger count is malformed
 
 
 @dataclass(frozen=True)
 class Reply:
-    """One chat completion, reduced to what the engine needs."""
+    """One chat completion, reduced to what the engine needs.
+
+    A token count the server sent malformed is None, and `usage_problem` says
+    how; the provider then fails the call and counts it conservatively."""
 
     text: str
     reasoning: str | None
-    input_tokens: int
-    output_tokens: int
+    input_tokens: int | None
+    output_tokens: int | None
+    usage_problem: str | None = None
+
+
+def token_counts(usage: Any, keys: dict[str, tuple[str, ...]]) -> tuple[dict[str, int | None], str | None]:
+    """The server's token counts, each summed over its `keys`: an absent count is 0; one that is not an
+    integer from 0 to MAX_CALL_TOKENS (negative, text, a list, 1e400, NaN) is None, and the problem
+    returned beside them names it."""
+    if usage is None:
+        usage = {}
+    if not isinstance(usage, dict):
+        return dict.fromkeys(keys), f"the server's usage is malformed (usage: {_shown(usage)})"
+    counts: dict[str, int | None] = {}
+    problems = []
+    for name, fields in keys.items():
+        values = [0 if usage.get(field) is None else usage[field] for field in fields]
+        bad = [f"{field}: {_shown(v)}" for field, v in zip(fields, values, strict=True) if not _is_count(v)]
+        problems += bad
+        counts[name] = None if bad else sum(values)
+    return counts, f"the server's usage is malformed ({', '.join(problems)})" if problems else None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_CALL_TOKENS
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class HttpTransport:

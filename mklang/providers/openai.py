@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mklang.providers import scratchpad
-from mklang.providers.http import ProviderClient, Reply
+from mklang.providers.http import ProviderClient, Reply, token_counts
 
 
 class OpenAIClient(ProviderClient):
@@ -41,13 +41,9 @@ class OpenAIClient(ProviderClient):
         if reason:
             text, tagged = scratchpad.split(text)
             reasoning = reasoning or tagged
-        usage = data.get("usage") or {}
-        return Reply(
-            text=text,
-            reasoning=reasoning if reason else None,
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-        )
+        usage = data.get("usage")
+        counts, problem = token_counts(usage, {"input": ("prompt_tokens",), "output": ("completion_tokens",)})
+        return Reply(text, reasoning if reason else None, counts["input"], counts["output"], problem)
 
     def _message(self, model: str, data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         choices = data.get("choices")

@@ -20,9 +20,9 @@ class Target:
     client: ProviderClient
     price: Price | None
 
-    def usage(self, reply: Reply) -> Usage:
-        cost = self.price.cost(reply.input_tokens, reply.output_tokens) if self.price else 0.0
-        return Usage(reply.input_tokens, reply.output_tokens, cost)
+    def usage(self, input_tokens: int, output_tokens: int) -> Usage:
+        cost = self.price.cost(input_tokens, output_tokens) if self.price else 0.0
+        return Usage(input_tokens, output_tokens, cost)
 
 
 class RoutedProvider:
@@ -38,17 +38,17 @@ class RoutedProvider:
 
     def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
         target = self._target(tier)
-        reply = self._chat(target, system, user, reason)
-        return Produced(reply.text, reply.reasoning, target.usage(reply))
+        reply, usage = self._chat(target, system, user, reason)
+        return Produced(reply.text, reply.reasoning, usage)
 
     def judge(
         self, conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
     ) -> Verdict:
         target = self._target(tier)
         system, user = judge_protocol.build_prompt(conditions, output, reasoning, context)
-        reply = self._chat(target, system, user, False)
+        reply, usage = self._chat(target, system, user, False)
         choice, parsed_by = judge_protocol.parse_choice(reply.text, len(conditions))
-        return Verdict(choice, target.usage(reply), parsed_by)
+        return Verdict(choice, usage, parsed_by)
 
     def close(self) -> None:
         for client in {id(t.client): t.client for t in self._targets.values()}.values():
@@ -61,8 +61,24 @@ class RoutedProvider:
         return target
 
     @staticmethod
-    def _chat(target: Target, system: str, user: str, reason: bool) -> Reply:
+    def _chat(target: Target, system: str, user: str, reason: bool) -> tuple[Reply, Usage]:
+        """One call and what it cost. A call the server answered is paid even when it fails here:
+        token counts it sent malformed are counted as the UTF-8 bytes of the prompt and of the
+        answer (a token is at least one byte, so this never counts less than was used)."""
         reply = target.client.chat(target.route.model, system, user, reason=reason)
+        input_tokens = reply.input_tokens
+        if input_tokens is None:
+            input_tokens = len(system.encode()) + len(user.encode())
+        output_tokens = reply.output_tokens
+        if output_tokens is None:
+            output_tokens = len(reply.text.encode()) + len((reply.reasoning or "").encode())
+        usage = target.usage(input_tokens, output_tokens)
+        where = f"{target.route.provider} {target.route.model}"
+        if reply.usage_problem is not None:
+            raise ProviderError(
+                f"{where}: {reply.usage_problem}; counted as {input_tokens} input and {output_tokens} output tokens",
+                usage,
+            )
         if not reply.text.strip():
-            raise ProviderError(f"{target.route.provider} {target.route.model}: the model returned an empty answer")
-        return reply
+            raise ProviderError(f"{where}: the model returned an empty answer", usage)
+        return reply, usage

@@ -11,6 +11,7 @@ processes, a real HTTP server, real files and real databases.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, cli_env, mklang, postgres_schema
+from fakeserver import answer, raw
 
 EXAMPLES = ROOT / "examples"
 APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish", "--format", "json"]
@@ -157,3 +159,51 @@ def test_a_fleet_key_shorter_than_32_bytes_is_refused(approval):
     )
     assert "MKLANG_CHECKPOINT_KEY is shorter than 32 bytes" in line and "fleet-secret" not in line
     assert not (approval / "cp.json").exists()
+
+
+# --- item 3: a model server's token counts are validated -------------------------
+
+LOOP = """\
+mklang 0.4
+machine loop
+entry ask
+budget 500
+state ask {
+  structure "One word."
+  prompt "Say a word."
+  output word
+  when "the word is stop" -> END
+  otherwise -> ask
+}
+"""
+
+COMPLETION = (
+    '{"choices": [{"index": 0, "message": {"role": "assistant", "content": "word"}, "finish_reason": "stop"}], '
+    '"usage": {"prompt_tokens": %s, "completion_tokens": 4}}'
+)
+
+
+@pytest.mark.parametrize("count", ["-1000000", '"12"', "[10]", "1e400", "NaN", "true"])
+def test_a_malformed_token_count_is_one_provider_error_line_and_the_call_counts_as_spent(tmp_path, server, count):
+    (tmp_path / "loop.mk").write_text(LOOP)
+    server.handler = lambda request: raw(COMPLETION % count)
+    env = cli_env(OPENAI_BASE_URL=server.openai_url)
+    model = ["--provider", "openai", "--model", "m", "--max-tokens", "100", "--format", "json"]
+    done = mklang("run", "loop.mk", *model, cwd=tmp_path, env=env)
+    assert done.returncode == 1 and server.count == 1, (done.stderr, server.count)
+    result = json.loads(done.stdout)
+    (line,) = result["error"].splitlines()
+    assert line.startswith("provider-error: openai m: the server's usage is malformed (prompt_tokens: ")
+    assert "counted as" in line
+    prompt_bytes = len(server.requests[0].user.encode()) + len(server.requests[0].system.encode())
+    assert result["usage"]["input_tokens"] == prompt_bytes and result["usage"]["output_tokens"] == 4
+
+    suspended = mklang("run", "loop.mk", *model, "--checkpoint", "cp.json", cwd=tmp_path, env=env)
+    assert suspended.returncode == 3, suspended.stderr
+    assert json.loads(suspended.stdout)["usage"]["input_tokens"] == prompt_bytes
+    server.handler = lambda request: answer("word", input_tokens=6, output_tokens=4)
+    resumed = mklang("resume", "cp.json", "--format", "json", "--provider", "openai", "--model", "m", cwd=tmp_path,
+                     env=env)  # fmt: skip
+    assert resumed.returncode == 3, resumed.stderr  # the paid call still counts: the 100 tokens run out sooner
+    assert json.loads(resumed.stdout)["usage"]["input_tokens"] >= prompt_bytes
+    assert server.count - 2 <= (100 - prompt_bytes - 4) // 10 + 1
