@@ -51,12 +51,17 @@ EXPECT_KEYS = {
     "context",
     "usage",
 }
+# What mklang 1.x scripts spell differently, read as this project's (SPEC section 5):
+# statuses, `run:` settings, and `context:` for `input:` (which wins on a clash).
+STATUS_1X = {"halt": "halted"}
+RUN_1X = {"cost_budget": "max_tokens", "max_workers": "concurrency", "suspendable": "checkpoint",
+          "escalate_suspend": "hitl"}  # fmt: skip
 # The keys allowed at each place of a scenario; `[]` marks the items of a list.
 # A place not listed here holds free data (input, expect.context, resumes[].set).
 KEYS: dict[str, set[str]] = {
-    "": {"name", "input", "llm", "hooks", "tools", "run", "expect", "resumes"},
+    "": {"name", "input", "context", "llm", "hooks", "tools", "run", "expect", "resumes"},
     "llm": {"produce", "judge", "tokens", "delay_ms"},
-    "run": {"max_tokens", "checkpoint", "hitl", "concurrency", "budget"},
+    "run": {"max_tokens", "checkpoint", "hitl", "concurrency", "budget", *RUN_1X},
     "expect": EXPECT_KEYS,
     "expect.usage": {"input_tokens", "output_tokens", "cost_usd"},
     "expect.trace[]": TRACE_KEYS,
@@ -65,16 +70,14 @@ KEYS: dict[str, set[str]] = {
     "resumes[].expect.usage": {"input_tokens", "output_tokens", "cost_usd"},
     "resumes[].expect.trace[]": TRACE_KEYS,
 }
-MAPS = {"input", "llm", "hooks", "tools", "run", "expect", "expect.context", "expect.usage", "resumes[].set"}
+MAPS = {"input", "context", "llm", "hooks", "tools", "run", "expect", "expect.context", "expect.usage", "resumes[].set"}
 MAPS |= {"resumes[]", "resumes[].expect", "resumes[].expect.context", "resumes[].expect.usage", "expect.trace[]"}
 MAPS |= {"resumes[].expect.trace[]"}
 LISTS = {"resumes", "expect.trace", "resumes[].expect.trace"}
 # Settings of `run:` and of each resume, with what they must hold.
-WHOLE_NUMBERS = {"max_tokens": 0, "budget": 0, "concurrency": 1}  # name: least value
-FLAGS = {"checkpoint", "hitl"}
+WHOLE_NUMBERS = {"max_tokens": 0, "budget": 0, "concurrency": 1, "cost_budget": 0, "max_workers": 1}  # least values
+FLAGS = {"checkpoint", "hitl", "suspendable", "escalate_suspend"}
 SCENARIO_KEYS = KEYS[""]
-# Statuses as mklang 1.x scripts spell them, read as this project's (SPEC section 5).
-STATUS_1X = {"halt": "halted"}
 
 
 @dataclass
@@ -218,7 +221,9 @@ def _scenario(raw: Any, where: str, source: str) -> Scenario:
         _validate(raw, "", "")
         scenario = Scenario(
             name=raw["name"],
-            **{key: raw.get(key) or {} for key in ("input", "llm", "hooks", "tools", "run", "expect")},
+            input={**(raw.get("context") or {}), **(raw.get("input") or {})},
+            run=_run_settings(raw.get("run") or {}),
+            **{key: raw.get(key) or {} for key in ("llm", "hooks", "tools", "expect")},
             resumes=[
                 Resume(**{k: v for k, v in (item or {}).items() if v is not None}) for item in raw.get("resumes") or []
             ],
@@ -228,6 +233,20 @@ def _scenario(raw: Any, where: str, source: str) -> Scenario:
     except UsageError as error:
         raise UsageError(f"{where}: {error}") from None
     return scenario
+
+
+def _run_settings(run: dict[str, Any]) -> dict[str, Any]:
+    """`run:` with the 1.x names read as this project's; 1.x parks on an escalation
+    without asking for a checkpoint, which parking needs here."""
+    settings = {key: value for key, value in run.items() if key not in RUN_1X}
+    for old, new in RUN_1X.items():
+        if old in run:
+            if new in run:
+                raise UsageError(f"'run.{old}' is the mklang 1.x name of 'run.{new}': give one of them")
+            settings[new] = run[old]
+    if run.get("escalate_suspend"):
+        settings.setdefault("checkpoint", True)
+    return settings
 
 
 def check_names(scenario: Scenario, tools: set[str], hooks: set[str]) -> None:

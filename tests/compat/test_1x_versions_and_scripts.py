@@ -2,8 +2,9 @@
 
 Language versions 0.2 and 0.3 are subsets of 0.4 and run; only a newer
 version is refused, naming both. Scripts keep their 1.x spellings: `status:
-halt`, and the `error` of a suspended run holding its reason. Everything
-else in a script is still validated. In process, through the CLI's own
+halt`, the `error` of a suspended run holding its reason, the 1.x `run:`
+settings and `context:` for `input:`. Everything else in a script is still
+validated. In process, through the CLI's own
 command functions.
 """
 
@@ -136,6 +137,44 @@ def test_the_error_of_a_suspended_run_is_its_reason(tmp_path):
     wrong = {**asks, "expect": {"status": "suspended", "error": "budget-exhausted"}}
     code, out, _ = cli("test", path, "--script", script(tmp_path, wrong))
     assert code == 1 and 'error: expected "budget-exhausted", got "escalated"' in out
+
+
+def test_1x_run_settings_and_context_read_as_this_projects(tmp_path):
+    path = machine(tmp_path, "m.mkl", "0.2")
+    parks = {
+        "name": "parks",
+        "context": {"topic": "from context", "other": 1},
+        "input": {"topic": "from input"},
+        "hooks": {"sure": [False]},
+        "llm": {"judge": [0]},
+        "run": {"escalate_suspend": True, "max_workers": 2},
+        "expect": {"status": "suspended", "error": "escalated", "context": {"topic": "from input", "other": 1}},
+    }
+    spends = {
+        "name": "spends",
+        "hooks": {"sure": [False]},
+        "llm": {"judge": [0], "tokens": [3, 2]},
+        "run": {"suspendable": True, "cost_budget": 5},
+        "expect": {"status": "suspended", "error": "cost-exhausted", "at": "b"},
+    }
+    code, out, _ = cli("test", path, "--script", script(tmp_path, parks, spends))
+    assert code == 0, out
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ({"cost_budget": 5, "max_tokens": 5}, "'run.cost_budget' is the mklang 1.x name of 'run.max_tokens'"),
+        ({"cost_budget": "lots"}, "'run.cost_budget' expects a whole number of at least 0, got \"lots\""),
+        ({"suspendable": "yes"}, "'run.suspendable' expects true or false, got \"yes\""),
+        ({"on_truncate": "halt"}, "unknown key 'run.on_truncate'"),
+    ],
+)
+def test_1x_run_settings_are_validated(tmp_path, run, message):
+    code, _, err = cli(
+        "test", machine(tmp_path, "m.mkl", "0.2"), "--script", script(tmp_path, {"name": "s", "run": run})
+    )
+    assert code == 2 and message in err and err.count("\n") == 1
 
 
 def test_a_halted_run_still_compares_its_error(tmp_path):
