@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import re
 import sys
@@ -60,7 +61,19 @@ _JSON_ERRORS: ContextVar[bool] = ContextVar("json_errors", default=False)
 
 def print_json(data: Any) -> None:
     """One JSON document on stdout (results are printed without loading the renderer)."""
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.write(json.dumps(finite(data), indent=2, ensure_ascii=False, default=str, allow_nan=False) + "\n")
+
+
+def finite(value: Any) -> Any:
+    """`value` with every number JSON cannot hold (NaN, Infinity, which only a host's Python value
+    can bring) as its name in a string, so JSON output is always JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
 
 
 def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> typer.Exit:
@@ -72,7 +85,7 @@ def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = N
         document = {"status": "error", "error": message, "exit_code": code}
         if diagnostics is not None:
             document["diagnostics"] = [d.to_json() for d in diagnostics]
-        print(json.dumps(document, ensure_ascii=False))
+        print(json.dumps(finite(document), ensure_ascii=False, allow_nan=False))
     return typer.Exit(code)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -56,6 +57,8 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         except NestingError as error:
             raise fail(f"--set {key}: the value is {error}") from None
         except ValueError:
+            values[key] = raw
+        if isinstance(values[key], float) and not math.isfinite(values[key]):  # NaN, Infinity, 1e400: not JSON
             values[key] = raw
     return values
 

@@ -207,3 +207,44 @@ def test_a_malformed_token_count_is_one_provider_error_line_and_the_call_counts_
     assert resumed.returncode == 3, resumed.stderr  # the paid call still counts: the 100 tokens run out sooner
     assert json.loads(resumed.stdout)["usage"]["input_tokens"] >= prompt_bytes
     assert server.count - 2 <= (100 - prompt_bytes - 4) // 10 + 1
+
+
+# --- item 8: --format json prints JSON, whatever the values ------------------------
+
+SCORE = """\
+mklang 0.4
+machine score
+entry rate
+budget 3
+result score
+state rate {
+  structure "A JSON object with a number `value`."
+  prompt "Rate it."
+  output score
+  parse json
+  otherwise -> END
+}
+"""
+
+
+def strict_json(text: str):
+    """Parse as JSON is specified: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_never_holds_nan_or_infinity(tmp_path, server):
+    (tmp_path / "score.mk").write_text(SCORE)
+    server.add(answer('{"value": NaN, "spread": [Infinity, -Infinity, 1e400]}'))
+    env = cli_env(OPENAI_BASE_URL=server.openai_url)
+    done = mklang(
+        "run", "score.mk", "--provider", "openai", "--model", "m", "--format", "json", "--set", "given=NaN",
+        "--set", "huge=1e400", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = strict_json(done.stdout)
+    assert result["result"] == {"value": "NaN", "spread": ["Infinity", "-Infinity", "Infinity"]}
+    assert (result["context"]["given"], result["context"]["huge"]) == ("NaN", "1e400")  # --set keeps them as text
