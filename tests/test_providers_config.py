@@ -130,7 +130,9 @@ def test_missing_explicit_files_are_errors(tmp_path, monkeypatch):
         ('[providers.openai]\nretries = "many"\n', r"retries has the wrong type \(str\)"),
         ("[providers.openai]\nmax_in_flight = 0\n", r"max_in_flight must be positive"),
         ('[prices."openai:x"]\ninput = 1\n', r"needs numbers 'input' and 'output'"),
-        ('[prices."openai:x"]\ninput = -1\noutput = 1\n', r"must not be negative"),
+        ('[prices."openai:x"]\ninput = -1\noutput = 1\n', r"prices must be numbers from 0 to 1,000,000"),
+        ('[prices."openai:x"]\ninput = nan\noutput = 1\n', r"prices must be numbers from 0 to 1,000,000"),
+        ('[prices."openai:x"]\ninput = 1\noutput = inf\n', r"prices must be numbers from 0 to 1,000,000"),
         ("[models]\n", r"unknown key 'models'"),
     ],
 )
@@ -186,7 +188,7 @@ def test_config_command_shows_which_keys_are_set_never_their_values(tmp_path, mo
     text = runner.invoke(app, ["config", "--config", str(path), "--format", "text"])
     assert "oa: openai https://api.openai.com/v1 (key: OA_KEY set)" in text.stdout
     assert "an: anthropic https://api.anthropic.com (key: AN_KEY not set)" in text.stdout
-    assert "balanced   oa:gpt-4o  ($2.5 in / $10 out per million tokens)" in text.stdout
+    assert "balanced   oa:gpt-4o  ($2.5 in / $10 out per million tokens, from the config)" in text.stdout
     assert KEY not in result.stdout + text.stdout + result.stderr + text.stderr
 
 

@@ -38,8 +38,10 @@ def render_text(data: dict[str, Any]) -> str:
     lines = [f"config: {data['source'] or 'none found (searched ' + ', '.join(data['searched']) + ')'}"]
     lines.append("tiers:")
     for tier, key in data["tiers"].items():
-        price = data["prices"].get(key)
-        cost = f"${price['input']:g} in / ${price['output']:g} out per million tokens" if price else "no price"
+        price = data["tier_prices"][tier]
+        cost = "no price"
+        if price:
+            cost = f"${price['input']:g} in / ${price['output']:g} out per million tokens, from {price['source']}"
         lines.append(f"  {tier:<10} {key}  ({cost})")
     if not data["tiers"]:
         lines.append("  (none: pass --provider and --model, or map tiers in the config)")

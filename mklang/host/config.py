@@ -15,6 +15,8 @@ built.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
 import sys
@@ -110,15 +112,44 @@ class Route:
         return cls(provider, model)
 
 
+MAX_PRICE = 1_000_000.0  # USD per million tokens: far above any model's; a larger price is a typo
+
+
 @dataclass(frozen=True)
 class Price:
-    """USD per million input and output tokens."""
+    """USD per million input and output tokens, and where they came from (the config, genai-prices)."""
 
     input: float
     output: float
+    source: str = "the config"
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
+
+
+@functools.cache
+def catalog_price(provider: str, base_url: str, model: str) -> Price | None:
+    """What genai-prices (maintained price data of the major providers) says `model` costs, or None.
+
+    A built-in provider is looked up by name, any other by its endpoint. Tiered
+    prices are read at a million tokens, so a cap never counts a call cheaper
+    than it was."""
+    from importlib.metadata import version
+
+    from genai_prices import Usage, calc_price
+
+    where: dict[str, str] = {"provider_id": provider} if provider in KINDS else {"provider_api_url": base_url}
+    try:
+        per_input = calc_price(Usage(input_tokens=1_000_000), model, **where).total_price
+        per_output = calc_price(Usage(output_tokens=1_000_000), model, **where).total_price
+    except (LookupError, ValueError):
+        return None
+    price = Price(float(per_input), float(per_output), f"genai-prices {version('genai-prices')}")
+    return price if _valid_price(price) else None
+
+
+def _valid_price(price: Price) -> bool:
+    return all(math.isfinite(value) and 0 <= value <= MAX_PRICE for value in (price.input, price.output))
 
 
 def builtin_providers() -> dict[str, ProviderConfig]:
@@ -161,7 +192,10 @@ class HostConfig:
         return found
 
     def price(self, route: Route) -> Price | None:
-        return self.prices.get(route.key)
+        """The config's price of a route, else the one genai-prices knows, else None."""
+        if route.key in self.prices:
+            return self.prices[route.key]
+        return catalog_price(route.provider, self.provider(route.provider).base_url, route.model)
 
     def with_overrides(self, provider: str | None, model: str | None) -> HostConfig:
         """Apply `--provider` / `--model`: each replaces that half of every tier's route."""
@@ -200,9 +234,14 @@ class HostConfig:
         return {
             "source": str(self.source) if self.source else None,
             "tiers": {tier: route.key for tier, route in self.tiers.items()},
+            "tier_prices": {tier: _described(self.price(route)) for tier, route in self.tiers.items()},
             "providers": {name: self.provider(name).describe() for name in sorted(used)},
             "prices": {key: {"input": p.input, "output": p.output} for key, p in sorted(self.prices.items())},
         }
+
+
+def _described(price: Price | None) -> dict[str, Any] | None:
+    return None if price is None else {"input": price.input, "output": price.output, "source": price.source}
 
 
 # `api_key_env` rule (docs/limits.md): a config names only variables that look
@@ -365,8 +404,8 @@ def _price(table: Any, label: str) -> Price:
         price = Price(float(table["input"]), float(table["output"]))
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"{label}: needs numbers 'input' and 'output' (USD per million tokens)") from None
-    if price.input < 0 or price.output < 0:
-        raise UsageError(f"{label}: prices must not be negative")
+    if not _valid_price(price):
+        raise UsageError(f"{label}: prices must be numbers from 0 to {MAX_PRICE:,.0f} (USD per million tokens)")
     return price
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, cli_env, mklang, postgres_schema
-from fakeserver import answer, raw
+from fakeserver import Reply, Request, answer, raw
 
 EXAMPLES = ROOT / "examples"
 APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish", "--format", "json"]
@@ -248,3 +248,62 @@ def test_json_output_never_holds_nan_or_infinity(tmp_path, server):
     result = strict_json(done.stdout)
     assert result["result"] == {"value": "NaN", "spread": ["Infinity", "-Infinity", "Infinity"]}
     assert (result["context"]["given"], result["context"]["huge"]) == ("NaN", "1e400")  # --set keeps them as text
+
+
+# --- item 4: prices ----------------------------------------------------------------
+
+
+def model_server(request: Request) -> Reply:
+    """Answers examples/kill-9-resume/report.mk: an outline, sections, a report; every judge says 1."""
+    if "strict judge" in request.system:
+        text = "1"
+    elif "Outline" in request.user:
+        text = '["Leaks", "Meters", "Pressure", "Results"]'
+    else:
+        text = "A paragraph."
+    return answer(text, input_tokens=10_000, output_tokens=2_000)  # $0.0027 a call for gpt-4o-mini
+
+
+def test_max_cost_stops_a_run_of_a_known_model_within_the_cap_with_no_config_file(tmp_path, server):
+    per_call = (10_000 * 0.15 + 2_000 * 0.6) / 1_000_000  # genai-prices: gpt-4o-mini, USD per million tokens
+    server.handler = model_server
+    done = mklang(
+        "run", str(EXAMPLES / "kill-9-resume" / "report.mk"), "--provider", "openai", "--model", "gpt-4o-mini",
+        "--max-cost", "0.01", "--concurrency", "1", "--format", "json",
+        cwd=tmp_path, env=cli_env(OPENAI_BASE_URL=server.openai_url, XDG_CONFIG_HOME=str(tmp_path / "no-config")),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert result["error"] == "cost-exhausted"
+    assert server.count == 4  # outline, its judge, two of the four sections: then the cap
+    spent = result["usage"]["cost_usd"]
+    assert spent == pytest.approx(4 * per_call) and spent < 0.01 + per_call  # over by less than the call in flight
+
+
+@pytest.mark.parametrize("price", ["nan", "-1", "inf", "1e400", "2e6"])
+def test_a_nan_negative_or_infinite_price_is_refused_when_the_config_loads(tmp_path, server, price):
+    (tmp_path / "mklang.toml").write_text(f'[prices."openai:gpt-4o-mini"]\ninput = {price}\noutput = 0.6\n')
+    (tmp_path / "loop.mk").write_text(LOOP)
+    server.handler = lambda request: answer("word")
+    env = cli_env(OPENAI_BASE_URL=server.openai_url)
+    model = ["--provider", "openai", "--model", "gpt-4o-mini", "--max-cost", "0.01"]
+    line = refused(mklang("run", "loop.mk", *model, "--config", "mklang.toml", cwd=tmp_path, env=env))
+    assert "mklang.toml: [prices.'openai:gpt-4o-mini']: prices must be numbers from 0 to 1,000,000" in line
+    assert server.count == 0
+
+
+def test_mklang_config_shows_each_tiers_price_and_where_it_came_from(tmp_path):
+    (tmp_path / "mine.toml").write_text(
+        '[tiers]\nfast = "openai:gpt-4o-mini"\nbalanced = "openai:gpt-4o"\nreasoning = "ollama:llama3.2"\n'
+        '[prices."openai:gpt-4o"]\ninput = 2\noutput = 8\n'
+    )
+    shown = mklang("config", "--config", "mine.toml", "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    prices = json.loads(shown.stdout)["tier_prices"]
+    assert prices["fast"] == {"input": 0.15, "output": 0.6, "source": prices["fast"]["source"]}
+    assert prices["fast"]["source"].startswith("genai-prices ")
+    assert prices["balanced"] == {"input": 2.0, "output": 8.0, "source": "the config"}  # the config overrides it
+    assert prices["reasoning"] is None
+    text = mklang("config", "--config", "mine.toml", "--format", "text", cwd=tmp_path).stdout
+    assert "fast       openai:gpt-4o-mini  ($0.15 in / $0.6 out per million tokens, from genai-prices " in text
+    assert "reasoning  ollama:llama3.2  (no price)" in text
