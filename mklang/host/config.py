@@ -138,13 +138,16 @@ def catalog_price(provider: str, base_url: str, model: str) -> Price | None:
 
     from genai_prices import Usage, calc_price
 
-    where: dict[str, str] = {"provider_id": provider} if provider in KINDS else {"provider_api_url": base_url}
+    def per_million(usage: Usage) -> float:
+        if provider in KINDS:
+            return float(calc_price(usage, model, provider_id=provider).total_price)
+        return float(calc_price(usage, model, provider_api_url=base_url).total_price)
+
     try:
-        per_input = calc_price(Usage(input_tokens=1_000_000), model, **where).total_price
-        per_output = calc_price(Usage(output_tokens=1_000_000), model, **where).total_price
+        per_input, per_output = per_million(Usage(input_tokens=1_000_000)), per_million(Usage(output_tokens=1_000_000))
     except (LookupError, ValueError):
         return None
-    price = Price(float(per_input), float(per_output), f"genai-prices {version('genai-prices')}")
+    price = Price(per_input, per_output, f"genai-prices {version('genai-prices')}")
     return price if _valid_price(price) else None
 
 
