@@ -7,7 +7,8 @@ test`, unchanged. The one exception is the 1.x console's own machine
 (`agent.mkl`): its scenarios rely on a hook that only the 1.x console
 registers (docs/language.md, "Machines and scripts of mklang 1.x"), and the
 test pins exactly how they fail, and that scripting that hook makes them
-pass. Without pip access to the package the
+pass. The wheel's own 1.x interpreter runs every scenario too, as the
+oracle of what each step must be. Without pip access to the package the
 tests skip with one line, except under CI=true, where they fail.
 """
 
@@ -27,9 +28,11 @@ from typer.testing import CliRunner
 import mklang.cli.run_cmds  # registers `test`
 import mklang.cli.syntax_cmds  # noqa: F401 - registers `check` and `fmt`
 from mklang.cli.app import app
+from mklang.scenarios import STATUS_1X, load_script, run_scenario
 from mklang.syntax import load_file, parse
 
 RELEASE = "mklang==1.4.0"
+INTERPRETER_1X = Path(__file__).with_name("interpreter_1x.py")
 MACHINES = [
     "console/agent",
     "init/hello",
@@ -44,6 +47,8 @@ MACHINES = [
     "stdlib/std_self_consistency",
     "stdlib/std_tot",
 ]
+# What a step here must share with the same step of the 1.x interpreter.
+COMPARED_WITH_1X = ("state", "policy", "to", "gate", "gate_via", "reasoning")
 # The 1.x console registers `console_workspace_ready` itself; no script can.
 CONSOLE_HOOK_FAILURE = "the run ended halted: state-error: hook: unknown hook 'console_workspace_ready' at reply"
 AGENT_FAILURES = {
@@ -76,8 +81,21 @@ def wheel_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail(f"{message} (CI must run the 1.x compatibility tests)")
         pytest.skip(message)
     with zipfile.ZipFile(wheels[0]) as wheel:
-        wheel.extractall(folder / "wheel", [name for name in wheel.namelist() if name.startswith("mklang/data/")])
+        wheel.extractall(folder / "wheel")
     return folder / "wheel" / "mklang" / "data"
+
+
+@pytest.fixture(scope="session")
+def runs_1x(wheel_data: Path) -> dict[str, dict]:
+    """Every scenario of the wheel as the 1.x interpreter runs it, by "machine:scenario"."""
+    machines = [str(wheel_data / f"{name}.mkl") for name in MACHINES]
+    env = {**os.environ, "PYTHONPATH": str(wheel_data.parents[1])}  # the unpacked wheel's `mklang` first
+    done = subprocess.run(
+        [sys.executable, str(INTERPRETER_1X), *machines], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return {f"{Path(key.rsplit(':', 1)[0]).relative_to(wheel_data).with_suffix('')}:{key.rsplit(':', 1)[1]}": run
+            for key, run in json.loads(done.stdout).items()}  # fmt: skip
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -106,6 +124,16 @@ def test_a_1x_machine_checks_and_converts_to_canonical_mk(wheel_data, name, tmp_
     assert cli("fmt", "--check", str(converted))[0] == 0
 
 
+def hooked_agent_script(wheel_data: Path, folder: Path) -> Path:
+    """The console machine's script with the console's hook scripted true."""
+    script = yaml.safe_load((wheel_data / "console" / "agent.test.yaml").read_text(encoding="utf-8"))
+    for scenario in script["scenarios"]:
+        scenario.setdefault("hooks", {})["console_workspace_ready"] = [True]
+    hooked = folder / "agent.test.yaml"
+    hooked.write_text(yaml.safe_dump(script), encoding="utf-8")
+    return hooked
+
+
 def run_script(source: Path, script: Path) -> tuple[int, list[dict], str]:
     code, out, err = cli("test", str(source), "--script", str(script), "--format", "json")
     return code, json.loads(out), err
@@ -127,10 +155,28 @@ def test_a_1x_machine_passes_its_own_script(wheel_data, name):
 
 def test_the_console_machine_lacks_only_the_console_hook(wheel_data, tmp_path):
     source = wheel_data / "console" / "agent.mkl"
-    script = yaml.safe_load(source.with_suffix(".test.yaml").read_text(encoding="utf-8"))
-    for scenario in script["scenarios"]:
-        scenario.setdefault("hooks", {})["console_workspace_ready"] = [True]
-    hooked = tmp_path / "agent.test.yaml"
-    hooked.write_text(yaml.safe_dump(script), encoding="utf-8")
-    code, outcomes, err = run_script(source, hooked)
+    code, outcomes, err = run_script(source, hooked_agent_script(wheel_data, tmp_path))
     assert code == 0 and len(outcomes) == len(AGENT_FAILURES) + 1 and all(o["passed"] for o in outcomes), err
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_a_1x_machine_takes_the_steps_the_1x_interpreter_takes(wheel_data, runs_1x, name, tmp_path):
+    """Each scenario, run here and by 1.x itself: the same outcome and, step by step, the
+    same states, gates, policies, targets and reasoning. By design, and invisible to the
+    scripts, a state that fails (`state-error`) makes no step here, where 1.x recorded one,
+    and its error is worded differently; the console machine runs with its hook scripted."""
+    source = wheel_data / f"{name}.mkl"
+    script = hooked_agent_script(wheel_data, tmp_path) if name == "console/agent" else source.with_suffix(".test.yaml")
+    machine = load_file(source)
+    for scenario in load_script(script):
+        ran_1x = runs_1x[f"{name}:{scenario.name}"]
+        result = run_scenario(machine, scenario)
+        assert result.status == STATUS_1X.get(ran_1x["status"], ran_1x["status"]), scenario.name
+        steps_1x = [step for step in ran_1x["trace"] if step["policy"] != "state-error"]
+        assert [step_keys(step) for step in result.trace] == [step_keys(step) for step in steps_1x], scenario.name
+        if not str(result.error).startswith("state-error"):
+            assert result.error == ran_1x["error"], scenario.name
+
+
+def step_keys(step: dict) -> dict:
+    return {key: step.get(key) for key in COMPARED_WITH_1X}
