@@ -127,6 +127,18 @@ def _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, reason):
     assert load(checkpoint).frames == before, f"resuming at the {reason} of {[f['state'] for f in before]}"
 
 
+def test_resuming_a_pending_question_without_its_reply_re_suspends_as_it_was(tmp_path):
+    asked = 0
+    for machine_path, script in scripted_machines():
+        for scenario in load_script(script):
+            checkpoint = tmp_path / f"{machine_path.stem}-{scenario.name}.json"
+            first = _start(load_file(machine_path), scenario, checkpoint)
+            if (first.status, first.error) == ("suspended", "escalated"):
+                _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, "escalated")
+                asked += 1
+    assert asked >= 2  # the approval and triage examples park on a human
+
+
 def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_path):
     root = EXAMPLES
     machine = load_file(root / "nested" / "brief.mk")
