@@ -37,7 +37,9 @@ LITERALS: Final = ("true", "false", "null")
 # of it (the YAML machines of mklang 1.x declare 0.2 and 0.3) and run
 # unchanged; only a newer one is refused.
 LANGUAGE_VERSION: Final = "0.4"
-VERSION_NUMBER: Final = re.compile(r"([0-9]+)(?:\.([0-9]+))?\Z")  # what a `mklang` line may say
+# What a `mklang` line may say: X or X.Y, and in YAML also X.Y.Z (1.x machines say
+# "0.2.0"), read as X.Y: a language version has no patch level.
+VERSION_NUMBER: Final = re.compile(r"([0-9]+)(?:\.([0-9]+))?(\.[0-9]+)?\Z")
 
 MK_SUFFIX: Final = ".mk"
 YAML_SUFFIXES: Final = (".mkl", ".yaml", ".yml")

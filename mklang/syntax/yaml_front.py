@@ -110,11 +110,13 @@ class _Reader:
                 return {}
             return value
         if field == "version":
-            if not VERSION_NUMBER.match(str(value)):
+            number = VERSION_NUMBER.match(str(value))
+            if number is None:
                 self.error(
                     node, "invalid-value", f'mklang must be a version number like {LANGUAGE_VERSION}, not "{value}"'
                 )
-            return str(value)
+                return str(value)
+            return str(value).removesuffix(number[3] or "")
         return self.name(
             node,
             {"name": "a machine name", "entry": "a state name"}.get(field, "a context path"),

@@ -108,6 +108,13 @@ def test_a_newer_language_version_is_refused_naming_both(tmp_path, name, version
     assert code == 2 and json.loads(out)["error"] == f"{path}:1:1: {refusal}"
 
 
+def test_a_yaml_version_with_a_patch_level_reads_as_its_language_version(tmp_path):
+    path = machine(tmp_path, "m.mkl", "0.2.0")
+    assert cli("check", path)[0] == 0
+    code, printed, _ = cli("fmt", path)
+    assert code == 0 and printed.startswith("mklang 0.2\n")
+
+
 def test_a_version_line_that_is_no_version_number_is_refused(tmp_path):
     path = tmp_path / "m.mk"
     path.write_text(ONE_STATE_MK.format(version="1e5"), encoding="utf-8")
