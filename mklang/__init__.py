@@ -1,6 +1,7 @@
 """mklang: LLM-driven agent state machines with budgeted, resumable runs.
 
-The public API is `load`, `run`, `resume` and `batch`; they import the heavy parts of
+The public API is `load`, `run`, `resume` and `batch`, and `read_only` to mark a
+host tool that changes nothing; they import the heavy parts of
 the package only when called, so `import mklang` stays cheap for the CLI.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.4.0"
 
-__all__ = ["__version__", "batch", "load", "resume", "run"]
+__all__ = ["__version__", "batch", "load", "read_only", "resume", "run"]
 
 
 def load(path):
@@ -34,6 +35,14 @@ def run(machine, context=None, *, provider, tools=None, hooks=None, scripted=Non
     machine = load(machine) if not hasattr(machine, "states") else require_runnable(machine)
     host = Host(provider, tools or {}, hooks or {}, scripted=scripted)
     return start(machine, context, host, checkpoint=checkpoint, **options)
+
+
+def read_only(tool):
+    """Mark a host tool as read-only (it observes the world, it changes nothing), so that a
+    decision a judge made over outside data may reach it (SPEC section 4, "Control-flow taint")."""
+    from mklang.effects import read_only as mark
+
+    return mark(tool)
 
 
 def resume(source, *, provider, tools=None, hooks=None, scripted=None, **options):
@@ -67,7 +76,8 @@ def batch(
     `inputs` is a JSON Lines path or a list of context maps (an `id` key names
     a run, else the hash of the input). `store` is a folder or a store URI.
     Calling it again with the same inputs resumes the batch. `budgets` are
-    each run's (`max_tokens`, `max_cost`, `max_time`); `batch_max_*` bound the
+    each run's (`max_tokens`, `max_cost`, `max_time`, and the `untrusted_flow`
+    policy, report or halt); `batch_max_*` bound the
     whole batch. With `out`, one result line per input is written there.
     With `hitl`, an escalation parks its run for a human reply (`mklang resume
     STORE#RUN --set ...`); calling it again continues the answered runs.

@@ -235,6 +235,7 @@ class Batch:
         max_tokens: int | None = None,
         max_cost: float | None = None,
         max_time: float | None = None,
+        untrusted_flow: str | None = None,
         ceilings: Ceilings | None = None,
         ledger: Ledger | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
@@ -246,7 +247,10 @@ class Batch:
         self.store = store
         self.uri = uri
         self.host_for = host_for
-        self.budgets: dict[str, Any] = dict(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time)
+        # What every run is started or resumed with: the budgets, and the untrusted-flow policy.
+        self.budgets: dict[str, Any] = dict(
+            max_tokens=max_tokens, max_cost=max_cost, max_time=max_time, untrusted_flow=untrusted_flow
+        )
         self.hitl = hitl  # escalations park the run for a human reply
         self.kept_texts = kept_texts  # a resume runs the machine texts the store keeps in place of edited files
         if ledger is None and ceilings is not None and ceilings.any():

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mklang import __version__
+from mklang.effects import tainted_effects
 from mklang.engine.interpolate import lookup
 from mklang.errors import Diagnostic, LoadError, Severity, did_you_mean
 from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
@@ -154,6 +155,7 @@ def check(machine: Machine, provided: Iterable[str] = ()) -> list[Diagnostic]:
     for state in machine.states:
         _check_state(out, machine, state, names, tools, hooks, written, near)
 
+    _check_effects(out, machine)
     reachable = _reachable(machine)
     for state in machine.states:
         if machine.entry in names and state.name not in reachable:
@@ -253,6 +255,22 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
         if key not in written and not (fan_out and key in FAN_OUT_KEYS) and key not in warned:
             out.warning(_at(state, field), "unwritten-context-key", f'{owner} reads "{key}", which nothing writes')
             warned.add(key)
+
+
+def _check_effects(out: _Findings, machine: Machine) -> None:
+    """Control-flow taint (SPEC section 4): an effectful tool a judged decision reaches unconfirmed."""
+    from mklang.host.machines import MachineLoader
+
+    for state, tool, path in tainted_effects(machine, MachineLoader()):
+        face = state.face
+        runs = f'calls "{face.machine}", which runs' if isinstance(face, Call) else "runs"
+        out.warning(
+            _at(state, "call" if isinstance(face, Call) else "tool"),
+            "untrusted-control-flow",
+            f'state "{state.name}" {runs} the effectful tool "{tool}" after a judged decision, with no hook or '
+            f"escalation on the way ({' -> '.join(path)}): a judge misled by outside data could trigger it; "
+            f"confirm with a hook gate, or declare the tool read_only if it changes nothing",
+        )
 
 
 def _declared_list(machine: Machine, path: str) -> bool:

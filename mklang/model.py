@@ -188,6 +188,14 @@ class Declaration(Node):
 
 
 @dataclass(kw_only=True, eq=False)
+class ToolDeclaration(Declaration):
+    """A declared tool; `read_only` says it observes the world without changing it, so
+    a tainted decision may reach it (SPEC section 4, "Control-flow taint")."""
+
+    read_only: bool = False
+
+
+@dataclass(kw_only=True, eq=False)
 class Machine(Node):
     name: str
     version: str | None = None  # the `mklang 0.4` line, when present
@@ -196,7 +204,7 @@ class Machine(Node):
     tier: Tier = "balanced"
     result: str | None = None
     context: dict[str, Any] = field(default_factory=dict)
-    tools: list[Declaration] = field(default_factory=list)
+    tools: list[ToolDeclaration] = field(default_factory=list)
     hooks: list[Declaration] = field(default_factory=list)
     states: list[State]
     # Where the machine was loaded from; set by the loader, not part of meaning.

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mklang.effects import FLOW_POLICIES
 from mklang.errors import UsageError, did_you_mean
 from mklang.exitcodes import STATUSES
 from mklang.limits import load_yaml, read_text
@@ -37,6 +38,8 @@ TRACE_KEYS = {
     "usage",
     "judge_fallback",
     "judge_none",
+    "decision_tainted",
+    "untrusted_control_flow",
 }
 EXPECT_KEYS = {
     "status",
@@ -61,7 +64,7 @@ RUN_1X = {"cost_budget": "max_tokens", "max_workers": "concurrency", "suspendabl
 KEYS: dict[str, set[str]] = {
     "": {"name", "input", "context", "llm", "hooks", "tools", "run", "expect", "resumes"},
     "llm": {"produce", "judge", "tokens", "delay_ms"},
-    "run": {"max_tokens", "checkpoint", "hitl", "concurrency", "budget", *RUN_1X},
+    "run": {"max_tokens", "checkpoint", "hitl", "concurrency", "budget", "on_untrusted_flow", *RUN_1X},
     "expect": EXPECT_KEYS,
     "expect.usage": {"input_tokens", "output_tokens", "cost_usd"},
     "expect.trace[]": TRACE_KEYS,
@@ -181,6 +184,8 @@ def _check_setting(place: str, key: str, value: Any, shown: str) -> None:
             raise UsageError(f"'{shown}' expects a whole number of at least {least}, got {json.dumps(value)}")
     elif key in FLAGS and not isinstance(value, bool):
         raise UsageError(f"'{shown}' expects true or false, got {json.dumps(value)}")
+    elif key == "on_untrusted_flow" and value not in FLOW_POLICIES:
+        raise UsageError(f"'{shown}' is {json.dumps(value)}, not one of {' | '.join(FLOW_POLICIES)}")
 
 
 def load_script(path: str | Path) -> list[Scenario]:
@@ -286,8 +291,9 @@ class Part:
     problems: list[str]
 
 
-def play(machine: Machine, scenario: Scenario) -> list[Part]:
-    """Run a scenario as `mklang run` and `mklang resume` would, and compare every part.
+def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None) -> list[Part]:
+    """Run a scenario as `mklang run` and `mklang resume` would, and compare every part;
+    `untrusted_flow` overrides the scenario's `run.on_untrusted_flow`.
 
     A durable scenario runs with a real checkpoint in a temporary folder; each
     of its `resumes` continues that checkpoint through `mklang.session.resume`,
@@ -300,12 +306,12 @@ def play(machine: Machine, scenario: Scenario) -> list[Part]:
 
     if not scenario.durable:
         with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host)
+            result = start(machine, {}, host, untrusted_flow=untrusted_flow)
         return [Part("run", result, compare(scenario.expect, result))]
     with tempfile.TemporaryDirectory(prefix="mklang-test-") as folder:
         checkpoint = Path(folder) / "checkpoint.json"
         with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host, checkpoint=checkpoint)
+            result = start(machine, {}, host, checkpoint=checkpoint, untrusted_flow=untrusted_flow)
         parts = [Part("run", result, compare(scenario.expect, result))]
         for number, step in enumerate(scenario.resumes, 1):
             label = f"resumes[{number}]"
@@ -320,6 +326,7 @@ def play(machine: Machine, scenario: Scenario) -> list[Part]:
                     max_tokens=step.max_tokens,
                     budget=step.budget,
                     hitl=step.hitl,
+                    untrusted_flow=untrusted_flow,
                 )
             parts.append(Part(label, result, compare(step.expect, result)))
     return parts
@@ -341,6 +348,7 @@ def run_scenario(machine: Machine, scenario: Scenario, **options: Any) -> RunRes
         max_tokens=settings.get("max_tokens"),
         suspendable=scenario.durable,
         hitl=bool(settings.get("hitl", False)),
+        untrusted_flow=settings.get("on_untrusted_flow"),
     )
     if settings.get("concurrency") is not None:
         kwargs["concurrency"] = settings["concurrency"]

@@ -43,6 +43,7 @@ class Host:
     # The `HostSettings` fields a checkpoint records, kept plain: pydantic is
     # imported only when a run is checkpointed.
     settings: dict[str, Any] = field(default_factory=dict)
+    read_only_tools: frozenset[str] = frozenset()  # the host config's `[tools] read_only`
 
     @classmethod
     def for_scenario(cls, scenario: Scenario, settings: dict[str, Any] | None = None) -> Host:
@@ -101,13 +102,22 @@ class Host:
         else:
             if scenario is not None:
                 raise UsageError("--scenario needs --script")
+            from mklang.host.config import load_config
             from mklang.providers.factory import make_provider
 
+            loaded = None if replay else load_config(config, provider=provider, model=model)
             host = cls(
                 provider=make_provider(
-                    provider=provider, model=model, config_path=config, record=record, replay=replay, max_cost=max_cost
+                    provider=provider,
+                    model=model,
+                    config_path=config,
+                    record=record,
+                    replay=replay,
+                    max_cost=max_cost,
+                    config=loaded,
                 ),
                 settings=settings,
+                read_only_tools=loaded.read_only_tools if loaded else frozenset(),
             )
         plugin_tools, plugin_hooks = load_plugins(plugin_paths)
         # Scripted answers win over plugins: a scenario pins what the tools say.
@@ -188,6 +198,7 @@ def start(
     max_time: float | None = None,
     concurrency: int | None = None,
     hitl: bool | None = None,
+    untrusted_flow: str | None = None,
     suspendable: bool = False,
     control: Control | None = None,
     observer: Any = None,
@@ -219,6 +230,8 @@ def start(
         max_time=max_time,
         concurrency=host.run_setting("concurrency", concurrency, 8),
         hitl=bool(host.run_setting("hitl", hitl, False)),
+        untrusted_flow=host.run_setting("on_untrusted_flow", untrusted_flow, "report"),
+        read_only_tools=host.read_only_tools,
         control=control,
         observer=observer,
     )
@@ -296,6 +309,7 @@ def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
         provider=host.provider,
         tools=host.tools,
         hooks=host.hooks,
+        read_only_tools=host.read_only_tools,
         scripted=host.scripted,
         host=host.recorded(),
         **options,

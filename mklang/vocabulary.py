@@ -29,7 +29,9 @@ STATE_KEYWORDS: Final = (
 # Words later on a gate line: the hook of a condition, the policies and an escalation's options.
 POLICY_KEYWORDS: Final = ("repair", "escalate", "fail")
 GATE_KEYWORDS: Final = ("hook", *POLICY_KEYWORDS, "ask", "reply_to")
-KEYWORDS: Final = tuple(dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_KEYWORDS)))
+# Words later on a `tool` declaration line.
+DECLARATION_KEYWORDS: Final = ("read_only",)
+KEYWORDS: Final = tuple(dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_KEYWORDS, *DECLARATION_KEYWORDS)))
 END: Final = "END"  # the target that finishes a run
 LITERALS: Final = ("true", "false", "null")
 

@@ -7,6 +7,7 @@ from conformance.harness import run_mk, write_machines
 ALWAYS = {"step", "state", "policy", "to", "gate", "gate_via", "usage"}
 # `judge_parse` (how a real judge answer was read, ADR 0006) is the one addition to SPEC section 6.
 ALLOWED = ALWAYS | {"output", "branches", "reasoning", "sub_trace", "judge_fallback", "judge_none", "judge_parse"}
+ALLOWED |= {"decision_tainted", "untrusted_control_flow"}
 USAGE = {"input_tokens", "output_tokens", "cost_usd"}
 
 MACHINE = """

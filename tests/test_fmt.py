@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from mklang.cli.app import app
 from mklang.cli.syntax_cmds import fmt_command  # noqa: F401 - registers the command
-from mklang.model import Call, Declaration, Gate, Machine, Produce, State, ToolUse
+from mklang.model import Call, Declaration, Gate, Machine, Produce, State, ToolDeclaration, ToolUse
 from mklang.syntax import format_machine, load_file, parse
 from mklang.vocabulary import TIERS
 
@@ -84,7 +84,8 @@ def states(draw, name, targets):
 @st.composite
 def machines(draw):
     state_names = draw(st.lists(names, min_size=1, max_size=4, unique=True))
-    declarations = st.lists(st.builds(Declaration, name=names, description=prose), max_size=2)
+    tools = st.lists(st.builds(ToolDeclaration, name=names, description=prose, read_only=st.booleans()), max_size=2)
+    hooks = st.lists(st.builds(Declaration, name=names, description=prose), max_size=2)
     return Machine(
         name=draw(names),
         version=draw(st.sampled_from([None, "0.4"])),
@@ -93,8 +94,8 @@ def machines(draw):
         tier=draw(st.sampled_from(TIERS)),
         result=draw(st.one_of(st.none(), paths)),
         context=draw(maps),
-        tools=draw(declarations),
-        hooks=draw(declarations),
+        tools=draw(tools),
+        hooks=draw(hooks),
         states=[draw(states(name, state_names)) for name in state_names],
     )
 

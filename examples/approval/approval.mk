@@ -30,6 +30,10 @@ state draft {
   otherwise escalate -> decide ask "Publish this announcement? Answer yes, or say what to change." reply_to approval.answer
 }
 
+# `mklang check` warns that a judge chooses `publish` here (untrusted-control-flow):
+# it reads the reviewer's free-text answer, which is outside data, so its choice
+# is tainted and the run's trace marks the publish step. To have code confirm the
+# approval, give the approving gate a hook; `--untrusted-flow halt` refuses it.
 state decide {
   tier fast
   structure "One word: approve, revise or reject."

@@ -14,7 +14,7 @@ context {
   claim: ""
 }
 
-tool search_facts "Search a reference encyclopedia. Input: {query}. Returns matching passages."
+tool search_facts read_only "Search a reference encyclopedia. Input: {query}. Returns matching passages."
 
 state lookup {
   tool search_facts { query: "{{claim}}" }

@@ -15,7 +15,7 @@ context {
   question: ""
 }
 
-tool lookup "Search the internal wiki. Input: {query}. Returns the best matching paragraph."
+tool lookup read_only "Search the internal wiki. Input: {query}. Returns the best matching paragraph."
 
 state plan {
   tier reasoning

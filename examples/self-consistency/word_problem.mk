@@ -14,7 +14,7 @@ context {
   problem: "A crate holds 6 boxes of 7 apples. How many apples are in the crate?"
 }
 
-tool calc "Evaluate an arithmetic expression. Input: {expression}. Returns the number."
+tool calc read_only "Evaluate an arithmetic expression. Input: {expression}. Returns the number."
 
 state solve {
   sample 5

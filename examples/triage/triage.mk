@@ -15,7 +15,7 @@ context {
   manual: { answer: "" }
 }
 
-tool search_kb "Look up knowledge-base facts. Input: {query}. Returns the matching facts, or nothing."
+tool search_kb read_only "Look up knowledge-base facts. Input: {query}. Returns the matching facts, or nothing."
 hook amount_ok "True for a billing ticket whose amount is at most 100."
 
 state classify {

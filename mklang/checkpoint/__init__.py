@@ -25,16 +25,15 @@ from mklang.checkpoint.paths import MachinePaths, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, RunLock, locate
 from mklang.checkpoint.texts import keep_texts, machine_root
+from mklang.effects import check_policy
 from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
-from mklang.engine.interpolate import assign
 from mklang.engine.runtime import Caps, Observer
 from mklang.errors import CheckpointError, LoadError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.host.registry import HostCallables
 from mklang.model import Machine
 from mklang.providers.base import Provider
-from mklang.vocabulary import root_key
 
 if TYPE_CHECKING:
     from mklang.scenarios import ScriptedHost
@@ -75,6 +74,7 @@ def start(
             max_tokens=options.get("max_tokens"), max_cost=options.get("max_cost"), max_time=options.get("max_time")
         ),
         hitl=options.get("hitl", False),
+        untrusted_flow=check_policy(options.get("untrusted_flow") or "report"),
         concurrency=options.get("concurrency", 8),
         host=host or HostSettings(),
     )
@@ -250,8 +250,10 @@ def _read_checkpoint(
     if misfit is not None:
         raise CheckpointError(f"{location}: {misfit}")
     if not resumable.trusted:
-        for frame in resumable.chain:  # its taint marks are as untrusted as the rest: fence every value
+        for frame in resumable.chain:  # its taint marks are as untrusted as the rest: distrust every value
             frame.tainted.update(frame.context)
+            frame.external.update(frame.context)
+            frame.decision_tainted = True
     else:
         generations.remember(envelope.run_id, envelope.generation)
     return resumable
@@ -350,12 +352,14 @@ def continue_checkpoint(
     provider: Provider,
     tools: HostCallables = None,
     hooks: HostCallables = None,
+    read_only_tools: frozenset[str] = frozenset(),
     set_values: dict[str, Any] | None = None,
     max_tokens: int | None = None,
     max_cost: float | None = None,
     budget: int | None = None,
     max_time: float | None = None,
     hitl: bool | None = None,
+    untrusted_flow: str | None = None,
     concurrency: int | None = None,
     checkpoint: str | Path | Location | None = None,
     scripted: ScriptedHost | None = None,
@@ -384,6 +388,7 @@ def continue_checkpoint(
     change = {
         "budgets": budgets.model_dump(mode="json"),
         "hitl": envelope.hitl if hitl is None else hitl,
+        "untrusted_flow": envelope.untrusted_flow if untrusted_flow is None else check_policy(untrusted_flow),
         "concurrency": concurrency or envelope.concurrency,
         "host": (
             envelope.host if host is None else host.model_copy(update={"position": envelope.host.position})
@@ -414,6 +419,7 @@ def continue_checkpoint(
                 scripted=scripted,
                 tools=tools,
                 hooks=hooks,
+                read_only_tools=read_only_tools,
                 control=control,
                 observer=observer,
             )
@@ -424,21 +430,20 @@ def continue_checkpoint(
 def resumed(envelope: Envelope, chain: list[Frame], change: dict[str, Any]) -> Envelope:
     """Apply what a resume changes (as its journal records it) to the frames and the envelope.
 
-    `change`: the new budgets, hitl, concurrency and host record, the innermost
+    `change`: the new budgets, hitl, untrusted-flow policy, concurrency and host record, the innermost
     level's step `budget` (None keeps it) and the `set` values that answer it.
     """
     innermost = chain[-1]
     if change["budget"] is not None:
         innermost.budget = int(change["budget"])
-    for dotted, value in change["set"].items():
-        assign(innermost.context, dotted, value)
-        innermost.tainted.add(root_key(dotted))  # a human reply is untrusted data like any host input
-        innermost.answer(dotted)
+    for dotted, value in change["set"].items():  # a human reply is untrusted data like any host input
+        innermost.inject(dotted, value)
     return envelope.model_copy(
         update=dict(
             status="running",
             budgets=Budgets.model_validate(change["budgets"]),
             hitl=bool(change["hitl"]),
+            untrusted_flow=change.get("untrusted_flow", envelope.untrusted_flow),
             concurrency=int(change["concurrency"]),
             host=HostSettings.model_validate(change["host"]),
             reason=None,
@@ -463,8 +468,8 @@ def _execute(
 ) -> RunResult:
     """Run `chain` persisting to `location`, whose lock the caller holds (`claimed`).
 
-    Budgets, concurrency and hitl come from the envelope; of `options` only the
-    host callables, the control and the observer. With `change` the stored
+    Budgets, concurrency, hitl and the untrusted-flow policy come from the envelope; of `options` only the
+    host callables and the tools the host classifies read-only, the control and the observer. With `change` the stored
     envelope is continued in place (`StoreJournal.resume`); otherwise a
     snapshot of `chain` starts the run's journal.
     """
@@ -473,6 +478,7 @@ def _execute(
         **options,
         "concurrency": envelope.concurrency,
         "hitl": envelope.hitl,
+        "untrusted_flow": envelope.untrusted_flow,
         "max_time": budgets.max_time,
     }
     journal = StoreJournal(

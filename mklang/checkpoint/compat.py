@@ -59,6 +59,8 @@ class FrameRecord(BaseModel):
     branches: list[tuple[int, BranchRecord]] = Field(default_factory=list)  # finished branches of a cut fan-out
     halted: str | None = None
     ask: AskRecord | None = None
+    external: list[str] = Field(default_factory=list)
+    decision_tainted: bool = True
 
 
 def frame_shape_error(frame: Any) -> str | None:

@@ -91,6 +91,9 @@ class FrameRecord(TypedDict):
     branches: NotRequired[list[tuple[int, dict[str, Any]]]]  # finished branches of a fan-out a budget cut short
     halted: NotRequired[str | None]  # the halt that ended the level
     ask: NotRequired[dict[str, str | None] | None]  # the human question it waits on: {ask, reply_to}
+    # Control-flow taint; a frame without them resumes as all external with a tainted decision.
+    external: NotRequired[list[str]]  # top-level keys holding data from outside the run
+    decision_tainted: NotRequired[bool]  # a judge reading external data chose the way here, unconfirmed
 
 
 class Envelope(BaseModel):
@@ -116,6 +119,7 @@ class Envelope(BaseModel):
     budgets: Budgets = Field(default_factory=Budgets)
     usage: UsageRecord = Field(default_factory=lambda: UsageRecord(input_tokens=0, output_tokens=0, cost_usd=0.0))
     hitl: bool = False
+    untrusted_flow: Literal["report", "halt"] = "report"  # a tainted decision reaching an effect: report or halt
     ask: str | None = None
     reply_to: str | None = None
     concurrency: int = 8

@@ -17,6 +17,7 @@ import typer
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import HOST_OPTIONS, Hosting, hosted
+from mklang.effects import FLOW_POLICIES
 from mklang.limits import NestingError, load_json, load_json_object, read_text
 from mklang.terminal import printable
 from mklang.vocabulary import PATH
@@ -43,6 +44,13 @@ HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend fo
 ReplaceOpt = typer.Option(
     False, "--replace", help="Replace whatever the --checkpoint holds, even a run that is not finished."
 )
+UntrustedFlowOpt = typer.Option(
+    None,
+    "--untrusted-flow",
+    metavar="report|halt",
+    help="When a judge reading outside data chose the way to an effectful tool: "
+    "report it in the trace (default) or halt before the tool runs.",
+)
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -61,6 +69,13 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         if isinstance(values[key], float) and not math.isfinite(values[key]):  # NaN, Infinity, 1e400: not JSON
             values[key] = raw
     return values
+
+
+def policy(value: str | None) -> str | None:
+    """`--untrusted-flow`: report or halt (None: the run's or checkpoint's own setting)."""
+    if value is not None and value not in FLOW_POLICIES:
+        raise fail(f"--untrusted-flow expects {' or '.join(FLOW_POLICIES)}, got {value!r}")
+    return value
 
 
 def parse_duration(text: str | None, option: str = "--max-time") -> float | None:
@@ -145,6 +160,7 @@ def run(
     ),
     replace: bool = ReplaceOpt,
     hitl: bool | None = HitlOpt,
+    untrusted_flow: str | None = UntrustedFlowOpt,
     max_tokens: int | None = MaxTokensOpt,
     max_cost: float | None = MaxCostOpt,
     max_time: str | None = MaxTimeOpt,
@@ -190,6 +206,7 @@ def run(
                 max_time=seconds,
                 concurrency=concurrency,
                 hitl=hitl,
+                untrusted_flow=policy(untrusted_flow),
                 control=control,
                 observer=view,
             )
@@ -252,6 +269,7 @@ def resume(
     ),
     replace: bool = ReplaceOpt,
     hitl: bool | None = HitlOpt,
+    untrusted_flow: str | None = UntrustedFlowOpt,
     hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
     format: OutputFormat = FormatOpt,
@@ -262,6 +280,7 @@ def resume(
         from mklang.engine import Control
 
         as_json = wants_json(format)
+        policy(untrusted_flow)
         values = parse_assignments(set_)
         seconds = parse_duration(max_time)
         if replace and out is None:
@@ -297,6 +316,7 @@ def resume(
                     budget=budget,
                     max_time=seconds,
                     hitl=hitl,
+                    untrusted_flow=policy(untrusted_flow),
                     concurrency=concurrency,
                     control=control,
                     observer=view,
@@ -354,6 +374,7 @@ def test(
     machine: Path = typer.Argument(..., help="The machine file."),
     script: Path = typer.Option(..., "--script", help="The scenario script (YAML)."),
     scenario: list[str] | None = typer.Option(None, "--scenario", help="Only these scenarios."),
+    untrusted_flow: str | None = UntrustedFlowOpt,
     format: OutputFormat = typer.Option(OutputFormat.text, "--format"),
 ) -> None:
     """Run the named scenarios of a script (resumes included) and compare them with their expectations."""
@@ -370,7 +391,8 @@ def test(
             if missing:
                 raise fail(f"{script}: no scenarios named {missing}")
             scenarios = [s for s in scenarios if s.name in scenario]
-        outcomes = [(item, play(loaded, item)) for item in scenarios]
+        chosen = policy(untrusted_flow)
+        outcomes = [(item, play(loaded, item, chosen)) for item in scenarios]
         if wants_json(format):
             print_json([_outcome_json(item.name, parts) for item, parts in outcomes])
         else:

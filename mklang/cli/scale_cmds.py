@@ -10,7 +10,7 @@ import typer
 
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import Hosting, hosted
-from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, parse_duration
+from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, parse_duration, policy
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
 STATUSES = ("running", "suspended", "done", "halted")
@@ -74,6 +74,7 @@ def batch(
     hitl: bool = typer.Option(
         False, "--hitl", help="Escalate gates park their run for a human reply: mklang resume STORE#RUN --set ..."
     ),
+    untrusted_flow: str | None = UntrustedFlowOpt,
     hosting: Hosting = Hosting(),
     format: OutputFormat = FormatOpt,
 ) -> None:
@@ -105,7 +106,12 @@ def batch(
         # Built before any run, so a bad host option is a usage error. A real provider is shared by
         # every run (it is thread-safe); a scripted host keeps a position per run, so each gets its own.
         shared = Host.build(**host_options, max_cost=max_cost) if executor == "local" else Host(None)
-        budgets: dict[str, Any] = dict(max_tokens=max_tokens, max_cost=max_cost, max_time=parse_duration(max_time))
+        budgets: dict[str, Any] = dict(
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            max_time=parse_duration(max_time),
+            untrusted_flow=policy(untrusted_flow),
+        )
         opened = open_store(store)
         try:
             with _progress(as_json, len(items)) as progress:

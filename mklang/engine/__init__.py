@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
+from mklang.effects import check_policy
 from mklang.engine.frame import Frame
 from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
@@ -68,7 +69,9 @@ class RunOptions(TypedDict, total=False):
     """What every way of starting a run takes beside its provider (`run`,
     `mklang.checkpoint.start`): host tools and hooks, the token, dollar and
     time budgets, calls in flight (default 8), whether escalations wait for a
-    human, the interrupt flag and a loop-top observer."""
+    human, the interrupt flag, a loop-top observer, and what a tainted decision
+    reaching an effectful tool does (`untrusted_flow`: report, the default, or halt)
+    and which tools the host classifies read-only besides its callables' own mark."""
 
     tools: HostCallables
     hooks: HostCallables
@@ -79,6 +82,8 @@ class RunOptions(TypedDict, total=False):
     hitl: bool
     control: Control | None
     observer: Observer | None
+    untrusted_flow: str
+    read_only_tools: frozenset[str]
 
 
 def make_runtime(
@@ -108,6 +113,8 @@ def make_runtime(
         journal=journal or NullJournal(),
         observer=options.get("observer"),
         run_id=run_id or uuid.uuid4().hex,
+        untrusted_flow=check_policy(options.get("untrusted_flow") or "report"),
+        read_only_tools=frozenset(options.get("read_only_tools") or ()),
     )
 
 

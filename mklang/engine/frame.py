@@ -2,7 +2,9 @@
 
 A `Frame` is everything a run level keeps between states (SPEC section 7:
 machine, state, context, steps, token totals, feedback, repair budgets,
-visits, taint, trace). `Frame.apply` is the only code that moves a frame from
+visits, taint, trace), control-flow taint included: the keys holding data from
+outside the run (`external`) and whether a judge reading such data chose the
+transitions since the last confirmation (`decision_tainted`). `Frame.apply` is the only code that moves a frame from
 one loop-top to the next, from a step record; the live engine and crash
 recovery both go through it, so a replayed journal cannot drift from a run.
 """
@@ -68,6 +70,11 @@ class Frame:
     # instead of running its last state again: the halt, or the human question it waits on.
     halted: str | None = None
     ask: HumanAsk | None = None  # the question a HITL escalation waits on
+    # Control-flow taint (SPEC section 4): top-level keys holding data from outside the
+    # run (a subset of `tainted`), and whether a judge reading such data chose the way
+    # here since the last hook or human reply confirmed it.
+    external: set[str] = field(default_factory=set)
+    decision_tainted: bool = False
 
     @property
     def spent(self) -> Usage:
@@ -75,11 +82,21 @@ class Frame:
         return sum((Usage.from_json(branch["usage"]) for branch in self.branches.values()), self.usage)
 
     @classmethod
-    def start(cls, machine: Machine, inputs: dict[str, Any] | None = None, tainted: set[str] | None = None) -> Frame:
+    def start(
+        cls,
+        machine: Machine,
+        inputs: dict[str, Any] | None = None,
+        tainted: set[str] | None = None,
+        external: set[str] | None = None,
+        decision_tainted: bool = False,
+    ) -> Frame:
         """A fresh run: the machine's context defaults overlaid with `inputs`.
 
-        `inputs` maps dotted paths (or top-level keys) to values.
+        `inputs` maps dotted paths (or top-level keys) to values; by default
+        every input is tainted and external (host inputs). A sub-run passes
+        which inputs are, and its caller's tainted decision.
         """
+        given = {root_key(p) for p in inputs or {}}
         context = copy.deepcopy(machine.context)
         for path, value in (inputs or {}).items():
             assign(context, path, value)
@@ -93,9 +110,11 @@ class Frame:
             machine=machine,
             state=machine.entry,
             context=context,
-            tainted=set(tainted if tainted is not None else {root_key(p) for p in inputs or {}}),
+            tainted=set(tainted if tainted is not None else given),
             budget=machine.budget,
             repair_left=repair_left,
+            external=set(external if external is not None else given),
+            decision_tainted=decision_tainted,
         )
 
     def apply(self, state: State, record: StepRecord) -> None:
@@ -111,7 +130,11 @@ class Frame:
             self.usage.cost_usd + spent["cost_usd"],
         )
         if "output" in step or "branches" in step:
-            self.deposit(state, step_output(step))
+            self.deposit(state, step_output(step), record.get("external", True))
+        if step.get("decision_tainted"):
+            self.decision_tainted = True
+        elif step.get("gate_via") == "hook":  # trusted code chose this transition
+            self.decision_tainted = False
         repaired = record.get("repair")
         if repaired is not None:
             self.repair_left[(name, repaired)] -= 1
@@ -130,17 +153,27 @@ class Frame:
         self.usage = self.usage + usage
         self.halted = error
 
-    def answer(self, reply_to: str) -> None:
-        """Setting `reply_to` (or a path above it) answers the question the level waits on."""
+    def inject(self, path: str, value: Any) -> None:
+        """A value set on resume: host data, tainted and external. Setting the `reply_to`
+        of the question the level waits on (or a path above it) answers it, and a human
+        answering that very question confirms the decision that led to it."""
+        assign(self.context, path, value)
+        key = root_key(path)
+        self.tainted.add(key)
+        self.external.add(key)
         if self.ask is None:
             return
         pending = str(self.ask.get("reply_to"))
-        if pending == reply_to or pending.startswith(reply_to + "."):
+        if pending == path or pending.startswith(path + "."):
             self.ask = None
+            self.decision_tainted = False
 
-    def deposit(self, state: State, value: Any) -> None:
+    def deposit(self, state: State, value: Any, external: bool) -> None:
         deposit_into(self.context, state, value)
-        self.tainted.add(root_key(state.output))
+        key = root_key(state.output)
+        self.tainted.add(key)
+        if external:
+            self.external.add(key)
         self.last_output = value
 
     def result(self) -> Any:
@@ -168,6 +201,8 @@ class Frame:
             "last_output": self.last_output,
             "halted": self.halted,
             "ask": self.ask,
+            "external": sorted(self.external),
+            "decision_tainted": self.decision_tainted,
             **(
                 {"branches": [(index, branch) for index, branch in sorted(self.branches.items())]}
                 if self.branches
@@ -193,4 +228,8 @@ class Frame:
             halted=data.get("halted"),
             ask=data.get("ask"),
             branches={int(index): branch for index, branch in data.get("branches", [])},
+            # A frame written before control-flow taint was recorded resumes as if every
+            # key came from outside and a judge had chosen the way (conservative).
+            external=set(data["external"] if "external" in data else [*data["context"], *data.get("tainted", [])]),
+            decision_tainted=bool(data.get("decision_tainted", True)),
         )

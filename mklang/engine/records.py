@@ -19,6 +19,8 @@ class StepDetails(TypedDict, total=False):
     judge_fallback: bool
     judge_none: int
     judge_parse: str
+    decision_tainted: bool  # a judge reading external data chose this transition
+    untrusted_control_flow: bool  # a tainted decision reached this effectful tool state
 
 
 class TraceStep(StepDetails, total=False):
@@ -50,3 +52,4 @@ class StepRecord(TypedDict, total=False):
     repair: int  # the repair gate whose budget the step spends
     halt: str | None  # the halt the step ends its level with
     ask: HumanAsk
+    external: bool  # the step's output holds data from outside the run

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mklang import faults
+from mklang.effects import FlowPolicy, declared_read_only, host_read_only, reaches_tool
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
@@ -161,8 +162,11 @@ class Runtime:
     journal: Journal = field(default_factory=NullJournal)
     observer: Observer | None = None  # called at every loop-top, e.g. a live view
     run_id: str = ""  # prefixes tool idempotency keys, so two runs never share one
+    untrusted_flow: FlowPolicy = "report"  # what a tainted decision reaching an effectful tool does
+    read_only_tools: frozenset[str] = frozenset()  # the host config's read-only tools
     live_calls: Counter[str] = field(default_factory=Counter)  # calls this process paid for, by kind
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
+    _touches_tools: dict[int, bool] = field(default_factory=dict)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     workers: Workers = field(init=False)
 
@@ -197,6 +201,21 @@ class Runtime:
             self.spent = spent = self.spent + usage
         if self.control.ceiling is not None:  # a shared ceiling learns of the spend as soon as it is paid
             self.control.ceiling(spent)
+
+    def effectful(self, machine: Machine, tool: str) -> bool:
+        """Whether running `tool` may change the world: the host's word (the callable's mark,
+        else its config), else the machine's declaration; unclassified tools are effectful."""
+        said = host_read_only(self.tools.get(tool))
+        if said is None and tool in self.read_only_tools:
+            said = True
+        return not (said if said is not None else declared_read_only(machine, tool))
+
+    def touches_tools(self, machine: Machine) -> bool:
+        """Whether `machine`, or a machine it calls, has a tool state: its result is then external."""
+        known = self._touches_tools.get(id(machine))
+        if known is None:
+            known = self._touches_tools[id(machine)] = reaches_tool(machine, self.load_machine, lambda _m, _t: True)
+        return known
 
     def states(self, machine: Machine) -> dict[str, State]:
         index = self._states.get(id(machine))

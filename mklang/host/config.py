@@ -177,12 +177,14 @@ def builtin_providers() -> dict[str, ProviderConfig]:
 
 @dataclass(frozen=True)
 class HostConfig:
-    """The resolved config: providers by name, tier routes, prices by `provider:model`."""
+    """The resolved config: providers by name, tier routes, prices by `provider:model`, and the
+    host tools the operator classifies read-only (`[tools] read_only`, control-flow taint)."""
 
     source: Path | None
     providers: dict[str, ProviderConfig]
     tiers: dict[str, Route]
     prices: dict[str, Price]
+    read_only_tools: frozenset[str] = frozenset()
 
     def route(self, tier: str) -> Route | None:
         return self.tiers.get(tier) or self.tiers.get("default")
@@ -240,6 +242,7 @@ class HostConfig:
             "tier_prices": {tier: _described(self.price(route)) for tier, route in self.tiers.items()},
             "providers": {name: self.provider(name).describe() for name in sorted(used)},
             "prices": {key: {"input": p.input, "output": p.output} for key, p in sorted(self.prices.items())},
+            "tools": {"read_only": sorted(self.read_only_tools)},
         }
 
 
@@ -318,7 +321,7 @@ def _read(path: Path) -> HostConfig:
     except RecursionError:
         raise UsageError(f"{path}: invalid TOML: values nested too deeply") from None
     where = str(path)
-    _only_keys(data, {"tiers", "providers", "prices"}, where)
+    _only_keys(data, {"tiers", "providers", "prices", "tools"}, where)
     providers: dict[str, ProviderConfig] = {}
     prices: dict[str, Price] = {}
     for name, table in _table(data, "providers", where).items():
@@ -333,13 +336,22 @@ def _read(path: Path) -> HostConfig:
         if not isinstance(text, str):
             raise UsageError(f"{where}: [tiers] {tier} must be a string 'provider:model'")
         tiers[tier] = Route.parse(text, f"{where}: [tiers] {tier}")
-    config = HostConfig(path, providers, tiers, prices)
+    config = HostConfig(path, providers, tiers, prices, _read_only_tools(_table(data, "tools", where), where))
     for tier, route in tiers.items():
         try:
             config.provider(route.provider)
         except UsageError as error:
             raise UsageError(f"{where}: [tiers] {tier}: {error}") from None
     return config
+
+
+def _read_only_tools(table: dict, where: str) -> frozenset[str]:
+    """`[tools] read_only = ["search", ...]`: tools that change nothing (ADR 0021)."""
+    _only_keys(table, {"read_only"}, f"{where}: [tools]")
+    names = table.get("read_only", [])
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise UsageError(f"{where}: [tools] read_only must be a list of tool names")
+    return frozenset(names)
 
 
 _PROVIDER_FIELDS = {f.name: f for f in fields(ProviderConfig) if f.name != "name"}

@@ -14,6 +14,8 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mklang.effects import read_only
+
 Tool = Callable[..., str]
 Hook = Callable[[dict, Any], bool]
 
@@ -75,6 +77,7 @@ def _bounded(value: float | int, what: str) -> float | int:
     return value
 
 
+@read_only
 def calc(input: dict) -> str:
     """Built-in tool: evaluate an arithmetic `expression` without `eval`."""
     expression = str(input.get("expression", ""))
@@ -88,6 +91,7 @@ def calc(input: dict) -> str:
     return str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
+@read_only
 def word_count(input: dict) -> str:
     """Built-in tool: count the words of `text`."""
     return str(len(str(input.get("text", "")).split()))

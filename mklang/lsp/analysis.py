@@ -23,11 +23,19 @@ from typing import Any
 
 from pygments.token import Comment, Name, Punctuation, String, Whitespace
 
+from mklang.effects import declared_read_only
 from mklang.errors import Diagnostic, LoadError
 from mklang.graph import condition_text, face_text, fan_out_text, policy_text
 from mklang.highlight import MkLexer
-from mklang.model import Machine, State
-from mklang.vocabulary import END, FAN_OUT_KEYS, HEADER_KEYWORDS, OPEN_PLACEHOLDER, STATE_KEYWORDS
+from mklang.model import Machine, State, ToolUse
+from mklang.vocabulary import (
+    DECLARATION_KEYWORDS,
+    END,
+    FAN_OUT_KEYS,
+    HEADER_KEYWORDS,
+    OPEN_PLACEHOLDER,
+    STATE_KEYWORDS,
+)
 
 Pos = tuple[int, int]
 Range = tuple[Pos, Pos]
@@ -177,6 +185,8 @@ class Document:
             ]
         if OPEN_PLACEHOLDER.search(prefix):
             return [Completion(path, "key", detail) for path, detail in context_keys(model).items()]
+        if re.fullmatch(r"\s*tool\s+\w+\s+\w*", prefix) and self._block_at(self.offset(pos)) is None:
+            return [Completion(word, "keyword", "the tool changes nothing") for word in DECLARATION_KEYWORDS]
         if re.fullmatch(r"\s*\w*", prefix):
             block = self._block_at(self.offset(pos))
             if block == "state":
@@ -207,7 +217,7 @@ class Document:
             return None
         if symbol.role in ("state", "state-ref"):
             state = model.state(symbol.name)
-            text = describe_state(state) if state else f"`{symbol.name}` is not a state of `{model.name}`."
+            text = describe_state(state, model) if state else f"`{symbol.name}` is not a state of `{model.name}`."
         elif symbol.role == "machine":
             found = self.resolve_machine(symbol.name)
             text = f"machine `{symbol.name}`: " + (f"`{found}`" if found else "not found")
@@ -290,8 +300,11 @@ def describe_key(machine: Machine, path: str) -> str:
     return f"`{{{{{path}}}}}` is written by:\n\n" + "\n".join(f"- {line}" for line in found)
 
 
-def describe_state(state: State) -> str:
-    facts = [face_text(state), f"output `{state.output}`" + (" (accumulate)" if state.accumulate else "")]
+def describe_state(state: State, machine: Machine) -> str:
+    facts = [face_text(state)]
+    if isinstance(state.face, ToolUse):  # control-flow taint: does a tainted decision reaching it count?
+        facts[0] += " (read-only)" if declared_read_only(machine, state.face.tool) else " (effectful)"
+    facts.append(f"output `{state.output}`" + (" (accumulate)" if state.accumulate else ""))
     facts += [text for text in (fan_out_text(state),) if text]
     facts += [f"tier {state.tier}"] if state.tier else []
     facts += [f"max_visits {state.max_visits}"] if state.max_visits else []

@@ -30,15 +30,18 @@ def make_provider(
     record: str | os.PathLike[str] | None = None,
     replay: str | os.PathLike[str] | None = None,
     max_cost: float | None = None,
+    config: HostConfig | None = None,
 ) -> Provider:
-    """The provider for one run. Raises `UsageError` for anything the operator must fix first."""
+    """The provider for one run. Raises `UsageError` for anything the operator must fix first.
+
+    `config` is the host config when the caller has loaded it already."""
     from mklang.providers import cassette
 
     if record is not None and replay is not None:
         raise UsageError("--record and --replay cannot be used together")
     if replay is not None:
         return cassette.ReplayProvider(replay)
-    config = load_config(config_path, provider=provider, model=model)
+    config = config or load_config(config_path, provider=provider, model=model)
     routed = build_routed(config, max_cost=max_cost)
     if record is not None:
         return cassette.RecordingProvider(routed, record)

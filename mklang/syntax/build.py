@@ -16,7 +16,7 @@ from typing import Any
 
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.limits import MAX_DEPTH, json_depth
-from mklang.model import Call, Declaration, Gate, Machine, Produce, Span, State, ToolUse
+from mklang.model import Call, Declaration, Gate, Machine, Produce, Span, State, ToolDeclaration, ToolUse
 from mklang.syntax._parser import Token
 from mklang.syntax.grammar import standalone_parser
 from mklang.syntax.text import decode_block, decode_string, either
@@ -184,16 +184,23 @@ class Builder:
     def context(self, meta, value) -> Item:
         return Item("context", value, self._span(meta))
 
-    def tool_decl(self, meta, name, description) -> Item:
-        return self._declaration("tools", meta, name, description)
+    def tool_decl(self, meta, name, read_only, description) -> Item:
+        span = self._span(meta)
+        node = ToolDeclaration(
+            name=self.plain_name(name, "a tool name"),
+            description=description or "",
+            read_only=bool(read_only),
+            span=span,
+        )
+        return Item("tools", node, span)
+
+    def read_only(self, meta) -> bool:
+        return True
 
     def hook_decl(self, meta, name, description) -> Item:
-        return self._declaration("hooks", meta, name, description)
-
-    def _declaration(self, key: str, meta, name: Token, description: str | None) -> Item:
         span = self._span(meta)
-        node = Declaration(name=self.plain_name(name, f"a {key[:-1]} name"), description=description or "", span=span)
-        return Item(key, node, span)
+        node = Declaration(name=self.plain_name(name, "a hook name"), description=description or "", span=span)
+        return Item("hooks", node, span)
 
     # -- state statements ----------------------------------------------------
 

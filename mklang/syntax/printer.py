@@ -156,7 +156,8 @@ def format_machine(machine: Machine) -> str:
     for keyword, declarations in (("tool", machine.tools), ("hook", machine.hooks)):
         for declaration in declarations:
             description = f" {encode_string(declaration.description)}" if declaration.description else ""
-            out.node(declaration, "", f"{keyword} {declaration.name}{description}")
+            read_only = " read_only" if getattr(declaration, "read_only", False) else ""
+            out.node(declaration, "", f"{keyword} {declaration.name}{read_only}{description}")
     for state in machine.states:
         out.blank()
         _state(out, state)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mklang.effects import LEGACY_READ_ONLY
 from mklang.errors import Diagnostic, MkSyntaxError
-from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolUse
+from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolDeclaration, ToolUse
 from mklang.syntax.build import Builder, Item
 from mklang.vocabulary import LANGUAGE_VERSION, PARSE_MODES, PLACEHOLDER, TIERS, VERSION_NUMBER
 
@@ -94,6 +95,7 @@ class _Reader:
                 items += self.states(node)
             else:
                 items.append(Item(TOP_KEYS[key], self.top_value(TOP_KEYS[key], node), span))
+        items += _legacy_declarations(items)
         return self.builder.assemble_machine(items)
 
     def top_value(self, field: str, node) -> Any:
@@ -132,18 +134,31 @@ class _Reader:
         return value if dotted else self.builder.plain_name(value, what, self.span(node))
 
     def declarations(self, node, key: str) -> list[Declaration]:
+        """`tools` or `hooks`: a list of {name, description}; a tool may add `read_only`,
+        which defaults to mklang 1.x's classification of its built-ins (LEGACY_READ_ONLY)."""
         if not isinstance(node, self.yaml.SequenceNode):
             self.error(node, "invalid-value", f"{key} must be a list of {{name, description}}")
             return []
-        found = []
+        allowed = ("name", "description", "read_only") if key == "tools" else ("name", "description")
+        found: list[Declaration] = []
         for entry in node.value:
-            fields = {k: v for k, _, v in self.mapping(entry, f"a {key[:-1]}", ("name", "description"))}
+            fields = {k: v for k, _, v in self.mapping(entry, f"a {key[:-1]}", allowed)}
             if "name" not in fields:
                 self.error(entry, "missing-field", f"a {key[:-1]} needs a name")
                 continue
             description = self.text(fields["description"], "a description") if "description" in fields else ""
             name = self.name(fields["name"], f"a {key[:-1]} name")
-            found.append(Declaration(name=name, description=description, span=self.span(entry)))
+            if key == "hooks":
+                found.append(Declaration(name=name, description=description, span=self.span(entry)))
+                continue
+            read_only = name in LEGACY_READ_ONLY
+            if "read_only" in fields:
+                read_only = self.value(fields["read_only"])
+                if not isinstance(read_only, bool):
+                    self.error(fields["read_only"], "invalid-value", "read_only must be true or false")
+            found.append(
+                ToolDeclaration(name=name, description=description, read_only=read_only is True, span=self.span(entry))
+            )
         return found
 
     def states(self, node) -> list[Item]:
@@ -257,6 +272,20 @@ class _Reader:
             else None,
             span=self.span(node),
         )
+
+
+def _legacy_declarations(items: list[Item]) -> list[Item]:
+    """A declaration `read_only` for each of 1.x's read-only built-ins a state uses undeclared:
+    the machine keeps the classification 1.x gave it, in `.mk` too once converted."""
+    declared = {item.value.name for item in items if item.key == "tools"}
+    added: dict[str, Item] = {}
+    for item in items:
+        if item.key != "state" or item.value is None:
+            continue
+        face = item.value.face
+        if isinstance(face, ToolUse) and face.tool in LEGACY_READ_ONLY and face.tool not in declared | set(added):
+            added[face.tool] = Item("tools", ToolDeclaration(name=face.tool, read_only=True), item.span)
+    return list(added.values())
 
 
 def _is_json(value: Any) -> bool:
