@@ -218,7 +218,7 @@ def test_a_frame_without_the_taint_record_resumes_tainted(machine_path, tmp_path
         del frame["external"], frame["decision_tainted"]
 
     _rewrite(checkpoint, forget)
-    result = _resume(found, checkpoint)
+    result = _resume(found, checkpoint, allow_rollback=True)  # the same run as `kept`, on purpose
     assert (result.status, result.error, result.at) == ("halted", "untrusted-control-flow", "pay")
     assert result.trace[-1]["untrusted_control_flow"] is True
 
@@ -243,7 +243,7 @@ def test_resume_keeps_the_recorded_policy_unless_told_otherwise(machine_path, tm
     second.write_bytes(first.read_bytes())
     assert json.loads(first.read_text())["untrusted_flow"] == "halt"
     assert _resume(found, first).error == "untrusted-control-flow"
-    reported = _resume(found, second, untrusted_flow="report")
+    reported = _resume(found, second, untrusted_flow="report", allow_rollback=True)
     assert reported.status == "done" and reported.trace[-1]["untrusted_control_flow"] is True
 
 
@@ -262,7 +262,8 @@ def test_the_cli_flag_reaches_run_and_resume(machine_path, tmp_path):
     halted = runner.invoke(app, ["resume", str(checkpoint), "--budget", "9", "--format", "json"])  # as recorded
     assert halted.exit_code == 1 and json.loads(halted.stdout)["error"] == "untrusted-control-flow"
     reported = runner.invoke(
-        app, ["resume", str(copy), "--budget", "9", "--untrusted-flow", "report", "--format", "json"]
+        app,
+        ["resume", str(copy), "--budget", "9", "--untrusted-flow", "report", "--allow-rollback", "--format", "json"],
     )
     assert reported.exit_code == 0 and json.loads(reported.stdout)["trace"][-1]["untrusted_control_flow"] is True
 
@@ -321,3 +322,32 @@ def test_the_language_server_completes_read_only_and_says_what_a_tool_state_is()
     lookup = next(n for n, row in enumerate(lines) if row.startswith("state lookup"))
     assert doc.hover((pay, 7))[0].startswith("**state `pay`**: tool issue_refund (effectful)")
     assert doc.hover((lookup, 7))[0].startswith("**state `lookup`**: tool search_kb (read-only)")
+
+
+def _play(machine, found, folder: Path, interrupt_at: int = 0):
+    """A scenario with all its resumes; interrupted (and resumed at once) at its n-th loop-top."""
+    from test_roundtrip import InterruptAt, _outcome
+
+    from mklang.engine import Control
+
+    checkpoint = folder / f"cp{interrupt_at}.json"
+    control = Control()
+    counter = InterruptAt(control, interrupt_at)
+    with Host.for_scenario(found) as host:
+        result = start(machine, None, host, checkpoint=checkpoint, observer=counter, control=control)
+    if interrupt_at and result.error == "interrupted":
+        with Host.for_scenario(found) as host:
+            result = resume(checkpoint, host)
+    for step in found.resumes:
+        with Host.for_scenario(found) as host:
+            result = resume(checkpoint, host, set_values=step.set, budget=step.budget, max_tokens=step.max_tokens)
+    return _outcome(result), counter.seen
+
+
+@pytest.mark.parametrize("name", [s.name for s in load_script(SCRIPT)])
+def test_suspending_at_every_loop_top_and_resuming_keeps_the_taint(machine_path, name, tmp_path):
+    machine, found = load_file(machine_path), scenario(name)
+    reference, loop_tops = _play(machine, found, tmp_path)
+    assert loop_tops >= 1
+    for n in range(1, loop_tops + 1):
+        assert _play(machine, found, tmp_path, n)[0] == reference, f"interrupted at loop-top {n}"
