@@ -351,3 +351,17 @@ def test_suspending_at_every_loop_top_and_resuming_keeps_the_taint(machine_path,
     assert loop_tops >= 1
     for n in range(1, loop_tops + 1):
         assert _play(machine, found, tmp_path, n)[0] == reference, f"interrupted at loop-top {n}"
+
+
+def test_the_terminal_view_marks_tainted_decisions_and_the_effect_they_reach(machine_path):
+    from rich.console import Console
+
+    from mklang.cli.render import render_result
+    from mklang.scenarios import run_scenario
+
+    result = run_scenario(load_file(machine_path), scenario("a-tainted-decision-into-an-effectful-tool-is-reported"))
+    console = Console(record=True, width=200)
+    render_result(result, console)
+    lines = console.export_text().splitlines()
+    assert any("classify" in line and "judged over outside data" in line for line in lines)
+    assert any("pay" in line and "⚠ untrusted control flow reached this tool" in line for line in lines)

@@ -42,6 +42,10 @@ def _add_steps(tree: Tree, trace: list[dict[str, Any]]) -> None:
         label.append(printable(str(target)), style="cyan")
         if step.get("gate"):
             label.append(f"  [{printable(str(step.get('gate_via')))}] {_short(step['gate'], 40)}", style="dim")
+        if step.get("decision_tainted"):
+            label.append("  judged over outside data", style="yellow")
+        if step.get("untrusted_control_flow"):
+            label.append("  ⚠ untrusted control flow reached this tool", style="bold red")
         node = tree.add(label)
         if "branches" in step:
             for index, branch in enumerate(step["branches"]):

@@ -254,7 +254,10 @@ def _external_output(rt: Runtime, frame: Frame, state: State) -> bool:
         return over or uses_taint(face.prompt, scope)
     if input_taint(face.input or {}, scope):
         return True
-    return rt.touches_tools(rt.load_machine(face.machine, frame.machine.path))
+    try:
+        return rt.touches_tools(rt.load_machine(face.machine, frame.machine.path))
+    except MklangError:  # a machine that cannot be looked at is no proof that it read no tool
+        return True
 
 
 def _external_scope(frame: Frame, state: State, locals_: dict[str, Any]) -> Scope:
