@@ -365,3 +365,24 @@ def test_the_terminal_view_marks_tainted_decisions_and_the_effect_they_reach(mac
     lines = console.export_text().splitlines()
     assert any("classify" in line and "judged over outside data" in line for line in lines)
     assert any("pay" in line and "⚠ untrusted control flow reached this tool" in line for line in lines)
+
+
+def test_a_batch_runs_every_item_under_the_policy_it_is_given(machine_path, tmp_path):
+    from mklang.providers.scripted import ScriptedProvider
+
+    tools = {"issue_refund": lambda args: "receipt", "search_kb": _search_kb}
+    inputs = [{"id": "t1", **TICKET}]
+    for policy, status in (("halt", "halted"), ("report", "done")):
+        (tmp_path / policy).mkdir()
+        (outcome,) = mklang.batch(
+            load_file(machine_path),
+            inputs,
+            store=tmp_path / policy,
+            provider=ScriptedProvider({"produce": ["refund"], "judge": [0]}),
+            tools=tools,
+            hooks=HOOKS,
+            untrusted_flow=policy,
+        )
+        assert outcome.status == status, outcome.reason
+        if policy == "halt":
+            assert outcome.reason == "untrusted-control-flow"
