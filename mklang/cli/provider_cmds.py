@@ -8,30 +8,51 @@ from typing import Any
 
 import typer
 
-from mklang.cli.app import OutputFormat, app, handle_errors, wants_json
+from mklang.cli.app import OutputFormat, app, handle_errors, print_json, wants_json
+
+config_app = typer.Typer()
+app.add_typer(config_app, name="config")
 
 
-@app.command()
+@config_app.callback(invoke_without_command=True)
 def config(
+    context: typer.Context,
     config_path: Path | None = typer.Option(None, "--config", help="The config file (default: search, see below)."),
     provider: str | None = typer.Option(None, "--provider", help="Send every tier to this provider."),
     model: str | None = typer.Option(None, "--model", help="Use this model for every tier."),
     fmt: OutputFormat = typer.Option(OutputFormat.auto, "--format", help="text, json, or auto (json when piped)."),
 ) -> None:
-    """Show the resolved provider config: tiers, providers, prices, and whether each API key is set.
+    """Show the resolved provider config: tiers, their prices, providers, and whether each API key is set.
 
     The config is `--config`, else $MKLANG_CONFIG, else ./mklang.toml, else
-    $XDG_CONFIG_HOME/mklang/config.toml (~/.config/mklang/config.toml).
+    $XDG_CONFIG_HOME/mklang/config.toml (~/.config/mklang/config.toml). A
+    ./mklang.toml that sends a key variable to a host of its own is used only
+    once allowed: `mklang config allow mklang.toml`.
     """
+    if context.invoked_subcommand is not None:
+        return
     with handle_errors(wants_json(fmt)):
         from mklang.host.config import load_config, search_paths
 
         data = load_config(config_path, provider=provider, model=model).describe()
         data["searched"] = [str(path) for path in search_paths()] if config_path is None else [str(config_path)]
         if wants_json(fmt):
-            print(json.dumps(data, indent=2))
+            print_json(data)
         else:
             print(render_text(data))
+
+
+@config_app.command("allow")
+def allow(
+    path: Path = typer.Argument(Path("mklang.toml"), help="The project's config file (default ./mklang.toml)."),
+) -> None:
+    """Let a config found in this folder send API keys where it says, until its text changes (like `direnv allow`)."""
+    with handle_errors():
+        from mklang.host.config import allow_config
+
+        routes = allow_config(path).key_routes()
+        sends = f": it sends {', '.join(routes)}" if routes else ""
+        print(f"allowed {path.absolute()}{sends} (until it changes)")
 
 
 def render_text(data: dict[str, Any]) -> str:

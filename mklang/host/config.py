@@ -16,6 +16,7 @@ built.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import re
@@ -27,6 +28,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from mklang.errors import UsageError
+from mklang.files import write_atomic
 from mklang.limits import read_text
 from mklang.vocabulary import TIERS
 
@@ -222,16 +224,15 @@ class HostConfig:
         self.provider(tiers[TIERS[0]].provider)  # fail early on an unknown name
         return replace(self, tiers=tiers)
 
-    def builtin_changes(self) -> list[str]:
-        """How this config redirects a built-in provider: its endpoint or its key variable."""
-        changes = []
-        for name, builtin in builtin_providers().items():
-            mine = self.providers.get(name)
-            if mine is not None and mine.base_url != builtin.base_url:
-                changes.append(f"sends the built-in provider {name} to {mine.base_url}")
-            if mine is not None and mine.api_key_env != builtin.api_key_env:
-                changes.append(f"has the built-in provider {name} read its key from {mine.api_key_env}")
-        return changes
+    def key_routes(self) -> list[str]:
+        """Where this config sends a key variable other than where the built-in providers do."""
+        routes = []
+        for name, mine in sorted(self.providers.items()):
+            builtin = builtin_providers().get(name)
+            same = builtin is not None and (mine.api_key_env, mine.base_url) == (builtin.api_key_env, builtin.base_url)
+            if mine.api_key_env is not None and not same:
+                routes.append(f"{mine.api_key_env} to {mine.base_url}")
+        return routes
 
     def describe(self) -> dict[str, Any]:
         """The resolved config as JSON-ready data, for `mklang config`."""
@@ -270,14 +271,21 @@ def _check_key_env(name: str, provider: str, label: str) -> None:
         )
 
 
+def config_folder() -> Path:
+    """The user's config folder: $XDG_CONFIG_HOME/mklang, else ~/.config/mklang."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")) / "mklang"
+
+
+PROJECT_CONFIG = Path("mklang.toml")  # found in the working folder: maybe a cloned repository's
+
+
 def search_paths() -> list[Path]:
     """Where a config is looked for when no `--config` is given, in order."""
     paths = []
     if os.environ.get("MKLANG_CONFIG"):
         paths.append(Path(os.environ["MKLANG_CONFIG"]))
-    paths.append(Path("mklang.toml"))
-    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    paths.append(Path(config_home) / "mklang" / "config.toml")
+    paths.append(PROJECT_CONFIG)
+    paths.append(config_folder() / "config.toml")
     return paths
 
 
@@ -303,17 +311,69 @@ def load_config(
     provider: str | None = None,
     model: str | None = None,
 ) -> HostConfig:
-    """Find, read and validate the config, then apply `--provider` / `--model`."""
+    """Find, read and validate the config, then apply `--provider` / `--model`.
+
+    A config found in the working folder that sends a key variable anywhere the
+    built-in providers do not is not used until the user allows it (`mklang
+    config allow`): the user's own config is used instead, and stderr says so.
+    """
     path = find_config(config_path)
-    config = HostConfig(None, {}, {}, {}) if path is None else _read(path)
-    if path is not None and config_path is None and path == Path("mklang.toml").absolute():
-        for notice in config.builtin_changes():
-            print(f"mklang: note: {path} (found in the working folder) {notice}", file=sys.stderr)
+    if path is None:
+        return HostConfig(None, {}, {}, {}).with_overrides(provider, model)
+    text = read_text(path, "config")
+    config = _read(path, text)
+    if path == PROJECT_CONFIG.absolute() and config_path is None and config.key_routes():
+        allowed = allowed_configs().get(str(path))
+        if allowed != _sha256(text):
+            changed = " (changed since it was allowed)" if allowed else ""
+            print(
+                f"mklang: note: {path} (found in the working folder) is not used{changed}: it sends "
+                f"{', '.join(config.key_routes())}; `mklang config allow {path}` to use it, or name it with --config",
+                file=sys.stderr,
+            )
+            own = config_folder() / "config.toml"
+            config = _read(own, read_text(own, "config")) if own.is_file() else HostConfig(None, {}, {}, {})
     return config.with_overrides(provider, model)
 
 
-def _read(path: Path) -> HostConfig:
-    text = read_text(path, "config")
+ALLOWED_FILE = "allowed-configs"  # one line per allowed project config: the sha256 of its text, its absolute path
+
+
+def allowed_configs() -> dict[str, str]:
+    """The project configs the user allowed: absolute path -> sha256 of the text allowed."""
+    record = config_folder() / ALLOWED_FILE
+    try:
+        lines = record.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        raise UsageError(f"{record}: cannot read the allowed configs: {error.strerror}") from None
+    pairs = (line.split(" ", 1) for line in lines if " " in line)
+    return {path: digest for digest, path in pairs}
+
+
+def allow_config(path: str | os.PathLike) -> HostConfig:
+    """Record `path`'s text as allowed (`mklang config allow`): it may route keys until it changes."""
+    found = Path(path).absolute()
+    if not found.is_file():
+        raise UsageError(f"config file not found: {found}")
+    text = read_text(found, "config")
+    config = _read(found, text)  # a file that does not load is not worth allowing
+    allowed = {**allowed_configs(), str(found): _sha256(text)}
+    record = config_folder() / ALLOWED_FILE
+    try:
+        record.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(record, "".join(f"{digest} {name}\n" for name, digest in sorted(allowed.items())).encode())
+    except OSError as error:
+        raise UsageError(f"{record}: cannot record the allowed config: {error.strerror}") from None
+    return config
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _read(path: Path, text: str) -> HostConfig:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

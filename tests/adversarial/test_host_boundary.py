@@ -307,3 +307,62 @@ def test_mklang_config_shows_each_tiers_price_and_where_it_came_from(tmp_path):
     text = mklang("config", "--config", "mine.toml", "--format", "text", cwd=tmp_path).stdout
     assert "fast       openai:gpt-4o-mini  ($0.15 in / $0.6 out per million tokens, from genai-prices " in text
     assert "reasoning  ollama:llama3.2  (no price)" in text
+
+
+# --- item 1: a config found in a project folder sends no key until allowed ----------
+
+FASTLANE = """\
+[providers.fastlane]
+kind = "openai"
+base_url = "{url}"
+api_key_env = "OPENAI_API_KEY"
+
+[tiers]
+fast = "fastlane:m"
+balanced = "fastlane:m"
+reasoning = "fastlane:m"
+"""
+
+
+def test_a_found_config_sends_the_users_key_to_its_server_only_once_the_user_allows_it(tmp_path, server):
+    from fakeserver import FakeServer
+
+    project = tmp_path / "cloned"
+    project.mkdir()
+    (project / "loop.mk").write_text(LOOP)
+    (project / "mklang.toml").write_text(FASTLANE.format(url=server.openai_url))
+    server.handler = model_server  # every run: a word, then its judge says it was "stop"
+    home = tmp_path / "home"
+    (home / "mklang").mkdir(parents=True)
+    with FakeServer() as own:  # the user's own config routes the tiers to the user's own server
+        own.handler = model_server
+        (home / "mklang" / "config.toml").write_text(f'[providers.mine]\nkind = "openai"\nbase_url = '
+                                                     f'"{own.openai_url}"\napi_key_env = "MINE_OPENAI_KEY"\n'
+                                                     '[tiers]\ndefault = "mine:m"\n')  # fmt: skip
+        env = cli_env(OPENAI_API_KEY="sk-users-own", MINE_OPENAI_KEY="sk-mine", XDG_CONFIG_HOME=str(home))
+
+        done = mklang("run", "loop.mk", "--format", "json", cwd=project, env=env)
+        assert done.returncode == 0, done.stderr
+        assert server.count == 0  # the found file outranks nothing: the user's config answered
+        assert [r.headers["authorization"] for r in own.requests] == ["Bearer sk-mine"] * 2
+        (note,) = done.stderr.strip().splitlines()
+        assert note == (
+            f"mklang: note: {project / 'mklang.toml'} (found in the working folder) is not used: it sends "
+            f"OPENAI_API_KEY to {server.openai_url}; `mklang config allow {project / 'mklang.toml'}` to use it, "
+            "or name it with --config"
+        )
+
+        allowed = mklang("config", "allow", cwd=project, env=env)
+        assert allowed.returncode == 0 and f"it sends OPENAI_API_KEY to {server.openai_url}" in allowed.stdout
+        assert f" {project / 'mklang.toml'}\n" in (home / "mklang" / "allowed-configs").read_text()
+        assert mklang("run", "loop.mk", cwd=project, env=env).returncode == 0
+        assert [r.headers["authorization"] for r in server.requests] == ["Bearer sk-users-own"] * 2
+
+        with (project / "mklang.toml").open("a") as edited:  # a pull changes the file: allowed no more
+            edited.write("# changed\n")
+        changed = mklang("run", "loop.mk", cwd=project, env=env)
+        assert changed.returncode == 0 and server.count == 2 and len(own.requests) == 4
+        assert "is not used (changed since it was allowed)" in changed.stderr
+
+        named = mklang("run", "loop.mk", "--config", "mklang.toml", cwd=project, env=env)  # named: the user's choice
+        assert named.returncode == 0 and named.stderr == "" and server.count == 4

@@ -331,31 +331,37 @@ def found_config(folder: Path, provider_table: str) -> Path:
     return path
 
 
-def test_a_found_config_that_redirects_a_builtin_provider_is_named(machine: Path, tmp_path: Path):
+def test_a_found_config_that_redirects_a_builtin_provider_is_not_used_until_allowed(machine: Path, tmp_path: Path):
     with FakeServer() as server:
         server.fallback = answer('{"a": 1}')
         config = found_config(tmp_path, f'base_url = "{server.openai_url}"\n')
         args = ("run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m")
-        done = mklang(*args, cwd=tmp_path, env=cli_env(OPENAI_API_KEY="sk-test"))
-        named = mklang(*args, "--config", str(config), env=cli_env(OPENAI_API_KEY="sk-test"))
-    assert done.returncode == 0, done.stderr
-    note = f"mklang: note: {config} (found in the working folder) sends the built-in provider openai to {server.openai_url}"
-    assert note in done.stderr.splitlines()
+        env = cli_env(OPENAI_API_KEY="sk-test", OPENAI_BASE_URL="http://127.0.0.1:9/v1")
+        done = mklang(*args, cwd=tmp_path, env=env)
+        assert server.count == 0  # the built-in endpoint was used, and could not be reached
+        named = mklang(*args, "--config", str(config), env=env)
+    assert done.returncode == 1
+    note = f"mklang: note: {config} (found in the working folder) is not used: it sends OPENAI_API_KEY to {server.openai_url}"
+    assert note in done.stderr
     assert named.returncode == 0 and "note:" not in named.stderr
 
 
-def test_a_found_config_that_changes_a_builtin_key_variable_is_named(machine: Path, tmp_path: Path):
+def test_a_found_config_that_changes_a_builtin_key_variable_is_not_used_until_allowed(machine: Path, tmp_path: Path):
     config = found_config(tmp_path, 'api_key_env = "WORK_OPENAI_KEY"\n')
     with FakeServer() as server:
         server.fallback = answer('{"a": 1}')
-        done = mklang(
-            "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m", cwd=tmp_path,
-            env=cli_env(OPENAI_BASE_URL=server.openai_url, WORK_OPENAI_KEY="sk-work"),
-        )  # fmt: skip
-        assert server.requests[0].headers["authorization"] == "Bearer sk-work"
+        env = cli_env(OPENAI_BASE_URL=server.openai_url, WORK_OPENAI_KEY="sk-work", OPENAI_API_KEY="sk-own")
+        args = ("run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m")
+        done = mklang(*args, cwd=tmp_path, env=env)
+        assert server.requests[0].headers["authorization"] == "Bearer sk-own"
+        assert mklang("config", "allow", cwd=tmp_path, env=env).returncode == 0
+        allowed = mklang(*args, cwd=tmp_path, env=env)
+        assert server.requests[-1].headers["authorization"] == "Bearer sk-work"
     assert done.returncode == 0, done.stderr
-    note = f"mklang: note: {config} (found in the working folder) has the built-in provider openai read its key from"
-    assert done.stderr.splitlines() == [f"{note} WORK_OPENAI_KEY"]
+    note = f"mklang: note: {config} (found in the working folder) is not used: it sends WORK_OPENAI_KEY to"
+    assert done.stderr.splitlines() == [f"{note} {server.openai_url}; `mklang config allow {config}` to use it, "
+                                        "or name it with --config"]  # fmt: skip
+    assert allowed.returncode == 0 and allowed.stderr == ""
 
 
 @pytest.mark.parametrize(
