@@ -21,7 +21,7 @@ from mklang.checkpoint import generations
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, parse
 from mklang.checkpoint.journal import StoreJournal, durability_setting, read_journal, recover, resume_change
-from mklang.checkpoint.paths import MachinePaths, root_file
+from mklang.checkpoint.paths import MachinePaths, located_host, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, RunLock, locate
 from mklang.checkpoint.texts import keep_texts, machine_root
@@ -201,6 +201,7 @@ def _read_checkpoint(
 ) -> Resumable:
     envelope = load(location)
     trusted = require_seal(location, envelope, trust)
+    envelope = envelope.model_copy(update={"host": located_host(envelope.host, location.anchor)})
     newest = max(location.store.generation(location.run), generations.seen(envelope.run_id))
     rolled_back = generations.rollback(str(location), envelope.run_id, envelope.generation, newest, allow_rollback)
     if envelope.status in ("done", "halted"):

@@ -8,6 +8,7 @@ from typing import Any
 
 from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal, resume_change
+from mklang.checkpoint.paths import located_host
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, locate
 from mklang.checkpoint.trust import recorded_host
@@ -70,7 +71,7 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         "reply_to": pending["reply_to"],
         "resumable": envelope.status in ("running", "suspended"),
         "signature": {"seal": envelope.seal, "text": SEAL_TEXT[envelope.seal]},
-        "host": recorded_host(envelope.host),
+        "host": recorded_host(located_host(envelope.host, location.anchor)),
     }
     if envelope.status == "suspended":
         summary["ran_out"], summary["continue_with"] = how_to_continue(

@@ -44,7 +44,7 @@ from typing import Any, Literal
 from mklang import faults
 from mklang.checkpoint import generations
 from mklang.checkpoint.envelope import Envelope, dump, dump_signed
-from mklang.checkpoint.paths import MachinePaths
+from mklang.checkpoint.paths import MachinePaths, portable_host
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.checkpoint.store import Location, Store
 from mklang.engine.frame import Frame
@@ -138,14 +138,14 @@ class StoreJournal:
     def _host_update(self) -> dict[str, Any]:
         """Fields that change as the run goes: machines loaded, scripted position.
 
-        Machine files are named relative to the root's folder and the root
-        relative to the checkpoint's, so the files can move together.
+        Machine files are named relative to the root's folder, the root and
+        the host's files relative to the checkpoint's, so the files can move together.
         """
         update: dict[str, Any] = {"machines": self.paths.names(self.hashes)}
         if self.paths.root is not None:
             update["machine"] = self.envelope.machine.model_copy(update={"path": self.paths.root_from(self.anchor)})
-        if self.position is not None:
-            update["host"] = self.envelope.host.model_copy(update={"position": self.position()})
+        host = portable_host(self.envelope.host, self.anchor)
+        update["host"] = host.model_copy(update={"position": self.position()}) if self.position is not None else host
         return update
 
     def _open_generation(self, header: dict[str, Any], envelope_bytes: int) -> None:

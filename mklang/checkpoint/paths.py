@@ -1,4 +1,4 @@
-"""Machine files as a checkpoint records them, so that it can move (ADR 0014).
+"""Machine and host files as a checkpoint records them, so that it can move (ADR 0014).
 
 A checkpoint names the root machine relative to its own folder, and every
 machine file (in `machines`, frame `path`s and journal `enter` lines)
@@ -6,16 +6,24 @@ relative to the root machine's folder; standard-library machines as
 `stdlib:<file>`, wherever mklang is installed. Moving or copying the project
 folder with its checkpoint keeps every name valid; `--machine` says where
 the root went when only the checkpoint stayed behind, and the rest follow.
+The host files a run was started with (scenario script, config, cassettes,
+plugin files) are named relative to the checkpoint's folder, as the root is.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mklang.syntax.resolve import stdlib_dirs
 
+if TYPE_CHECKING:
+    from mklang.checkpoint.envelope import HostSettings
+
 STDLIB = "stdlib:"
+HOST_FILES = ("script", "config", "replay", "record")  # the host settings that name files
 
 
 class MachinePaths:
@@ -58,3 +66,22 @@ class MachinePaths:
 def root_file(recorded: str, checkpoint: str | Path) -> Path:
     """The root machine of a checkpoint: recorded relative to the checkpoint's folder."""
     return Path(os.path.normpath(Path(checkpoint).resolve().parent / recorded))
+
+
+def _host_files(host: HostSettings, rename: Callable[[str], str]) -> HostSettings:
+    update: dict[str, object] = {name: rename(value) for name in HOST_FILES if (value := getattr(host, name))}
+    update["plugins"] = [rename(plugin) if plugin.endswith(".py") else plugin for plugin in host.plugins]
+    return host.model_copy(update=update)
+
+
+def portable_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:
+    """The host's files (scenario script, config, cassettes, plugin files) named relative to the
+    checkpoint's folder, as its root machine is, so a project folder moves with its checkpoint."""
+    folder = Path(checkpoint).resolve().parent
+    return _host_files(host, lambda file: Path(os.path.relpath(Path(file).resolve(), folder)).as_posix())
+
+
+def located_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:
+    """The host's files where they are now: recorded relative to the checkpoint's folder (or absolute)."""
+    folder = Path(checkpoint).resolve().parent
+    return _host_files(host, lambda name: os.path.normpath(folder / name))

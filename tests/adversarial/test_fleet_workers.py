@@ -363,3 +363,20 @@ def test_a_worker_stopped_with_sigterm_says_so_in_lines_without_tracebacks(proje
     assert said.having("run item-0: suspended by the worker's shutdown, back to the queue"), lines
     assert not [line for line in lines if "Traceback" in line or "Reject" in line], "\n".join(lines)
     assert cli(capsys, "worker", "--help")[1].count("Runs this worker runs at once") == 1
+
+
+def test_a_project_folder_moved_with_its_checkpoint_resumes_with_its_scenario_script(tmp_path, capsys, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(APPROVAL, project / "approval.mk")
+    (project / "review.yaml").write_text(REVIEW, encoding="utf-8")
+    monkeypatch.chdir(project)
+    code, _, err = cli(
+        capsys, "run", "approval.mk", "--script", "review.yaml", "--scenario", "review", "--checkpoint", "cp.json",
+        "--hitl", "--format", "json",
+    )  # fmt: skip
+    assert code == 3, err
+    shutil.move(project, tmp_path / "moved")
+    monkeypatch.chdir(tmp_path / "moved")
+    code, out, err = cli(capsys, "resume", "cp.json", "--set", "approval.answer=yes", "--format", "json")
+    assert (code, json.loads(out)["result"]) == (0, "https://status.example.com/posts/118"), err
