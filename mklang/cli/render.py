@@ -45,7 +45,7 @@ def _add_steps(tree: Tree, trace: list[dict[str, Any]]) -> None:
         if step.get("decision_tainted"):
             label.append("  judged over outside data", style="yellow")
         if step.get("untrusted_control_flow"):
-            label.append("  ⚠ untrusted control flow reached this tool", style="bold red")
+            label.append("  ⚠ untrusted control flow", style="bold red")
         node = tree.add(label)
         if "branches" in step:
             for index, branch in enumerate(step["branches"]):

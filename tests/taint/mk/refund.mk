@@ -21,6 +21,7 @@ state classify {
   when "a human must approve the refund" escalate -> pay ask "Refund this ticket?"
   when "another team pays refunds of this kind" -> delegate
   when "a human must approve, then the ticket is routed again" escalate -> recheck ask "Approve?"
+  when "finance checks refunds of this kind first" -> delegate_checked
   otherwise fail
 }
 
@@ -50,6 +51,12 @@ state delegate {
   call payout { amount: "{{ticket.amount}}" }
   output payout
   otherwise -> END
+}
+
+state delegate_checked {
+  call checked_payout { amount: "{{ticket.amount}}" }
+  output checked
+  otherwise -> pay
 }
 
 state pay {
