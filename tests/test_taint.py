@@ -11,6 +11,7 @@ or edited.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -387,3 +388,33 @@ def test_a_batch_runs_every_item_under_the_policy_it_is_given(machine_path, tmp_
         assert outcome.status == status, outcome.reason
         if policy == "halt":
             assert outcome.reason == "untrusted-control-flow"
+
+
+NO_RESUMES = [s.name for s in load_script(SCRIPT) if not s.resumes and s.run.get("budget") is None]
+
+
+@pytest.mark.parametrize("name", NO_RESUMES)
+def test_a_crash_at_any_point_recovers_the_taint_from_the_journal(machine_path, name, tmp_path, monkeypatch):
+    """Killed anywhere (mklang.faults) and resumed, the run flags and halts as the uninterrupted one:
+    the flag is rebuilt from the journaled steps, the external marks from their records."""
+    import test_crash_points as crashes
+
+    from mklang import faults
+
+    settings = crashes._settings
+    monkeypatch.setattr(
+        crashes, "_settings", lambda s: {**settings(s), "untrusted_flow": s.run.get("on_untrusted_flow")}
+    )
+    machine, found = load_file(machine_path), scenario(name)
+    reference = crashes.Attempt(machine, found, tmp_path / "reference")
+    points = crashes.Points()
+    faults.watch(points)
+    try:
+        expected = crashes._outcome(reference.phase(0))
+    finally:
+        faults.disarm()
+    for point, total in sorted(points.seen.items()):
+        for count in crashes._counts(total):
+            attempt = crashes.Attempt(machine, found, tmp_path / f"{point}-{count}")
+            assert attempt.crashing(partial(attempt.phase, 0), point, count) is crashes.CRASHED
+            assert crashes._outcome(attempt.recover()) == expected, f"crash at {point}:{count}"
