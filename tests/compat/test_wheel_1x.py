@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 import mklang.cli.run_cmds  # registers `test`
 import mklang.cli.syntax_cmds  # noqa: F401 - registers `check` and `fmt`
 from mklang.cli.app import app
+from mklang.effects import FLOW_POLICIES
 from mklang.scenarios import STATUS_1X, load_script, run_scenario
 from mklang.syntax import load_file, parse
 
@@ -48,7 +49,20 @@ MACHINES = [
     "stdlib/std_tot",
 ]
 # What a step here must share with the same step of the 1.x interpreter.
-COMPARED_WITH_1X = ("state", "policy", "to", "gate", "gate_via", "reasoning")
+COMPARED_WITH_1X = (
+    "state",
+    "policy",
+    "to",
+    "gate",
+    "gate_via",
+    "reasoning",
+    "decision_tainted",
+    "untrusted_control_flow",
+)
+# The tools of the 1.x console that its host classifies read-only (1.x's TOOL_EFFECTS).
+CONSOLE_READ_ONLY = frozenset(
+    {"list_machines", "list_workspace", "read_workspace_file", "search_workspace", "ask_user"}
+)
 # The 1.x console registers `console_workspace_ready` itself; no script can.
 CONSOLE_HOOK_FAILURE = "the run ended halted: state-error: hook: unknown hook 'console_workspace_ready' at reply"
 AGENT_FAILURES = {
@@ -86,16 +100,37 @@ def wheel_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def runs_1x(wheel_data: Path) -> dict[str, dict]:
-    """Every scenario of the wheel as the 1.x interpreter runs it, by "machine:scenario"."""
-    machines = [str(wheel_data / f"{name}.mkl") for name in MACHINES]
+def compared_scripts(wheel_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """The script each machine is compared with 1.x under each untrusted-flow policy: its
+    own, the console's with its hook scripted, and each with `run.on_untrusted_flow`."""
+    folder = tmp_path_factory.mktemp("scripts-1x")
+    scripts = {}
+    for name in MACHINES:
+        script = yaml.safe_load((wheel_data / f"{name}.test.yaml").read_text(encoding="utf-8"))
+        for scenario in script["scenarios"]:
+            if name == "console/agent":
+                scenario.setdefault("hooks", {})["console_workspace_ready"] = [True]
+        for policy in FLOW_POLICIES:
+            for scenario in script["scenarios"]:
+                scenario.setdefault("run", {})["on_untrusted_flow"] = policy
+            path = folder / f"{name.replace('/', '-')}.{policy}.test.yaml"
+            path.write_text(yaml.safe_dump(script), encoding="utf-8")
+            scripts[(name, policy)] = path
+    return scripts
+
+
+@pytest.fixture(scope="session")
+def runs_1x(wheel_data: Path, compared_scripts: dict[tuple[str, str], Path]) -> dict[str, dict]:
+    """Every compared scenario as the 1.x interpreter runs it, by "script:scenario"."""
+    pairs = [
+        str(part) for (name, _), script in compared_scripts.items() for part in (wheel_data / f"{name}.mkl", script)
+    ]
     env = {**os.environ, "PYTHONPATH": str(wheel_data.parents[1])}  # the unpacked wheel's `mklang` first
     done = subprocess.run(
-        [sys.executable, str(INTERPRETER_1X), *machines], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, str(INTERPRETER_1X), *pairs], capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    return {f"{Path(key.rsplit(':', 1)[0]).relative_to(wheel_data).with_suffix('')}:{key.rsplit(':', 1)[1]}": run
-            for key, run in json.loads(done.stdout).items()}  # fmt: skip
+    return json.loads(done.stdout)
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -159,18 +194,21 @@ def test_the_console_machine_lacks_only_the_console_hook(wheel_data, tmp_path):
     assert code == 0 and len(outcomes) == len(AGENT_FAILURES) + 1 and all(o["passed"] for o in outcomes), err
 
 
+@pytest.mark.parametrize("policy", FLOW_POLICIES)
 @pytest.mark.parametrize("name", MACHINES)
-def test_a_1x_machine_takes_the_steps_the_1x_interpreter_takes(wheel_data, runs_1x, name, tmp_path):
-    """Each scenario, run here and by 1.x itself: the same outcome and, step by step, the
-    same states, gates, policies, targets and reasoning. By design, and invisible to the
-    scripts, a state that fails (`state-error`) makes no step here, where 1.x recorded one,
-    and its error is worded differently; the console machine runs with its hook scripted."""
-    source = wheel_data / f"{name}.mkl"
-    script = hooked_agent_script(wheel_data, tmp_path) if name == "console/agent" else source.with_suffix(".test.yaml")
-    machine = load_file(source)
+def test_a_1x_machine_takes_the_steps_the_1x_interpreter_takes(wheel_data, compared_scripts, runs_1x, name, policy):
+    """Each scenario, run here and by 1.x itself under each untrusted-flow policy: the same
+    outcome and, step by step, the same states, gates, policies, targets, reasoning and
+    control-flow taint. By design, and invisible to the scripts, a state that fails
+    (`state-error`) makes no step here, where 1.x recorded one, and its error is worded
+    differently. The console machine runs with its hook scripted and the console's
+    read-only tools named by the host, as the 1.x console names them."""
+    machine = load_file(wheel_data / f"{name}.mkl")
+    script = compared_scripts[(name, policy)]
+    host_read_only = CONSOLE_READ_ONLY if name == "console/agent" else frozenset()
     for scenario in load_script(script):
-        ran_1x = runs_1x[f"{name}:{scenario.name}"]
-        result = run_scenario(machine, scenario)
+        ran_1x = runs_1x[f"{script}:{scenario.name}"]
+        result = run_scenario(machine, scenario, read_only_tools=host_read_only)
         assert result.status == STATUS_1X.get(ran_1x["status"], ran_1x["status"]), scenario.name
         steps_1x = [step for step in ran_1x["trace"] if step["policy"] != "state-error"]
         assert [step_keys(step) for step in result.trace] == [step_keys(step) for step in steps_1x], scenario.name
