@@ -148,6 +148,18 @@ def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(proje
             refused = read_note(store, "item-1")["outcome"]
             assert refused["status"] == "failed" and "run record of item-1 is not signed" in refused["reason"], refused
             assert store.read("item-1") is None and store.runs() == ["item-0"]
+            # A finished run's row edited to say another result, its signature removed: the worker's read
+            # of the run verifies it, so a replayed message reports it failed, never done with that result.
+            envelope = json.loads(store.read("item-0"))
+            del envelope["signature"]
+            envelope["result"] = "forged"
+            store.write("item-0", json.dumps(envelope).encode(), generation=envelope["generation"] + 1)
+            before = read_note(store, "item-0")["id"]
+            publish(queue, *signed_task(postgres_uri, "item-0"))
+            wait_for(lambda: read_note(store, "item-0")["id"] != before, one, "the edited run was reported", 120)
+            edited = read_note(store, "item-0")["outcome"]
+            assert (edited["status"], edited["result"]) == ("failed", None), edited
+            assert "not signed" in edited["reason"]
         finally:
             store.close()
         assert server.count == CALLS
