@@ -28,6 +28,7 @@ from mklang.checkpoint.envelope import parse
 from mklang.checkpoint.journal import resume_change
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, RunLock, Store, run_name
+from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
 from mklang.errors import MklangError, RunBusy, UsageError
@@ -242,6 +243,7 @@ class Batch:
         stop: threading.Event | None = None,
         hitl: bool = False,
         kept_texts: bool = False,
+        texts: dict[str, str] | None = None,
     ):
         self.machine = machine
         self.store = store
@@ -253,6 +255,8 @@ class Batch:
         )
         self.hitl = hitl  # escalations park the run for a human reply
         self.kept_texts = kept_texts  # a resume runs the machine texts the store keeps in place of edited files
+        self._texts = texts  # the machine texts the store keeps (a worker's record names them), kept once
+        self._texts_guard = threading.Lock()
         if ledger is None and ceilings is not None and ceilings.any():
             ledger = Ledger(ceilings)
         self.ledger = ledger
@@ -302,6 +306,7 @@ class Batch:
                         control=control,
                         hitl=hitl,
                         held=lock,
+                        texts=self._kept_texts(),
                         **self.budgets,
                     )
                 else:
@@ -312,6 +317,13 @@ class Batch:
         if self.ledger is not None:
             self.ledger.record(item.run, result.usage)  # the last call of a run is after its last loop-top
         return outcome(self.store, item.run)
+
+    def _kept_texts(self) -> dict[str, str]:
+        """The machine's texts in the store, kept by the first run that starts (not once per run)."""
+        with self._texts_guard:
+            if self._texts is None:
+                self._texts = keep_texts(self.store, self.machine, "the batch")
+            return self._texts
 
     def _report(self, result: Outcome) -> Outcome:
         if self.on_outcome is not None:

@@ -302,6 +302,7 @@ class Worker:
                 stop=self.stopping,
                 hitl=bool(record["hitl"]),
                 kept_texts=True,
+                texts=dict(record["texts"]),
             )
             item = Item(run, dict(record["context"]))
             deadline = time.monotonic() + BUSY_SECONDS

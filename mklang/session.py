@@ -204,12 +204,14 @@ def start(
     observer: Any = None,
     replace: bool = False,
     held: RunLock | None = None,
+    texts: dict[str, str] | None = None,
 ) -> RunResult:
     """Run `machine` with `host`; with a checkpoint the run persists and suspends.
 
     Without one, `suspendable` makes budgets suspend into the result's frames.
     A run not finished at the checkpoint is refused unless `replace`; `held`
-    is the checkpoint's lock when the caller took it already.
+    is the checkpoint's lock when the caller took it already; `texts` the
+    machine texts its store keeps already (`mklang.checkpoint.texts`).
 
     A scenario's input lies under `context`, and its `run:` settings under the
     given options. Scripted branches run concurrently like real ones: a
@@ -251,6 +253,7 @@ def start(
         scripted=host.scripted,
         replace=replace,
         held=held,
+        texts=texts,
         **options,
     )
 

@@ -51,6 +51,7 @@ def start(
     scripted: ScriptedHost | None = None,
     replace: bool = False,
     held: RunLock | None = None,
+    texts: dict[str, str] | None = None,
     **options: Unpack[RunOptions],
 ) -> RunResult:
     """Run `machine` durably: a resumable checkpoint exists from the first loop-top on.
@@ -58,7 +59,8 @@ def start(
     `scripted` (a `ScriptedHost`) lets the checkpoint save which scripted
     answers were consumed. A run that is not finished at `checkpoint` is
     refused unless `replace` (`claimed`); `held` is its lock when the caller
-    took it already.
+    took it already. `texts` are the machine texts the store keeps already
+    (`keep_texts`: a batch keeps them once for all its runs).
     """
     loader = MachineLoader()
     loader.add(machine)
@@ -68,7 +70,7 @@ def start(
         run_id=uuid.uuid4().hex,
         status="running",
         machine=MachineRef(name=machine.name, path=machine.path, sha256=loader.hashes.get(machine.path or "")),
-        texts=keep_texts(location.store, machine, location),
+        texts=texts if texts is not None else keep_texts(location.store, machine, location),
         frames=[],
         budgets=Budgets(
             max_tokens=options.get("max_tokens"), max_cost=options.get("max_cost"), max_time=options.get("max_time")
