@@ -128,8 +128,10 @@ def write_signed(store: Store, key: str, document: dict[str, Any]) -> None:
 def read_signed(store: Store, key: str, what: str) -> dict[str, Any] | None:
     """The document of a signed note (None when there is none); CheckpointError unless the fleet key signed it."""
     raw = store.read_note(key)
-    if raw is None:
-        return None
+    return None if raw is None else _verified(raw, what)
+
+
+def _verified(raw: bytes, what: str) -> dict[str, Any]:
     try:
         document = load_json(raw)
     except ValueError:
@@ -148,13 +150,22 @@ def read_note(store: Store, run: str) -> dict[str, Any] | None:
     return read_signed(store, note_key(run), f"the worker's report of run {run}")
 
 
-def _reported(store: Store, run: str) -> Outcome:
-    """The outcome a worker reported; `failed` when the report is not one a worker of the fleet signed."""
+def _reported(store: Store, run: str, raw: bytes) -> Outcome:
+    """What became of a run a worker reported (its note's bytes `raw`).
+
+    The report says that a worker is done with the run and why it stopped; a
+    finished run's result is read from its verified envelope, as the local
+    executor reads it. A report the fleet key did not sign, or about another
+    run, is `failed`.
+    """
+    what = f"the worker's report of run {run}"
     try:
-        note = read_note(store, run)
-        return Outcome.from_json((note or {})["outcome"])
+        told = Outcome.from_json(_verified(raw, what)["outcome"])
     except (CheckpointError, KeyError, TypeError) as error:
         return Outcome(run, "failed", first_line(error))
+    if told.run != run:
+        return Outcome(run, "failed", f"{what} is about another run")
+    return outcome(store, run) if told.status in ("done", "halted") else told
 
 
 def _note_bytes(store: Store, run: str) -> bytes | None:
@@ -217,7 +228,7 @@ def enqueue_and_follow(
         for run, seen in list(waiting.items()):
             note = _note_bytes(store, run)
             if note is not None and note != seen:
-                finished[run] = now = _reported(store, run)
+                finished[run] = now = _reported(store, run, note)
                 del waiting[run]
                 progress = time.monotonic()
                 if on_outcome is not None:

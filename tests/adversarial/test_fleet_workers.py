@@ -392,3 +392,31 @@ def test_a_project_folder_moved_with_its_checkpoint_resumes_with_its_scenario_sc
     monkeypatch.chdir(tmp_path / "moved")
     code, out, err = cli(capsys, "resume", "cp.json", "--set", "approval.answer=yes", "--format", "json")
     assert (code, json.loads(out)["result"]) == (0, "https://status.example.com/posts/118"), err
+
+
+def test_a_report_copied_from_another_run_is_not_its_result(project, server, postgres_uri):
+    """Someone who can write the store but has no key copies one run's signed report onto another's."""
+    require_server("RabbitMQ")
+    write_items(project, 1)
+    one = worker(project, postgres_uri, RABBITMQ)
+    store = open_store(postgres_uri)
+    try:
+        first = batch(project, postgres_uri, RABBITMQ)
+        _, stderr = first.communicate(timeout=180)
+        assert first.returncode == 0, stderr
+        copied = store.read_note("run:item-0")  # signed by the worker, about item-0
+        stop(one)
+        write_items(project, 2)
+        second = batch(project, postgres_uri, RABBITMQ, "--stall-timeout", "20s")
+        wait_for(lambda: store.read_note("record:item-1") is not None, second, "item-1 was enqueued", 120)
+        store.write_note("run:item-1", copied)
+        _, stderr = second.communicate(timeout=120)
+    finally:
+        stop(one)
+        store.close()
+        drop_queue(postgres_uri)
+    out = {line["id"]: line for line in results(project / "out.jsonl")}
+    assert out["item-0"]["status"] == "done"
+    assert (out["item-1"]["status"], out["item-1"]["result"]) == ("failed", None), out["item-1"]
+    assert "about another run" in out["item-1"]["reason"]
+    assert second.returncode == 1 and server.count == CALLS, stderr
