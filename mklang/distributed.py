@@ -368,6 +368,19 @@ class Worker:
         return nullcontext(host)
 
 
+# How Celery's consumer starts the (multi-line, traceback) log of a message it discards before any task.
+_DISCARDED = ("Received unregistered task", "Received invalid task message", "Can't decode message body")
+
+
+def _refused_by_celery(record: logging.LogRecord) -> bool:
+    """A message Celery discards (unknown task, pickle, not JSON) is one refusal line, not Celery's report."""
+    text = record.getMessage()
+    if not text.startswith(_DISCARDED):
+        return True
+    _say(f"refused a task message: {text.splitlines()[0].split(' [type:')[0]}")
+    return False
+
+
 def _say_malformed_messages(**_: Any) -> None:
     """A message Celery cannot even hand to the task (its arguments are no list and map) is one
     refusal line, not the traceback Celery warns with (installed once Celery set up its logging)."""
@@ -417,6 +430,7 @@ def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[
     logging.getLogger("celery.app.trace").addFilter(
         lambda record: not (record.exc_info and isinstance(record.exc_info[1], Reject))
     )
+    logging.getLogger("celery.worker.consumer.consumer").addFilter(_refused_by_celery)
     worker_shutting_down.connect(stop, weak=False)
     worker_ready.connect(_say_malformed_messages, weak=False)
     app.worker_main(

@@ -68,22 +68,34 @@ def project(tmp_path: Path, server: FakeServer) -> Path:
     return tmp_path
 
 
-def publish(queue: str, args: Any, kwargs: Any, broker: str = RABBITMQ) -> None:
-    """A Celery (protocol 2) task message built by hand and published on the store's queue."""
+def publish(
+    queue: str,
+    args: Any,
+    kwargs: Any,
+    *,
+    task: str = TASK,
+    body: bytes | None = None,
+    content_type: str = "application/json",
+    broker: str = RABBITMQ,
+) -> None:
+    """A Celery (protocol 2) task message built by hand and published on the store's queue
+    (`body`: raw bytes in place of the JSON of the arguments)."""
     from kombu import Connection, Exchange, Queue
 
     task_id = str(uuid.uuid4())
     headers = {
-        "lang": "py", "task": TASK, "id": task_id, "root_id": task_id, "parent_id": None, "group": None,
+        "lang": "py", "task": task, "id": task_id, "root_id": task_id, "parent_id": None, "group": None,
         "retries": 0, "eta": None, "expires": None, "timelimit": [None, None],
         "argsrepr": repr(args), "kwargsrepr": repr(kwargs), "origin": "attacker@elsewhere",
     }  # fmt: skip
+    payload = body if body is not None else json.dumps([args, kwargs, {"callbacks": None, "errbacks": None}])
     with Connection(broker) as connection:
         connection.Producer().publish(
-            [args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
+            payload,
             exchange="",
             routing_key=queue,
-            serializer="json",
+            content_type=content_type,
+            content_encoding="utf-8",
             headers=headers,
             delivery_mode=2,
             declare=[Queue(queue, Exchange(queue), routing_key=queue)],
@@ -118,8 +130,13 @@ def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(proje
     try:
         for args, kwargs in forged:
             publish(queue, args, kwargs)
+        # Messages Celery itself discards: an unknown task, pickle, a body that is no JSON.
+        publish(queue, ["item-0"], {}, task="\x1b[2Jevil")
+        publish(queue, [], {}, body=b"\x80\x04\x1b[2J", content_type="application/x-python-serialize")
+        publish(queue, [], {}, body=b"{not json \x1b[2J")
+        refusals = len(forged) + 3
         try:
-            wait_for(lambda: len(said.having("refused a task message")) >= len(forged), one, "every refusal", 60)
+            wait_for(lambda: len(said.having("refused a task message")) >= refusals, one, "every refusal", 60)
         except AssertionError:
             raise AssertionError(said.lines) from None
         assert server.count == 0  # no forged message made a call
@@ -166,7 +183,7 @@ def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(proje
     finally:
         stop(one)
     lines = said.done()
-    assert len([line for line in lines if "refused a task message" in line]) == len(forged), lines
+    assert len([line for line in lines if "refused a task message" in line]) == len(forged) + 3, lines
     assert not any("\x1b" in line or "Traceback" in line for line in lines), lines
     assert any("\\x1b[31mred" in line for line in lines)  # the forged id is shown, escaped
     assert not (project.parent / "x").exists()
