@@ -9,9 +9,9 @@ checkpoint the schema rejects fails the test that wrote it.
 
 Every test, and every `mklang` process a test starts, signs checkpoints with
 a key of its own: the per-user checkpoint key lives under XDG_CONFIG_HOME
-(ADR 0014), and the generations seen of each run under XDG_STATE_HOME (ADR
-0022); both point at a temporary folder before any test module is imported,
-away from the real user's key and state.
+(ADR 0014), which points at a temporary folder before any test module is
+imported, away from the real user's key; the generations seen of each run live
+under XDG_STATE_HOME (ADR 0022), a temporary folder of each test's own.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ TWO_STATES = """
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
     os.environ["XDG_CACHE_HOME"] = os.path.join(_CONFIG_HOME, "cache")  # machine texts run from a store
-    os.environ["XDG_STATE_HOME"] = os.path.join(_CONFIG_HOME, "state")
     os.environ.pop("MKLANG_CHECKPOINT_KEY", None)
 
 
@@ -137,6 +136,12 @@ def _left_checkpoints(folder: Path) -> Iterator[tuple[Path, Any]]:
         document = json.loads(path.read_bytes())
         if document.get("format") == FORMAT:  # older formats are migrated on load, not described
             yield path, document
+
+
+@pytest.fixture(autouse=True)
+def own_state_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test remembers run generations of its own (ADR 0022): tests reuse run ids such as "r"."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,9 @@ from conftest import ROOT, cli_env, outcome, postgres_schema
 from test_golden import EXAMPLES
 
 from mklang.checkpoint.envelope import load
+from mklang.checkpoint.file_store import FileStore
 from mklang.checkpoint.store import Location, Store, locate, open_store
-from mklang.errors import RunBusy
+from mklang.errors import CheckpointError, RunBusy
 from mklang.scenarios import load_script
 from mklang.session import Host, resume, start
 from mklang.syntax import load_file
@@ -55,6 +56,18 @@ def test_an_envelope_is_written_whole_and_replaced_whole(store):
     store.write("a", ENVELOPE + b" ", generation=2)
     assert store.read("a") == ENVELOPE + b" "
     assert store.read("b") is None
+
+
+def test_a_store_with_rows_refuses_an_older_generation_and_says_which_it_holds(store):
+    store.write("a", ENVELOPE, generation=3)
+    if isinstance(store, FileStore):  # a file is restored whole: the user's state folder remembers instead
+        assert store.generation("a") == 0
+        return
+    with pytest.raises(CheckpointError, match="run a holds generation 3: refusing to write the older generation 2"):
+        store.write("a", ENVELOPE + b" old", generation=2)
+    assert (store.read("a"), store.generation("a")) == (ENVELOPE, 3)
+    store.write("a", ENVELOPE + b" again", generation=3)
+    assert store.generation("a") == 3 and store.generation("b") == 0
 
 
 def test_a_journal_appends_and_a_new_generation_replaces_it(store):

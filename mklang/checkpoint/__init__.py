@@ -9,6 +9,7 @@ given. `mklang.session.resume` is the one-call API over the last two.
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from mklang.checkpoint.paths import MachinePaths, located_host, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, RunLock, locate
 from mklang.checkpoint.texts import keep_texts, machine_root
+from mklang.checkpoint.trust import BUDGETS, run_settings
 from mklang.effects import check_policy
 from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
@@ -33,7 +35,7 @@ from mklang.errors import CheckpointError, LoadError
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.host.registry import HostCallables
 from mklang.model import Machine
-from mklang.providers.base import Provider
+from mklang.providers.base import Provider, Usage, decode_answer
 
 if TYPE_CHECKING:
     from mklang.scenarios import ScriptedHost
@@ -252,6 +254,7 @@ def _read_checkpoint(
     misfit = first_misfit(resumable.chain)
     if misfit is not None:
         raise CheckpointError(f"{location}: {misfit}")
+    _check_spend(location, resumable)
     if not resumable.trusted:
         for frame in resumable.chain:  # its taint marks are as untrusted as the rest: distrust every value
             frame.tainted.update(frame.context)
@@ -260,6 +263,19 @@ def _read_checkpoint(
     else:
         generations.remember(envelope.run_id, envelope.generation)
     return resumable
+
+
+def _check_spend(location: Location, resumable: Resumable) -> None:
+    """Every spend the file records is a finite, non-negative number within limits: the run's,
+    its frames' and their kept branches', and each paid answer's (budgets stop a run by them)."""
+    try:
+        Usage.from_json(resumable.envelope.usage)
+        for frame in resumable.chain:
+            _ = frame.spent
+        for entry in resumable.replay.values():
+            decode_answer(entry["kind"], entry["v"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{location}: malformed spend: {type(error).__name__}: {error}") from None
 
 
 def _recorded_root(location: Location, envelope: Envelope) -> Path:
@@ -381,18 +397,31 @@ def continue_checkpoint(
     `open_checkpoint` is released when the run ends.
     """
     envelope = resumable.envelope
-    budgets = envelope.budgets.model_copy(
-        update={
-            key: value
-            for key, value in (("max_tokens", max_tokens), ("max_cost", max_cost), ("max_time", max_time))
-            if value is not None
-        }
+    given = dict(
+        max_tokens=max_tokens,
+        max_cost=max_cost,
+        max_time=max_time,
+        hitl=hitl,
+        concurrency=concurrency,
+        untrusted_flow=None if untrusted_flow is None else check_policy(untrusted_flow),
     )
+    recorded = {
+        **envelope.budgets.model_dump(),
+        "hitl": envelope.hitl,
+        "concurrency": envelope.concurrency,
+        "untrusted_flow": envelope.untrusted_flow,
+    }
+    settings, ignored = run_settings(recorded, given, resumable.trusted)
+    if ignored:
+        print(
+            f"mklang: the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}",
+            file=sys.stderr,
+        )
     change = {
-        "budgets": budgets.model_dump(mode="json"),
-        "hitl": envelope.hitl if hitl is None else hitl,
-        "untrusted_flow": envelope.untrusted_flow if untrusted_flow is None else check_policy(untrusted_flow),
-        "concurrency": concurrency or envelope.concurrency,
+        "budgets": {name: settings[name] for name in BUDGETS},
+        "hitl": settings["hitl"],
+        "untrusted_flow": settings["untrusted_flow"],
+        "concurrency": settings["concurrency"],
         "host": (
             envelope.host if host is None else host.model_copy(update={"position": envelope.host.position})
         ).model_dump(mode="json"),

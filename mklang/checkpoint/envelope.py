@@ -27,9 +27,9 @@ Status = Literal["running", "suspended", "done", "halted"]
 class Budgets(BaseModel):
     """The host budgets of the run; `max_time` restarts with every process."""
 
-    max_tokens: int | None = None
-    max_cost: float | None = None
-    max_time: float | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_cost: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_time: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class MachineRef(BaseModel):
@@ -122,7 +122,7 @@ class Envelope(BaseModel):
     untrusted_flow: Literal["report", "halt"] = "report"  # a tainted decision reaching an effect: report or halt
     ask: str | None = None
     reply_to: str | None = None
-    concurrency: int = 8
+    concurrency: int = Field(default=8, ge=1)
     host: HostSettings = Field(default_factory=HostSettings)
     result: Any = None
     generation: int = 0  # which journal generation continues this envelope

@@ -3,8 +3,10 @@
 A checkpoint signed with the resuming user's key may fill in the host
 settings the command line leaves out, as the run was hosted. From any other
 checkpoint, code (plugins), endpoints, config files, cassettes and scenario
-scripts come only from the resuming invocation; the recorded ones are
-reported as ignored.
+scripts come only from the resuming invocation, and so do the run settings
+(budgets, hitl, concurrency): where the command line says nothing, the
+stricter of the file's value and the default holds. What the file recorded
+and the resume does not use is reported as ignored.
 """
 
 from __future__ import annotations
@@ -41,3 +43,31 @@ def host_choice(recorded: HostSettings, given: dict[str, Any], trusted: bool) ->
         return reused, []
     ignored = [name for name, value in reused.items() if value not in (None, []) and value != given[name]]
     return dict(given), ignored
+
+
+DEFAULT_CONCURRENCY = 8
+BUDGETS = ("max_tokens", "max_cost", "max_time")
+
+
+def run_settings(recorded: dict[str, Any], given: dict[str, Any], trusted: bool) -> tuple[dict[str, Any], list[str]]:
+    """The budgets, hitl and concurrency of a resume, and what of the file's it ignores.
+
+    `recorded` and `given` hold `max_tokens`, `max_cost`, `max_time`, `hitl`,
+    `concurrency` and `untrusted_flow` (None: not given). A trusted file fills in
+    what is not given. From an untrusted one, a budget is the lower of the
+    file's and none (so the file's: it can only lower it), as is the flow policy
+    (`halt` is stricter than the default `report`); human gates stay on unless
+    `--no-hitl`, and concurrency is at most the default.
+    """
+    chosen = {name: given[name] if given[name] is not None else recorded[name] for name in recorded}
+    if trusted:
+        return chosen, []
+    ignored = []
+    if given["hitl"] is None:
+        chosen["hitl"] = True
+        if not recorded["hitl"]:
+            ignored.append("hitl false (human gates stay on; --no-hitl turns them off)")
+    if given["concurrency"] is None and recorded["concurrency"] > DEFAULT_CONCURRENCY:
+        chosen["concurrency"] = DEFAULT_CONCURRENCY
+        ignored.append(f"concurrency {recorded['concurrency']} (at most {DEFAULT_CONCURRENCY}; --concurrency N)")
+    return chosen, ignored

@@ -123,12 +123,7 @@ class Frame:
         name = state.name
         self.visits[name] = self.visits.get(name, 0) + 1
         self.steps += record["charge"]
-        spent = step["usage"]
-        self.usage = Usage(
-            self.usage.input_tokens + spent["input_tokens"],
-            self.usage.output_tokens + spent["output_tokens"],
-            self.usage.cost_usd + spent["cost_usd"],
-        )
+        self.usage = self.usage + Usage.from_json(step["usage"])
         if "output" in step or "branches" in step:
             self.deposit(state, step_output(step), record.get("external", True))
         if step.get("decision_tainted"):

@@ -13,6 +13,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, overload
 
+MAX_RECORDED_TOKENS = 10**15  # tokens in any spend a file records: far above any run's
+MAX_RECORDED_COST = 1e12  # dollars, likewise
 NONE: Final = "none"  # the judge's "none of the above"
 UNPARSEABLE: Final = "unparseable"  # the judge's answer could not be read
 
@@ -59,12 +61,17 @@ class Usage:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Usage:
+        """Spend as a file records it; `ValueError` unless every number is finite and from 0 to
+        the limits of `mklang.limits` (a file's spend decides when budgets stop a run)."""
         data = data or {}
-        return cls(
-            int(data.get("input_tokens", 0)),
-            int(data.get("output_tokens", 0)),
-            float(data.get("cost_usd", 0.0)),
-        )
+        tokens = [data.get(key, 0) for key in ("input_tokens", "output_tokens")]
+        cost = data.get("cost_usd", 0.0)
+        for name, value in zip(("input_tokens", "output_tokens"), tokens, strict=True):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RECORDED_TOKENS:
+                raise ValueError(f"usage {name} is {value!r}, not a count from 0 to {MAX_RECORDED_TOKENS:,}")
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost <= MAX_RECORDED_COST:
+            raise ValueError(f"usage cost_usd is {cost!r}, not an amount from 0 to {MAX_RECORDED_COST:,.0f}")
+        return cls(tokens[0], tokens[1], float(cost))
 
 
 @dataclass(frozen=True)

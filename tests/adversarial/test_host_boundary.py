@@ -113,13 +113,6 @@ def test_a_restored_store_row_is_refused_by_the_host_that_saw_newer_and_by_the_r
         line = refused(mklang("resume", target, *APPROVAL, cwd=approval, env=elsewhere))
         assert f"generation {old_generation} of run" in line and "older than generation 99" in line
 
-        # And an old copy resumed into the row cannot write its older generation over it.
-        (approval / "old.json").write_bytes(bytes(old_envelope))
-        line = refused(
-            mklang("resume", "old.json", "--checkpoint", target, "--set", "approval.answer=yes", *APPROVAL,
-                   cwd=approval, env=elsewhere)
-        )  # fmt: skip
-        assert "refusing to write the older generation" in line
     finally:
         db.close()
 
@@ -155,7 +148,7 @@ def test_a_key_file_readable_or_writable_by_others_or_owned_by_another_user_is_r
 def test_a_fleet_key_shorter_than_32_bytes_is_refused(approval):
     short = cli_env(MKLANG_CHECKPOINT_KEY="fleet-secret")
     line = refused(
-        mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval, env=short)
+        mklang("run", "approval/approval.mk", *APPROVAL, "-q", "--checkpoint", "cp.json", cwd=approval, env=short)
     )
     assert "MKLANG_CHECKPOINT_KEY is shorter than 32 bytes" in line and "fleet-secret" not in line
     assert not (approval / "cp.json").exists()
@@ -366,3 +359,67 @@ def test_a_found_config_sends_the_users_key_to_its_server_only_once_the_user_all
 
         named = mklang("run", "loop.mk", "--config", "mklang.toml", cwd=project, env=env)  # named: the user's choice
         assert named.returncode == 0 and named.stderr == "" and server.count == 4
+
+
+# --- item 2: a --trust file decides no run setting, and its numbers are checked ----
+
+
+def edited(checkpoint: Path, change) -> None:
+    """Edit the checkpoint's JSON as someone else would (its signature no longer holds)."""
+    document = json.loads(checkpoint.read_text(encoding="utf-8"))
+    change(document)
+    checkpoint.write_text(json.dumps(document), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "where, value",
+    [
+        ("frame", -1_000_000),
+        ("frame", float("nan")),
+        ("answer", -1_000_000),
+        ("answer", float("inf")),
+        ("budget", float("nan")),
+        ("budget", -5),
+    ],
+)
+def test_a_trusted_files_negative_or_nan_spend_or_budget_refuses_the_file(approval, where, value):
+    run = mklang("run", "approval/approval.mk", *APPROVAL, "--max-tokens", "0", "--checkpoint", "cp.json", cwd=approval)
+    assert run.returncode == 3, run.stderr
+
+    def change(document: dict) -> None:
+        usage = {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
+        if where == "frame":
+            document["frames"][0]["usage"] = {**usage, ("cost_usd" if value != value else "input_tokens"): value}
+        elif where == "answer":
+            spend = {**usage, "input_tokens" if value < 0 else "cost_usd": value}
+            document["answers"]["r.draft.1"] = {"kind": "produce", "v": {"text": "x", "usage": spend}}
+        else:
+            document["budgets"]["max_cost" if value != value else "max_tokens"] = value
+
+    edited(approval / "cp.json", change)
+    line = refused(mklang("resume", "cp.json", "--trust", "--max-tokens", "90", *APPROVAL, cwd=approval))
+    assert line.startswith("mklang: error: cp.json: ")
+    assert ("malformed" in line and "usage" in line) or "not a valid mklang checkpoint: budgets" in line
+
+
+def test_a_trusted_file_cannot_turn_the_human_gate_off_or_raise_concurrency(approval):
+    # Suspended on its token budget before the draft: the question is still to come.
+    run = mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--max-tokens", "0", "--checkpoint", "cp.json",
+                 cwd=approval)  # fmt: skip
+    assert run.returncode == 3, run.stderr
+    edited(approval / "cp.json", lambda document: document.update(hitl=False, concurrency=64))
+    done = mklang("resume", "cp.json", "--trust", "--max-tokens", "100000", *APPROVAL, cwd=approval)
+    assert done.returncode == 3, done.stderr  # parked at the question instead of publishing
+    assert json.loads(done.stdout)["reason"] == "escalated"
+    assert (
+        "mklang: the checkpoint is not signed with your key: ignored its recorded hitl false (human gates stay on; "
+        "--no-hitl turns them off); concurrency 64 (at most 8; --concurrency N)"
+    ) in done.stderr.splitlines()
+    resumed = json.loads((approval / "cp.json").read_text())
+    assert (resumed["hitl"], resumed["concurrency"]) == (True, 8)
+
+    edited(approval / "cp.json", lambda document: document.update(hitl=False, status="suspended"))
+    # What the resuming user says wins: here, no human gate.
+    mine = mklang("resume", "cp.json", "--trust", "--no-hitl", "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
+    assert mine.returncode == 0, mine.stderr
+    assert "hitl" not in mine.stderr
