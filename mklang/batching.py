@@ -27,7 +27,7 @@ from mklang import exitcodes
 from mklang.checkpoint.envelope import parse
 from mklang.checkpoint.journal import resume_change
 from mklang.checkpoint.signing import SEAL_TEXT
-from mklang.checkpoint.store import Location, RunLock, Store, run_name
+from mklang.checkpoint.store import Location, RunLock, Store, is_uri, redacted, run_name
 from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
@@ -184,8 +184,13 @@ def input_hash(data: dict[str, Any]) -> str:
 
 
 def location(store: Store, uri: str, run: str) -> Location:
-    text = f"{uri}#{run}" if "://" in uri else str(Path(uri) / run)
-    return Location(store, run, text, text)
+    """Where `run` is in the store opened from `uri`: named and anchored as `locate` does it, so a run
+    a batch wrote records its machine as `mklang resume STORE#RUN` (or FOLDER/RUN) finds it."""
+    if is_uri(uri):
+        text = f"{uri}#{run}"
+        return Location(store, run, text, text, getattr(store, "path", Path.cwd() / "checkpoint"))
+    path = Path(uri) / run
+    return Location(store, run, str(path), str(path.resolve()), path)
 
 
 def outcome(store: Store, run: str) -> Outcome:
@@ -340,7 +345,8 @@ class Batch:
 
 
 def first_line(error: BaseException) -> str:
-    text = str(error).strip()
+    """The first line of an error, as a run's reason: a URI in it keeps its password."""
+    text = redacted(str(error)).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from mklang.batching import Batch, Ceilings, Item, Outcome, StoreLedger, batch_id, first_line, outcome
 from mklang.checkpoint.signing import SEAL_TEXT, checkpoint_key, seal_of, sign
-from mklang.checkpoint.store import Store, open_store, run_name
+from mklang.checkpoint.store import Store, open_store, redacted, run_name
 from mklang.checkpoint.texts import keep_texts, machine_root
 from mklang.errors import CheckpointError, MklangError, UsageError
 from mklang.limits import load_json
@@ -68,7 +68,7 @@ def _say(line: str) -> None:
     stream = sys.__stderr__
     if stream is not None:
         with _said:
-            stream.write(f"mklang worker {os.getpid()}: {printable(line.replace(chr(10), ' '))}\n")
+            stream.write(f"mklang worker {os.getpid()}: {printable(redacted(line).replace(chr(10), ' '))}\n")
             stream.flush()
 
 

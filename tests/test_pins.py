@@ -1349,11 +1349,13 @@ def test_postgresql_store_errors_are_the_first_line_of_the_servers_and_hide_the_
     assert str(caught.value).startswith(
         "postgresql://postgres@127.0.0.1:1/test: cannot connect to the PostgreSQL checkpoint store: connection failed: "
     )
-    assert "\n" not in str(caught.value) and str(caught.value).endswith("Connection refused")
+    assert "\n" not in str(caught.value) and str(caught.value).endswith(
+        "Connection refused (is the server up, and the URI's host, port, user and database right?)"
+    )
     require_postgres()
-    with pytest.raises(CheckpointError) as caught:
+    with pytest.raises(UsageError) as caught:
         open_store(f"{POSTGRES}?options=-csearch_path%3Dmk_no_such_schema")
-    assert str(caught.value) == f"{POSTGRES}: PostgreSQL checkpoint store: no schema has been selected to create in"
+    assert str(caught.value).startswith(f"{POSTGRES}: the schema the URI's search_path names does not exist")
     monkeypatch.setitem(sys.modules, "psycopg", None)
     with pytest.raises(UsageError) as missing:
         open_store(POSTGRES)
@@ -1752,16 +1754,18 @@ def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
     assert [f["machine"] for f in describe(path)["frames"]] == ["brief", "section", "fact_check"]
 
 
-def test_show_reads_a_dead_run_signed_with_another_key(tmp_path, monkeypatch):
+def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_holds(tmp_path, monkeypatch):
     from mklang.checkpoint.inspect import describe
 
     path = _dead_run(tmp_path, "triage", "triage.mk", 2)
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
     summary = describe(path)
-    assert (summary["signature"]["seal"], summary["frames"][0]["steps"]) == ("foreign", 1)
+    assert (summary["status"], summary["signature"]["seal"], summary["frames"]) == ("failed", "foreign", [])
+    assert summary["reason"].startswith("the checkpoint is signed with another checkpoint key: `mklang resume --trust`")
 
 
 def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
+    from mklang.checkpoint.file_store import FileStore
     from mklang.checkpoint.store import open_store
 
     store = open_store(tmp_path)
@@ -1772,7 +1776,7 @@ def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
     with pytest.raises(CheckpointError) as caught:
         store.start_journal("cp.json", b"gen\n")
     assert str(caught.value) == f"{tmp_path / 'cp.json.journal'}: cannot write the journal: Is a directory"
-    missing = open_store(tmp_path / "missing")
+    missing = FileStore(tmp_path / "missing")
     with pytest.raises(CheckpointError) as caught:
         missing.lock("cp.json")
     assert (
@@ -1963,14 +1967,16 @@ def test_a_checkpoint_is_located_by_path_or_by_store_uri_and_run(tmp_path, monke
         Path("cp.json"),
     )
     assert locate(str(tmp_path / "cp.json")).key == by_path.key  # two names of one run
-    in_sqlite = locate("sqlite:///runs.db#run#1")
+    in_sqlite = locate("sqlite:///runs.db#run-1")
     assert (in_sqlite.run, str(in_sqlite), in_sqlite.key, in_sqlite.anchor) == (
-        "run#1",
-        "sqlite:///runs.db#run#1",
-        "sqlite:///runs.db#run#1",
+        "run-1",
+        "sqlite:///runs.db#run-1",
+        "sqlite:///runs.db#run-1",
         Path("runs.db"),
     )
     in_sqlite.store.close()
+    with pytest.raises(UsageError, match=r"sqlite:///runs\.db: run name 'run#1' is not valid"):
+        locate("sqlite:///runs.db#run#1")  # the first '#' ends the store, the rest is no run name
     with pytest.raises(UsageError) as caught:
         locate("sqlite:///runs.db")
     assert str(caught.value) == "sqlite:///runs.db: a store URI names a run after '#', e.g. sqlite:///runs.db#RUN_ID"

@@ -9,6 +9,7 @@ given. `mklang.session.resume` is the one-call API over the last two.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -120,7 +121,7 @@ def require_vacant(location: Location) -> None:
     state = envelope.status if envelope.status != "suspended" else f"suspended ({envelope.reason})"
     raise CheckpointError(
         f"{location}: a run that is not finished is there ({state}); continue it with "
-        f"`mklang resume {location.text}`, or start over with --replace"
+        f"`mklang resume {shlex.quote(location.text)}`, or start over with --replace"
     )
 
 

@@ -10,7 +10,7 @@ from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal, resume_change
 from mklang.checkpoint.paths import located_host
 from mklang.checkpoint.signing import SEAL_TEXT
-from mklang.checkpoint.store import Location, locate
+from mklang.checkpoint.store import Location, locate, redacted, run_name
 from mklang.checkpoint.trust import recorded_host
 from mklang.providers.base import Usage
 
@@ -19,10 +19,21 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
     """Status, reason, frame chain, spend against budgets, last steps, pending ask.
 
     A `running` checkpoint belongs to a process that is still going or that
-    died; its journal says how far it got.
+    died; its journal says how far it got. One not signed with this user's
+    key is `failed` (`unverified`): nothing it holds is reported.
     """
-    location = locate(target)
+    location = locate(target, create=False)
+    run_name(location.run)  # a row or file no mklang run would write
     envelope = load(location)
+    if envelope.seal != "signed":
+        return {
+            **unverified(
+                redacted(str(location)),
+                f"the checkpoint is {SEAL_TEXT[envelope.seal]}: `mklang resume --trust` runs it as untrusted data",
+                envelope.seal,
+            ),
+            "host": recorded_host(envelope.host),  # what --trust would be asked to run: shown, never used
+        }
     frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
     usage = Usage.from_json(envelope.usage)
     steps_after = 0
@@ -45,7 +56,7 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         return None if limit is None else max(0, limit - spent)
 
     summary = {
-        "path": str(location),
+        "path": redacted(str(location)),
         "status": envelope.status,
         "reason": envelope.reason,
         "detail": envelope.detail,
@@ -75,7 +86,7 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
     }
     if envelope.status == "suspended":
         summary["ran_out"], summary["continue_with"] = how_to_continue(
-            str(location), envelope.reason, frames[-1] if frames else {}, usage, budgets, envelope.reply_to
+            redacted(str(location)), envelope.reason, frames[-1] if frames else {}, usage, budgets, envelope.reply_to
         )
     if envelope.status == "running":
         innermost = frames[-1]
@@ -92,6 +103,19 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
             )
         summary["resumable"] = pid is None
     return summary
+
+
+def unverified(path: str, reason: str, seal: str | None = None) -> dict[str, Any]:
+    """What `show` and `runs` say of a run that cannot be read or verified: `failed` and why."""
+    return {
+        "path": path,
+        "status": "failed",
+        "reason": reason,
+        "frames": [],
+        "resumable": False,
+        "signature": {"seal": seal, "text": SEAL_TEXT.get(seal or "", "unreadable")},
+        "host": {},
+    }
 
 
 def how_to_continue(

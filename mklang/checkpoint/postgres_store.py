@@ -35,6 +35,7 @@ from typing import Any
 
 from mklang.checkpoint.file_store import still_running
 from mklang.checkpoint.sql_store import SqlStore
+from mklang.checkpoint.store import redacted
 from mklang.errors import CheckpointError, UsageError
 
 SCHEMA = """
@@ -63,12 +64,19 @@ class PostgresStore(SqlStore):
 
     GREATEST = "GREATEST"
 
-    def __init__(self, conninfo: str):
+    def __init__(self, conninfo: str, *, create: bool = True):
         self.conninfo = conninfo
         self._guard = threading.Lock()
         self._who = f"{os.getpid()}@{socket.gethostname()}"
         self._db = self._connect(f"mklang-data {self._who}")
-        self._create_tables()
+        if create:
+            self._create_tables()
+        elif self._rows("SELECT to_regclass('mklang_runs')")[0][0] is None:
+            self._db.close()
+            raise UsageError(
+                f"{self._where()}: no mklang checkpoint store in this database and schema (no table mklang_runs): "
+                "check the URI's database and search_path; a batch or `mklang run --checkpoint` creates one"
+            )
         # Locks are per database; runs of the same name in two schemas must not share one.
         self._schema = str(self._rows("SELECT current_schema()")[0][0])
         self._held: dict[str, Any] = {}  # run -> the connection holding its lock
@@ -77,8 +85,8 @@ class PostgresStore(SqlStore):
         self._closed = False
 
     @classmethod
-    def from_uri(cls, uri: str) -> PostgresStore:
-        return cls(uri)
+    def from_uri(cls, uri: str, *, create: bool = True) -> PostgresStore:
+        return cls(uri, create=create)
 
     def _connect(self, name: str) -> Any:
         psycopg = _psycopg()
@@ -86,7 +94,8 @@ class PostgresStore(SqlStore):
             return psycopg.connect(self.conninfo, autocommit=True, application_name=name)
         except psycopg.Error as error:
             raise CheckpointError(
-                f"{self._where()}: cannot connect to the PostgreSQL checkpoint store: {_first_line(error)}"
+                f"{self._where()}: cannot connect to the PostgreSQL checkpoint store: {_first_line(error)} "
+                "(is the server up, and the URI's host, port, user and database right?)"
             ) from None
 
     def _create_tables(self) -> None:
@@ -96,11 +105,17 @@ class PostgresStore(SqlStore):
             with self._db.transaction():
                 self._db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
                 self._db.execute(SCHEMA)
+        except psycopg.errors.InvalidSchemaName:
+            raise UsageError(
+                f"{self._where()}: the schema the URI's search_path names does not exist: create it "
+                "(CREATE SCHEMA name) or fix options=-csearch_path%3Dname"
+            ) from None
         except psycopg.Error as error:
             raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
 
     def _where(self) -> str:
-        return self.conninfo.split("?", 1)[0]
+        """The URI as errors name it: its password hidden."""
+        return redacted(self.conninfo.split("?", 1)[0])
 
     @contextlib.contextmanager
     def _connection(self, run: str | None) -> Iterator[Any]:

@@ -17,7 +17,9 @@ when the process dies, never unlinked, opened without following symlinks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -46,10 +48,16 @@ CREATE TABLE IF NOT EXISTS mklang_spend (
 class SqliteStore(SqlStore):
     """Runs as rows of one SQLite database; one connection shared by this process's threads."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, create: bool = True):
         self.path = path
         self._guard = threading.Lock()
+        if not create and not path.is_file():
+            raise UsageError(
+                f"sqlite:///{path}: no such SQLite checkpoint store: {path} does not exist "
+                "(check the path: sqlite:///runs.db is relative to the current folder, sqlite:////abs/runs.db absolute)"
+            )
         try:
+            _create_private(path)
             self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
@@ -58,16 +66,18 @@ class SqliteStore(SqlStore):
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(mklang_runs)")}
             if "generation" not in columns:  # a database written before runs kept their generation
                 self._db.execute("ALTER TABLE mklang_runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
-        except sqlite3.Error as error:
-            raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {error}") from None
-        path.with_name(f"{path.name}.locks").mkdir(mode=0o700, exist_ok=True)
+        except (sqlite3.Error, OSError) as error:
+            why = error.strerror if isinstance(error, OSError) else error
+            raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {why}") from None
+        if create:
+            path.with_name(f"{path.name}.locks").mkdir(mode=0o700, exist_ok=True)
 
     @classmethod
-    def from_uri(cls, uri: str) -> SqliteStore:
+    def from_uri(cls, uri: str, *, create: bool = True) -> SqliteStore:
         parts = urlsplit(uri)
         if parts.netloc or not parts.path.startswith("/") or len(parts.path) < 2:
             raise UsageError(f"{uri}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db")
-        return cls(Path(unquote(parts.path[1:])))
+        return cls(Path(unquote(parts.path[1:])), create=create)
 
     def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
         with self._guard:
@@ -108,3 +118,10 @@ class SqliteStore(SqlStore):
     def close(self) -> None:
         with self._guard:
             self._db.close()
+
+
+def _create_private(path: Path) -> None:
+    """Create a new database file owner-only, as checkpoint files are (SQLite gives its -wal and -shm
+    files the database's mode); an existing one is left as it is."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))

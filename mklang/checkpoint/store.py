@@ -21,7 +21,6 @@ from typing import Protocol
 
 from mklang.errors import UsageError
 
-SCHEMES = ("sqlite", "postgresql", "postgres")
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
 # files) and does not end like the files a run keeps beside its checkpoint.
@@ -118,24 +117,45 @@ def run_name(text: str, where: str = "") -> str:
     raise UsageError(f"{where}{': ' if where else ''}run name {shown} is not valid: a run name is {RUN_NAME_RULE}")
 
 
+URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+STORE_FORMS = "a folder, sqlite:///runs.db (sqlite:////abs/runs.db) or postgresql://user@host/db"
+
+
 def is_uri(text: str | Path) -> bool:
-    return isinstance(text, str) and text.split(":", 1)[0] in SCHEMES and "://" in text
+    """Whether `text` names a store by URI (any scheme: an unknown one is refused, not taken as a path)."""
+    return isinstance(text, str) and URI.match(text) is not None
 
 
-def open_store(uri: str | Path) -> Store:
-    """The store a URI (without `#RUN`) or a folder names."""
+def redacted(text: str) -> str:
+    """`text` with the password of every URI in it hidden: `user:***@host`, `password=***`."""
+    text = re.sub(r"(://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text)
+    return re.sub(r"((?:[?&]|%26)password(?:=|%3D))[^&#\s]*", r"\1***", text, flags=re.IGNORECASE)
+
+
+def open_store(uri: str | Path, *, create: bool = True) -> Store:
+    """The store a URI (without `#RUN`) or a folder names.
+
+    With `create` a missing store is made (a folder, a database file, tables);
+    without it (commands that only read) a missing one is a one-line error."""
     if not is_uri(uri):
         from mklang.checkpoint.file_store import FileStore
 
-        return FileStore(Path(uri))
-    scheme = str(uri).split(":", 1)[0]
+        folder = Path(uri)
+        if create:
+            folder.mkdir(mode=0o700, exist_ok=True)
+        elif not folder.is_dir():
+            raise UsageError(f"{uri}: no such checkpoint store (a folder): check the path")
+        return FileStore(folder)
+    scheme = str(uri).split(":", 1)[0].lower()
     if scheme == "sqlite":
         from mklang.checkpoint.sqlite_store import SqliteStore
 
-        return SqliteStore.from_uri(str(uri))
-    from mklang.checkpoint.postgres_store import PostgresStore
+        return SqliteStore.from_uri(str(uri), create=create)
+    if scheme in ("postgresql", "postgres"):
+        from mklang.checkpoint.postgres_store import PostgresStore
 
-    return PostgresStore.from_uri(str(uri))
+        return PostgresStore.from_uri(str(uri), create=create)
+    raise UsageError(f"{redacted(str(uri))}: unknown store scheme '{scheme}': a store is {STORE_FORMS}")
 
 
 def split_target(target: str | Path) -> tuple[str, str]:
@@ -150,8 +170,9 @@ def split_target(target: str | Path) -> tuple[str, str]:
     return uri, run_name(run, uri)
 
 
-def locate(target: str | Path | Location) -> Location:
-    """The location of a checkpoint named by a path or by `STORE-URI#RUN`."""
+def locate(target: str | Path | Location, *, create: bool = True) -> Location:
+    """The location of a checkpoint named by a path or by `STORE-URI#RUN`; without `create`
+    a missing store is an error (a missing run is for the caller to say)."""
     if isinstance(target, Location):
         return target
     uri, run = split_target(target)
@@ -160,5 +181,5 @@ def locate(target: str | Path | Location) -> Location:
         from mklang.checkpoint.file_store import FileStore
 
         return Location(FileStore(path.parent), run, str(target), str(path.resolve()), path)
-    store = open_store(uri)
+    store = open_store(uri, create=create)
     return Location(store, run, str(target), str(target), getattr(store, "path", Path.cwd() / "checkpoint"))

@@ -79,6 +79,9 @@ def finite(value: Any) -> Any:
 def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> typer.Exit:
     """Report an error (one line on stderr; in JSON mode also a document on stdout)
     and return the Exit to raise."""
+    from mklang.checkpoint.store import redacted
+
+    message = redacted(message)  # a store or broker URI in it keeps its password
     if diagnostics is None:
         print(f"mklang: error: {printable(message)}", file=sys.stderr)
     if _JSON_ERRORS.get():

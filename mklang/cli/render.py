@@ -23,7 +23,7 @@ _COLOR_SYSTEM: Literal["auto"] | None = "auto" if color_allowed() else None
 stdout = Console(highlight=False, soft_wrap=True, color_system=_COLOR_SYSTEM)
 stderr = Console(stderr=True, highlight=False, color_system=_COLOR_SYSTEM)
 
-_STATUS_STYLE = {"done": "bold green", "halted": "bold red", "suspended": "bold yellow"}
+_STATUS_STYLE = {"done": "bold green", "halted": "bold red", "suspended": "bold yellow", "failed": "bold red"}
 
 
 def _short(value: Any, width: int = 70) -> str:
@@ -128,6 +128,9 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
     if summary.get("at"):
         head.append(f"  at {printable(str(summary['at']))}")
     console.print(head)
+    if summary["status"] == "failed":  # unreadable or unverified: nothing it holds is shown as its state
+        _render_host(summary, console)
+        return
     if summary.get("detail"):
         console.print(Text(printable(summary["detail"]), style="dim"))
     if summary.get("interrupted"):
@@ -157,7 +160,7 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
     if summary.get("ran_out"):
         console.print(Text(summary["ran_out"], style="yellow"))
     if summary.get("continue_with"):
-        console.print(Text("continue with: ", style="bold") + Text(printable(summary["continue_with"])))
+        console.print(Text("continue with: ", style="bold") + Text(printable(summary["continue_with"])), soft_wrap=True)
     _render_host(summary, console)
     if not summary["resumable"]:
         console.print(Text("this run has finished and cannot be resumed", style="dim"))
@@ -198,11 +201,14 @@ def render_runs(runs: list[dict[str, Any]], console: Console = stdout) -> None:
         return
     for summary in runs:
         line = Text()
-        run = str(summary["path"]).rsplit("#", 1)[-1].rsplit("/", 1)[-1]
-        line.append(printable(run).ljust(max(17, len(run) + 1)))
+        run = printable(str(summary["path"]).rsplit("#", 1)[-1].rsplit("/", 1)[-1].replace("\n", "\\n"))
+        line.append(run.ljust(max(17, len(run) + 1)))  # a newline in a name read from a row fakes no line
         line.append(printable(str(summary["status"])).ljust(10), style=_STATUS_STYLE.get(summary["status"], "yellow"))
         why = summary.get("reason") or summary.get("error") or ""
         line.append(printable(str(why)).ljust(18))
+        if summary["status"] == "failed":
+            console.print(line, soft_wrap=True)  # one line per run, however long its reason
+            continue
         frames = summary["frames"]
         if frames:
             line.append(printable(f"{frames[-1]['machine']}:{frames[-1]['state']}").ljust(24))
@@ -210,7 +216,7 @@ def render_runs(runs: list[dict[str, Any]], console: Console = stdout) -> None:
         line.append(f"tokens {tokens['spent']}" + (f"/{tokens['budget']}" if tokens["budget"] is not None else ""))
         if summary.get("ask"):
             line.append(f"  asks: {_short(summary['ask'], 50)}")
-        console.print(line)
+        console.print(line, soft_wrap=True)
 
 
 def render_batch(totals: dict[str, Any], console: Console = stdout) -> None:

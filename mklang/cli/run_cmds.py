@@ -131,7 +131,7 @@ def report(result, as_json: bool, checkpoint: str | None = None) -> None:
         from mklang.checkpoint.inspect import describe
 
         summary = describe(checkpoint, last=0)
-        document.update(checkpoint=str(checkpoint), ran_out=summary["ran_out"], continue_with=summary["continue_with"])
+        document.update(checkpoint=summary["path"], ran_out=summary["ran_out"], continue_with=summary["continue_with"])
     if as_json:
         print_json(document)
     else:
@@ -143,7 +143,8 @@ def report(result, as_json: bool, checkpoint: str | None = None) -> None:
 
         if document["ran_out"]:
             stderr.print(document["ran_out"], markup=False)
-        stderr.print(printable(f"checkpoint: {checkpoint}; continue with: {document['continue_with']}"), markup=False)
+        line = f"checkpoint: {document['checkpoint']}; continue with: {document['continue_with']}"
+        stderr.print(printable(line), markup=False, soft_wrap=True)  # one line, so it can be pasted
     if result.status == "halted" and result.error == "interrupted":
         raise typer.Exit(exitcodes.INTERRUPTED)
     raise typer.Exit(exitcodes.EXIT_BY_STATUS[result.status])

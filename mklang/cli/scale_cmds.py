@@ -13,7 +13,7 @@ from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, parse_duration, policy
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
-STATUSES = ("running", "suspended", "done", "halted")
+STATUSES = ("running", "suspended", "done", "halted", "failed")
 
 
 @app.command()
@@ -24,18 +24,24 @@ def runs(
 ) -> None:
     """Every run of a store: status, reason, spend against budgets, position and pending ask."""
     with handle_errors(wants_json(format)):
-        from mklang.checkpoint.inspect import describe
+        from mklang.batching import first_line, location
+        from mklang.checkpoint.inspect import describe, unverified
         from mklang.checkpoint.store import open_store
         from mklang.cli.render import render_runs
+        from mklang.errors import MklangError
 
         unknown = sorted(set(status or []) - set(STATUSES))
         if unknown:
             raise fail(f"--status expects one of {', '.join(STATUSES)}, got {', '.join(unknown)}")
-        opened = open_store(store)
+        opened = open_store(store, create=False)
         try:
             listed = []
             for run in opened.runs():
-                summary = describe(_where(store, run), last=0)
+                where = location(opened, store, run)
+                try:
+                    summary = describe(where, last=0)
+                except MklangError as error:  # one unreadable run is reported, the others listed
+                    summary = unverified(str(where), first_line(error))
                 if not status or summary["status"] in status:
                     listed.append(summary)
         finally:
@@ -44,10 +50,6 @@ def runs(
             print_json(listed)
         else:
             render_runs(listed)
-
-
-def _where(store: str, run: str) -> str:
-    return f"{store}#{run}" if "://" in store else str(Path(store) / run)
 
 
 @app.command()

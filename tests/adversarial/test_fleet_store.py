@@ -9,13 +9,15 @@ counted where it is paid, and against the real PostgreSQL where a test names it.
 from __future__ import annotations
 
 import json
+import shlex
+import stat
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, mklang, model_config
+from conftest import cli_env, mklang, model_config, require_server
 from fakeserver import FakeServer, answer
 
 import mklang as api
@@ -159,7 +161,7 @@ def test_a_run_is_refused_where_a_run_is_not_finished_and_replace_says_so(projec
     code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target)
     line = error_line(err)
     assert code == 2 and "a run that is not finished is there (suspended (cost-exhausted))" in line, err
-    assert f"`mklang resume {target}`" in line and "--replace" in line
+    assert f"`mklang resume {shlex.quote(target)}`" in line and "--replace" in line
     assert server.count == before  # refused before any call
     code, out, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target, "--replace")
     assert code == 0 and json.loads(out)["status"] == "done", err
@@ -240,3 +242,157 @@ def test_two_batches_over_one_postgresql_store_pay_each_run_once(postgres_uri, t
         cwd=tmp_path,
     )
     assert (done.returncode, json.loads(done.stdout)["done"], server.count) == (0, RACE_ITEMS, RACE_ITEMS * CALLS)
+
+
+# Unreadable and unverified runs ------------------------------------------------------------------
+
+
+def rows(uri: str, sql: str, *args: Any) -> None:
+    """Change a SQL store's rows behind mklang's back, as an attacker or a broken disk would."""
+    if uri.startswith("sqlite:"):
+        import sqlite3
+
+        with sqlite3.connect(uri.removeprefix("sqlite:///")) as db:
+            db.execute(sql, args)
+        return
+    import psycopg
+
+    with psycopg.connect(uri, autocommit=True) as db:
+        db.execute(sql.replace("?", "%s"), args)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_uri(request: pytest.FixtureRequest) -> str:
+    if request.param == "sqlite":
+        return "sqlite:///runs.db"
+    return request.getfixturevalue("postgres_uri")
+
+
+def test_an_unreadable_run_is_failed_with_its_reason_and_the_batch_goes_on(project, server, capsys, store_uri):
+    write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(4)))
+    batch = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", store_uri, "--config", "mklang.toml"]
+    assert cli(capsys, *batch)[0] == 0
+    rows(store_uri, "UPDATE mklang_runs SET envelope = ? WHERE run = ?", b"\x00garbage{", "r-1")
+    hostile = ["..", "a\nb", "x" * 300] + (
+        ["a\x00b"] if store_uri.startswith("sqlite") else []
+    )  # PostgreSQL text has no NUL
+    for name in hostile:  # rows no mklang run would write
+        rows(store_uri, "INSERT INTO mklang_runs (run, envelope) VALUES (?, ?)", name, b"{}")
+    code, _, _ = cli(capsys, *batch, "--out", "out.jsonl")
+    out = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
+    assert code == 1 and [line["status"] for line in out] == ["done", "failed", "done", "done"]
+    assert "r-1: the checkpoint is not valid JSON" in out[1]["reason"] and out[1]["result"] is None
+    assert server.count == 4 * CALLS  # the failed run is not started over what is there
+    code, listing, err = cli(capsys, "runs", "--store", store_uri, "--format", "json")
+    listed = {entry["path"].rsplit("#", 1)[-1]: entry for entry in json.loads(listing)}
+    assert code == 0 and [listed[f"r-{n}"]["status"] for n in (0, 2, 3)] == ["done"] * 3, err
+    assert listed["r-1"]["status"] == "failed" and "not valid JSON" in listed["r-1"]["reason"]
+    for name in hostile:
+        assert listed[name]["status"] == "failed" and "is not valid: a run name is" in listed[name]["reason"]
+    code, text, _ = cli(capsys, "runs", "--store", store_uri, "--format", "text")
+    assert code == 0 and text.count("failed") == 1 + len(hostile) and text.count("done") == 3
+    assert len(text.splitlines()) == 4 + len(hostile)  # a newline in a row's name fakes no line
+
+
+def test_a_run_whose_signature_was_removed_is_failed_never_a_result(project, server, capsys, store_uri):
+    write_inputs(project, {"id": "r-0", "topic": "0"}, {"id": "r-1", "topic": "1"})
+    batch = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", store_uri, "--config", "mklang.toml"]
+    assert cli(capsys, *batch)[0] == 0
+    forged = json.loads(open_store(store_uri).read("r-1") or b"")
+    del forged["signature"]
+    forged["result"] = "what the attacker wants reported"
+    rows(store_uri, "UPDATE mklang_runs SET envelope = ? WHERE run = ?", json.dumps(forged).encode(), "r-1")
+    code, _, _ = cli(capsys, *batch, "--out", "out.jsonl")
+    out = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
+    assert code == 1 and (out[1]["status"], out[1]["result"]) == ("failed", None)
+    assert f"{store_uri}#r-1: the checkpoint is not signed" in out[1]["reason"]
+    listed = json.loads(cli(capsys, "runs", "--store", store_uri, "--format", "json")[1])
+    assert [entry["status"] for entry in listed] == ["done", "failed"]
+    code, shown, _ = cli(capsys, "show", f"{store_uri}#r-1", "--format", "json")
+    assert code == 0 and json.loads(shown)["status"] == "failed" and "attacker" not in shown
+    assert server.count == 2 * CALLS
+
+
+# Store URIs: errors, passwords, files ------------------------------------------------------------
+
+
+def test_runs_and_show_never_create_a_store(project, capsys):
+    for command in (
+        ["runs", "--store", "sqlite:///runz.db"],
+        ["show", "sqlite:///runz.db#r-1"],
+        ["runs", "--store", "no-such-folder"],
+    ):
+        code, _, err = cli(capsys, *command)
+        assert code == 2 and ("no such SQLite checkpoint store" in err or "no such checkpoint store" in err), err
+        error_line(err)
+    assert sorted(path.name for path in project.iterdir()) == ["m.mk", "mklang.toml"]
+
+
+def test_runs_on_a_postgresql_database_without_a_store_is_one_line_and_creates_nothing(postgres_uri, capsys):
+    code, _, err = cli(capsys, "runs", "--store", postgres_uri)
+    assert code == 2 and "no mklang checkpoint store in this database and schema" in error_line(err)
+    import psycopg
+
+    with psycopg.connect(postgres_uri) as db:
+        assert db.execute("SELECT to_regclass('mklang_runs')").fetchone() == (None,)
+
+
+def test_an_unknown_scheme_lists_the_supported_ones_and_is_never_a_file(project, capsys):
+    code, _, err = cli(capsys, "show", "mysql://me:hunter2@db/mk#r-1")
+    line = error_line(err)
+    assert code == 2 and "unknown store scheme 'mysql': a store is a folder, sqlite:///" in line
+    assert "hunter2" not in line and "mysql://me:***@db/mk" in line
+    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "mysql://db/mk#r-1")
+    assert code == 2 and "unknown store scheme" in error_line(err)
+    assert not (project / "mysql:").exists()
+
+
+def test_a_missing_postgresql_schema_is_one_line_saying_what_to_do(project, capsys):
+    require_server("PostgreSQL")
+    uri = "postgresql://postgres:hunter2@127.0.0.1:5432/test?options=-csearch_path%3Dmk_no_such_schema"
+    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")
+    line = error_line(err)
+    assert code == 2 and "search_path names does not exist: create it (CREATE SCHEMA name)" in line
+    assert "hunter2" not in line and "postgres:***@127.0.0.1" in line
+
+
+def test_a_password_in_a_store_uri_is_never_printed(postgres_uri, project, server, capsys):
+    """The server trusts local connections, so a URI with a password works and each output can be read."""
+    uri = postgres_uri.replace("postgres@", "postgres:hunter2@")
+    code, out, err = cli(
+        capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1", "--max-tokens", "1"
+    )
+    assert code == 3 and "continue with: mklang resume" in err and "postgres:***@" in err
+    printed = [out, err]
+    printed += cli(capsys, "show", f"{uri}#r-1")[1:] + cli(capsys, "runs", "--store", uri)[1:]
+    printed += cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")[1:]
+    write_inputs(project, {"id": "r-1", "topic": "x"})
+    printed += cli(capsys, "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", uri, "--config", "mklang.toml")[1:]
+    assert all("hunter2" not in text for text in printed), printed
+    assert "`mklang resume 'postgresql://postgres:***@" in printed[-3]  # the refusal to replace the run
+
+
+def test_a_sqlite_store_is_created_owner_only_and_continue_with_is_one_line(project, server, capsys):
+    deep = "sqlite:///" + "a-long-folder-name-" * 4 + "runs.db#" + "a-long-run-name-" * 5
+    (project / ("a-long-folder-name-" * 4 + "runs.db")).parent.mkdir(exist_ok=True)
+    code, _, err = cli(
+        capsys,
+        "run",
+        "m.mk",
+        "-q",
+        "--config",
+        "mklang.toml",
+        "--checkpoint",
+        deep,
+        "--max-tokens",
+        "1",
+        "--format",
+        "text",
+    )
+    assert code == 3
+    assert [line for line in err.splitlines() if "continue with" in line] == [
+        f"checkpoint: {deep}; continue with: mklang resume '{deep}' --max-tokens 30"
+    ]
+    for path in project.glob("*runs.db*"):
+        if path.is_file():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
