@@ -277,6 +277,8 @@ class Batch:
         checkpoint) is `failed` with the one-line reason; one locked by
         another process is `pending` (it is still going there).
         """
+        if self.stop.is_set():  # interrupted: a run not started yet stays for the next pass
+            return self._report(Outcome(item.run, "pending", "interrupted"))
         try:
             lock = self.store.lock(run_name(item.run))
         except RunBusy as error:

@@ -73,8 +73,12 @@ class Host:
         record: str | Path | None = None,
         max_cost: float | None = None,
         plugins: list[str] | None = None,
+        priced_for: str = "--max-cost",
     ) -> Host:
-        """A host from the options of `mklang run`: a scenario script, or a real provider."""
+        """A host from the options of `mklang run`: a scenario script, or a real provider.
+
+        A dollar limit (`max_cost`, given as the option `priced_for`) is refused here when
+        a model has no price: it could not be kept."""
         from mklang.host.plugins import load_plugins
 
         plugin_paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
@@ -94,7 +98,7 @@ class Host:
                     "--replay or --record"
                 )
             if max_cost is not None:
-                raise UsageError("--max-cost needs model prices, and a scripted model has none: use --max-tokens")
+                raise UsageError(f"{priced_for} needs model prices, and a scripted model has none: use --max-tokens")
             from mklang.scenarios import find_scenario, load_script
 
             found = find_scenario(load_script(script), scenario, str(script))
@@ -115,6 +119,7 @@ class Host:
                     replay=replay,
                     max_cost=max_cost,
                     config=loaded,
+                    priced_for=priced_for,
                 ),
                 settings=settings,
                 read_only_tools=loaded.read_only_tools if loaded else frozenset(),

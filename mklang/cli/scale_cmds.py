@@ -10,7 +10,7 @@ import typer
 
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import Hosting, hosted
-from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, parse_duration, policy
+from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, interrupts, parse_duration, policy
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
 STATUSES = ("running", "suspended", "done", "halted", "failed")
@@ -105,9 +105,12 @@ def batch(
         if executor == "celery":  # the workers host the runs, with their own options
             _say_host_options_unused(host_options)
             host_options = {}
-        # Built before any run, so a bad host option is a usage error. A real provider is shared by
-        # every run (it is thread-safe); a scripted host keeps a position per run, so each gets its own.
-        shared = Host.build(**host_options, max_cost=max_cost) if executor == "local" else Host(None)
+        # Built before any run, so a bad host option (or a dollar limit on a model without a price) is a
+        # usage error. A real provider is shared by every run (it is thread-safe); a scripted host keeps
+        # a position per run, so each gets its own.
+        shared = (
+            Host.build(**host_options, **_dollar_limit(max_cost, batch_cost)) if executor == "local" else Host(None)
+        )
         budgets: dict[str, Any] = dict(
             max_tokens=max_tokens,
             max_cost=max_cost,
@@ -118,6 +121,9 @@ def batch(
         try:
             with _progress(as_json, len(items)) as progress:
                 if executor == "local":
+                    from mklang.engine import Control
+
+                    control = Control()  # Ctrl-C: every run in flight suspends at its next loop-top
                     runner = batching.Batch(
                         loaded,
                         opened,
@@ -129,8 +135,10 @@ def batch(
                         ceilings=batching.Ceilings(batch_tokens, batch_cost),
                         on_outcome=progress,
                         hitl=hitl,
+                        stop=control.interrupted,
                     )
-                    outcomes = runner.run(items, concurrency)
+                    with interrupts(control):
+                        outcomes = runner.run(items, concurrency)
                 else:
                     from mklang.distributed import enqueue_and_follow, queue_for
 
@@ -161,6 +169,7 @@ def batch(
                 file=sys.stderr,
             )
         totals = batching.summary(outcomes)
+        _say_failed(outcomes, out)
         if as_json:
             print_json(totals)
         else:
@@ -168,6 +177,29 @@ def batch(
 
             render_batch(totals)
         raise typer.Exit(totals["exit_code"])
+
+
+FAILED_SHOWN = 10  # failed runs named one per line on stderr; the rest are counted
+
+
+def _say_failed(outcomes: list[Any], out: Path | None) -> None:
+    """One line per failed run with its reason (the first few), so a failure is seen without --out."""
+    from mklang.checkpoint.store import redacted
+    from mklang.terminal import printable
+
+    failed = [result for result in outcomes if result.status == "failed"]
+    for result in failed[:FAILED_SHOWN]:
+        print(printable(redacted(f"mklang: run {result.run} failed: {result.reason}")), file=sys.stderr)
+    if len(failed) > FAILED_SHOWN:
+        where = f"{out} lists each" if out is not None else "--out FILE lists each"
+        print(f"mklang: and {len(failed) - FAILED_SHOWN} more failed run(s): {where}", file=sys.stderr)
+
+
+def _dollar_limit(max_cost: float | None, batch_cost: float | None) -> dict[str, Any]:
+    """The dollar limit a batch's host must be able to keep, and the option that set it."""
+    if max_cost is None and batch_cost is not None:
+        return {"max_cost": batch_cost, "priced_for": "--batch-max-cost"}
+    return {"max_cost": max_cost}
 
 
 def _say_host_options_unused(host_options: dict[str, Any]) -> None:

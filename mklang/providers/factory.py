@@ -31,10 +31,12 @@ def make_provider(
     replay: str | os.PathLike[str] | None = None,
     max_cost: float | None = None,
     config: HostConfig | None = None,
+    priced_for: str = "--max-cost",
 ) -> Provider:
     """The provider for one run. Raises `UsageError` for anything the operator must fix first.
 
-    `config` is the host config when the caller has loaded it already."""
+    `config` is the host config when the caller has loaded it already. A dollar limit
+    (`max_cost`, given as the option `priced_for`) needs every model's price."""
     from mklang.providers import cassette
 
     if record is not None and replay is not None:
@@ -42,13 +44,15 @@ def make_provider(
     if replay is not None:
         return cassette.ReplayProvider(replay)
     config = config or load_config(config_path, provider=provider, model=model)
-    routed = build_routed(config, max_cost=max_cost)
+    routed = build_routed(config, max_cost=max_cost, priced_for=priced_for)
     if record is not None:
         return cassette.RecordingProvider(routed, record)
     return routed
 
 
-def build_routed(config: HostConfig, *, max_cost: float | None = None) -> RoutedProvider:
+def build_routed(
+    config: HostConfig, *, max_cost: float | None = None, priced_for: str = "--max-cost"
+) -> RoutedProvider:
     """One client per provider in use, one target per tier."""
     routes = {tier: route for tier in TIERS if (route := config.route(tier)) is not None}
     if not routes:
@@ -60,7 +64,7 @@ def build_routed(config: HostConfig, *, max_cost: float | None = None) -> Routed
         for tier, route in routes.items():
             if config.price(route) is None:
                 raise UsageError(
-                    f"--max-cost needs a price for {route.key} (tier {tier}): "
+                    f"{priced_for} needs a price for {route.key} (tier {tier}): "
                     f'add [prices."{route.key}"] input = ..., output = ... (USD per million tokens) to the config'
                 )
     clients: dict[str, ProviderClient] = {}

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, mklang, model_config, require_server
+from conftest import cli_env, mklang, model_config, require_server, wait_for
 from fakeserver import FakeServer, answer
 
 import mklang as api
@@ -396,3 +398,98 @@ def test_a_sqlite_store_is_created_owner_only_and_continue_with_is_one_line(proj
     for path in project.glob("*runs.db*"):
         if path.is_file():
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+# A batch does what a run does: dollar ceilings, Ctrl-C, failed runs named ----------------------
+
+
+def test_a_batch_dollar_ceiling_on_a_model_without_a_price_is_refused_before_any_run(project, server, capsys):
+    write_inputs(project, {"id": "r-0", "topic": "0"})
+    code, _, err = cli(
+        capsys,
+        "batch",
+        "m.mk",
+        "--inputs",
+        "inputs.jsonl",
+        "--store",
+        "runs",
+        "--config",
+        "mklang.toml",
+        "--batch-max-cost",
+        "1",
+    )
+    assert code == 2 and error_line(err).startswith("mklang: error: --batch-max-cost needs a price for local:m (tier")
+    assert server.count == 0 and not (project / "runs").exists()
+
+
+def test_the_batch_dollar_ceiling_holds_on_the_local_executor_and_a_higher_one_finishes(project, server, capsys):
+    """$1 per token, 15 tokens a call: $15 a call, so a $100 ceiling stops the batch after 7 calls
+    (the ceiling is checked before each call; the call in flight may cross it)."""
+    with (project / "mklang.toml").open("a", encoding="utf-8") as config:
+        config.write('\n[prices."local:m"]\ninput = 1000000\noutput = 1000000\n')
+    write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(10)))
+    batch = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--config", "mklang.toml"]
+    code, out, err = cli(
+        capsys, *batch, "--batch-max-cost", "100", "--concurrency", "1", "--out", "out.jsonl", "--format", "json"
+    )
+    assert code == 3, err
+    assert server.count == 7 and json.loads(out)["usage"]["cost_usd"] == pytest.approx(105)
+    results = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
+    assert [line["status"] for line in results] == ["done"] * 3 + ["suspended"] * 7
+    assert {line["reason"] for line in results[3:]} == {"batch-ceiling"}
+    code, out, err = cli(capsys, *batch, "--batch-max-cost", "1000", "--format", "json")
+    assert (code, json.loads(out)["done"], server.count) == (0, 10, 10 * CALLS), err
+
+
+def test_each_failed_run_is_named_with_its_reason_capped(project, server, capsys):
+    write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(13)))
+    batch = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "runs", "--config", "mklang.toml"]
+    for n in range(13):  # a file that is no run where each run's checkpoint goes
+        (project / "runs").mkdir(exist_ok=True)
+        (project / "runs" / f"r-{n}").write_text("not a run", encoding="utf-8")
+    code, _, err = cli(capsys, *batch, "--format", "json")
+    named = [line for line in err.splitlines() if line.startswith("mklang: run ")]
+    assert code == 1 and len(named) == 10
+    assert named[0].startswith("mklang: run r-0 failed: runs/r-0: the checkpoint is not valid JSON")
+    assert err.splitlines()[-1] == "mklang: and 3 more failed run(s): --out FILE lists each"
+    assert server.count == 0
+
+
+SLOW_CALL = 1.0  # seconds the fake model takes to answer
+
+
+def test_ctrl_c_suspends_a_local_batch_at_the_next_loop_top_writes_out_and_exits_3(project, server):
+    server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=5, delay=SLOW_CALL)
+    write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(6)))
+    command = [sys.executable, "-m", "mklang", "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db"]
+    command += ["--config", "mklang.toml", "--concurrency", "2", "--out", "out.jsonl", "--format", "json"]
+    process = subprocess.Popen(
+        command, cwd=project, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: server.count >= 2, process, "two calls were in flight")
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 3 and "Traceback" not in err, err
+    assert "interrupt received" in err and json.loads(out)["pending"] == 6
+    results = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
+    assert [line["status"] for line in results] == ["pending"] * 6
+    assert server.count == 2  # the calls in flight ended; no run went on to its next call, none started
+    again = mklang(*command[3:], cwd=project)
+    assert again.returncode == 0 and server.count == 6 * CALLS  # the paid calls were not paid again
+
+
+def test_a_second_ctrl_c_exits_a_local_batch_at_once(project, server):
+    server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=5, delay=30)
+    write_inputs(project, {"id": "r-0", "topic": "0"})
+    command = [sys.executable, "-m", "mklang", "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db"]
+    command += ["--config", "mklang.toml"]
+    process = subprocess.Popen(
+        command, cwd=project, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: server.count >= 1, process, "a call was in flight")
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    began = time.monotonic()
+    _, err = process.communicate(timeout=10)
+    assert process.returncode == 130 and time.monotonic() - began < 5 and "interrupted again: exiting now" in err
