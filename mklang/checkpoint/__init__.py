@@ -448,6 +448,7 @@ def continue_checkpoint(
                 resumable.loader,
                 target,
                 change if continues else None,
+                resumed=not resumable.crashed,
                 provider=provider,
                 scripted=scripted,
                 tools=tools,
@@ -495,6 +496,7 @@ def _execute(
     location: Location,
     change: dict[str, Any] | None = None,
     *,
+    resumed: bool = False,
     provider: Provider,
     scripted: ScriptedHost | None,
     **options: Unpack[RunOptions],
@@ -504,7 +506,8 @@ def _execute(
     Budgets, concurrency, hitl and the untrusted-flow policy come from the envelope; of `options` only the
     host callables and the tools the host classifies read-only, the control and the observer. With `change` the stored
     envelope is continued in place (`StoreJournal.resume`); otherwise a
-    snapshot of `chain` starts the run's journal.
+    snapshot of `chain` starts the run's journal. A `resumed` suspension that has
+    spent its caps launches nothing (`continue_run`).
     """
     budgets = envelope.budgets
     recorded: RunOptions = {
@@ -535,7 +538,7 @@ def _execute(
         run_id=envelope.run_id,
         **recorded,
     )
-    result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True)
+    result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True, resumed=resumed)
     usage = result.usage.to_json()
     if result.status == "suspended":
         journal.finish(

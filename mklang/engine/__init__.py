@@ -136,11 +136,22 @@ def run(
     return continue_run(rt, [frame], Caps(options.get("max_tokens"), options.get("max_cost")), suspendable)
 
 
-def continue_run(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool) -> RunResult:
-    """Run (or resume) the chain `frames`, root first, and report the outcome."""
+def continue_run(
+    rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool, *, resumed: bool = False
+) -> RunResult:
+    """Run (or resume) the chain `frames`, root first, and report the outcome.
+
+    A `resumed` suspension whose spend, the answers earlier processes paid for
+    included, already meets a token or dollar cap launches nothing and suspends
+    again as it was, so resuming it again and again spends nothing (ADR 0012).
+    """
     root = frames[0]
     rt.caps = caps
     rt.spent = sum((frame.spent for frame in frames), Usage())
+    owed = rt.spent + rt.journal.unreplayed()
+    if resumed and suspendable and caps.spent(owed):
+        innermost = frames[-1]
+        return RunResult("suspended", "cost-exhausted", innermost.state, None, root.context, root.trace, owed, frames)
     level = Level(root, 0, suspendable, False, "r", [])
     try:
         run_frame(rt, level, frames[1:] or None)

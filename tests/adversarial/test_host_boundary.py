@@ -15,11 +15,16 @@ import json
 import os
 import shutil
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, cli_env, mklang, postgres_schema
 from fakeserver import Reply, Request, answer, raw
+
+from mklang.providers.base import Produced, Verdict
+from mklang.providers.base import Usage as ProviderUsage
 
 EXAMPLES = ROOT / "examples"
 APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish", "--format", "json"]
@@ -423,3 +428,83 @@ def test_a_trusted_file_cannot_turn_the_human_gate_off_or_raise_concurrency(appr
     mine = mklang("resume", "cp.json", "--trust", "--no-hitl", "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
     assert mine.returncode == 0, mine.stderr
     assert "hitl" not in mine.stderr
+
+
+# --- item 7: resume cycles spend no more than the bound --------------------------------
+
+STEPS = """\
+mklang 0.4
+machine steps
+entry one
+budget 10
+state one {
+  structure "s"
+  prompt "first {{item}}"
+  output a
+  otherwise -> two
+}
+state two {
+  structure "s"
+  prompt "second {{item}}"
+  output b
+  otherwise -> three
+}
+state three {
+  structure "s"
+  prompt "third {{item}}"
+  output c
+  otherwise -> END
+}
+"""
+
+FAN = """\
+mklang 0.4
+machine fan
+entry each
+budget 100
+state each {
+  over items
+  call steps { item: "{{item}}" }
+  output done
+  otherwise -> END
+}
+"""
+
+
+class Paid:
+    """An in-process model: 15 tokens a call, slow enough that every slot has a call in flight."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
+        with self.lock:
+            self.calls += 1
+        time.sleep(0.005)
+        return Produced("ok", None, ProviderUsage(10, 5, 0.0))
+
+    def judge(self, conditions, output, reasoning, context, tier) -> Verdict:
+        return Verdict(0, ProviderUsage())
+
+
+@pytest.mark.parametrize("concurrency", [4, 8, 16])
+def test_ten_resume_cycles_of_a_fan_out_stay_within_the_bound_of_one(tmp_path, concurrency):
+    from mklang import resume
+    from mklang.checkpoint import start
+    from mklang.syntax import load_file
+
+    (tmp_path / "steps.mk").write_text(STEPS)
+    (tmp_path / "fan.mk").write_text(FAN)
+    checkpoint = tmp_path / "cp.json"
+    model = Paid()
+    items = {"items": [f"item-{i}" for i in range(60)]}
+    result = start(load_file(tmp_path / "fan.mk"), items, checkpoint=checkpoint, provider=model,
+                   concurrency=concurrency, max_tokens=90)  # fmt: skip
+    bound = 90 + concurrency * 15  # docs/language.md: the cap, the call crossing it and N - 1 others in flight
+    for _ in range(10):
+        assert (result.status, result.reason) == ("suspended", "cost-exhausted")
+        assert model.calls * 15 <= bound and result.usage.tokens == model.calls * 15
+        result = resume(checkpoint, provider=model, max_tokens=90)
+    assert model.calls * 15 <= bound, (model.calls * 15, bound)
+    assert result.usage.tokens == model.calls * 15  # what every process paid, each call once
