@@ -72,6 +72,22 @@ def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not
     assert "may repeat" not in again.stderr and "resuming it anyway (--allow-rollback)" in again.stderr
 
 
+def test_a_truncated_journal_is_reported_before_what_it_lost_is_paid_again(approval):
+    killed = mklang(
+        "run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval,
+        env=cli_env(MKLANG_KILL_AT="journal.call:1"),
+    )  # fmt: skip
+    assert killed.returncode == -9
+    journal = approval / "cp.json.journal"
+    journal.write_bytes(journal.read_bytes()[:-20])  # a copy cut short inside its paid answer's line
+    resumed = mklang("resume", "cp.json", *APPROVAL, cwd=approval)
+    assert resumed.returncode == 3, resumed.stderr
+    assert (
+        "cp.json: the journal ends in 1 incomplete or unreadable line(s) after line 1 (a crash mid-write, or a "
+        "truncated copy): what they recorded runs again, paid calls included"
+    ) in resumed.stderr
+
+
 def store_rows(uri: str):
     """A DB-API connection to the store's database and its placeholder."""
     if uri.startswith("sqlite"):
