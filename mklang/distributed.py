@@ -91,13 +91,31 @@ def task_mac(identity: str, run: str) -> str:
     return hmac.new(checkpoint_key(), f"mklang task\n{identity}\n{run}".encode(), hashlib.sha256).hexdigest()
 
 
+BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "redis", "rediss")
+BROKER_FORMS = "amqp://user:password@host:5672// (RabbitMQ) or redis://host:6379/0 (Redis)"
+
+
 def celery_app(broker: str) -> Any:
-    """The Celery application of mklang runs on `broker`."""
+    """The Celery application of mklang runs on `broker`, once the broker answered.
+
+    A misspelt or unreachable broker is one line naming it (password hidden) and what to do."""
     try:
         from celery import Celery
     except ImportError:
         raise UsageError("workers need Celery: pip install 'mklang[distributed]'") from None
+    shown = redacted(broker)
+    scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
+    if scheme not in BROKER_SCHEMES:
+        raise UsageError(f"{shown}: unknown broker URL scheme {scheme!r}: a broker is {BROKER_FORMS}")
     app = Celery("mklang", broker=broker, set_as_current=False)
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as error:  # kombu's and each transport's own errors: all mean "not reached"
+        raise UsageError(
+            f"{shown}: cannot reach the broker: {first_line(error)} "
+            "(is it running, and the URL's host, port, user and password right?)"
+        ) from None
     app.conf.update(
         task_acks_late=True,  # acknowledged once the run stopped, so a lost worker's runs are redelivered
         task_reject_on_worker_lost=True,

@@ -493,3 +493,36 @@ def test_a_second_ctrl_c_exits_a_local_batch_at_once(project, server):
     began = time.monotonic()
     _, err = process.communicate(timeout=10)
     assert process.returncode == 130 and time.monotonic() - began < 5 and "interrupted again: exiting now" in err
+
+
+# Broker URLs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("broker", "needle"),
+    [
+        ("rabbit://guest:hunter2@127.0.0.1//", "unknown broker URL scheme 'rabbit': a broker is amqp://"),
+        ("amqp://guest:hunter2@127.0.0.1:1//", "cannot reach the broker: [Errno 111] Connection refused"),
+        ("redis://:hunter2@127.0.0.1:1/0", "cannot reach the broker: Error 111 connecting to 127.0.0.1:1"),
+    ],
+)
+def test_a_misspelt_or_unreachable_broker_is_one_line_with_its_password_hidden(project, server, capsys, broker, needle):
+    write_inputs(project, {"id": "r-0", "topic": "0"})
+    for command in (
+        ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--executor", "celery"],
+        ["worker", "--store", "sqlite:///runs.db", "--config", "mklang.toml"],
+    ):
+        code, _, err = cli(capsys, *command, "--broker", broker)
+        line = error_line(err)
+        assert code == 2 and needle in line and "hunter2" not in line and ":***@127.0.0.1" in line, err
+    assert server.count == 0
+
+
+def test_a_wrong_broker_password_is_one_line_without_the_password(project, capsys):
+    require_server("RabbitMQ")
+    write_inputs(project, {"id": "r-0", "topic": "0"})
+    broker = "amqp://guest:hunter2@127.0.0.1:5672//"
+    command = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--executor", "celery"]
+    code, _, err = cli(capsys, *command, "--broker", broker)
+    line = error_line(err)
+    assert code == 2 and "ACCESS_REFUSED" in line and "hunter2" not in line, err
