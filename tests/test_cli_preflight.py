@@ -144,7 +144,7 @@ def test_a_version_line_this_release_does_not_run_is_refused(tmp_path):
     with FakeServer() as server:
         done = run_against(server, folder, "parent.mk")
         assert done.returncode == 2, done.stderr
-        assert "child.mk:1:1: error: this is mklang" in done.stderr and "not 9.1" in done.stderr
+        assert "child.mk:1:1: error: this is mklang" in done.stderr and "not the newer 9.1" in done.stderr
         assert server.count == 0
 
 

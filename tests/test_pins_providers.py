@@ -644,7 +644,7 @@ def test_a_second_fan_out_starts_where_the_first_left_off():
 
 def test_a_scripted_provider_without_a_script_answers_empty_text_and_the_first_condition():
     provider = ScriptedProvider()
-    assert provider.produce("s", "u", "fast", True) == Produced("", None, Usage())
+    assert provider.produce("s", "u", "fast", True) == Produced("", "thought", Usage())
     assert provider.judge(["a", "b"], "o", None, {}, "fast") == Verdict(0, Usage())
     assert provider.calls == {"produce": 1, "judge": 1}
 
@@ -694,7 +694,7 @@ def test_a_scripted_produce_keeps_its_reasoning_only_when_reasoning_is_asked_for
 
 def test_a_scripted_structured_answer_is_sent_as_json_text():
     provider = ScriptedProvider({"produce": [{"a": [1, "é"]}, {"text": {"k": 1}}, 5]})
-    assert provider.produce("", "", "fast", True) == Produced('{"a": [1, "\\u00e9"]}', None, Usage())
+    assert provider.produce("", "", "fast", False) == Produced('{"a": [1, "\\u00e9"]}', None, Usage())
     assert provider.produce("", "", "fast", True).text == '{"k": 1}'
     assert provider.produce("", "", "fast", True).text == "5"
 
