@@ -32,7 +32,7 @@ from mklang.effects import check_policy
 from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import Caps, Observer
-from mklang.errors import CheckpointError, LoadError
+from mklang.errors import CheckpointError, LoadError, did_you_mean
 from mklang.host.machines import MachineLoader, file_sha256
 from mklang.host.registry import HostCallables
 from mklang.model import Machine
@@ -418,6 +418,7 @@ def continue_checkpoint(
             f"mklang: the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}",
             file=sys.stderr,
         )
+    require_answer(resumable, set_values or {})
     change = {
         "budgets": {name: settings[name] for name in BUDGETS},
         "hitl": settings["hitl"],
@@ -459,6 +460,21 @@ def continue_checkpoint(
             )
     finally:
         resumable.release()
+
+
+def require_answer(resumable: Resumable, set_values: dict[str, Any]) -> None:
+    """Refuse `--set` values of which none answers the question the run waits on: the run would
+    only ask it again (a misspelt reply path is the usual cause)."""
+    ask = resumable.chain[-1].ask
+    pending = str(ask.get("reply_to") or "") if ask else ""
+    if not pending or not set_values or any(pending == path or pending.startswith(path + ".") for path in set_values):
+        return
+    given = ", ".join(sorted(set_values))
+    hint = did_you_mean(sorted(set_values)[0], [pending]) if len(set_values) == 1 else ""
+    raise CheckpointError(
+        f"{resumable.location}: the run waits for a reply to {pending}, and --set {given} does not answer it"
+        f"{hint}; give --set {pending}=<reply>"
+    )
 
 
 def resumed(envelope: Envelope, chain: list[Frame], change: dict[str, Any]) -> Envelope:

@@ -526,3 +526,27 @@ def test_a_wrong_broker_password_is_one_line_without_the_password(project, capsy
     code, _, err = cli(capsys, *command, "--broker", broker)
     line = error_line(err)
     assert code == 2 and "ACCESS_REFUSED" in line and "hunter2" not in line, err
+
+
+# A misspelt reply ------------------------------------------------------------------------------
+
+
+def test_a_reply_to_a_misspelt_path_is_refused_with_did_you_mean(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from conftest import ROOT
+
+    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    monkeypatch.chdir(tmp_path)
+    script = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish"]
+    code, _, err = cli(capsys, "run", "approval/approval.mk", "-q", *script, "--hitl", "--checkpoint", "cp.json")
+    assert code == 3, err
+    before = (tmp_path / "cp.json").read_bytes()
+    code, _, err = cli(capsys, "resume", "cp.json", "--set", "approval.anwser=yes", *script)
+    assert code == 2 and error_line(err) == (
+        "mklang: error: cp.json: the run waits for a reply to approval.answer, and --set approval.anwser does not "
+        'answer it; did you mean "approval.answer"?; give --set approval.answer=<reply>'
+    )
+    assert (tmp_path / "cp.json").read_bytes() == before  # the run is still parked, untouched
+    code, out, err = cli(capsys, "resume", "cp.json", "--set", "approval.answer=yes", *script, "--format", "json")
+    assert code == 0 and json.loads(out)["status"] == "done", err
