@@ -308,13 +308,19 @@ def test_a_batch_no_worker_serves_stops_following_after_its_stall_timeout(projec
         drop_queue(postgres_uri)
 
 
-def test_batch_wide_ceilings_hold_across_two_workers_and_a_rerun_with_more_finishes(project, server, postgres_uri):
+@pytest.mark.parametrize("ceiling_option", ["--batch-max-tokens", "--batch-max-cost"])
+def test_batch_wide_ceilings_hold_across_two_workers_and_a_rerun_with_more_finishes(
+    project, server, postgres_uri, ceiling_option
+):
+    """At $1 a token (a price of 1,000,000 USD per million) the dollar ceiling is the token one in dollars."""
     require_server("RabbitMQ")
     items, ceiling, tokens_per_call = 20, 150, 15
+    with (project / "mklang.toml").open("a", encoding="utf-8") as config:
+        config.write('\n[prices."local:m"]\ninput = 1000000\noutput = 1000000\n')
     write_items(project, items)
     workers = [worker(project, postgres_uri, RABBITMQ) for _ in range(2)]
     try:
-        first = batch(project, postgres_uri, RABBITMQ, "--batch-max-tokens", str(ceiling))
+        first = batch(project, postgres_uri, RABBITMQ, ceiling_option, str(ceiling))
         stdout, stderr = first.communicate(timeout=180)
         assert first.returncode == 3, stderr  # some suspended: a re-run with more continues them
         totals = json.loads(stdout)
@@ -325,7 +331,7 @@ def test_batch_wide_ceilings_hold_across_two_workers_and_a_rerun_with_more_finis
         out = results(project / "out.jsonl")
         assert {line["reason"] for line in out if line["status"] == "suspended"} == {"batch-ceiling"}
         assert totals["suspended"] > 0 and totals["done"] + totals["suspended"] == items
-        again = batch(project, postgres_uri, RABBITMQ, "--batch-max-tokens", str(items * CALLS * tokens_per_call))
+        again = batch(project, postgres_uri, RABBITMQ, ceiling_option, str(items * CALLS * tokens_per_call))
         stdout, stderr = again.communicate(timeout=180)
         assert again.returncode == 0, stderr
         assert json.loads(stdout)["done"] == items
