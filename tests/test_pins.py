@@ -1826,8 +1826,11 @@ def test_a_reply_to_the_asked_path_or_a_map_above_it_answers_the_question():
     ]:
         frame = Frame.start(machine)
         frame.ask = {"ask": "Publish?", "reply_to": "approval.answer"}
-        frame.answer(reply)
+        frame.decision_tainted = True
+        frame.inject(reply, "yes")
         assert (frame.ask is None) is answered, reply
+        assert frame.decision_tainted is not answered, reply  # only the reply to the question confirms
+        assert {reply.split(".")[0]} <= frame.external & frame.tainted  # every injected value is outside data
 
 
 def test_each_branch_of_a_fan_out_keys_its_calls_by_its_number():

@@ -391,6 +391,7 @@ def test_a_clean_resume_continues_the_envelope_in_place_and_its_journal_records_
     assert header["resume"] == {
         "budgets": {"max_tokens": None, "max_cost": 2.0, "max_time": None},
         "hitl": True,
+        "untrusted_flow": "report",
         "concurrency": 3,
         "host": HostSettings(model="m2").model_dump(mode="json"),
         "budget": 4,
@@ -491,6 +492,8 @@ def _full_frame() -> Frame:
     frame.branches = {2: {"output": "two", "usage": Usage(1, 1, 0.0).to_json()}, 0: {"output": "zero", "usage": {}}}
     frame.halted = "gate-fail"
     frame.ask = {"ask": "Go on?", "reply_to": "go"}
+    frame.external = {"x", "topic"}
+    frame.decision_tainted = True
     return frame
 
 
@@ -513,11 +516,14 @@ def test_a_frame_is_recorded_with_every_field_its_collections_in_order():
             "last_output": {"v": [1]},
             "halted": "gate-fail",
             "ask": {"ask": "Go on?", "reply_to": "go"},
+            "external": ["topic", "x"],
+            "decision_tainted": True,
             "branches": [(0, {"output": "zero", "usage": {}}), (2, {"output": "two", "usage": Usage(1, 1).to_json()})],
         }
     )
     plain = Frame.start(mk(REPAIRING)).to_json()
     assert "branches" not in plain and plain["halted"] is None and plain["ask"] is None
+    assert (plain["external"], plain["decision_tainted"]) == ([], False)
 
 
 def test_a_recorded_frame_reads_back_as_it_was():
@@ -527,9 +533,12 @@ def test_a_recorded_frame_reads_back_as_it_was():
 
 
 def test_a_frame_record_without_its_optional_keys_reads_as_a_fresh_level():
+    """...but for control-flow taint, which it cannot vouch for: every key external, the decision tainted."""
     machine = mk(REPAIRING)
     frame = Frame.from_json({"state": "b", "context": {"n": 1}, "budget": "4", "steps": "2"}, machine)
-    assert frame == Frame(machine=machine, state="b", context={"n": 1}, tainted=set(), budget=4, steps=2)
+    fresh = Frame(machine=machine, state="b", context={"n": 1}, tainted=set(), budget=4, steps=2)
+    fresh.external, fresh.decision_tainted = {"n"}, True
+    assert frame == fresh
     assert (frame.usage, frame.trace, frame.branches, frame.last_output) == (Usage(), [], {}, None)
     numbers = Frame.from_json(
         {
