@@ -151,7 +151,9 @@ def continue_run(
     owed = rt.spent + rt.journal.unreplayed()
     if resumed and suspendable and caps.spent(owed):
         innermost = frames[-1]
-        return RunResult("suspended", "cost-exhausted", innermost.state, None, root.context, root.trace, owed, frames)
+        # The reason its loop-top gives, so the checkpoint stays as it was: steps are checked first.
+        reason = "budget-exhausted" if innermost.steps >= innermost.budget else "cost-exhausted"
+        return RunResult("suspended", reason, innermost.state, None, root.context, root.trace, owed, frames)
     level = Level(root, 0, suspendable, False, "r", [])
     try:
         run_frame(rt, level, frames[1:] or None)
