@@ -1032,7 +1032,7 @@ def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_step
         "reply_to": "answer",
         "resumable": True,
         "signature": {"seal": "signed", "text": "signed with your checkpoint key"},
-        "host": {"script": "s.yaml", "scenario": "a"},
+        "host": {"script": str(path.parent / "s.yaml"), "scenario": "a"},  # recorded beside the checkpoint
         "ran_out": "the time budget of 30s ran out",
         "continue_with": f"mklang resume '{path}' --max-time 30s",
     }
@@ -2417,9 +2417,10 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
     )
     open_checkpoint(path, force=True).lock.release()
     source.rename(tmp_path / "moved.mk")
-    assert refusal() == (
-        f"{source}: machine file of the checkpoint is missing (use --machine PATH if the root moved, or --force)"
-    )
+    kept = open_checkpoint(path)  # a missing file: the text the store keeps, which the signature covers
+    assert kept.machines_note is not None
+    assert kept.machines_note.startswith(f"{source} is missing; running the machine texts the store keeps")
+    kept.release()
     (tmp_path / "moved.mk").rename(source)
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
     assert refusal(force=True) == (
