@@ -463,18 +463,20 @@ def continue_checkpoint(
 
 
 def require_answer(resumable: Resumable, set_values: dict[str, Any]) -> None:
-    """Refuse `--set` values of which none answers the question the run waits on: the run would
-    only ask it again (a misspelt reply path is the usual cause)."""
+    """Refuse a `--set` that misspells the reply the run waits on (`approval.anwser` for
+    `approval.answer`) when none answers it: the run would only ask again. A value set
+    under another name leaves the question pending, as documented."""
     ask = resumable.chain[-1].ask
     pending = str(ask.get("reply_to") or "") if ask else ""
-    if not pending or not set_values or any(pending == path or pending.startswith(path + ".") for path in set_values):
+    if not pending or any(pending == path or pending.startswith(path + ".") for path in set_values):
         return
-    given = ", ".join(sorted(set_values))
-    hint = did_you_mean(sorted(set_values)[0], [pending]) if len(set_values) == 1 else ""
-    raise CheckpointError(
-        f"{resumable.location}: the run waits for a reply to {pending}, and --set {given} does not answer it"
-        f"{hint}; give --set {pending}=<reply>"
-    )
+    for path in sorted(set_values):
+        hint = did_you_mean(path, [pending])
+        if hint:
+            raise CheckpointError(
+                f"{resumable.location}: the run waits for a reply to {pending}, and --set {path} does not "
+                f"answer it{hint}; give --set {pending}=<reply>"
+            )
 
 
 def resumed(envelope: Envelope, chain: list[Frame], change: dict[str, Any]) -> Envelope:

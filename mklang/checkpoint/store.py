@@ -24,10 +24,10 @@ from mklang.errors import UsageError
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
 # files) and does not end like the files a run keeps beside its checkpoint.
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 RUN_NAME_MAX = 128
 RUN_NAME_RULE = (
-    f"1 to {RUN_NAME_MAX} ASCII letters, digits, '.', '_' or '-', starting with a letter or digit, "
+    f"1 to {RUN_NAME_MAX} ASCII letters, digits, '.', '_', ':' or '-', starting with a letter or digit, "
     "not ending in .journal, .lock or .tmp"
 )
 RESERVED_ENDINGS = (".journal", ".lock", ".tmp")
