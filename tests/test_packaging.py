@@ -10,6 +10,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import mklang
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,3 +106,35 @@ def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(t
 def test_version_is_printed_by_the_console_entry_point():
     done = subprocess.run([sys.executable, "-m", "mklang", "--version"], capture_output=True, text=True, check=True)
     assert done.stdout == f"mklang {mklang.__version__}\n"
+
+
+def test_lark_is_a_development_dependency_only():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert not any(dep.startswith("lark") for dep in config["project"]["dependencies"])
+    assert any(dep.startswith("lark") for dep in config["project"]["optional-dependencies"]["dev"])
+
+
+BLOCK_LARK = """
+import sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("lark", "interegular"):
+            raise ImportError(name + " is not installed")
+sys.meta_path.insert(0, Blocked())
+from mklang.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "examples/triage/triage.mk"],
+        ["fmt", "--check", "examples/triage/triage.mk"],
+        ["test", "examples/triage/triage.mk", "--script", "examples/triage/scenarios.yaml"],
+    ],
+)
+def test_the_tool_runs_without_lark(args):
+    """The parser is generated: checking, formatting and running a machine never import lark."""
+    done = subprocess.run([sys.executable, "-c", BLOCK_LARK, *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
