@@ -1,7 +1,8 @@
 """Start-up and load figures of the front end, against their targets.
 
-Prints the median wall time of `mklang --version` and of `mklang check` on a
-20-state machine, each as a whole process, and of parsing plus checking a
+Prints the median wall time of `mklang --version`, of `mklang check` on a
+20-state machine and of `mklang run` on the triage example with its scripted
+scenario, each as a whole process, and of parsing plus checking a
 generated 500-state machine in process; CPU time is shown beside wall time,
 since a busy machine inflates wall time. Child processes run with bytecode
 caching on (as after a normal install), after warm-up runs.
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from measure import print_load
 
-TARGETS_MS = {"version": 120, "check": 160, "load500": 200}
+TARGETS_MS = {"version": 120, "check": 160, "run": 250, "load500": 200}
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "triage"
 
 
 def machine_text(states: int) -> str:
@@ -89,11 +91,24 @@ def main() -> None:
         figures = {
             "version": process_ms([*command(), "--version"], runs),
             "check": process_ms([*command(), "check", str(path)], runs),
+            "run": process_ms(
+                [
+                    *command(),
+                    "run",
+                    str(EXAMPLE / "triage.mk"),
+                    "--script",
+                    str(EXAMPLE / "scenarios.yaml"),
+                    "--scenario",
+                    "small-refund-answered-directly",
+                ],
+                runs,
+            ),
             "load500": load_ms(machine_text(500), max(5, runs // 3)),
         }
     labels = {
         "version": "mklang --version (process)",
         "check": "mklang check, 20 states (process)",
+        "run": "mklang run, scripted triage (process)",
         "load500": "parse + check, 500 states (in process)",
     }
     print_load()

@@ -7,7 +7,7 @@ the package only when called, so `import mklang` stays cheap for the CLI.
 
 from __future__ import annotations
 
-__version__ = "0.4.0"
+from mklang.version import __version__
 
 __all__ = ["__version__", "batch", "load", "read_only", "resume", "run"]
 

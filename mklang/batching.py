@@ -27,11 +27,11 @@ from mklang import exitcodes
 from mklang.checkpoint.envelope import parse
 from mklang.checkpoint.journal import resume_change
 from mklang.checkpoint.signing import SEAL_TEXT
-from mklang.checkpoint.store import Location, RunLock, Store, is_uri, redacted, run_name
+from mklang.checkpoint.store import Location, RunLock, Store, is_uri, run_name
 from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
-from mklang.errors import MklangError, RunBusy, UsageError
+from mklang.errors import MklangError, RunBusy, UsageError, redacted
 from mklang.limits import load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage

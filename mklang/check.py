@@ -11,12 +11,11 @@ import heapq
 from collections.abc import Iterable
 from pathlib import Path
 
-from mklang import __version__
 from mklang.effects import tainted_effects
-from mklang.engine.interpolate import lookup
 from mklang.errors import Diagnostic, LoadError, Severity, did_you_mean
 from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
-from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, UNCLOSED_PLACEHOLDER, root_key, version_refusal
+from mklang.version import __version__
+from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, UNCLOSED_PLACEHOLDER, lookup, root_key, version_refusal
 
 CONSEQUENCES = frozenset({"no-path-to-end", "budget-infeasible"})  # reported after what causes them
 
@@ -259,7 +258,7 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
 
 def _check_effects(out: _Findings, machine: Machine) -> None:
     """Control-flow taint (SPEC section 4): an effectful tool a judged decision reaches unconfirmed."""
-    from mklang.host.machines import MachineLoader
+    from mklang.syntax.machines import MachineLoader
 
     for state, tool, path in tainted_effects(machine, MachineLoader()):
         face = state.face

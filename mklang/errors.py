@@ -5,6 +5,7 @@ Exceptions hold data only; `mklang.syntax.diagnostics` renders them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
@@ -79,3 +80,9 @@ def did_you_mean(name: str, known: Iterable[object]) -> str:
 
     close = difflib.get_close_matches(name, [str(k) for k in known], n=1)
     return f'; did you mean "{close[0]}"?' if close else ""
+
+
+def redacted(text: str) -> str:
+    """`text` with the password of every URI in it hidden: `user:***@host`, `password=***`."""
+    text = re.sub(r"(://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text)
+    return re.sub(r"((?:[?&]|%26)password(?:=|%3D))[^&#\s]*", r"\1***", text, flags=re.IGNORECASE)

@@ -1,5 +1,7 @@
 """Reading user-supplied data (files, YAML, JSON) within fixed limits (docs/limits.md).
 
+YAML is read through `mklang.yaml_composer`, which checks these limits event by event.
+
 Scenario scripts, configs, machines, `--input`, `--set` values, cassettes,
 model answers under `parse json` and checkpoints can all come from someone
 else. Each is read through this module, so an alias bomb, a huge file or a
@@ -119,38 +121,3 @@ def json_depth(value: Any) -> int:
         deepest = max(deepest, depth)
         pending.extend((child, depth + 1) for child in children)
     return deepest
-
-
-# -- YAML ---------------------------------------------------------------------
-
-
-def compose_yaml(text: str) -> Any:
-    """The node tree of a one-document YAML text (None when empty), within the limits.
-
-    Parsing uses libyaml when PyYAML has it (same marks as the pure-Python
-    parser, which still words syntax errors, so messages do not depend on the
-    install); the limits are checked event by event, before the composer
-    recurses or an alias is followed, so no document can exhaust the stack
-    or memory. Errors are `yaml.MarkedYAMLError`s with a position.
-    """
-    import yaml
-
-    from mklang.yaml_composer import LimitError, compose
-
-    fast = getattr(yaml, "CSafeLoader", None)
-    if fast is None:
-        return compose(yaml.SafeLoader(text))
-    try:
-        return compose(fast(text))
-    except LimitError:
-        raise
-    except yaml.YAMLError:  # the pure-Python parser words syntax errors as they always were
-        return compose(yaml.SafeLoader(text))
-
-
-def load_yaml(text: str) -> Any:
-    """The data of a one-document YAML text with the safe types, within the limits."""
-    import yaml
-
-    node = compose_yaml(text)
-    return None if node is None else yaml.constructor.SafeConstructor().construct_document(node)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mklang.effects import FLOW_POLICIES
 from mklang.errors import UsageError, did_you_mean
 from mklang.exitcodes import STATUSES
-from mklang.limits import load_yaml, read_text
+from mklang.limits import read_text
 from mklang.providers.scripted import ScriptedCallables, ScriptedProvider
 
 if TYPE_CHECKING:
@@ -193,6 +193,8 @@ def load_script(path: str | Path) -> list[Scenario]:
     naming the file, the scenario and the key."""
     import yaml
 
+    from mklang.yaml_composer import load_yaml
+
     path = Path(path)
     text = read_text(path, "script")
     try:
@@ -280,56 +282,6 @@ def find_scenario(scenarios: list[Scenario], name: str | None, path: str) -> Sce
         f"{path}: no scenario named '{name}'{did_you_mean(name, [s.name for s in scenarios])} "
         f"({', '.join(s.name for s in scenarios)})"
     )
-
-
-@dataclass
-class Part:
-    """One run of a scenario (the first, or a resume) with its expectation and what differed."""
-
-    label: str  # "run", "resumes[1]", ...
-    result: RunResult
-    problems: list[str]
-
-
-def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None) -> list[Part]:
-    """Run a scenario as `mklang run` and `mklang resume` would, and compare every part;
-    `untrusted_flow` overrides the scenario's `run.on_untrusted_flow`.
-
-    A durable scenario runs with a real checkpoint in a temporary folder; each
-    of its `resumes` continues that checkpoint through `mklang.session.resume`,
-    the code path of `mklang resume`, with a fresh scripted host whose position
-    comes from the checkpoint.
-    """
-    import tempfile
-
-    from mklang.session import Host, resume, start
-
-    if not scenario.durable:
-        with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host, untrusted_flow=untrusted_flow)
-        return [Part("run", result, compare(scenario.expect, result))]
-    with tempfile.TemporaryDirectory(prefix="mklang-test-") as folder:
-        checkpoint = Path(folder) / "checkpoint.json"
-        with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host, checkpoint=checkpoint, untrusted_flow=untrusted_flow)
-        parts = [Part("run", result, compare(scenario.expect, result))]
-        for number, step in enumerate(scenario.resumes, 1):
-            label = f"resumes[{number}]"
-            if result.status != "suspended":
-                parts.append(Part(label, result, [f"nothing to resume: the run ended {result.status}"]))
-                break
-            with Host.for_scenario(scenario) as host:
-                result = resume(
-                    checkpoint,
-                    host,
-                    set_values=step.set,
-                    max_tokens=step.max_tokens,
-                    budget=step.budget,
-                    hitl=step.hitl,
-                    untrusted_flow=untrusted_flow,
-                )
-            parts.append(Part(label, result, compare(step.expect, result)))
-    return parts
 
 
 def run_scenario(machine: Machine, scenario: Scenario, **options: Any) -> RunResult:

@@ -10,11 +10,10 @@ the grammar's keyword terminals.
 from __future__ import annotations
 
 import re
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 Tier = Literal["fast", "balanced", "reasoning"]
 TIERS: Final[tuple[Tier, ...]] = get_args(Tier)
-DEFAULT_TIER: Final[Tier] = "balanced"
 
 ParseMode = Literal["list", "json"]
 PARSE_MODES: Final[tuple[ParseMode, ...]] = get_args(ParseMode)
@@ -76,6 +75,19 @@ def version_refusal(declared: str) -> str | None:
 def root_key(path: str) -> str:
     """The top-level context key a path starts with: taint, deposits and checks work per key."""
     return path.partition(".")[0]
+
+
+def lookup(context: dict[str, Any], path: str) -> Any:
+    """Read a dotted path (`a.b.0`, `a.-1`) from the context; None when absent."""
+    value: Any = context
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
 
 
 # A placeholder still being typed at the end of a line, for completion.

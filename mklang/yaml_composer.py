@@ -1,4 +1,4 @@
-"""The YAML composer behind `mklang.limits.compose_yaml` (imported only when YAML is read)."""
+"""Reading YAML within the limits of `mklang.limits` (imported only when YAML is read)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,29 @@ def compose(parser: Any) -> Any:
         return LimitedComposer(parser).get_single_node()
     finally:
         parser.dispose()
+
+
+def compose_yaml(text: str) -> Any:
+    """The node tree of a one-document YAML text (None when empty), within the limits.
+
+    Parsing uses libyaml when PyYAML has it (same marks as the pure-Python
+    parser, which still words syntax errors, so messages do not depend on the
+    install); the limits are checked event by event, before the composer
+    recurses or an alias is followed, so no document can exhaust the stack
+    or memory. Errors are `yaml.MarkedYAMLError`s with a position.
+    """
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is None:
+        return compose(yaml.SafeLoader(text))
+    try:
+        return compose(fast(text))
+    except LimitError:
+        raise
+    except yaml.YAMLError:  # the pure-Python parser words syntax errors as they always were
+        return compose(yaml.SafeLoader(text))
+
+
+def load_yaml(text: str) -> Any:
+    """The data of a one-document YAML text with the safe types, within the limits."""
+    node = compose_yaml(text)
+    return None if node is None else yaml.constructor.SafeConstructor().construct_document(node)

@@ -40,10 +40,10 @@ import mklang.syntax
 from mklang import faults
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load
-from mklang.engine.interpolate import lookup
 from mklang.providers.base import Usage
 from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.syntax import load_file
+from mklang.vocabulary import lookup
 
 PER_POINT = 6  # occurrences of one point crashed at per scenario (all with MKLANG_CRASH_FULL=1)
 # The human's reply that continues a scenario which suspends on an ask.

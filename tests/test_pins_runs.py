@@ -24,10 +24,10 @@ from mklang.engine import make_runtime, run
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import COST_SLACK, Caps, Control, NullJournal
 from mklang.errors import CheckpointError, ProviderError, UsageError
-from mklang.host.machines import MachineLoader, file_sha256
 from mklang.model import Machine
 from mklang.providers.base import Usage, seconds_left
 from mklang.scenarios import Scenario, ScriptedHost
+from mklang.syntax.machines import MachineLoader, file_sha256
 from mklang.syntax.resolve import stdlib_dirs
 
 # --- a project: a root machine that calls a sub-machine ------------------------------

@@ -11,7 +11,7 @@ from conformance.harness import Recorder, run_mk, write_machines
 
 from mklang.checkpoint import start
 from mklang.errors import UsageError
-from mklang.limits import compose_yaml
+from mklang.yaml_composer import compose_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
-from mklang import __version__
 from mklang.checkpoint import generations
 from mklang.checkpoint.compat import first_misfit, frame_shape_error, rebuild
 from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineRef, load, parse
@@ -33,10 +32,11 @@ from mklang.engine import Control, RunOptions, RunResult, continue_run, make_run
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import Caps, Observer
 from mklang.errors import CheckpointError, LoadError, did_you_mean
-from mklang.host.machines import MachineLoader, file_sha256
 from mklang.host.registry import HostCallables
 from mklang.model import Machine
 from mklang.providers.base import Provider, Usage, decode_answer
+from mklang.syntax.machines import MachineLoader, file_sha256
+from mklang.version import __version__
 
 if TYPE_CHECKING:
     from mklang.scenarios import ScriptedHost

@@ -10,8 +10,9 @@ from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal, resume_change
 from mklang.checkpoint.paths import located_host
 from mklang.checkpoint.signing import SEAL_TEXT
-from mklang.checkpoint.store import Location, locate, redacted, run_name
+from mklang.checkpoint.store import Location, locate, run_name
 from mklang.checkpoint.trust import recorded_host
+from mklang.errors import redacted
 from mklang.providers.base import Usage
 
 

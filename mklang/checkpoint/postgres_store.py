@@ -35,8 +35,7 @@ from typing import Any
 
 from mklang.checkpoint.file_store import still_running
 from mklang.checkpoint.sql_store import SqlStore
-from mklang.checkpoint.store import redacted
-from mklang.errors import CheckpointError, UsageError
+from mklang.errors import CheckpointError, UsageError, redacted
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from mklang.errors import UsageError
+from mklang.errors import UsageError, redacted
 
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
@@ -124,12 +124,6 @@ STORE_FORMS = "a folder, sqlite:///runs.db (sqlite:////abs/runs.db) or postgresq
 def is_uri(text: str | Path) -> bool:
     """Whether `text` names a store by URI (any scheme: an unknown one is refused, not taken as a path)."""
     return isinstance(text, str) and URI.match(text) is not None
-
-
-def redacted(text: str) -> str:
-    """`text` with the password of every URI in it hidden: `user:***@host`, `password=***`."""
-    text = re.sub(r"(://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text)
-    return re.sub(r"((?:[?&]|%26)password(?:=|%3D))[^&#\s]*", r"\1***", text, flags=re.IGNORECASE)
 
 
 def open_store(uri: str | Path, *, create: bool = True) -> Store:

@@ -21,8 +21,8 @@ from mklang.checkpoint.paths import STDLIB, MachinePaths
 from mklang.checkpoint.store import Store
 from mklang.errors import CheckpointError
 from mklang.files import write_atomic
-from mklang.host.machines import file_sha256
 from mklang.model import Machine
+from mklang.syntax.machines import file_sha256
 
 
 def text_key(digest: str) -> str:
@@ -33,7 +33,7 @@ def keep_texts(store: Store, root: Machine, where: object) -> dict[str, str]:
     """Add the texts of `root` and of every machine it may call to `store`: their names -> sha256.
 
     `where` (the run, or the batch) names what failed in an error."""
-    from mklang.host.machines import machine_tree
+    from mklang.syntax.machines import machine_tree
 
     paths = MachinePaths(root.path)
     names: dict[str, str] = {}

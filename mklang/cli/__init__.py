@@ -14,7 +14,7 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
-        from mklang import __version__
+        from mklang.version import __version__
 
         print(f"mklang {__version__}")
         raise SystemExit(0)

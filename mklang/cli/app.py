@@ -79,7 +79,7 @@ def finite(value: Any) -> Any:
 def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> typer.Exit:
     """Report an error (one line on stderr; in JSON mode also a document on stdout)
     and return the Exit to raise."""
-    from mklang.checkpoint.store import redacted
+    from mklang.errors import redacted
 
     message = redacted(message)  # a store or broker URI in it keeps its password
     if diagnostics is None:
@@ -131,7 +131,7 @@ def handle_errors(as_json: bool = False) -> Iterator[None]:
 
 def version_callback(value: bool) -> None:
     if value:
-        from mklang import __version__
+        from mklang.version import __version__
 
         print(f"mklang {__version__}")
         raise typer.Exit(0)

@@ -382,7 +382,8 @@ def test(
     with handle_errors(wants_json(format)):
         from mklang.check import require_runnable
         from mklang.cli.render import render_scenarios
-        from mklang.scenarios import load_script, play
+        from mklang.scenarios import load_script
+        from mklang.session import play
         from mklang.syntax import load_file
 
         loaded = require_runnable(load_file(machine))

@@ -184,7 +184,7 @@ FAILED_SHOWN = 10  # failed runs named one per line on stderr; the rest are coun
 
 def _say_failed(outcomes: list[Any], out: Path | None) -> None:
     """One line per failed run with its reason (the first few), so a failure is seen without --out."""
-    from mklang.checkpoint.store import redacted
+    from mklang.errors import redacted
     from mklang.terminal import printable
 
     failed = [result for result in outcomes if result.status == "failed"]

@@ -13,10 +13,10 @@ from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
 from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Observer, Runtime
 from mklang.engine.signals import Halt, Interrupted, Suspend
-from mklang.host.machines import MachineLoader
 from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
 from mklang.providers.base import Provider, Usage
+from mklang.syntax.machines import MachineLoader
 
 __all__ = ["Control", "RunOptions", "RunResult", "continue_run", "make_runtime", "run"]
 

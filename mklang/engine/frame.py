@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mklang.engine.interpolate import assign, lookup
+from mklang.engine.interpolate import assign
 from mklang.engine.records import HumanAsk, StepRecord, TraceStep
 from mklang.model import Machine, State
 from mklang.providers.base import Usage
-from mklang.vocabulary import root_key
+from mklang.vocabulary import lookup, root_key
 
 
 def step_output(step: TraceStep) -> Any:

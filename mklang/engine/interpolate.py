@@ -11,20 +11,7 @@ import secrets
 from functools import lru_cache
 from typing import Any
 
-from mklang.vocabulary import PLACEHOLDER
-
-
-def lookup(context: dict[str, Any], path: str) -> Any:
-    """Read a dotted path (`a.b.0`, `a.-1`) from the context; None when absent."""
-    value: Any = context
-    for part in path.split("."):
-        if isinstance(value, dict):
-            value = value.get(part)
-        elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return None
-    return value
+from mklang.vocabulary import PLACEHOLDER, lookup
 
 
 def assign(context: dict[str, Any], path: str, value: Any, *, copy_maps: bool = False) -> None:

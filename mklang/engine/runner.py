@@ -1,7 +1,7 @@
 """The recursive run loop of SPEC section 4.
 
 One `run_frame` per run level; a `call` state re-enters it one level deeper.
-The loop-top checks budgets, one function selects gates (`gates.select`), and
+The loop-top checks budgets, one function selects gates (`gates.select_gate`), and
 `Frame.apply` is the one place a step is appended. Suspension is the
 `Suspend` exception raised at a loop-top (or after a HITL escalate) and
 extended by every enclosing call level with its own frame.
@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
-from mklang.engine.interpolate import Scope, input_taint, lookup, render_prompt, resolve_input, uses_taint
+from mklang.engine.interpolate import Scope, input_taint, render_prompt, resolve_input, uses_taint
 from mklang.engine.keys import Calls
 from mklang.engine.records import StepDetails, StepRecord, TraceStep
 from mklang.engine.runtime import Level, Runtime
@@ -28,7 +28,7 @@ from mklang.host.registry import wants_idempotency_key
 from mklang.limits import NestingError, load_json
 from mklang.model import Call, Gate, Produce, State, ToolUse
 from mklang.providers.base import BRANCH, Branch, Produced, Usage
-from mklang.vocabulary import END, root_key
+from mklang.vocabulary import END, lookup, root_key
 
 MAX_CALL_DEPTH = 8
 UNTRUSTED_FLOW = "untrusted-control-flow"  # the halt of a tainted decision reaching an effect under `halt`

@@ -17,7 +17,6 @@ from typing import Any
 from mklang.effects import read_only
 
 Tool = Callable[..., str]
-Hook = Callable[[dict, Any], bool]
 
 _OPERATORS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add,

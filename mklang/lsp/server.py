@@ -15,8 +15,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path
 from pygls.workspace import ServerTextPosition, ServerTextRange, TextDocument
 
-from mklang import __version__
 from mklang.lsp.analysis import Document, Pos, Range, span_range
+from mklang.version import __version__
 
 server = LanguageServer("mklang", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Full)
 documents: dict[str, Document] = {}

@@ -31,8 +31,9 @@ import yaml
 
 from mklang.errors import ProviderError, UsageError
 from mklang.files import write_atomic
-from mklang.limits import load_yaml, read_text
+from mklang.limits import read_text
 from mklang.providers.base import Produced, Provider, Verdict, decode_answer, encode_answer
+from mklang.yaml_composer import load_yaml
 
 FORMAT = 1
 DIFF_LINES = 12

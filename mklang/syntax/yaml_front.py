@@ -304,7 +304,7 @@ def parse_yaml(text: str, filename: str | None = None) -> Machine:
     """A YAML machine document as a `Machine`; raises MkSyntaxError with YAML positions."""
     import yaml
 
-    from mklang.limits import compose_yaml
+    from mklang.yaml_composer import compose_yaml
 
     try:
         root = compose_yaml(text)

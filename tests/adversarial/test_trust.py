@@ -216,7 +216,7 @@ def test_an_edited_frame_path_pointing_to_another_file_is_refused(project):
 
 
 def test_an_edited_machines_map_pointing_to_another_file_is_refused(project):
-    from mklang.host.machines import file_sha256
+    from mklang.syntax.machines import file_sha256
 
     evil = project / "approval" / "evil.mk"
     evil.write_text((project / "approval" / "approval.mk").read_text().replace("status page", "attacker page"))

@@ -1,0 +1,211 @@
+"""The import rules of docs/architecture.md: layers, no cycles, a static checker without the runtime.
+
+Every `import` counts, at the top of a file or inside a function (a function-level
+import runs when the function does, so it can close a cycle at run time), except
+those under `if TYPE_CHECKING:`, which never run. The generated parser is left out:
+its text is Lark's, not ours.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "mklang"
+GENERATED = {"mklang.syntax._parser"}
+
+# Lowest first: a module may import its own layer and the layers before it, never a later one.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "foundation",
+        (
+            "mklang.version",
+            "mklang.errors",
+            "mklang.exitcodes",
+            "mklang.faults",
+            "mklang.files",
+            "mklang.limits",
+            "mklang.yaml_composer",
+            "mklang.terminal",
+            "mklang.vocabulary",
+            "mklang.model",
+            "mklang.effects",
+        ),
+    ),
+    ("language", ("mklang.syntax", "mklang.check", "mklang.graph", "mklang.highlight")),
+    ("host", ("mklang.host",)),
+    ("providers", ("mklang.providers",)),
+    ("engine", ("mklang.engine",)),
+    ("persistence", ("mklang.checkpoint",)),
+    ("running", ("mklang.scenarios", "mklang.session", "mklang.batching", "mklang.distributed")),
+    ("api", ("mklang",)),
+    ("tools", ("mklang.cli", "mklang.lsp", "mklang.__main__")),
+]
+
+# What the static checker (`mklang check`, the editor's diagnostics) must never load.
+RUNTIME = (
+    "mklang.engine",
+    "mklang.providers",
+    "mklang.host",
+    "mklang.checkpoint",
+    "mklang.session",
+    "mklang.scenarios",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def layer_of(module: str) -> int:
+    """The index of the layer a module belongs to (the longest matching prefix wins)."""
+    best = max(
+        (
+            (len(prefix), index)
+            for index, (_, prefixes) in enumerate(LAYERS)
+            for prefix in prefixes
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        default=None,
+    )
+    assert best is not None, (
+        f"{module} is in no layer of tests/test_architecture.py (add it, and to docs/architecture.md)"
+    )
+    return best[1]
+
+
+def _runs(node: ast.AST, top_only: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements under `node` that can run (those under `if TYPE_CHECKING:` cannot);
+    with `top_only`, only those that run when the module is imported (not inside a function)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            children: list[ast.AST] = list(child.orelse)
+        elif top_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        else:
+            children = [child]
+        for each in children:
+            if isinstance(each, (ast.Import, ast.ImportFrom)):
+                yield each
+            else:
+                yield from _runs(each, top_only)
+
+
+def _known(name: str) -> str | None:
+    """The mklang module that importing `name` executes last (a name inside a module is its module)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str, top_only: bool = False) -> set[str]:
+    """Every mklang module `module` imports, at any depth of its file (with `top_only`, on import)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _runs(ast.parse(path.read_text(encoding="utf-8")), top_only):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        found |= {target for name in names if (target := _known(name)) and target != module}
+    return found
+
+
+GRAPH = {module: imports(module) for module in MODULES if module not in GENERATED}
+ON_IMPORT = {module: imports(module, top_only=True) for module in GRAPH}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each a cycle or several."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_module_is_in_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_a_module_imports_only_its_own_layer_and_lower_ones(module):
+    mine = layer_of(module)
+    upward = sorted(target for target in GRAPH[module] if layer_of(target) > mine)
+    assert not upward, (
+        f"{module} ({LAYERS[mine][0]}) imports "
+        + ", ".join(f"{target} ({LAYERS[layer_of(target)][0]})" for target in upward)
+        + ": see docs/architecture.md"
+    )
+
+
+def test_no_import_cycles():
+    assert cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def loaded_by(module: str) -> set[str]:
+    """Every mklang module that using `module` can execute: what it imports anywhere, and the
+    packages containing each (a package's `__init__` runs on import, its functions need not)."""
+    seen: dict[str, bool] = {}  # module -> whether its function-level imports were followed too
+    todo = [(module, True)]
+    while todo:
+        current, whole = todo.pop()
+        if seen.get(current, False) or (current in seen and not whole):
+            continue
+        seen[current] = whole
+        parent = current.rpartition(".")[0]
+        todo.extend((target, True) for target in (GRAPH if whole else ON_IMPORT).get(current, ()))
+        if parent:
+            todo.append((parent, False))
+    return set(seen)
+
+
+@pytest.mark.parametrize("entry", ["mklang.cli.check_fast", "mklang.check", "mklang.lsp.analysis"])
+def test_the_static_checker_loads_no_engine_provider_host_or_store(entry):
+    assert sorted(m for m in loaded_by(entry) if m.startswith(RUNTIME)) == []
+
+
+def test_the_yaml_front_end_uses_no_private_name_of_the_builder():
+    source = (PACKAGE / "syntax" / "yaml_front.py").read_text(encoding="utf-8")
+    assert "builder._" not in source and "import Builder, _" not in source
