@@ -81,7 +81,9 @@ def resume(checkpoint, config):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the factory's stdout carries only exit codes
         code = 1
         try:
-            mklang.cli.main(["resume", checkpoint, "--config", config, "--max-tokens", "1000", "--format", "json"])
+            # Every trial resumes a copy of one suspended run: allowed to roll back to it.
+            mklang.cli.main(["resume", checkpoint, "--config", config, "--max-tokens", "1000", "--format", "json",
+                             "--allow-rollback"])
         except SystemExit as exit:
             code = exit.code or 0
         finally:
