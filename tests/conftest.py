@@ -92,6 +92,29 @@ def mklang(
     return done
 
 
+def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI run in this process through its entry function, as `mklang` runs it in a subprocess
+    (same environment rules, same no-traceback check), without a new interpreter's start-up."""
+    from typer.testing import CliRunner
+
+    from mklang.cli import main
+
+    wanted = env if env is not None else cli_env()
+    changes: dict[str, str | None] = {key: None for key in os.environ if key not in wanted}
+    changes.update(wanted)
+    with CliRunner().isolation(env=changes) as (stdout, stderr, _), contextlib.chdir(cwd or os.getcwd()):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        out, err = stdout.getvalue().decode(), stderr.getvalue().decode()
+    assert "Traceback" not in err, err
+    return subprocess.CompletedProcess(["mklang", *args], code, out, err)
+
+
 def wait_for(condition: Callable[[], bool], process: subprocess.Popen[Any], what: str, timeout: float = 30) -> None:
     """Poll `condition` while `process` runs; fail if it ends or stalls first."""
     deadline = time.monotonic() + timeout
@@ -236,3 +259,10 @@ def server() -> Iterator[FakeServer]:
     """A fake model server on a free port (files that script their own replies define their own)."""
     with FakeServer() as running:
         yield running
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The random order's seed, last, so a failure that depends on the order can be replayed."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"random order seed {seed}; replay it with -p randomly --randomly-seed={seed}")

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import mklang
+from conftest import cli
 
 from mklang.checkpoint.envelope import load
 from mklang.checkpoint.signing import checkpoint_key, sign
@@ -55,7 +55,7 @@ COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 
 def as_json(*args: str, cwd: Path) -> tuple[int, dict]:
     """Run with `--format json`; stdout must be exactly one JSON document."""
-    done = mklang(*args, "--format", "json", cwd=cwd)
+    done = cli(*args, "--format", "json", cwd=cwd)
     return done.returncode, json.loads(done.stdout)
 
 
@@ -203,7 +203,7 @@ def test_the_readme_approval_flow_run_show_resume(approval):
     assert (data["status"], data["reason"], data["at"]) == ("suspended", "escalated", "decide")
     assert data["ask"] == "Publish this announcement? Answer yes, or say what to change."
     assert data["reply_to"] == "approval.answer"
-    shown = mklang("show", "cp.json", "--format", "text", cwd=approval)
+    shown = cli("show", "cp.json", "--format", "text", cwd=approval)
     assert shown.returncode == 0
     assert "Publish this announcement? Answer yes, or say what to change." in shown.stdout
     assert "--set approval.answer=" in shown.stdout
@@ -263,7 +263,7 @@ def test_editing_a_sub_machine_refuses_the_resume_naming_it_and_force_accepts(tm
     sub.write_text(sub.read_text(encoding="utf-8") + "# reviewed\n", encoding="utf-8")
     # Hashes are verified before any provider is set up (this one has no API key).
     line = error_line(
-        mklang("resume", "cp.json", "--max-tokens", "100000", "--provider", "openai", "--model", "m", cwd=tmp_path)
+        cli("resume", "cp.json", "--max-tokens", "100000", "--provider", "openai", "--model", "m", cwd=tmp_path)
     )
     assert "fact_check.mk" in line and "changed" in line and "--force" in line
     assert load(tmp_path / "cp.json").status == "suspended"  # the refusal leaves the checkpoint as it was
@@ -276,7 +276,7 @@ def test_a_moved_root_machine_resumes_from_the_kept_text_or_with_the_machine_opt
     suspend_approval(approval)
     (approval / "moved").mkdir()
     shutil.move(approval / "approval" / "approval.mk", approval / "moved" / "approval.mk")
-    checked = mklang("resume", "cp.json", "--check", cwd=approval)
+    checked = cli("resume", "cp.json", "--check", cwd=approval)
     assert checked.returncode == 0, checked.stderr  # the store keeps the text the checkpoint signed
     assert "approval.mk is missing; running the machine texts the store keeps" in checked.stderr
     code, done = as_json(
@@ -308,20 +308,20 @@ def test_resume_with_checkpoint_writes_the_re_suspension_elsewhere(loop):
 )
 def test_a_finished_checkpoint_refuses_to_resume(loop, scenario, code, reason):
     assert run_loop(loop, "roomy", scenario, "--checkpoint", "cp.json")[0] == code
-    line = error_line(mklang("resume", "cp.json", cwd=loop))
+    line = error_line(cli("resume", "cp.json", cwd=loop))
     assert reason in line and "cannot be resumed" in line
 
 
 def test_a_malformed_resume_option_is_a_usage_error(loop):
     run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
-    line = error_line(mklang("resume", "cp.json", "--set", "no-equals-sign", cwd=loop))
+    line = error_line(cli("resume", "cp.json", "--set", "no-equals-sign", cwd=loop))
     assert "--set" in line
     assert load(loop / "cp.json").status == "suspended"
 
 
 def test_a_checkpoint_path_in_a_missing_folder_exits_2_with_one_line(loop):
     line = error_line(
-        mklang(
+        cli(
             "run",
             "roomy/loop.mk",
             "--script",
@@ -377,7 +377,7 @@ def _bad_cases(command: str, names: list[str]):
 def test_a_bad_checkpoint_exits_2_with_one_clear_line(tmp_path, command, content, needle):
     if content is not None:
         (tmp_path / "cp.json").write_text(content, encoding="utf-8")
-    line = error_line(mklang(command, "cp.json", cwd=tmp_path))
+    line = error_line(cli(command, "cp.json", cwd=tmp_path))
     assert line.startswith("mklang: error: cp.json: ") and needle in line
 
 

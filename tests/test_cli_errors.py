@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, mklang
+from conftest import ROOT, cli, cli_env
 
 APPROVAL = ROOT / "examples" / "approval"
 TRIAGE = ROOT / "examples" / "triage"
@@ -43,7 +43,7 @@ def folder(tmp_path: Path) -> Path:
     (tmp_path / "hello.mk").write_text(HELLO, encoding="utf-8")
     (tmp_path / "s.yaml").write_text(SCRIPT, encoding="utf-8")
     (tmp_path / "broken.toml").write_text("[tiers\nfast = 1\n", encoding="utf-8")
-    done = mklang("run", "hello.mk", "--script", "s.yaml", "--checkpoint", "cp.json", "--max-tokens", "0", cwd=tmp_path)
+    done = cli("run", "hello.mk", "--script", "s.yaml", "--checkpoint", "cp.json", "--max-tokens", "0", cwd=tmp_path)
     assert done.returncode in (0, 3), done.stderr
     return tmp_path
 
@@ -68,7 +68,7 @@ FAILURES = [
 @pytest.mark.parametrize(("args", "words"), FAILURES, ids=[" ".join(a) for a, _ in FAILURES])
 def test_every_failure_is_one_line_and_one_json_document_when_piped(folder, args, words):
     """Item 10: a CI script that parses stdout gets the error document for every failure."""
-    done = mklang(*args, cwd=folder)
+    done = cli(*args, cwd=folder)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.startswith("mklang: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert words in done.stderr
@@ -77,7 +77,7 @@ def test_every_failure_is_one_line_and_one_json_document_when_piped(folder, args
 
 
 def test_text_format_keeps_stdout_empty_on_a_flag_error(folder):
-    done = mklang("run", "hello.mk", "--max-tokens", "abc", "--format", "text", cwd=folder)
+    done = cli("run", "hello.mk", "--max-tokens", "abc", "--format", "text", cwd=folder)
     assert done.returncode == 2 and done.stdout == ""
 
 
@@ -124,28 +124,28 @@ def test_no_color_is_honoured_by_every_command(folder, args):
 def test_a_utf8_bom_is_accepted_in_machines_and_scripts(folder):
     (folder / "bom.mk").write_bytes(b"\xef\xbb\xbf" + HELLO.encode())
     (folder / "bom.yaml").write_bytes(b"\xef\xbb\xbf" + SCRIPT.encode())
-    assert mklang("check", "bom.mk", cwd=folder).returncode == 0
-    done = mklang("test", "bom.mk", "--script", "bom.yaml", cwd=folder)
+    assert cli("check", "bom.mk", cwd=folder).returncode == 0
+    done = cli("test", "bom.mk", "--script", "bom.yaml", cwd=folder)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_misspelled_keyword_gets_a_did_you_mean(folder):
     (folder / "typo.mk").write_text(HELLO.replace("prompt", "promt"), encoding="utf-8")
-    done = mklang("check", "typo.mk", cwd=folder)
+    done = cli("check", "typo.mk", cwd=folder)
     assert done.returncode == 2
     assert 'not "promt"; did you mean "prompt"? [syntax]' in done.stderr
 
 
 def test_the_root_cause_comes_before_its_consequences(folder):
     (folder / "lost.mk").write_text(HELLO.replace("otherwise -> END", "otherwise -> ENDD"), encoding="utf-8")
-    done = mklang("check", "lost.mk", "--format", "json", cwd=folder)
+    done = cli("check", "lost.mk", "--format", "json", cwd=folder)
     codes = [d["code"] for d in json.loads(done.stdout) if d["severity"] == "error"]
     assert codes == ["unknown-target", "no-path-to-end"]
 
 
 def test_fmt_check_names_the_files_and_the_command_that_fixes_them(folder):
     (folder / "ugly.mk").write_text(HELLO.replace("  prompt", "      prompt"), encoding="utf-8")
-    done = mklang("fmt", "--check", "ugly.mk", "hello.mk", cwd=folder)
+    done = cli("fmt", "--check", "ugly.mk", "hello.mk", cwd=folder)
     assert done.returncode == 1
     assert done.stdout == "ugly.mk\n"
     assert "1 file would be reformatted; fix with: mklang fmt --write ugly.mk" in done.stderr
@@ -154,21 +154,21 @@ def test_fmt_check_names_the_files_and_the_command_that_fixes_them(folder):
 def test_fmt_keeps_an_explicit_tier(folder):
     text = HELLO.replace("budget 3\n", "budget 3\ntier balanced\n")
     (folder / "tiered.mk").write_text(text, encoding="utf-8")
-    assert mklang("fmt", "tiered.mk", cwd=folder).stdout == text
+    assert cli("fmt", "tiered.mk", cwd=folder).stdout == text
 
 
 def test_show_on_a_machine_file_says_it_is_not_a_checkpoint(folder):
     """Item 12."""
-    done = mklang("show", "hello.mk", "--format", "text", cwd=folder)
+    done = cli("show", "hello.mk", "--format", "text", cwd=folder)
     assert done.returncode == 2
     assert "hello.mk is a machine file, not a checkpoint" in done.stderr
 
 
 def test_graph_refuses_a_trace_of_another_machine(folder):
-    done = mklang("graph", str(APPROVAL / "approval.mk"), "--trace", "cp.json", cwd=folder)
+    done = cli("graph", str(APPROVAL / "approval.mk"), "--trace", "cp.json", cwd=folder)
     assert done.returncode == 2
     assert "cp.json is a run of machine 'hello', not of 'approval'" in done.stderr
-    assert mklang("graph", "hello.mk", "--trace", "cp.json", cwd=folder).returncode == 0
+    assert cli("graph", "hello.mk", "--trace", "cp.json", cwd=folder).returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -180,7 +180,7 @@ def test_graph_refuses_a_trace_of_another_machine(folder):
     ids=["config", "max-cost"],
 )
 def test_options_a_scripted_run_would_ignore_are_refused(folder, extra, words):
-    done = mklang("run", "hello.mk", "--script", "s.yaml", *extra, "--format", "text", cwd=folder)
+    done = cli("run", "hello.mk", "--script", "s.yaml", *extra, "--format", "text", cwd=folder)
     assert done.returncode == 2
     assert words in done.stderr
 
@@ -198,8 +198,14 @@ def test_readme_shows_how_to_provide_tools_next_to_the_first_machine_that_declar
 
 
 def test_shell_completion_completes_commands_and_options(folder):
-    shown = mklang("--show-completion", "bash", cwd=folder)
+    """The script is the named shell's, whatever shell (if any) runs the command."""
+    shown = cli("--show-completion", "bash", cwd=folder)
     assert shown.returncode == 0 and "_MKLANG_COMPLETE=complete_bash" in shown.stdout
+    assert "compdef _mklang_completion mklang" in cli("--show-completion", "zsh").stdout
+    refused = cli("--show-completion", "tcsh")
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        "mklang: error: unknown shell 'tcsh' (choose from bash, zsh, fish, powershell, pwsh)\n",
+    )
     env = cli_env(_MKLANG_COMPLETE="complete_bash", COMP_WORDS="mklang run hello.mk --max-t", COMP_CWORD="3")
-    done = subprocess.run([sys.executable, "-m", "mklang"], cwd=folder, env=env, capture_output=True, text=True)
-    assert done.stdout.split() == ["--max-tokens", "--max-time"]
+    assert cli(cwd=folder, env=env).stdout.split() == ["--max-tokens", "--max-time"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, mklang
+from conftest import cli, cli_env
 from fakeserver import FakeServer, answer
 
 import mklang as api
@@ -79,13 +79,13 @@ def project(tmp_path: Path, **files: str) -> Path:
 
 def run_against(server: FakeServer, folder: Path, machine: str, *args: str, **env: str):
     environment = cli_env(OPENAI_BASE_URL=server.openai_url, **env)
-    return mklang(
+    return cli(
         "run", machine, "--provider", "openai", "--model", "m", "--format", "json", *args, cwd=folder, env=environment
     )
 
 
 def test_a_missing_api_key_is_refused_naming_the_variable():
-    done = mklang(
+    done = cli(
         "run",
         str(Path(__file__).parent.parent / "machines" / "chain_of_thought.mk"),
         "--set",
@@ -176,12 +176,12 @@ def test_check_warnings_are_printed_as_a_run_starts_unless_quiet(tmp_path):
     folder = project(
         tmp_path, **{"hello.mk": UNCLOSED, "s.yaml": "scenarios:\n  - name: a\n    llm: {produce: [hi]}\n"}
     )
-    done = mklang("run", "hello.mk", "--script", "s.yaml", "--format", "json", cwd=folder)
+    done = cli("run", "hello.mk", "--script", "s.yaml", "--format", "json", cwd=folder)
     assert done.returncode == 0, done.stderr
     first = done.stderr.splitlines()[0]
     assert first.startswith("hello.mk:7:3: warning: ") and first.endswith("[unclosed-placeholder]")
     assert len(done.stderr.splitlines()) == 1
-    quiet = mklang("run", "hello.mk", "--script", "s.yaml", "--format", "json", "--quiet", cwd=folder)
+    quiet = cli("run", "hello.mk", "--script", "s.yaml", "--format", "json", "--quiet", cwd=folder)
     assert quiet.returncode == 0 and quiet.stderr == ""
-    check = mklang("check", "hello.mk", cwd=folder)
+    check = cli("check", "hello.mk", cwd=folder)
     assert "never closes it" in check.stderr

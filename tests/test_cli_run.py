@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import mklang
+from conftest import cli
 
 MACHINE = """\
 machine greet
@@ -54,7 +54,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def run_json(project: Path, *args: str) -> tuple[int, dict]:
-    done = mklang("run", "greet.mk", "--format", "json", *args, cwd=project)
+    done = cli("run", "greet.mk", "--format", "json", *args, cwd=project)
     return done.returncode, json.loads(done.stdout)
 
 
@@ -114,7 +114,7 @@ def test_set_values_parse_as_json_else_text_win_over_input_and_are_untrusted(pro
     ],
 )
 def test_usage_errors_exit_2_with_one_line(project, args, needle):
-    done = mklang(*args, cwd=project)
+    done = cli(*args, cwd=project)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
@@ -124,13 +124,13 @@ def test_usage_errors_exit_2_with_one_line(project, args, needle):
 
 def test_a_syntax_error_exits_2_naming_file_line_and_column(project):
     (project / "broken.mk").write_text("machine broken\nentry a\nbudget 5\nstate a {\n  output\n}\n", encoding="utf-8")
-    done = mklang("run", "broken.mk", cwd=project)
+    done = cli("run", "broken.mk", cwd=project)
     assert done.returncode == 2 and json.loads(done.stdout)["diagnostics"][0]["line"] == 5
     assert done.stderr.splitlines()[0].startswith("broken.mk:5:")
 
 
 def test_all_scenarios_passing_exit_0(project):
-    done = mklang("test", "greet.mk", "--script", "greet.yaml", cwd=project)
+    done = cli("test", "greet.mk", "--script", "greet.yaml", cwd=project)
     assert done.returncode == 0, done.stdout
     assert "PASS polite" in done.stdout and "PASS rude" in done.stdout
     assert "2 passed, 0 failed" in done.stdout
@@ -141,7 +141,7 @@ def test_a_wrong_expectation_fails_with_a_readable_diff_and_exit_1(project):
     script["scenarios"][0]["expect"]["result"] = "Hi there."
     script["scenarios"][0]["expect"]["trace"][0]["to"] = "elsewhere"
     (project / "wrong.yaml").write_text(yaml.safe_dump(script), encoding="utf-8")
-    done = mklang("test", "greet.mk", "--script", "wrong.yaml", cwd=project)
+    done = cli("test", "greet.mk", "--script", "wrong.yaml", cwd=project)
     assert done.returncode == 1
     assert "FAIL polite" in done.stdout and "PASS rude" in done.stdout
     assert 'result: expected "Hi there.", got "Hello, Ada."' in done.stdout
@@ -153,7 +153,7 @@ def test_test_json_output_lists_every_scenario(project):
     script = json.loads(json.dumps(SCRIPT))
     script["scenarios"][1]["expect"]["at"] = "somewhere"
     (project / "wrong.yaml").write_text(yaml.safe_dump(script), encoding="utf-8")
-    done = mklang("test", "greet.mk", "--script", "wrong.yaml", "--format", "json", cwd=project)
+    done = cli("test", "greet.mk", "--script", "wrong.yaml", "--format", "json", cwd=project)
     assert done.returncode == 1
     polite, rude = json.loads(done.stdout)
     assert polite == {
@@ -182,7 +182,7 @@ def test_test_json_output_lists_every_scenario(project):
 )
 def test_a_bad_script_file_exits_2_with_one_line(project, text):
     (project / "bad.yaml").write_text(text, encoding="utf-8")
-    done = mklang("test", "greet.mk", "--script", "bad.yaml", "--format", "text", cwd=project)
+    done = cli("test", "greet.mk", "--script", "bad.yaml", "--format", "text", cwd=project)
     assert done.returncode == 2 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad.yaml" in lines[0]
@@ -195,6 +195,6 @@ def test_a_conformance_case_passes_through_mklang_test(tmp_path):
     (tmp_path / "m.mk").write_text(textwrap.dedent(case["source"]), encoding="utf-8")
     scenario = {k: v for k, v in case.items() if k not in {"source", "machines", "calls"}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"scenarios": [scenario]}), encoding="utf-8")
-    done = mklang("test", "m.mk", "--script", "s.yaml", cwd=tmp_path)
+    done = cli("test", "m.mk", "--script", "s.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout
     assert f"PASS {case['name']}" in done.stdout

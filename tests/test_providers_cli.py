@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli, cli_env
 from fakeserver import answer, error
 from test_providers_runs import PRICE_IN, PRICE_OUT, Model
 
@@ -57,17 +55,9 @@ def write_machine(path, summary_prompt="Summarize: {{draft}}"):
 
 
 def mklang(*args, server=None, env=None):
-    environment = {
-        key: value for key, value in os.environ.items() if not key.startswith(("OPENAI_", "ANTHROPIC_", "MKLANG_"))
-    }
-    environment["OPENAI_API_KEY"] = KEY
-    if server is not None:
-        environment["OPENAI_BASE_URL"] = server.openai_url
-    environment.update(env or {})
-    process = subprocess.run(
-        [sys.executable, "-m", "mklang", *args], capture_output=True, text=True, env=environment, timeout=60
-    )
-    return process
+    """The CLI in process, with the test key and (given a server) its URL in the environment."""
+    given = {"OPENAI_API_KEY": KEY, **({"OPENAI_BASE_URL": server.openai_url} if server is not None else {})}
+    return cli(*args, env=cli_env(**given, **(env or {})))
 
 
 def run_json(process):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, mklang
+from conftest import ROOT, cli
 
 APPROVAL = ROOT / "examples" / "approval"
 
@@ -94,7 +94,7 @@ def write(folder: Path, machine: str, scenarios: list[dict]) -> tuple[str, str]:
 def test_a_scenario_without_expect_fails_when_the_run_halts(tmp_path):
     """Item 1: no `expect.status` means `done`; a halt is a failure, not a PASS."""
     machine, script = write(tmp_path, GREET, [{"name": "silent", "input": {"name": "Ada"}, "llm": {"judge": ["none"]}}])
-    done = mklang("test", machine, "--script", script, cwd=tmp_path)
+    done = cli("test", machine, "--script", script, cwd=tmp_path)
     assert done.returncode == 1, done.stdout
     assert "FAIL silent" in done.stdout
     assert 'status: expected "done", got "halted"' in done.stdout
@@ -105,10 +105,10 @@ def test_a_failing_scenario_says_why_the_run_ended(tmp_path):
     over = 'machine o\nentry e\nbudget 3\n\nstate e {\n  over items\n  structure "x"\n  prompt "{{item}}"\n'
     over += "  output outs\n  otherwise -> END\n}\n"
     machine, script = write(tmp_path, over, [{"name": "no-items", "expect": {"status": "done"}}])
-    done = mklang("test", machine, "--script", script, cwd=tmp_path)
+    done = cli("test", machine, "--script", script, cwd=tmp_path)
     assert done.returncode == 1
     assert "the run ended halted: state-error: over: 'items' is missing at e" in done.stdout
-    as_json = mklang("test", machine, "--script", script, "--format", "json", cwd=tmp_path)
+    as_json = cli("test", machine, "--script", script, "--format", "json", cwd=tmp_path)
     (outcome,) = json.loads(as_json.stdout)
     assert outcome["at"] == "e" and outcome["error"].startswith("state-error: over:")
 
@@ -146,7 +146,7 @@ def test_a_bad_scenario_is_a_usage_error_naming_file_scenario_and_key(tmp_path, 
     """Item 3: exit 2 before anything runs, one line, with a did-you-mean."""
     machine, script = write(tmp_path, GREET, [scenario])
     for command in (["test", machine, "--script", script], ["run", machine, "--script", script, "--format", "text"]):
-        done = mklang(*command, cwd=tmp_path)
+        done = cli(*command, cwd=tmp_path)
         assert done.returncode == 2, (command, done.stdout, done.stderr)
         assert done.stderr.startswith(f"mklang: error: {script}: "), done.stderr
         assert message in done.stderr, done.stderr
@@ -157,7 +157,7 @@ def test_an_empty_produce_list_is_valid(tmp_path):
     """Item 4: a machine that never calls a model scripts no answers."""
     scenario = {"name": "tool-only", "input": {"text": "a b c"}, "llm": {"produce": []}, "expect": {"result": "3"}}
     machine, script = write(tmp_path, NO_MODEL, [scenario])
-    done = mklang("test", machine, "--script", script, cwd=tmp_path)
+    done = cli("test", machine, "--script", script, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS tool-only" in done.stdout
 
@@ -212,9 +212,7 @@ def test_the_approval_example_asks_suspends_resumes_and_finishes_in_one_test_run
     assert flow["expect"]["status"] == "suspended"
     assert flow["resumes"][0]["set"] == {"approval.answer": "yes, ship it"}
     assert flow["resumes"][0]["expect"]["status"] == "done"
-    done = mklang(
-        "test", str(APPROVAL / "approval.mk"), "--script", str(APPROVAL / "scenarios.yaml"), "--format", "json"
-    )
+    done = cli("test", str(APPROVAL / "approval.mk"), "--script", str(APPROVAL / "scenarios.yaml"), "--format", "json")
     assert done.returncode == 0, done.stdout
     outcome = next(o for o in json.loads(done.stdout) if o["name"] == "ask-then-publish")
     assert [(p["part"], p["status"], p["error"], p["reason"]) for p in outcome["parts"]] == [
@@ -232,7 +230,7 @@ def test_a_resume_expectation_that_does_not_hold_fails(tmp_path):
     flow["llm"]["produce"][1] = "reject"
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"scenarios": [flow]}), encoding="utf-8")
-    done = mklang("test", str(APPROVAL / "approval.mk"), "--script", str(path))
+    done = cli("test", str(APPROVAL / "approval.mk"), "--script", str(path))
     assert done.returncode == 1
     assert 'resumes[1]: status: expected "done", got "halted"' in done.stdout
     assert "resumes[1]: the run ended halted: gate-fail at decide" in done.stdout
@@ -249,7 +247,7 @@ def test_resumes_go_through_the_checkpoint_with_budgets_of_their_own(tmp_path):
         "resumes": [{"max_tokens": 1000, "expect": {"status": "done", "context": {"farewell": "Goodbye."}}}],
     }
     machine, script = write(tmp_path, TWO_STEPS, [scenario])
-    done = mklang("test", machine, "--script", script, "--format", "json", cwd=tmp_path)
+    done = cli("test", machine, "--script", script, "--format", "json", cwd=tmp_path)
     (outcome,) = json.loads(done.stdout)
     assert outcome["passed"], outcome
     assert [p["status"] for p in outcome["parts"]] == ["suspended", "done"]

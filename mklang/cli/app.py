@@ -250,8 +250,31 @@ def usage_words(error: click_errors.UsageError, args: list[str]) -> str:
     return message[:1].lower() + message[1:]
 
 
+def _completion_for_named_shell(args: list[str]) -> None:
+    """`--show-completion SHELL` / `--install-completion SHELL` for the shell named.
+
+    typer's options are flags that detect the shell from the parent processes
+    and ignore a name after them, so they fail (or serve another shell) where
+    no shell runs the command, as under CI or an editor.
+    """
+    if len(args) != 2 or args[0] not in ("--show-completion", "--install-completion"):
+        return
+    from typer.completion import Shells, get_completion_script, install
+
+    if args[1] not in Shells.__members__:
+        fail(f"unknown shell {args[1]!r} (choose from {', '.join(Shells.__members__)})")
+        raise SystemExit(exitcodes.USAGE)
+    if args[0] == "--show-completion":
+        print(get_completion_script(prog_name="mklang", complete_var="_MKLANG_COMPLETE", shell=args[1]))
+    else:
+        shell, path = install(shell=args[1], prog_name="mklang", complete_var="_MKLANG_COMPLETE")
+        print(f"{shell} completion installed in {path}\nCompletion will take effect once you restart the terminal")
+    raise SystemExit(0)
+
+
 def run_app(args: list[str]) -> None:
     """Run a command; a command line that does not parse gets the one error shape too."""
+    _completion_for_named_shell(args)
     _register_commands(args)
     try:
         code = app(args=args, prog_name="mklang", standalone_mode=False)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, mklang, postgres_schema
+from conftest import ROOT, cli, cli_env, mklang, postgres_schema
 from fakeserver import Reply, Request, answer, raw
 
 from mklang.providers.base import Produced, Verdict
@@ -48,7 +48,7 @@ def approval(tmp_path: Path) -> Path:
 
 
 def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not_publish_again(approval):
-    suspended = mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval)
+    suspended = cli("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval)
     assert suspended.returncode == 3, suspended.stderr
     backup = (approval / "cp.json").read_bytes()
     # The approving resume dies just after its journal's first line (which records the approval).
@@ -58,16 +58,16 @@ def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not
     )  # fmt: skip
     assert killed.returncode == -9
     first_line = (approval / "cp.json.journal").read_bytes()
-    published = mklang("resume", "cp.json", *APPROVAL, cwd=approval)
+    published = cli("resume", "cp.json", *APPROVAL, cwd=approval)
     assert published.returncode == 0, published.stderr
     assert '"result": "https://status.example.com/posts/118"' in published.stdout
 
     (approval / "cp.json").write_bytes(backup)  # put back from a backup, with no --set and no --trust
     (approval / "cp.json.journal").write_bytes(first_line)
-    line = refused(mklang("resume", "cp.json", *APPROVAL, cwd=approval))
+    line = refused(cli("resume", "cp.json", *APPROVAL, cwd=approval))
     assert "is older than generation" in line and "human approvals" in line and "--allow-rollback" in line
 
-    again = mklang("resume", "cp.json", "--allow-rollback", *APPROVAL, cwd=approval)
+    again = cli("resume", "cp.json", "--allow-rollback", *APPROVAL, cwd=approval)
     assert again.returncode == 0, again.stderr
     assert "may repeat" not in again.stderr and "resuming it anyway (--allow-rollback)" in again.stderr
 
@@ -80,7 +80,7 @@ def test_a_truncated_journal_is_reported_before_what_it_lost_is_paid_again(appro
     assert killed.returncode == -9
     journal = approval / "cp.json.journal"
     journal.write_bytes(journal.read_bytes()[:-20])  # a copy cut short inside its paid answer's line
-    resumed = mklang("resume", "cp.json", *APPROVAL, cwd=approval)
+    resumed = cli("resume", "cp.json", *APPROVAL, cwd=approval)
     assert resumed.returncode == 3, resumed.stderr
     assert (
         "cp.json: the journal ends in 1 incomplete or unreadable line(s) after line 1 (a crash mid-write, or a "
@@ -110,15 +110,13 @@ def test_a_restored_store_row_is_refused_by_the_host_that_saw_newer_and_by_the_r
     approval, store_uri, tmp_path_factory
 ):
     target = f"{store_uri}#announce"
-    assert (
-        mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", target, cwd=approval).returncode == 3
-    )
+    assert cli("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", target, cwd=approval).returncode == 3
     db, mark = store_rows(store_uri)
     try:
         (old_envelope, old_generation) = db.execute(
             f"SELECT envelope, generation FROM mklang_runs WHERE run = {mark}", ("announce",)
         ).fetchone()
-        done = mklang("resume", target, "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
+        done = cli("resume", target, "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
         assert done.returncode == 0, done.stderr
 
         # A database backup taken at the question, restored whole: this host remembers the newer generation.
@@ -126,12 +124,12 @@ def test_a_restored_store_row_is_refused_by_the_host_that_saw_newer_and_by_the_r
             f"UPDATE mklang_runs SET envelope = {mark}, generation = {mark} WHERE run = {mark}",
             (old_envelope, old_generation, "announce"),
         )
-        assert "--allow-rollback" in refused(mklang("resume", target, *APPROVAL, cwd=approval))
+        assert "--allow-rollback" in refused(cli("resume", target, *APPROVAL, cwd=approval))
 
         # Another host (a state folder of its own) reading a row whose envelope alone was put back: the row refuses.
         db.execute(f"UPDATE mklang_runs SET generation = 99 WHERE run = {mark}", ("announce",))
         elsewhere = cli_env(XDG_STATE_HOME=str(tmp_path_factory.mktemp("other-host")))
-        line = refused(mklang("resume", target, *APPROVAL, cwd=approval, env=elsewhere))
+        line = refused(cli("resume", target, *APPROVAL, cwd=approval, env=elsewhere))
         assert f"generation {old_generation} of run" in line and "older than generation 99" in line
 
     finally:
@@ -151,25 +149,25 @@ def own_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def test_a_key_file_readable_or_writable_by_others_or_owned_by_another_user_is_refused(approval, own_home):
     key, env = own_home
-    run = mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval, env=env)
+    run = cli("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval, env=env)
     assert run.returncode == 3, run.stderr
     resume = ["resume", "cp.json", "--set", "approval.answer=yes", *APPROVAL]
     for mode in (0o644, 0o606, 0o620):
         key.chmod(mode)
-        line = refused(mklang(*resume, cwd=approval, env=env))
+        line = refused(cli(*resume, cwd=approval, env=env))
         assert f"readable or writable by others (mode {mode:04o}): chmod 600" in line
     key.chmod(0o600)
     if os.getuid() == 0:  # only root can give a file away: the key another user planted
         os.chown(key, 65534, -1)
-        assert "belongs to another user (uid 65534)" in refused(mklang(*resume, cwd=approval, env=env))
+        assert "belongs to another user (uid 65534)" in refused(cli(*resume, cwd=approval, env=env))
         os.chown(key, 0, -1)
-    assert mklang(*resume, cwd=approval, env=env).returncode == 0
+    assert cli(*resume, cwd=approval, env=env).returncode == 0
 
 
 def test_a_fleet_key_shorter_than_32_bytes_is_refused(approval):
     short = cli_env(MKLANG_CHECKPOINT_KEY="fleet-secret")
     line = refused(
-        mklang("run", "approval/approval.mk", *APPROVAL, "-q", "--checkpoint", "cp.json", cwd=approval, env=short)
+        cli("run", "approval/approval.mk", *APPROVAL, "-q", "--checkpoint", "cp.json", cwd=approval, env=short)
     )
     assert "MKLANG_CHECKPOINT_KEY is shorter than 32 bytes" in line and "fleet-secret" not in line
     assert not (approval / "cp.json").exists()
@@ -203,7 +201,7 @@ def test_a_malformed_token_count_is_one_provider_error_line_and_the_call_counts_
     server.handler = lambda request: raw(COMPLETION % count)
     env = cli_env(OPENAI_BASE_URL=server.openai_url)
     model = ["--provider", "openai", "--model", "m", "--max-tokens", "100", "--format", "json"]
-    done = mklang("run", "loop.mk", *model, cwd=tmp_path, env=env)
+    done = cli("run", "loop.mk", *model, cwd=tmp_path, env=env)
     assert done.returncode == 1 and server.count == 1, (done.stderr, server.count)
     result = json.loads(done.stdout)
     (line,) = result["error"].splitlines()
@@ -212,11 +210,11 @@ def test_a_malformed_token_count_is_one_provider_error_line_and_the_call_counts_
     prompt_bytes = len(server.requests[0].user.encode()) + len(server.requests[0].system.encode())
     assert result["usage"]["input_tokens"] == prompt_bytes and result["usage"]["output_tokens"] == 4
 
-    suspended = mklang("run", "loop.mk", *model, "--checkpoint", "cp.json", cwd=tmp_path, env=env)
+    suspended = cli("run", "loop.mk", *model, "--checkpoint", "cp.json", cwd=tmp_path, env=env)
     assert suspended.returncode == 3, suspended.stderr
     assert json.loads(suspended.stdout)["usage"]["input_tokens"] == prompt_bytes
     server.handler = lambda request: answer("word", input_tokens=6, output_tokens=4)
-    resumed = mklang("resume", "cp.json", "--format", "json", "--provider", "openai", "--model", "m", cwd=tmp_path,
+    resumed = cli("resume", "cp.json", "--format", "json", "--provider", "openai", "--model", "m", cwd=tmp_path,
                      env=env)  # fmt: skip
     assert resumed.returncode == 3, resumed.stderr  # the paid call still counts: the 100 tokens run out sooner
     assert json.loads(resumed.stdout)["usage"]["input_tokens"] >= prompt_bytes
@@ -254,7 +252,7 @@ def test_json_output_never_holds_nan_or_infinity(tmp_path, server):
     (tmp_path / "score.mk").write_text(SCORE)
     server.add(answer('{"value": NaN, "spread": [Infinity, -Infinity, 1e400]}'))
     env = cli_env(OPENAI_BASE_URL=server.openai_url)
-    done = mklang(
+    done = cli(
         "run", "score.mk", "--provider", "openai", "--model", "m", "--format", "json", "--set", "given=NaN",
         "--set", "huge=1e400", cwd=tmp_path, env=env,
     )  # fmt: skip
@@ -281,7 +279,7 @@ def model_server(request: Request) -> Reply:
 def test_max_cost_stops_a_run_of_a_known_model_within_the_cap_with_no_config_file(tmp_path, server):
     per_call = (10_000 * 0.15 + 2_000 * 0.6) / 1_000_000  # genai-prices: gpt-4o-mini, USD per million tokens
     server.handler = model_server
-    done = mklang(
+    done = cli(
         "run", str(EXAMPLES / "kill-9-resume" / "report.mk"), "--provider", "openai", "--model", "gpt-4o-mini",
         "--max-cost", "0.01", "--concurrency", "1", "--format", "json",
         cwd=tmp_path, env=cli_env(OPENAI_BASE_URL=server.openai_url, XDG_CONFIG_HOME=str(tmp_path / "no-config")),
@@ -301,7 +299,7 @@ def test_a_nan_negative_or_infinite_price_is_refused_when_the_config_loads(tmp_p
     server.handler = lambda request: answer("word")
     env = cli_env(OPENAI_BASE_URL=server.openai_url)
     model = ["--provider", "openai", "--model", "gpt-4o-mini", "--max-cost", "0.01"]
-    line = refused(mklang("run", "loop.mk", *model, "--config", "mklang.toml", cwd=tmp_path, env=env))
+    line = refused(cli("run", "loop.mk", *model, "--config", "mklang.toml", cwd=tmp_path, env=env))
     assert "mklang.toml: [prices.'openai:gpt-4o-mini']: prices must be numbers from 0 to 1,000,000" in line
     assert server.count == 0
 
@@ -311,14 +309,14 @@ def test_mklang_config_shows_each_tiers_price_and_where_it_came_from(tmp_path):
         '[tiers]\nfast = "openai:gpt-4o-mini"\nbalanced = "openai:gpt-4o"\nreasoning = "ollama:llama3.2"\n'
         '[prices."openai:gpt-4o"]\ninput = 2\noutput = 8\n'
     )
-    shown = mklang("config", "--config", "mine.toml", "--format", "json", cwd=tmp_path)
+    shown = cli("config", "--config", "mine.toml", "--format", "json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     prices = json.loads(shown.stdout)["tier_prices"]
     assert prices["fast"] == {"input": 0.15, "output": 0.6, "source": prices["fast"]["source"]}
     assert prices["fast"]["source"].startswith("genai-prices ")
     assert prices["balanced"] == {"input": 2.0, "output": 8.0, "source": "the config"}  # the config overrides it
     assert prices["reasoning"] is None
-    text = mklang("config", "--config", "mine.toml", "--format", "text", cwd=tmp_path).stdout
+    text = cli("config", "--config", "mine.toml", "--format", "text", cwd=tmp_path).stdout
     assert "fast       openai:gpt-4o-mini  ($0.15 in / $0.6 out per million tokens, from genai-prices " in text
     assert "reasoning  ollama:llama3.2  (no price)" in text
 
@@ -355,7 +353,7 @@ def test_a_found_config_sends_the_users_key_to_its_server_only_once_the_user_all
                                                      '[tiers]\ndefault = "mine:m"\n')  # fmt: skip
         env = cli_env(OPENAI_API_KEY="sk-users-own", MINE_OPENAI_KEY="sk-mine", XDG_CONFIG_HOME=str(home))
 
-        done = mklang("run", "loop.mk", "--format", "json", cwd=project, env=env)
+        done = cli("run", "loop.mk", "--format", "json", cwd=project, env=env)
         assert done.returncode == 0, done.stderr
         assert server.count == 0  # the found file outranks nothing: the user's config answered
         assert [r.headers["authorization"] for r in own.requests] == ["Bearer sk-mine"] * 2
@@ -366,19 +364,19 @@ def test_a_found_config_sends_the_users_key_to_its_server_only_once_the_user_all
             "or name it with --config"
         )
 
-        allowed = mklang("config", "allow", cwd=project, env=env)
+        allowed = cli("config", "allow", cwd=project, env=env)
         assert allowed.returncode == 0 and f"it sends OPENAI_API_KEY to {server.openai_url}" in allowed.stdout
         assert f" {project / 'mklang.toml'}\n" in (home / "mklang" / "allowed-configs").read_text()
-        assert mklang("run", "loop.mk", cwd=project, env=env).returncode == 0
+        assert cli("run", "loop.mk", cwd=project, env=env).returncode == 0
         assert [r.headers["authorization"] for r in server.requests] == ["Bearer sk-users-own"] * 2
 
         with (project / "mklang.toml").open("a") as edited:  # a pull changes the file: allowed no more
             edited.write("# changed\n")
-        changed = mklang("run", "loop.mk", cwd=project, env=env)
+        changed = cli("run", "loop.mk", cwd=project, env=env)
         assert changed.returncode == 0 and server.count == 2 and len(own.requests) == 4
         assert "is not used (changed since it was allowed)" in changed.stderr
 
-        named = mklang("run", "loop.mk", "--config", "mklang.toml", cwd=project, env=env)  # named: the user's choice
+        named = cli("run", "loop.mk", "--config", "mklang.toml", cwd=project, env=env)  # named: the user's choice
         assert named.returncode == 0 and named.stderr == "" and server.count == 4
 
 
@@ -404,7 +402,7 @@ def edited(checkpoint: Path, change) -> None:
     ],
 )
 def test_a_trusted_files_negative_or_nan_spend_or_budget_refuses_the_file(approval, where, value):
-    run = mklang("run", "approval/approval.mk", *APPROVAL, "--max-tokens", "0", "--checkpoint", "cp.json", cwd=approval)
+    run = cli("run", "approval/approval.mk", *APPROVAL, "--max-tokens", "0", "--checkpoint", "cp.json", cwd=approval)
     assert run.returncode == 3, run.stderr
 
     def change(document: dict) -> None:
@@ -418,18 +416,18 @@ def test_a_trusted_files_negative_or_nan_spend_or_budget_refuses_the_file(approv
             document["budgets"]["max_cost" if value != value else "max_tokens"] = value
 
     edited(approval / "cp.json", change)
-    line = refused(mklang("resume", "cp.json", "--trust", "--max-tokens", "90", *APPROVAL, cwd=approval))
+    line = refused(cli("resume", "cp.json", "--trust", "--max-tokens", "90", *APPROVAL, cwd=approval))
     assert line.startswith("mklang: error: cp.json: ")
     assert ("malformed" in line and "usage" in line) or "not a valid mklang checkpoint: budgets" in line
 
 
 def test_a_trusted_file_cannot_turn_the_human_gate_off_or_raise_concurrency(approval):
     # Suspended on its token budget before the draft: the question is still to come.
-    run = mklang("run", "approval/approval.mk", *APPROVAL, "--hitl", "--max-tokens", "0", "--checkpoint", "cp.json",
+    run = cli("run", "approval/approval.mk", *APPROVAL, "--hitl", "--max-tokens", "0", "--checkpoint", "cp.json",
                  cwd=approval)  # fmt: skip
     assert run.returncode == 3, run.stderr
     edited(approval / "cp.json", lambda document: document.update(hitl=False, concurrency=64))
-    done = mklang("resume", "cp.json", "--trust", "--max-tokens", "100000", *APPROVAL, cwd=approval)
+    done = cli("resume", "cp.json", "--trust", "--max-tokens", "100000", *APPROVAL, cwd=approval)
     assert done.returncode == 3, done.stderr  # parked at the question instead of publishing
     assert json.loads(done.stdout)["reason"] == "escalated"
     assert (
@@ -441,7 +439,7 @@ def test_a_trusted_file_cannot_turn_the_human_gate_off_or_raise_concurrency(appr
 
     edited(approval / "cp.json", lambda document: document.update(hitl=False, status="suspended"))
     # What the resuming user says wins: here, no human gate.
-    mine = mklang("resume", "cp.json", "--trust", "--no-hitl", "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
+    mine = cli("resume", "cp.json", "--trust", "--no-hitl", "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
     assert mine.returncode == 0, mine.stderr
     assert "hitl" not in mine.stderr
 

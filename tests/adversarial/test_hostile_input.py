@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
-from conftest import cli_env, mklang
+from conftest import cli, cli_env, mklang
 from fakeserver import FakeServer, answer, error, refusal
 
 from mklang.limits import MAX_DEPTH, json_depth, text_depth
@@ -70,7 +70,7 @@ def test_max_time_holds_against_a_hanging_server(machine: Path):
     with FakeServer() as server:
         server.fallback = answer("{}", delay=60)
         started = time.monotonic()
-        done = mklang(
+        done = cli(
             "run", str(machine), "--set", "topic=x", "--max-time", "2s", "--provider", "openai", "--model", "m",
             "--format", "json",
             env=cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY="sk-test"),
@@ -93,10 +93,10 @@ def test_max_time_against_a_hanging_server_suspends_a_checkpointed_run(machine: 
         server.fallback = answer("{}", delay=60)
         env = cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY="sk-test")
         common = ("--provider", "openai", "--model", "m", "--format", "json")
-        cut = mklang("run", str(machine), "--set", "topic=x", "--max-time", "2s", "--checkpoint", str(checkpoint),
+        cut = cli("run", str(machine), "--set", "topic=x", "--max-time", "2s", "--checkpoint", str(checkpoint),
                      *common, env=env)  # fmt: skip
         server.fallback = answer('{"a": 1}')
-        resumed = mklang("resume", str(checkpoint), *common, env=env)
+        resumed = cli("resume", str(checkpoint), *common, env=env)
     assert cut.returncode == 3 and json.loads(cut.stdout)["reason"] == "time-exhausted", cut.stdout
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["result"] == {"a": 1}, resumed.stdout
 
@@ -156,19 +156,19 @@ def test_alias_bomb_in_a_yaml_machine_context_is_a_diagnostic(tmp_path: Path):
 def test_yaml_nested_a_hundred_thousand_deep_is_refused(machine: Path, tmp_path: Path):
     deep = tmp_path / "deep.yaml"
     deep.write_text(script(f"      topic: {'[' * 100_000}\n"))
-    one_line_error(mklang("run", str(machine), "--script", str(deep)), "more than 64 levels deep")
+    one_line_error(cli("run", str(machine), "--script", str(deep)), "more than 64 levels deep")
 
 
 def test_a_recursive_alias_is_refused(machine: Path, tmp_path: Path):
     loop = tmp_path / "loop.yaml"
     loop.write_text(script("      topic: &t [x, *t]\n"))
-    one_line_error(mklang("run", str(machine), "--script", str(loop)), "refers to a value that contains it")
+    one_line_error(cli("run", str(machine), "--script", str(loop)), "refers to a value that contains it")
 
 
 def test_a_script_larger_than_the_document_limit_is_refused(machine: Path, tmp_path: Path):
     big = tmp_path / "big.yaml"
     big.write_text(script(f"      topic: {'x' * (9 * 1024 * 1024)}\n"))
-    one_line_error(mklang("run", str(machine), "--script", str(big)), "larger than 8 MiB")
+    one_line_error(cli("run", str(machine), "--script", str(big)), "larger than 8 MiB")
 
 
 # -- JSON nesting depth --------------------------------------------------------------
@@ -179,14 +179,14 @@ def test_input_nested_too_deep_is_refused(machine: Path, tmp_path: Path):
     data.write_text('{"topic": ' + nested(1_000) + "}")
     plain = tmp_path / "plain.yaml"
     plain.write_text(script())
-    done = mklang("run", str(machine), "--script", str(plain), "--input", str(data))
+    done = cli("run", str(machine), "--script", str(plain), "--input", str(data))
     one_line_error(done, "--input", f"nested more than {MAX_DEPTH} levels deep")
 
 
 def test_set_value_nested_too_deep_is_refused(machine: Path, tmp_path: Path):
     plain = tmp_path / "plain.yaml"
     plain.write_text(script())
-    done = mklang("run", str(machine), "--script", str(plain), "--set", f"topic={nested(MAX_DEPTH + 1)}")
+    done = cli("run", str(machine), "--script", str(plain), "--set", f"topic={nested(MAX_DEPTH + 1)}")
     one_line_error(done, "--set topic", "nested more than")
 
 
@@ -194,11 +194,11 @@ def test_deep_answer_under_parse_json_halts_and_the_checkpoint_still_reads(machi
     answers = tmp_path / "answers.yaml"
     answers.write_text(script(produce=nested(300)))
     checkpoint = tmp_path / "cp.json"
-    done = mklang("run", str(machine), "--script", str(answers), "--checkpoint", str(checkpoint), "--format", "json")
+    done = cli("run", str(machine), "--script", str(answers), "--checkpoint", str(checkpoint), "--format", "json")
     result = json.loads(done.stdout)
     assert done.returncode == 1, done.stderr
     assert result["error"] == f"state-error: parse-json: the answer is nested more than {MAX_DEPTH} levels deep"
-    shown = mklang("show", str(checkpoint), "--format", "json")
+    shown = cli("show", str(checkpoint), "--format", "json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "halted", shown.stderr
 
 
@@ -206,14 +206,14 @@ def test_mk_context_nested_too_deep_is_a_diagnostic(tmp_path: Path):
     """A 400-deep context value once loaded, ran, and wrote checkpoints that could not be serialized."""
     path = tmp_path / "deep.mk"
     path.write_text(JSON_MACHINE.replace("budget 3\n", f"budget 3\ncontext {{\n  topic: {nested(400)}\n}}\n"))
-    done = mklang("check", str(path))
+    done = cli("check", str(path))
     assert done.returncode == 2 and f"{path}:5:1: error: context values nest more than {MAX_DEPTH}" in done.stderr
 
 
 def test_checkpoint_nested_too_deep_is_refused(tmp_path: Path):
     checkpoint = tmp_path / "cp.json"
     checkpoint.write_text('{"format": 1, "frames": ' + nested(5_000) + "}")
-    one_line_error(mklang("resume", str(checkpoint)), f"{checkpoint}:", "nested more than")
+    one_line_error(cli("resume", str(checkpoint)), f"{checkpoint}:", "nested more than")
 
 
 # -- calc ------------------------------------------------------------------------------
@@ -271,25 +271,25 @@ def test_model_output_reaches_the_terminal_escaped_and_json_exact(tmp_path: Path
     machine.write_text(ECHO_MACHINE)
     answers = tmp_path / "answers.yaml"
     answers.write_text(script(produce=HOSTILE_TEXT))
-    shown = mklang("run", str(machine), "--script", str(answers), "--format", "text")
+    shown = cli("run", str(machine), "--script", str(answers), "--format", "text")
     assert shown.returncode == 0, shown.stderr
     for raw in ("\x1b", "\x07", "\r", "\u202e"):
         assert raw not in shown.stdout + shown.stderr
     assert "result: fine\\x1b[2J\\x1b]0;owned\\x07 \\u202eevil" in shown.stdout  # \r is whitespace
-    exact = mklang("run", str(machine), "--script", str(answers), "--format", "json")
+    exact = cli("run", str(machine), "--script", str(answers), "--format", "json")
     assert json.loads(exact.stdout)["result"] == HOSTILE_TEXT
 
 
 def test_an_error_line_is_escaped(tmp_path: Path):
     missing = tmp_path / "no\x1b[2Jsuch.mk"
-    done = mklang("resume", str(missing))
+    done = cli("resume", str(missing))
     assert "\x1b" not in done.stderr and "no\\x1b[2Jsuch.mk" in one_line_error(done)
 
 
 def test_a_machine_file_with_escape_sequences_is_shown_escaped(tmp_path: Path):
     path = tmp_path / "evil.mk"
     path.write_text(JSON_MACHINE.replace('structure "JSON"', 'structure "JSON\x1b]0;owned\x07" bogus'))
-    done = mklang("check", str(path))
+    done = cli("check", str(path))
     assert done.returncode == 2 and "\x1b" not in done.stderr and "\x07" not in done.stderr
     assert 'structure "JSON\\x1b]0;owned\\x07" bogus' in done.stderr, done.stderr
 
@@ -301,7 +301,7 @@ def test_a_machine_file_with_escape_sequences_is_shown_escaped(tmp_path: Path):
 def test_a_malformed_key_is_refused_before_any_request_without_showing_it(machine: Path, key: str):
     with FakeServer() as server:
         server.fallback = answer('{"a": 1}')
-        done = mklang(
+        done = cli(
             "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m",
             env=cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY=key),
         )  # fmt: skip
@@ -316,7 +316,7 @@ def test_a_key_echoed_by_the_server_is_redacted_in_every_encoding(machine: Path,
     echoes = [key, repr(key), json.dumps(key), quote(key), quote(key, safe=""), quote_plus(key)]
     with FakeServer() as server:
         server.add(reply("bad request from " + " and ".join(echoes)))
-        done = mklang(
+        done = cli(
             "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m", "--format", "json",
             env=cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY=key),
         )  # fmt: skip
@@ -337,9 +337,9 @@ def test_a_found_config_that_redirects_a_builtin_provider_is_not_used_until_allo
         config = found_config(tmp_path, f'base_url = "{server.openai_url}"\n')
         args = ("run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m")
         env = cli_env(OPENAI_API_KEY="sk-test", OPENAI_BASE_URL="http://127.0.0.1:9/v1")
-        done = mklang(*args, cwd=tmp_path, env=env)
+        done = cli(*args, cwd=tmp_path, env=env)
         assert server.count == 0  # the built-in endpoint was used, and could not be reached
-        named = mklang(*args, "--config", str(config), env=env)
+        named = cli(*args, "--config", str(config), env=env)
     assert done.returncode == 1
     note = f"mklang: note: {config} (found in the working folder) is not used: it sends OPENAI_API_KEY to {server.openai_url}"
     assert note in done.stderr
@@ -352,10 +352,10 @@ def test_a_found_config_that_changes_a_builtin_key_variable_is_not_used_until_al
         server.fallback = answer('{"a": 1}')
         env = cli_env(OPENAI_BASE_URL=server.openai_url, WORK_OPENAI_KEY="sk-work", OPENAI_API_KEY="sk-own")
         args = ("run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m")
-        done = mklang(*args, cwd=tmp_path, env=env)
+        done = cli(*args, cwd=tmp_path, env=env)
         assert server.requests[0].headers["authorization"] == "Bearer sk-own"
-        assert mklang("config", "allow", cwd=tmp_path, env=env).returncode == 0
-        allowed = mklang(*args, cwd=tmp_path, env=env)
+        assert cli("config", "allow", cwd=tmp_path, env=env).returncode == 0
+        allowed = cli(*args, cwd=tmp_path, env=env)
         assert server.requests[-1].headers["authorization"] == "Bearer sk-work"
     assert done.returncode == 0, done.stderr
     note = f"mklang: note: {config} (found in the working folder) is not used: it sends WORK_OPENAI_KEY to"
@@ -370,7 +370,7 @@ def test_a_found_config_that_changes_a_builtin_key_variable_is_not_used_until_al
 def test_api_key_env_must_look_like_this_providers_key(machine: Path, tmp_path: Path, variable: str):
     found_config(tmp_path, f'api_key_env = "{variable}"\n')
     with FakeServer() as server:
-        done = mklang(
+        done = cli(
             "run", str(machine), "--set", "topic=x", "--provider", "openai", "--model", "m", cwd=tmp_path,
             env=cli_env(OPENAI_BASE_URL=server.openai_url, **{variable: "secret-value"}),
         )  # fmt: skip
@@ -536,5 +536,5 @@ def test_yaml_gates_found_by_fuzzing_are_diagnostics(tmp_path: Path, gate: str, 
         "machine: m\nentry: a\nbudget: 2\nhooks:\n  - {name: amount_ok}\nstates:\n  a:\n    tool: t\n"
         f"    output: o\n    gates:\n      - {gate}\n      - {{when: otherwise, to: END}}\n"
     )
-    done = mklang("check", str(path))
+    done = cli("check", str(path))
     assert done.returncode == 2 and f"{path}:11:" in done.stderr and f"error: {message}" in done.stderr, done.stderr
