@@ -65,6 +65,27 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("MKLANG_CHECKPOINT_KEY", None)
 
 
+# What a test's code names that shows what it needs, for the markers of pyproject.toml.
+NEEDS_SERVICES = {"require_server", "require_postgres", "postgres_schema", "postgres_uri", "RABBITMQ", "REDIS"}
+KILLS = {"MKLANG_KILL_AT", "kill", "SIGKILL", "SIGINT", "SIGTERM", "send_signal"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `services` the tests that need PostgreSQL, RabbitMQ or Redis and `crash` those that kill a process
+    (and the crash modules), from the names their code uses, so a new test is marked as it is written."""
+    for item in items:
+        code = getattr(getattr(item, "function", None), "__code__", None)
+        used = set(getattr(item, "fixturenames", ()))
+        if code is not None:  # the globals and attributes it names, and its keyword argument names
+            used |= set(code.co_names) | {
+                name for names in code.co_consts if isinstance(names, tuple) for name in names
+            }
+        if used & NEEDS_SERVICES or "postgres" in getattr(getattr(item, "callspec", None), "id", ""):
+            item.add_marker("services")
+        if used & KILLS or "crash" in item.path.name:
+            item.add_marker("crash")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_CONFIG_HOME, ignore_errors=True)
 

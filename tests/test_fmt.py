@@ -100,6 +100,7 @@ def machines(draw):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(machines())
 def test_parse_of_fmt_is_the_same_machine(machine):

@@ -40,6 +40,7 @@ def tiny_compaction(monkeypatch):
     monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 512)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "example, main, scenario_name",
     [

@@ -71,6 +71,7 @@ def test_built_wheel_contains_grammar_parser_and_library(tmp_path):
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(tmp_path):
     """Install the real wheel into a fresh environment and use it from another folder."""
     from hatchling.builders.wheel import WheelBuilder

@@ -260,6 +260,7 @@ FRAGMENTS = st.sampled_from(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=200), st.lists(FRAGMENTS, max_size=60).map(" ".join)))
 def test_arbitrary_text_yields_a_machine_or_a_diagnostic(text):

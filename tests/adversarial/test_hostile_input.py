@@ -86,6 +86,7 @@ def test_max_time_holds_against_a_hanging_server(machine: Path):
     assert attempts == 1 and elapsed < 30
 
 
+@pytest.mark.slow
 def test_max_time_against_a_hanging_server_suspends_a_checkpointed_run(machine: Path, tmp_path: Path):
     """With `--checkpoint` the cut call leaves a resumable run: resume asks the (now answering) server again."""
     checkpoint = tmp_path / "cp.json"
@@ -485,6 +486,7 @@ def _mutate(draw, data):
         parent.append(draw(junk()))
 
 
+@pytest.mark.slow
 def test_fuzzed_yaml_machines_give_diagnostics_only_and_fmt_reads_back():
     """Any mutated machine either loads (and then checks, and formats to `.mk` that parses to the same
     machine) or is refused with diagnostics: never another exception."""
