@@ -878,13 +878,29 @@ def test_a_judge_answer_is_read_strictly_then_bare_then_by_its_last_number(text,
         ({"input_tokens": 3}, Usage(3, 0, 0.0)),
         ({"output_tokens": 4}, Usage(0, 4, 0.0)),
         ({"cost_usd": 0.5}, Usage(0, 0, 0.5)),
-        ({"input_tokens": "7", "output_tokens": 8.0, "cost_usd": "1"}, Usage(7, 8, 1.0)),
+        ({"input_tokens": 7, "output_tokens": 8, "cost_usd": 1}, Usage(7, 8, 1.0)),
     ],
 )
 def test_a_usage_record_missing_keys_reads_them_as_zero(data, usage):
     read = Usage.from_json(data)
     assert read == usage
     assert type(read.input_tokens) is int and type(read.cost_usd) is float
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"input_tokens": "7"}, "input_tokens"),
+        ({"output_tokens": 8.0}, "output_tokens"),
+        ({"input_tokens": True}, "input_tokens"),
+        ({"cost_usd": "1"}, "cost_usd"),
+        ({"cost_usd": float("nan")}, "cost_usd"),
+        ({"output_tokens": -1}, "output_tokens"),
+    ],
+)
+def test_a_usage_record_with_a_number_that_is_not_a_count_is_refused(data, named):
+    with pytest.raises(ValueError, match=f"usage {named} is"):
+        Usage.from_json(data)
 
 
 def test_usages_add_field_by_field_and_count_tokens_both_ways():

@@ -170,7 +170,8 @@ def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
     first = _start(machine, scenario, checkpoint)
     assert (first.status, first.error, first.reply_to) == ("suspended", "escalated", "approval.answer")
     envelope = load(checkpoint)
-    for target in (checkpoint, envelope):
+    # The second resume continues the same suspended generation again: a rollback, allowed here.
+    for target, allow_rollback in ((checkpoint, False), (envelope, True)):
         host = ScriptedHost(scenario)
         done = mklang.resume(
             target,
@@ -180,6 +181,7 @@ def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
             scripted=host,
             set_values={"approval.answer": "yes"},
             checkpoint=tmp_path / "again.json",
+            allow_rollback=allow_rollback,
         )
         assert done.status == "done" and done.context["approval"]["answer"] == "yes"
         assert done.trace[0] == first.trace[0]
