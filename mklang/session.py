@@ -87,8 +87,8 @@ class Host:
             provider=provider,
             model=model,
             config=str(Path(config).resolve()) if config else None,
-            replay=str(replay) if replay else None,
-            record=str(record) if record else None,
+            replay=str(Path(replay).resolve()) if replay else None,
+            record=str(Path(record).resolve()) if record else None,
             plugins=plugin_paths,
         )
         if script is not None:

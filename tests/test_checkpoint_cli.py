@@ -232,6 +232,19 @@ def test_the_readme_approval_flow_run_show_resume(approval):
     assert [step["state"] for step in done["trace"]] == ["draft", "decide", "publish"]
 
 
+def test_host_files_recorded_from_a_folder_below_the_checkpoint_resolve_at_every_snapshot(approval):
+    """The scenario script is named relative to the checkpoint's folder once, however many
+    snapshots rewrite the envelope, whatever folder the run was started from."""
+    code, data = as_json(
+        "run", "approval.mk", "--script", "scenarios.yaml", "--scenario", "ask-then-publish", "--hitl",
+        "--checkpoint", "../cp.json", cwd=approval / "approval",
+    )  # fmt: skip
+    assert (code, data["reason"]) == (3, "escalated")
+    assert load(approval / "cp.json").host.script == "approval/scenarios.yaml"
+    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes", cwd=approval)
+    assert (code, done["result"]) == (0, "https://status.example.com/posts/118")
+
+
 def test_editing_a_sub_machine_refuses_the_resume_naming_it_and_force_accepts(tmp_path):
     shutil.copytree(EXAMPLES / "nested", tmp_path / "nested")
     _, reference = as_json(

@@ -78,7 +78,13 @@ def portable_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:
     """The host's files (scenario script, config, cassettes, plugin files) named relative to the
     checkpoint's folder, as its root machine is, so a project folder moves with its checkpoint."""
     folder = Path(checkpoint).resolve().parent
-    return _host_files(host, lambda file: Path(os.path.relpath(Path(file).resolve(), folder)).as_posix())
+
+    def relative(file: str) -> str:
+        # A relative name is already relative to the checkpoint's folder: every snapshot passes
+        # the envelope's host through here again, and it must come out unchanged.
+        return Path(os.path.relpath(file, folder)).as_posix() if Path(file).is_absolute() else file
+
+    return _host_files(host, relative)
 
 
 def located_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:
