@@ -261,6 +261,12 @@ def _read_checkpoint(
             frame.tainted.update(frame.context)
             frame.external.update(frame.context)
             frame.decision_tainted = True
+            if frame.budget > frame.machine.budget:  # the lower step budget wins; --budget raises it
+                resumable.notes.append(
+                    f"the checkpoint is not signed with your key: ignored its step budget {frame.budget} for "
+                    f"{frame.machine.name} (at most the machine's {frame.machine.budget}; --budget N)"
+                )
+                frame.budget = frame.machine.budget
     else:
         generations.remember(envelope.run_id, envelope.generation)
     return resumable

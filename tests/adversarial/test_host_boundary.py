@@ -444,6 +444,22 @@ def test_a_trusted_file_cannot_turn_the_human_gate_off_or_raise_concurrency(appr
     assert "hitl" not in mine.stderr
 
 
+def test_a_trusted_files_step_budget_is_at_most_its_machines(approval):
+    # Suspended on its token budget before the draft; the file then claims a huge step budget
+    # with the machine's 12 steps already taken.
+    run = cli("run", "approval/approval.mk", *APPROVAL, "--max-tokens", "0", "--checkpoint", "cp.json", cwd=approval)
+    assert run.returncode == 3, run.stderr
+    edited(approval / "cp.json", lambda document: document["frames"][0].update(budget=10**6, steps=12))
+    done = cli("resume", "cp.json", "--trust", "--max-tokens", "100000", *APPROVAL, cwd=approval)
+    assert done.returncode == 3, done.stderr
+    assert json.loads(done.stdout)["reason"] == "budget-exhausted"  # not a step further than the machine allows
+    assert (
+        "mklang: note: the checkpoint is not signed with your key: ignored its step budget 1000000 for approval "
+        "(at most the machine's 12; --budget N)"
+    ) in done.stderr.splitlines()
+    assert json.loads((approval / "cp.json").read_text())["frames"][0]["budget"] == 12
+
+
 # --- item 7: resume cycles spend no more than the bound --------------------------------
 
 STEPS = """\
