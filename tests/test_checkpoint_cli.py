@@ -9,6 +9,7 @@ resume options: raised budgets, unchanged budgets, `--set`, `--force`,
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import stat
 import subprocess
@@ -296,6 +297,46 @@ def test_a_moved_root_machine_resumes_from_the_kept_text_or_with_the_machine_opt
         "resume", "cp.json", "--set", "approval.answer=yes", "--machine", "moved/approval.mk", cwd=approval
     )
     assert (code, done["status"]) == (0, "done")
+
+
+FAN = """\
+machine fan
+entry split
+budget 4
+
+state split {
+  structure "A JSON list of topics."
+  prompt "List ten topics."
+  parse list
+  output topics
+  otherwise -> review
+}
+
+state review {
+  over topics
+  structure "One line."
+  prompt "Review {{item}}."
+  output reviews
+  otherwise -> END
+}
+"""
+
+FAN_SCRIPT = """\
+scenarios:
+  - name: ten
+    llm: {produce: ['["a","b","c","d","e","f","g","h","i","j"]', fine]}
+"""
+
+
+def test_the_suggested_budget_gets_past_the_fan_out_ahead_in_one_resume(tmp_path):
+    (tmp_path / "fan.mk").write_text(FAN, encoding="utf-8")
+    (tmp_path / "fan.yaml").write_text(FAN_SCRIPT, encoding="utf-8")
+    run = cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path)
+    assert run.returncode == 3, run.stderr
+    command = run.stderr.strip().splitlines()[-1].partition("continue with: ")[2]
+    assert command == "mklang resume cp.json --budget 11"  # 1 step taken, 10 branches ahead
+    code, done = as_json(*shlex.split(command)[1:], cwd=tmp_path)
+    assert (code, done["status"], len(done["context"]["reviews"])) == (0, "done", 10)
 
 
 def test_resume_with_checkpoint_writes_the_re_suspension_elsewhere(loop):

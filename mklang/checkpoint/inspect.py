@@ -12,7 +12,7 @@ from mklang.checkpoint.paths import located_host
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.store import Location, locate, run_name
 from mklang.checkpoint.trust import recorded_host
-from mklang.errors import redacted
+from mklang.errors import MklangError, redacted
 from mklang.providers.base import Usage
 
 
@@ -86,8 +86,11 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         "host": recorded_host(located_host(envelope.host, location.anchor)),
     }
     if envelope.status == "suspended":
+        innermost = dict(frames[-1]) if frames else {}
+        if envelope.reason == "budget-exhausted":
+            innermost["ahead"] = _steps_ahead(location)
         summary["ran_out"], summary["continue_with"] = how_to_continue(
-            redacted(str(location)), envelope.reason, frames[-1] if frames else {}, usage, budgets, envelope.reply_to
+            redacted(str(location)), envelope.reason, innermost, usage, budgets, envelope.reply_to
         )
     if envelope.status == "running":
         innermost = frames[-1]
@@ -119,6 +122,27 @@ def unverified(path: str, reason: str, seal: str | None = None) -> dict[str, Any
     }
 
 
+def _steps_ahead(location: Location) -> int:
+    """The steps the state a run stopped at takes: its branches when it fans out, else 1.
+    A suggested budget covers them, so one resume gets past a fan-out the budget cut short."""
+    from mklang.checkpoint import open_checkpoint
+    from mklang.vocabulary import lookup
+
+    try:
+        resumable = open_checkpoint(location, force=True, trust=True, lock=False)
+    except MklangError:  # `show` still reports what it can; the suggestion falls back to the spend
+        return 1
+    try:
+        frame = resumable.chain[-1]
+    finally:
+        resumable.release()
+    state = frame.machine.state(frame.state)
+    if state is None or state.over is None:
+        return (state.sample or 1) if state is not None else 1
+    items = lookup(frame.context, state.over)
+    return max(1, len(items)) if isinstance(items, list) else 1
+
+
 def how_to_continue(
     path: str | Path,
     reason: str | None,
@@ -129,14 +153,14 @@ def how_to_continue(
 ) -> tuple[str | None, str]:
     """Which budget a suspended run ran out of, with what it spent against it, and the
     exact command that continues it, raising that budget by as much as was spent (or by
-    the budget, when larger; by a round amount when both are 0)."""
+    the budget, or the steps of the state ahead, when larger; by a round amount when all are 0)."""
     command = f"mklang resume {shlex.quote(str(path))}"
     if reason == "budget-exhausted":
         steps, budget = innermost.get("steps", 0), innermost.get("budget", 0)
         where = f" (machine {innermost['machine']})" if innermost.get("machine") else ""
         return (
             f"the step budget of {budget}{where} ran out: {steps} step{'' if steps == 1 else 's'} taken",
-            f"{command} --budget {steps + (max(steps, budget) or 1)}",
+            f"{command} --budget {steps + (max(steps, budget, innermost.get('ahead', 0)) or 1)}",
         )
     if reason == "cost-exhausted" and budgets.max_tokens is not None and usage.tokens >= budgets.max_tokens:
         spent, limit = usage.tokens, budgets.max_tokens
