@@ -321,11 +321,17 @@ class Worker:
             ceilings = Ceilings.from_json(record["ceilings"])
             ledger = StoreLedger(ceilings, self.store, str(record["batch"])) if ceilings.any() else None
             budgets = dict(record["budgets"])
+            # A dollar limit this worker's models have no price for cannot hold: the host refuses it.
+            limit, priced_for = (
+                (budgets["max_cost"], "--max-cost")
+                if budgets.get("max_cost") is not None
+                else (ceilings.max_cost, "--batch-max-cost")
+            )
             runner = Batch(
                 self.machine(str(record["machine"]), dict(record["texts"])),
                 self.store,
                 self.uri,
-                lambda: self.host_for(budgets.get("max_cost")),
+                lambda: self.host_for(limit, priced_for),
                 **budgets,
                 ledger=ledger,
                 stop=self.stopping,
@@ -371,18 +377,20 @@ class Worker:
             self.store, note_key(done.run), {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
         )
 
-    def host_for(self, max_cost: float | None) -> AbstractContextManager[Host]:
-        """A run's host. A scripted host keeps a position per run, so each run gets its own; a real
+    def host_for(self, max_cost: float | None, priced_for: str) -> AbstractContextManager[Host]:
+        """A run's host; a dollar limit (`max_cost`, given as the option `priced_for`) needs every
+        model's price. A scripted host keeps a position per run, so each run gets its own; a real
         provider is thread-safe and built once, so runs share its HTTP client and connections (as
         `mklang batch` does) instead of paying a client, a TLS context and a connection each."""
         from mklang.session import Host
 
+        options = {**self.host_options, "max_cost": max_cost, "priced_for": priced_for}
         if self.host_options.get("script"):
-            return Host.build(**self.host_options, max_cost=max_cost)
+            return Host.build(**options)
         with self._hosts_guard:
             host = self._hosts.get(max_cost)
             if host is None:
-                host = self._hosts[max_cost] = Host.build(**self.host_options, max_cost=max_cost)
+                host = self._hosts[max_cost] = Host.build(**options)
         return nullcontext(host)
 
 

@@ -365,6 +365,27 @@ def test_a_celery_batch_needs_no_provider_here_and_says_a_given_one_is_not_used(
     assert server.count == 2 * CALLS
 
 
+def test_a_batch_dollar_ceiling_a_workers_model_has_no_price_for_fails_its_runs_unpaid(project, server, postgres_uri):
+    require_server("RabbitMQ")
+    write_items(project, 2)
+    (project / "mklang.toml").rename(project / "worker.toml")  # the worker's model has no price
+    one = worker(project, postgres_uri, RABBITMQ, config="worker.toml")
+    try:
+        running = start(
+            project, "batch", "twostep.mk", "--inputs", "items.jsonl", "--store", postgres_uri,
+            "--executor", "celery", "--broker", RABBITMQ, "--format", "json", "--out", "out.jsonl",
+            "--batch-max-cost", "1",
+        )  # fmt: skip
+        stdout, stderr = running.communicate(timeout=180)
+    finally:
+        stop(one)
+    assert running.returncode == 1, stderr
+    assert json.loads(stdout)["failed"] == 2
+    reasons = {line["reason"] for line in results(project / "out.jsonl")}
+    assert len(reasons) == 1 and "--batch-max-cost needs a price for local:m" in reasons.pop()
+    assert server.count == 0  # refused before any call: a ceiling that cannot hold runs nothing
+
+
 def test_a_worker_stopped_with_sigterm_says_so_in_lines_without_tracebacks(project, server, postgres_uri, capsys):
     require_server("RabbitMQ")
     release = threading.Event()
