@@ -21,33 +21,12 @@ from typing import Any
 import pytest
 from conftest import cli_env, mklang, model_config, require_server, wait_for
 from fakeserver import FakeServer, answer
+from test_batch import CALLS, MACHINE
 
 import mklang as api
 from mklang.checkpoint.store import open_store
 from mklang.cli import main
 from mklang.errors import UsageError
-
-MACHINE = """\
-mklang 0.4
-machine twostep
-entry one
-budget 10
-
-state one {
-  structure "One word."
-  prompt "first {{topic}}"
-  output a
-  otherwise -> two
-}
-
-state two {
-  structure "One word."
-  prompt "second {{topic}}"
-  output b
-  otherwise -> END
-}
-"""
-CALLS = 2  # model calls of one run of MACHINE
 
 
 @pytest.fixture
