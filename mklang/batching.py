@@ -36,8 +36,8 @@ from mklang.limits import load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.session import Host, opened, proceed, start
+from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
-DEFAULT_CONCURRENCY = 32  # runs wait on models, not on this machine's cores
 PARKED = "escalated"  # a run waiting for a human reply; only `resume --set` continues it
 
 
@@ -337,7 +337,7 @@ class Batch:
             self.on_outcome(result)
         return result
 
-    def run(self, items: Iterable[Item], concurrency: int = DEFAULT_CONCURRENCY) -> list[Outcome]:
+    def run(self, items: Iterable[Item], concurrency: int = DEFAULT_BATCH_CONCURRENCY) -> list[Outcome]:
         items = list(items)
         if self.ledger is not None:  # the batch's earlier passes count against its ceilings
             for item in items:

@@ -1,4 +1,4 @@
-"""The words of the language, defined once.
+"""The words of the language, and the defaults every layer shares, defined once.
 
 The grammar (grammar/mklang.lark) is the authority on what parses; this
 module lists the same words for everything else that needs them: the
@@ -45,6 +45,11 @@ VERSION_NUMBER: Final = re.compile(r"([0-9]+)(?:\.([0-9]+))?(\.[0-9]+)?\Z")
 MK_SUFFIX: Final = ".mk"
 YAML_SUFFIXES: Final = (".mkl", ".yaml", ".yml")
 SUFFIXES: Final = (MK_SUFFIX, *YAML_SUFFIXES)
+
+# How much runs at once when nothing says otherwise (`--concurrency`).
+DEFAULT_RUN_CONCURRENCY: Final = 8  # model, tool and hook calls in flight for one whole run
+DEFAULT_BATCH_CONCURRENCY: Final = 32  # runs of a local batch at once: they wait on models, not on cores
+DEFAULT_WORKER_CONCURRENCY: Final = 8  # runs one fleet worker runs at once (its threads)
 
 # What a fan-out branch may read besides the context, and what each holds.
 FAN_OUT_KEYS: Final = {

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mklang.engine.frame import Frame
+from mklang.engine.frame import Frame, repair_budgets
 from mklang.errors import CheckpointError
 from mklang.model import Call, Machine, State
 from mklang.vocabulary import END
@@ -110,12 +110,7 @@ def _misfit(frame: Frame, below: Frame | None) -> str | None:
 
 def _repair_misfit(frame: Frame, where: str) -> str | None:
     """Repair counters: exactly one per repair gate of the machine, within its budget."""
-    budgets = {
-        (state.name, index): gate.repair or 0
-        for state in frame.machine.states
-        for index, gate in enumerate(state.gates)
-        if gate.policy == "repair"
-    }
+    budgets = repair_budgets(frame.machine)
     for (name, index), left in sorted(frame.repair_left.items()):
         if (name, index) not in budgets:
             return f"repair counter of gate {index} of '{name}', which is not a repair gate {where}"

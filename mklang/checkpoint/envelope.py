@@ -19,6 +19,7 @@ from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
 from mklang.checkpoint.store import Location, locate
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 FORMAT: Final = 2
 Status = Literal["running", "suspended", "done", "halted"]
@@ -122,7 +123,7 @@ class Envelope(BaseModel):
     untrusted_flow: Literal["report", "halt"] = "report"  # a tainted decision reaching an effect: report or halt
     ask: str | None = None
     reply_to: str | None = None
-    concurrency: int = Field(default=8, ge=1)
+    concurrency: int = Field(default=DEFAULT_RUN_CONCURRENCY, ge=1)
     host: HostSettings = Field(default_factory=HostSettings)
     result: Any = None
     generation: int = 0  # which journal generation continues this envelope

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mklang.checkpoint.envelope import HostSettings
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 # Answering a run: given together on the command line, or all taken from the file.
 ANSWER_SETTINGS = ("script", "provider", "model", "config", "replay")
@@ -45,7 +46,6 @@ def host_choice(recorded: HostSettings, given: dict[str, Any], trusted: bool) ->
     return dict(given), ignored
 
 
-DEFAULT_CONCURRENCY = 8
 BUDGETS = ("max_tokens", "max_cost", "max_time")
 
 
@@ -67,7 +67,7 @@ def run_settings(recorded: dict[str, Any], given: dict[str, Any], trusted: bool)
         chosen["hitl"] = True
         if not recorded["hitl"]:
             ignored.append("hitl false (human gates stay on; --no-hitl turns them off)")
-    if given["concurrency"] is None and recorded["concurrency"] > DEFAULT_CONCURRENCY:
-        chosen["concurrency"] = DEFAULT_CONCURRENCY
-        ignored.append(f"concurrency {recorded['concurrency']} (at most {DEFAULT_CONCURRENCY}; --concurrency N)")
+    if given["concurrency"] is None and recorded["concurrency"] > DEFAULT_RUN_CONCURRENCY:
+        chosen["concurrency"] = DEFAULT_RUN_CONCURRENCY
+        ignored.append(f"concurrency {recorded['concurrency']} (at most {DEFAULT_RUN_CONCURRENCY}; --concurrency N)")
     return chosen, ignored

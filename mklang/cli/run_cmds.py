@@ -20,7 +20,7 @@ from mklang.cli.hosting import HOST_OPTIONS, Hosting, hosted
 from mklang.effects import FLOW_POLICIES
 from mklang.limits import NestingError, load_json, load_json_object, read_text
 from mklang.terminal import printable
-from mklang.vocabulary import PATH
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, PATH
 
 if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
@@ -39,7 +39,9 @@ MaxCostOpt = typer.Option(None, "--max-cost", min=0.0, help="Dollar budget of th
 MaxTimeOpt = typer.Option(
     None, "--max-time", metavar="DURATION", help="Wall-clock budget of this process: 90s, 10m, 1h30m."
 )
-ConcurrencyOpt = typer.Option(None, "--concurrency", min=1, help="Calls in flight for the whole run (default 8).")
+ConcurrencyOpt = typer.Option(
+    None, "--concurrency", min=1, help=f"Calls in flight for the whole run (default {DEFAULT_RUN_CONCURRENCY})."
+)
 HitlOpt = typer.Option(None, "--hitl/--no-hitl", help="Escalate gates suspend for a human reply.")
 ReplaceOpt = typer.Option(
     False, "--replace", help="Replace whatever the --checkpoint holds, even a run that is not finished."

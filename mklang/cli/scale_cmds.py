@@ -11,6 +11,7 @@ import typer
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, interrupts, parse_duration, policy
+from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY, DEFAULT_WORKER_CONCURRENCY
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
 STATUSES = ("running", "suspended", "done", "halted", "failed")
@@ -59,7 +60,7 @@ def batch(
     inputs: Path = typer.Option(..., "--inputs", help="JSON Lines: one context object per run (its `id` names it)."),
     store: str = StoreOpt,
     out: Path | None = typer.Option(None, "--out", help="Write one result line per input here (JSON Lines)."),
-    concurrency: int = typer.Option(32, "--concurrency", min=1, help="Runs in flight at once."),
+    concurrency: int = typer.Option(DEFAULT_BATCH_CONCURRENCY, "--concurrency", min=1, help="Runs in flight at once."),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=0, help="Token budget of each run."),
     max_cost: float | None = typer.Option(None, "--max-cost", min=0.0, help="Dollar budget of each run."),
     max_time: str | None = MaxTimeOpt,
@@ -225,7 +226,9 @@ def _progress(as_json: bool, total: int) -> Any:
 def worker(
     store: str = StoreOpt,
     broker: str = typer.Option(..., "--broker", help="Celery broker URL (amqp://... or redis://...)."),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Runs this worker runs at once (its threads)."),
+    concurrency: int = typer.Option(
+        DEFAULT_WORKER_CONCURRENCY, "--concurrency", min=1, help="Runs this worker runs at once (its threads)."
+    ),
     hosting: Hosting = Hosting(),
 ) -> None:
     """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""

@@ -17,6 +17,7 @@ from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
 from mklang.providers.base import Provider, Usage
 from mklang.syntax.machines import MachineLoader
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 __all__ = ["Control", "RunOptions", "RunResult", "continue_run", "make_runtime", "run"]
 
@@ -107,7 +108,7 @@ def make_runtime(
         tools=as_registry("mklang.tools", BUILTIN_TOOLS, options.get("tools")),
         hooks=as_registry("mklang.hooks", None, options.get("hooks")),
         load_machine=loader or MachineLoader(),
-        concurrency=max(1, int(options.get("concurrency", 8))),
+        concurrency=max(1, int(options.get("concurrency", DEFAULT_RUN_CONCURRENCY))),
         hitl=options.get("hitl", False),
         control=control,
         journal=journal or NullJournal(),

@@ -49,6 +49,16 @@ def deposit_into(context: dict[str, Any], state: State, value: Any, *, copy_maps
     return None
 
 
+def repair_budgets(machine: Machine) -> dict[tuple[str, int], int]:
+    """The repairs each repair gate of `machine` allows, by (state, gate index): a fresh level's `repair_left`."""
+    return {
+        (state.name, index): gate.repair or 0
+        for state in machine.states
+        for index, gate in enumerate(state.gates)
+        if gate.policy == "repair"
+    }
+
+
 @dataclass
 class Frame:
     machine: Machine
@@ -100,19 +110,13 @@ class Frame:
         context = copy.deepcopy(machine.context)
         for path, value in (inputs or {}).items():
             assign(context, path, value)
-        repair_left = {
-            (state.name, index): gate.repair or 0
-            for state in machine.states
-            for index, gate in enumerate(state.gates)
-            if gate.policy == "repair"
-        }
         return cls(
             machine=machine,
             state=machine.entry,
             context=context,
             tainted=set(tainted if tainted is not None else given),
             budget=machine.budget,
-            repair_left=repair_left,
+            repair_left=repair_budgets(machine),
             external=set(external if external is not None else given),
             decision_tainted=decision_tainted,
         )

@@ -22,6 +22,7 @@ from mklang.errors import ProviderError
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
 from mklang.providers.base import Provider, Usage, deadline
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 COST_SLACK = 1e-9  # USD
 
@@ -154,7 +155,7 @@ class Runtime:
     tools: Registry
     hooks: Registry
     load_machine: Callable[[str, str | None], Machine]
-    concurrency: int = 8
+    concurrency: int = DEFAULT_RUN_CONCURRENCY
     caps: Caps = field(default_factory=Caps)
     spent: Usage = field(default_factory=Usage)  # the whole run's spend, every level and branch, live
     hitl: bool = False
