@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from test_golden import scripted_machines  # noqa: E402
+from support.examples import scripted_machines  # noqa: E402
 
 from mklang import faults  # noqa: E402
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start  # noqa: E402

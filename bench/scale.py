@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fakeserver import FakeServer, answer  # noqa: E402
+from support.fakeserver import FakeServer, answer  # noqa: E402
 
 LATENCY = 0.1
 STEPS = 5

@@ -1,5 +1,4 @@
-"""Helpers shared by the test modules (import them with `from conftest import ...`),
-and suite-wide fixtures.
+"""Suite-wide fixtures and hooks; the helpers test modules share are in `support/`.
 
 `checkpoints_match_the_schema` (autouse) holds the published schema,
 docs/checkpoint.schema.json, to everything the suite writes: every envelope
@@ -16,47 +15,24 @@ under XDG_STATE_HOME (ADR 0022), a temporary folder of each test's own.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-from fakeserver import FakeServer
+from support import ROOT
+from support.fakeserver import FakeServer
+from support.services import postgres_schema
 
 from mklang.checkpoint.envelope import FORMAT, Envelope, load
 from mklang.errors import MklangError
 
-ROOT = Path(__file__).resolve().parent.parent
 _CONFIG_HOME = tempfile.mkdtemp(prefix="mklang-tests-xdg-")
-
-
-# Two generative states in a row: a then b then END.
-TWO_STATES = """
-    machine m
-    entry a
-    budget 5
-    state a {
-      structure "s"
-      prompt "p"
-      output x
-      otherwise -> b
-    }
-    state b {
-      structure "s"
-      prompt "p"
-      output y
-      otherwise -> END
-    }
-"""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,68 +64,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_CONFIG_HOME, ignore_errors=True)
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    """This process's environment without mklang settings or provider keys, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MKLANG_", "OPENAI_", "ANTHROPIC_"))}
-    env.update(extra)
-    return env
-
-
-def mklang(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run the CLI of this tree in a subprocess; no run of it may print a Python traceback."""
-    done = subprocess.run(
-        [sys.executable, "-m", "mklang", *args],
-        cwd=cwd,
-        env=env if env is not None else cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
-
-
-def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The CLI run in this process through its entry function, as `mklang` runs it in a subprocess
-    (same environment rules, same no-traceback check), without a new interpreter's start-up."""
-    from typer.testing import CliRunner
-
-    from mklang.cli import main
-
-    wanted = env if env is not None else cli_env()
-    changes: dict[str, str | None] = {key: None for key in os.environ if key not in wanted}
-    changes.update(wanted)
-    with CliRunner().isolation(env=changes) as (stdout, stderr, _), contextlib.chdir(cwd or os.getcwd()):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        out, err = stdout.getvalue().decode(), stderr.getvalue().decode()
-    assert "Traceback" not in err, err
-    return subprocess.CompletedProcess(["mklang", *args], code, out, err)
-
-
-def wait_for(condition: Callable[[], bool], process: subprocess.Popen[Any], what: str, timeout: float = 30) -> None:
-    """Poll `condition` while `process` runs; fail if it ends or stalls first."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"the run ended or stalled before {what}: {process.communicate()}")
-        time.sleep(0.002)
-
-
-def outcome(result: Any, fields: tuple[str, ...] = ("status", "result", "context", "trace", "usage")) -> dict[str, Any]:
-    """The comparable, JSON-shaped part of a `RunResult`."""
-    data = result.to_json()
-    return json.loads(json.dumps({key: data[key] for key in fields}))
 
 
 SCHEMA_PATH = ROOT / "docs" / "checkpoint.schema.json"
@@ -217,56 +131,6 @@ def checkpoints_match_the_schema(request: pytest.FixtureRequest, monkeypatch: py
             found.extend(f"{path.name}: {problem}" for problem in schema_violations(document))
     if found:
         pytest.fail("checkpoints that docs/checkpoint.schema.json rejects:\n" + "\n".join(found[:20]), pytrace=False)
-
-
-def model_config(url: str, path: Path) -> Path:
-    """A host config whose every tier is model `m` of the OpenAI-compatible server at `url` (its `/v1` base)."""
-    path.write_text(
-        '[tiers]\nfast = "local:m"\nbalanced = "local:m"\nreasoning = "local:m"\n\n'
-        f'[providers.local]\nkind = "openai"\nbase_url = "{url}"\n',
-        encoding="utf-8",
-    )
-    return path
-
-
-SERVERS = {
-    "PostgreSQL": ("127.0.0.1", 5432),
-    "RabbitMQ": ("127.0.0.1", 5672),
-    "Redis": ("127.0.0.1", 6379),
-}
-
-
-def require_server(name: str) -> None:
-    """Skip unless the named real server answers on 127.0.0.1; under CI=true its absence fails."""
-    import socket
-
-    host, port = SERVERS[name]
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-    except OSError:
-        message = f"{name} is not reachable on {host}:{port}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message} (CI must run the tests that need it)")
-        pytest.skip(message)
-
-
-@contextlib.contextmanager
-def postgres_schema() -> Iterator[str]:
-    """A store URI into a fresh schema of database `test`, dropped afterwards (parallel runs never collide)."""
-    require_server("PostgreSQL")
-    import uuid
-
-    import psycopg
-
-    schema = f"mk_{uuid.uuid4().hex[:12]}"
-    base = "postgresql://postgres@127.0.0.1:5432/test"
-    with psycopg.connect(base, autocommit=True) as db:
-        db.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{base}?options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as db:
-            db.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture

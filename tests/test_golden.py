@@ -15,32 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ROOT
+from support.examples import EXAMPLE_MAIN, EXAMPLES, STDLIB, scripted_machines
 
 from mklang.scenarios import compare, load_script, run_scenario
 from mklang.syntax import load_file
-
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-STDLIB = ROOT / "machines"
-
-# The machine each example's `scenarios.yaml` drives; the other `.mk` files
-# of a folder are the sub-machines it calls.
-EXAMPLE_MAIN = {
-    "approval": "approval.mk",
-    "kill-9-resume": "report.mk",
-    "map-reduce": "digest.mk",
-    "nested": "brief.mk",
-    "plan-execute": "research.mk",
-    "repair-loop": "headline.mk",
-    "self-consistency": "word_problem.mk",
-    "triage": "triage.mk",
-}
-
-
-def scripted_machines() -> list[tuple[Path, Path]]:
-    pairs = [(EXAMPLES / folder / main, EXAMPLES / folder / "scenarios.yaml") for folder, main in EXAMPLE_MAIN.items()]
-    pairs += [(path, path.with_suffix(".scenarios.yaml")) for path in sorted(STDLIB.glob("*.mk"))]
-    return pairs
 
 
 def _cases():

@@ -11,10 +11,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
 import mklang
-
-ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 from mklang.syntax import parse

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, mk, run_mk, write_machines
-from conftest import TWO_STATES, mklang
-from fakeserver import FakeServer, answer, error, raw
+from support.commands import mklang
+from support.fakeserver import FakeServer, answer, error, raw
+from support.runs import TWO_STATES
 
 from mklang.check import check
 from mklang.checkpoint import start

@@ -6,9 +6,9 @@ import contextlib
 import io
 import os
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 

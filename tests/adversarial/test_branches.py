@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import mklang, outcome
-from fakeserver import FakeServer, Reply, Request, answer
+from support.commands import mklang
+from support.fakeserver import FakeServer, Reply, Request, answer
+from support.runs import outcome
 
 from mklang import resume
 from mklang.checkpoint import start

@@ -24,7 +24,8 @@ import json
 import signal
 from pathlib import Path
 
-from conftest import ROOT, cli_env, mklang
+from support import ROOT
+from support.commands import cli_env, mklang
 
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, mklang, model_config, require_server, wait_for
-from fakeserver import FakeServer, answer
-from test_batch import CALLS, MACHINE
+from support.batches import CALLS, MACHINE
+from support.commands import cli_env, mklang, model_config, run_cli, wait_for
+from support.fakeserver import FakeServer, answer
+from support.services import require_server
 
 import mklang as api
 from mklang.checkpoint.store import open_store
-from mklang.cli import main
 from mklang.errors import UsageError
 
 
@@ -37,19 +37,6 @@ def project(tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch)
     model_config(server.openai_url, tmp_path / "mklang.toml")
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """Run the CLI in this process: exit code, stdout, stderr; it never prints a traceback."""
-    capsys.readouterr()
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as stop:
-        code = int(stop.code or 0)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err, err
-    return code, out, err
 
 
 def error_line(err: str) -> str:
@@ -73,7 +60,7 @@ BAD_NAMES = ["../x", "..", "/tmp/elsewhere/cp.json", "a\nb", "a\x00b", "x" * 300
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_a_batch_input_id_that_is_no_run_name_is_refused_before_any_run(project, server, capsys, name):
     write_inputs(project, {"id": "fine-1", "topic": "a"}, {"id": name, "topic": "b"})
-    code, _, err = cli(
+    code, _, err = run_cli(
         capsys, "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "runs", "--config", "mklang.toml"
     )
     line = error_line(err)
@@ -91,13 +78,13 @@ def test_a_store_run_name_is_checked_by_run_resume_and_show(project, server, cap
         ["resume", target],
         ["show", target],
     ):
-        code, _, err = cli(capsys, *command)
+        code, _, err = run_cli(capsys, *command)
         assert code == 2 and "run name" in error_line(err), (command, err)
     assert server.count == 0
 
 
 def test_a_checkpoint_file_name_is_a_run_name_too(project, server, capsys):
-    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "runs/.cp.json")
+    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "runs/.cp.json")
     assert code == 2 and "runs: run name '.cp.json' is not valid" in error_line(err)
     assert server.count == 0
 
@@ -116,7 +103,9 @@ def test_an_input_without_id_is_named_alike_by_the_cli_and_the_python_batch(proj
 
     write_inputs(project, {"topic": "a", "n": 1})
     store = "sqlite:///runs.db"
-    code, _, err = cli(capsys, "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", store, "--config", "mklang.toml")
+    code, _, err = run_cli(
+        capsys, "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", store, "--config", "mklang.toml"
+    )
     assert code == 0, err
     provider = make_provider(config_path=str(project / "mklang.toml"))
     again = api.batch(project / "m.mk", [{"n": 1, "topic": "a"}], store=store, provider=provider)
@@ -129,7 +118,7 @@ def test_an_input_without_id_is_named_alike_by_the_cli_and_the_python_batch(proj
 
 def suspend_at(capsys: pytest.CaptureFixture[str], target: str) -> None:
     """A run at `target` suspended on its token budget after its first call."""
-    code, _, err = cli(
+    code, _, err = run_cli(
         capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target, "--max-tokens", "1"
     )
     assert code == 3, err
@@ -139,19 +128,21 @@ def suspend_at(capsys: pytest.CaptureFixture[str], target: str) -> None:
 def test_a_run_is_refused_where_a_run_is_not_finished_and_replace_says_so(project, server, capsys, target):
     suspend_at(capsys, target)
     before = server.count
-    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target)
+    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target)
     line = error_line(err)
     assert code == 2 and "a run that is not finished is there (suspended (cost-exhausted))" in line, err
     assert f"`mklang resume {shlex.quote(target)}`" in line and "--replace" in line
     assert server.count == before  # refused before any call
-    code, out, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target, "--replace")
+    code, out, err = run_cli(
+        capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target, "--replace"
+    )
     assert code == 0 and json.loads(out)["status"] == "done", err
     assert server.count == before + CALLS
 
 
 def test_a_finished_run_is_replaced_by_a_new_one(project, server, capsys):
     for _ in range(2):
-        code, out, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "cp.json")
+        code, out, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "cp.json")
         assert code == 0 and json.loads(out)["status"] == "done", err
     assert server.count == 2 * CALLS
 
@@ -159,7 +150,7 @@ def test_a_finished_run_is_replaced_by_a_new_one(project, server, capsys):
 def test_a_file_that_is_no_run_is_not_overwritten(project, server, capsys):
     notes = project / "notes.txt"
     notes.write_text("my notes\n", encoding="utf-8")
-    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "notes.txt")
+    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "notes.txt")
     assert code == 2 and "it is not replaced: name another checkpoint, or give --replace" in error_line(err)
     assert notes.read_text(encoding="utf-8") == "my notes\n" and server.count == 0
 
@@ -168,13 +159,13 @@ def test_a_resume_elsewhere_does_not_replace_the_run_there(project, server, caps
     suspend_at(capsys, "a.json")
     suspend_at(capsys, "b.json")
     before = (project / "b.json").read_bytes()
-    code, _, err = cli(capsys, "resume", "a.json", "--checkpoint", "b.json", "--max-tokens", "1000")
+    code, _, err = run_cli(capsys, "resume", "a.json", "--checkpoint", "b.json", "--max-tokens", "1000")
     assert code == 2 and "`mklang resume b.json`" in error_line(err)
     assert (project / "b.json").read_bytes() == before and server.count == 2
 
 
 def test_replace_without_a_checkpoint_is_refused(project, server, capsys):
-    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--replace")
+    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--replace")
     assert code == 2 and "--replace" in error_line(err) and server.count == 0
 
 
@@ -252,25 +243,25 @@ def store_uri(request: pytest.FixtureRequest) -> str:
 def test_an_unreadable_run_is_failed_with_its_reason_and_the_batch_goes_on(project, server, capsys, store_uri):
     write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(4)))
     batch = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", store_uri, "--config", "mklang.toml"]
-    assert cli(capsys, *batch)[0] == 0
+    assert run_cli(capsys, *batch)[0] == 0
     rows(store_uri, "UPDATE mklang_runs SET envelope = ? WHERE run = ?", b"\x00garbage{", "r-1")
     hostile = ["..", "a\nb", "x" * 300] + (
         ["a\x00b"] if store_uri.startswith("sqlite") else []
     )  # PostgreSQL text has no NUL
     for name in hostile:  # rows no mklang run would write
         rows(store_uri, "INSERT INTO mklang_runs (run, envelope) VALUES (?, ?)", name, b"{}")
-    code, _, _ = cli(capsys, *batch, "--out", "out.jsonl")
+    code, _, _ = run_cli(capsys, *batch, "--out", "out.jsonl")
     out = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
     assert code == 1 and [line["status"] for line in out] == ["done", "failed", "done", "done"]
     assert "r-1: the checkpoint is not valid JSON" in out[1]["reason"] and out[1]["result"] is None
     assert server.count == 4 * CALLS  # the failed run is not started over what is there
-    code, listing, err = cli(capsys, "runs", "--store", store_uri, "--format", "json")
+    code, listing, err = run_cli(capsys, "runs", "--store", store_uri, "--format", "json")
     listed = {entry["path"].rsplit("#", 1)[-1]: entry for entry in json.loads(listing)}
     assert code == 0 and [listed[f"r-{n}"]["status"] for n in (0, 2, 3)] == ["done"] * 3, err
     assert listed["r-1"]["status"] == "failed" and "not valid JSON" in listed["r-1"]["reason"]
     for name in hostile:
         assert listed[name]["status"] == "failed" and "is not valid: a run name is" in listed[name]["reason"]
-    code, text, _ = cli(capsys, "runs", "--store", store_uri, "--format", "text")
+    code, text, _ = run_cli(capsys, "runs", "--store", store_uri, "--format", "text")
     assert code == 0 and text.count("failed") == 1 + len(hostile) and text.count("done") == 3
     assert len(text.splitlines()) == 4 + len(hostile)  # a newline in a row's name fakes no line
 
@@ -278,18 +269,18 @@ def test_an_unreadable_run_is_failed_with_its_reason_and_the_batch_goes_on(proje
 def test_a_run_whose_signature_was_removed_is_failed_never_a_result(project, server, capsys, store_uri):
     write_inputs(project, {"id": "r-0", "topic": "0"}, {"id": "r-1", "topic": "1"})
     batch = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", store_uri, "--config", "mklang.toml"]
-    assert cli(capsys, *batch)[0] == 0
+    assert run_cli(capsys, *batch)[0] == 0
     forged = json.loads(open_store(store_uri).read("r-1") or b"")
     del forged["signature"]
     forged["result"] = "what the attacker wants reported"
     rows(store_uri, "UPDATE mklang_runs SET envelope = ? WHERE run = ?", json.dumps(forged).encode(), "r-1")
-    code, _, _ = cli(capsys, *batch, "--out", "out.jsonl")
+    code, _, _ = run_cli(capsys, *batch, "--out", "out.jsonl")
     out = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
     assert code == 1 and (out[1]["status"], out[1]["result"]) == ("failed", None)
     assert f"{store_uri}#r-1: the checkpoint is not signed" in out[1]["reason"]
-    listed = json.loads(cli(capsys, "runs", "--store", store_uri, "--format", "json")[1])
+    listed = json.loads(run_cli(capsys, "runs", "--store", store_uri, "--format", "json")[1])
     assert [entry["status"] for entry in listed] == ["done", "failed"]
-    code, shown, _ = cli(capsys, "show", f"{store_uri}#r-1", "--format", "json")
+    code, shown, _ = run_cli(capsys, "show", f"{store_uri}#r-1", "--format", "json")
     assert code == 0 and json.loads(shown)["status"] == "failed" and "attacker" not in shown
     assert server.count == 2 * CALLS
 
@@ -303,14 +294,14 @@ def test_runs_and_show_never_create_a_store(project, capsys):
         ["show", "sqlite:///runz.db#r-1"],
         ["runs", "--store", "no-such-folder"],
     ):
-        code, _, err = cli(capsys, *command)
+        code, _, err = run_cli(capsys, *command)
         assert code == 2 and ("no such SQLite checkpoint store" in err or "no such checkpoint store" in err), err
         error_line(err)
     assert sorted(path.name for path in project.iterdir()) == ["m.mk", "mklang.toml"]
 
 
 def test_runs_on_a_postgresql_database_without_a_store_is_one_line_and_creates_nothing(postgres_uri, capsys):
-    code, _, err = cli(capsys, "runs", "--store", postgres_uri)
+    code, _, err = run_cli(capsys, "runs", "--store", postgres_uri)
     assert code == 2 and "no mklang checkpoint store in this database and schema" in error_line(err)
     import psycopg
 
@@ -319,11 +310,11 @@ def test_runs_on_a_postgresql_database_without_a_store_is_one_line_and_creates_n
 
 
 def test_an_unknown_scheme_lists_the_supported_ones_and_is_never_a_file(project, capsys):
-    code, _, err = cli(capsys, "show", "mysql://me:hunter2@db/mk#r-1")
+    code, _, err = run_cli(capsys, "show", "mysql://me:hunter2@db/mk#r-1")
     line = error_line(err)
     assert code == 2 and "unknown store scheme 'mysql': a store is a folder, sqlite:///" in line
     assert "hunter2" not in line and "mysql://me:***@db/mk" in line
-    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "mysql://db/mk#r-1")
+    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "mysql://db/mk#r-1")
     assert code == 2 and "unknown store scheme" in error_line(err)
     assert not (project / "mysql:").exists()
 
@@ -331,7 +322,7 @@ def test_an_unknown_scheme_lists_the_supported_ones_and_is_never_a_file(project,
 def test_a_missing_postgresql_schema_is_one_line_saying_what_to_do(project, capsys):
     require_server("PostgreSQL")
     uri = "postgresql://postgres:hunter2@127.0.0.1:5432/test?options=-csearch_path%3Dmk_no_such_schema"
-    code, _, err = cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")
+    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")
     line = error_line(err)
     assert code == 2 and "search_path names does not exist: create it (CREATE SCHEMA name)" in line
     assert "hunter2" not in line and "postgres:***@127.0.0.1" in line
@@ -340,15 +331,17 @@ def test_a_missing_postgresql_schema_is_one_line_saying_what_to_do(project, caps
 def test_a_password_in_a_store_uri_is_never_printed(postgres_uri, project, server, capsys):
     """The server trusts local connections, so a URI with a password works and each output can be read."""
     uri = postgres_uri.replace("postgres@", "postgres:hunter2@")
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1", "--max-tokens", "1"
     )
     assert code == 3 and "continue with: mklang resume" in err and "postgres:***@" in err
     printed = [out, err]
-    printed += cli(capsys, "show", f"{uri}#r-1")[1:] + cli(capsys, "runs", "--store", uri)[1:]
-    printed += cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")[1:]
+    printed += run_cli(capsys, "show", f"{uri}#r-1")[1:] + run_cli(capsys, "runs", "--store", uri)[1:]
+    printed += run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")[1:]
     write_inputs(project, {"id": "r-1", "topic": "x"})
-    printed += cli(capsys, "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", uri, "--config", "mklang.toml")[1:]
+    printed += run_cli(capsys, "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", uri, "--config", "mklang.toml")[
+        1:
+    ]
     assert all("hunter2" not in text for text in printed), printed
     assert "`mklang resume 'postgresql://postgres:***@" in printed[-3]  # the refusal to replace the run
 
@@ -356,7 +349,7 @@ def test_a_password_in_a_store_uri_is_never_printed(postgres_uri, project, serve
 def test_a_sqlite_store_is_created_owner_only_and_continue_with_is_one_line(project, server, capsys):
     deep = "sqlite:///" + "a-long-folder-name-" * 4 + "runs.db#" + "a-long-run-name-" * 5
     (project / ("a-long-folder-name-" * 4 + "runs.db")).parent.mkdir(exist_ok=True)
-    code, _, err = cli(
+    code, _, err = run_cli(
         capsys,
         "run",
         "m.mk",
@@ -384,7 +377,7 @@ def test_a_sqlite_store_is_created_owner_only_and_continue_with_is_one_line(proj
 
 def test_a_batch_dollar_ceiling_on_a_model_without_a_price_is_refused_before_any_run(project, server, capsys):
     write_inputs(project, {"id": "r-0", "topic": "0"})
-    code, _, err = cli(
+    code, _, err = run_cli(
         capsys,
         "batch",
         "m.mk",
@@ -408,7 +401,7 @@ def test_the_batch_dollar_ceiling_holds_on_the_local_executor_and_a_higher_one_f
         config.write('\n[prices."local:m"]\ninput = 1000000\noutput = 1000000\n')
     write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(10)))
     batch = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--config", "mklang.toml"]
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys, *batch, "--batch-max-cost", "100", "--concurrency", "1", "--out", "out.jsonl", "--format", "json"
     )
     assert code == 3, err
@@ -416,7 +409,7 @@ def test_the_batch_dollar_ceiling_holds_on_the_local_executor_and_a_higher_one_f
     results = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
     assert [line["status"] for line in results] == ["done"] * 3 + ["suspended"] * 7
     assert {line["reason"] for line in results[3:]} == {"batch-ceiling"}
-    code, out, err = cli(capsys, *batch, "--batch-max-cost", "1000", "--format", "json")
+    code, out, err = run_cli(capsys, *batch, "--batch-max-cost", "1000", "--format", "json")
     assert (code, json.loads(out)["done"], server.count) == (0, 10, 10 * CALLS), err
 
 
@@ -426,7 +419,7 @@ def test_each_failed_run_is_named_with_its_reason_capped(project, server, capsys
     for n in range(13):  # a file that is no run where each run's checkpoint goes
         (project / "runs").mkdir(exist_ok=True)
         (project / "runs" / f"r-{n}").write_text("not a run", encoding="utf-8")
-    code, _, err = cli(capsys, *batch, "--format", "json")
+    code, _, err = run_cli(capsys, *batch, "--format", "json")
     named = [line for line in err.splitlines() if line.startswith("mklang: run ")]
     assert code == 1 and len(named) == 10
     assert named[0].startswith("mklang: run r-0 failed: runs/r-0: the checkpoint is not valid JSON")
@@ -491,7 +484,7 @@ def test_a_misspelt_or_unreachable_broker_is_one_line_with_its_password_hidden(p
         ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--executor", "celery"],
         ["worker", "--store", "sqlite:///runs.db", "--config", "mklang.toml"],
     ):
-        code, _, err = cli(capsys, *command, "--broker", broker)
+        code, _, err = run_cli(capsys, *command, "--broker", broker)
         line = error_line(err)
         assert code == 2 and needle in line and "hunter2" not in line and ":***@127.0.0.1" in line, err
     assert server.count == 0
@@ -502,7 +495,7 @@ def test_a_wrong_broker_password_is_one_line_without_the_password(project, capsy
     write_inputs(project, {"id": "r-0", "topic": "0"})
     broker = "amqp://guest:hunter2@127.0.0.1:5672//"
     command = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--executor", "celery"]
-    code, _, err = cli(capsys, *command, "--broker", broker)
+    code, _, err = run_cli(capsys, *command, "--broker", broker)
     line = error_line(err)
     assert code == 2 and "ACCESS_REFUSED" in line and "hunter2" not in line, err
 
@@ -518,14 +511,14 @@ def test_a_reply_to_a_misspelt_path_is_refused_with_did_you_mean(tmp_path, capsy
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
     monkeypatch.chdir(tmp_path)
     script = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish"]
-    code, _, err = cli(capsys, "run", "approval/approval.mk", "-q", *script, "--hitl", "--checkpoint", "cp.json")
+    code, _, err = run_cli(capsys, "run", "approval/approval.mk", "-q", *script, "--hitl", "--checkpoint", "cp.json")
     assert code == 3, err
     before = (tmp_path / "cp.json").read_bytes()
-    code, _, err = cli(capsys, "resume", "cp.json", "--set", "approval.anwser=yes", *script)
+    code, _, err = run_cli(capsys, "resume", "cp.json", "--set", "approval.anwser=yes", *script)
     assert code == 2 and error_line(err) == (
         "mklang: error: cp.json: the run waits for a reply to approval.answer, and --set approval.anwser does not "
         'answer it; did you mean "approval.answer"?; give --set approval.answer=<reply>'
     )
     assert (tmp_path / "cp.json").read_bytes() == before  # the run is still parked, untouched
-    code, out, err = cli(capsys, "resume", "cp.json", "--set", "approval.answer=yes", *script, "--format", "json")
+    code, out, err = run_cli(capsys, "resume", "cp.json", "--set", "approval.answer=yes", *script, "--format", "json")
     assert code == 0 and json.loads(out)["status"] == "done", err

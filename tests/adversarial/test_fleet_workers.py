@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, mklang, model_config, require_server, wait_for
-from fakeserver import FakeServer
-from test_batch import CALLS, MACHINE, reply, results, write_items
-from test_distributed import FLEET_KEY, RABBITMQ, Lines, batch, drop_queue, queue_of, start, stop, worker
-from test_fleet_store import cli
+from support import ROOT
+from support.batches import CALLS, MACHINE, reply, results, write_items
+from support.commands import mklang, model_config, run_cli, wait_for
+from support.fakeserver import FakeServer
+from support.fleet import FLEET_KEY, RABBITMQ, Lines, batch, drop_queue, queue_of, start, stop, worker
+from support.services import require_server
 
 import mklang as api
 from mklang.checkpoint.envelope import parse
@@ -309,19 +310,21 @@ def test_the_approval_example_parks_in_a_hitl_batch_and_is_answered_from_another
     store = f"sqlite:///{tmp_path}/runs.db"
     monkeypatch.chdir(tmp_path)
     options = ("--inputs", "items.jsonl", "--store", store, "--script", "review.yaml", "--scenario", "review")
-    code, out, err = cli(capsys, "batch", str(APPROVAL), *options, "--hitl", "--format", "json")
+    code, out, err = run_cli(capsys, "batch", str(APPROVAL), *options, "--hitl", "--format", "json")
     assert (code, json.loads(out)["suspended"]) == (3, 2), err  # nothing published without a human answer
-    code, out, err = cli(capsys, "runs", "--store", store, "--status", "suspended", "--format", "json")
+    code, out, err = run_cli(capsys, "runs", "--store", store, "--status", "suspended", "--format", "json")
     assert [(run["reason"], run["ask"]) for run in json.loads(out)] == [("escalated", ASK)] * 2, err
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys, "resume", f"{store}#post-1", "--set", "approval.answer=yes, ship it", "--format", "json"
     )
     assert (code, json.loads(out)["result"]) == (0, "https://status.example.com/posts/118"), err
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli(capsys, "batch", str(APPROVAL), *options, "--hitl", "--format", "json", "--out", "out.jsonl")
+    code, out, err = run_cli(
+        capsys, "batch", str(APPROVAL), *options, "--hitl", "--format", "json", "--out", "out.jsonl"
+    )
     assert (code, json.loads(out)["done"], json.loads(out)["suspended"]) == (3, 1, 1), err
     assert [line["status"] for line in results(tmp_path / "out.jsonl")] == ["done", "suspended"]
 
@@ -412,7 +415,7 @@ def test_a_worker_stopped_with_sigterm_says_so_in_lines_without_tracebacks(proje
     lines = said.done()
     assert said.having("run item-0: suspended by the worker's shutdown, back to the queue"), lines
     assert not [line for line in lines if "Traceback" in line or "Reject" in line], "\n".join(lines)
-    assert cli(capsys, "worker", "--help")[1].count("Runs this worker runs at once") == 1
+    assert run_cli(capsys, "worker", "--help")[1].count("Runs this worker runs at once") == 1
 
 
 def test_a_project_folder_moved_with_its_checkpoint_resumes_with_its_scenario_script(tmp_path, capsys, monkeypatch):
@@ -421,14 +424,14 @@ def test_a_project_folder_moved_with_its_checkpoint_resumes_with_its_scenario_sc
     shutil.copy(APPROVAL, project / "approval.mk")
     (project / "review.yaml").write_text(REVIEW, encoding="utf-8")
     monkeypatch.chdir(project)
-    code, _, err = cli(
+    code, _, err = run_cli(
         capsys, "run", "approval.mk", "--script", "review.yaml", "--scenario", "review", "--checkpoint", "cp.json",
         "--hitl", "--format", "json",
     )  # fmt: skip
     assert code == 3, err
     shutil.move(project, tmp_path / "moved")
     monkeypatch.chdir(tmp_path / "moved")
-    code, out, err = cli(capsys, "resume", "cp.json", "--set", "approval.answer=yes", "--format", "json")
+    code, out, err = run_cli(capsys, "resume", "cp.json", "--set", "approval.answer=yes", "--format", "json")
     assert (code, json.loads(out)["result"]) == (0, "https://status.example.com/posts/118"), err
 
 

@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli, cli_env, mklang, postgres_schema
-from fakeserver import Reply, Request, answer, raw
+from support import ROOT
+from support.commands import cli, cli_env, mklang
+from support.fakeserver import Reply, Request, answer, raw
+from support.services import postgres_schema
 
 from mklang.providers.base import Produced, Verdict
 from mklang.providers.base import Usage as ProviderUsage

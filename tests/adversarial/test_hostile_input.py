@@ -15,8 +15,8 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
-from conftest import cli, cli_env, mklang
-from fakeserver import FakeServer, answer, error, refusal
+from support.commands import cli, cli_env, mklang
+from support.fakeserver import FakeServer, answer, error, refusal
 
 from mklang.limits import MAX_DEPTH, json_depth, text_depth
 

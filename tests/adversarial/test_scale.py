@@ -16,8 +16,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cli_env, mklang, model_config
-from fakeserver import FakeServer, answer
+from support.commands import cli_env, mklang, model_config
+from support.fakeserver import FakeServer, answer
 
 MACHINE = """\
 mklang 0.4

@@ -17,14 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.examples import EXAMPLES
+from support.fakeserver import FakeServer, answer
 
 from mklang.checkpoint.signing import checkpoint_key, sign
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
-sys.path.insert(0, str(ROOT / "tests"))
-
-from fakeserver import FakeServer, answer  # noqa: E402
 
 KEY = "sk-resuming-users-own-key"
 SCRIPT = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish"]

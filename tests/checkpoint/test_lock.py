@@ -1,0 +1,95 @@
+"""One process per checkpoint: a run that is still going cannot be resumed twice.
+
+Two resumes of one checkpoint would pay for the same model calls. The run
+holds `<checkpoint>.lock` (flock) while it goes; the kernel drops it when
+the process dies, even by SIGKILL, so a crashed run is resumable at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+from support.commands import cli_env, mklang, wait_for
+from support.examples import KILL_9
+
+from mklang.checkpoint.store import locate
+
+
+def holder(checkpoint) -> int | None:
+    held_by = locate(checkpoint).store.holder(locate(checkpoint).run)
+    return None if held_by is None else int(held_by)
+
+
+def _write_script(folder, delay_ms: int) -> None:
+    script = yaml.safe_load((KILL_9 / "scenarios.yaml").read_text())
+    scenario = next(s for s in script["scenarios"] if s["name"] == "slow-model")
+    scenario["llm"]["delay_ms"] = delay_ms
+    (folder / "slow.yaml").write_text(yaml.safe_dump({"scenarios": [scenario]}))
+
+
+def _slow_run(folder, checkpoint) -> subprocess.Popen:
+    """The kill-9 example with a model that answers after a minute: the run is
+    surely still going while the test acts, however loaded the machine is."""
+    _write_script(folder, 60_000)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mklang",
+            "run",
+            str(KILL_9 / "report.mk"),
+            "--script",
+            str(folder / "slow.yaml"),
+            "--checkpoint",
+            str(checkpoint),
+            "--format",
+            "json",
+        ],
+        cwd=folder,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    process = _slow_run(tmp_path, checkpoint)
+    wait_for(lambda: holder(checkpoint) == process.pid, process, "the run took its lock and named itself")
+
+    refused = mklang("resume", str(checkpoint), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert f"still going in process {process.pid}" in refused.stderr
+    shown = json.loads(mklang("show", str(checkpoint), "--format", "json", cwd=tmp_path).stdout)
+    assert (shown["status"], shown.get("running_pid"), shown["resumable"]) == ("running", process.pid, False), shown
+
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    deadline = time.monotonic() + 5
+    while holder(checkpoint) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert holder(checkpoint) is None  # the kernel released the lock with the process
+    shown = json.loads(mklang("show", str(checkpoint), "--format", "json", cwd=tmp_path).stdout)
+    assert shown["resumable"] and "interrupted" in shown["interrupted"]
+    _write_script(tmp_path, 0)  # the resumed run need not wait
+    resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert holder(checkpoint) is None  # a finished run holds no lock (its file stays: never unlinked)
+
+
+def test_the_lock_file_is_owner_only_and_names_the_process(tmp_path):
+    location = locate(tmp_path / "cp.json")
+    lock = location.store.lock(location.run)
+    try:
+        assert ((tmp_path / "cp.json.lock").stat().st_mode & 0o777) == 0o600
+        assert holder(tmp_path / "cp.json") == os.getpid()  # held, and it names its process
+    finally:
+        lock.release()
+    assert holder(tmp_path / "cp.json") is None

@@ -1,0 +1,187 @@
+"""Round-trip identity (SPEC section 7): suspend at every loop-top, resume, same run.
+
+For every golden scenario of the examples and the standard library, the run
+is suspended at each loop-top it passes (root and nested levels alike) and
+resumed from its checkpoint file; trace, usage, context, result and final
+status must equal the uninterrupted run's. A run suspended by a budget and
+resumed with the budgets it suspended at (`mklang resume cp.json`) takes no
+step and leaves its frames as they were (idempotent, seed ADR 0007).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.examples import EXAMPLES, scripted_machines
+from support.runs import outcome
+from typer.testing import CliRunner
+
+import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
+from mklang.checkpoint.envelope import load
+from mklang.cli.app import app
+from mklang.engine import Control
+from mklang.scenarios import ScriptedHost, load_script
+from mklang.session import Host, resume, start
+from mklang.syntax import load_file
+
+COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
+
+
+def _start(machine, scenario, checkpoint, **options):
+    return start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, **options)
+
+
+def _resume(scenario, checkpoint, **options):
+    return resume(checkpoint, Host.for_scenario(scenario), **options)
+
+
+def _outcome(result):
+    return outcome(result, COMPARED)
+
+
+def _cases():
+    for machine, script in scripted_machines():
+        for scenario in load_script(script):
+            if scenario.run.get("budget") is None:
+                yield pytest.param(machine, scenario, id=f"{machine.parent.name}/{machine.stem}:{scenario.name}")
+
+
+class InterruptAt:
+    """An observer that requests an interrupt at the n-th loop-top it sees."""
+
+    def __init__(self, control: Control, n: int):
+        self.control, self.n, self.seen = control, n, 0
+
+    def __call__(self, chain):
+        self.seen += 1
+        if self.seen == self.n:
+            self.control.interrupted.set()
+
+
+@pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))
+def test_suspending_at_every_loop_top_and_resuming_changes_nothing(machine_path, scenario, tmp_path):
+    machine = load_file(machine_path)
+    counter = InterruptAt(Control(), 0)
+    reference = _outcome(_start(machine, scenario, tmp_path / "ref.json", observer=counter))
+    loop_tops = counter.seen
+    assert loop_tops >= 1
+    for n in range(1, loop_tops + 1):
+        checkpoint = tmp_path / f"cp{n}.json"
+        control = Control()
+        first = _start(machine, scenario, checkpoint, observer=InterruptAt(control, n), control=control)
+        if n == loop_tops and first.error != "interrupted":
+            # The reference itself stops at its last loop-top (a budget), which wins over the interrupt.
+            assert _outcome(first) == reference
+            continue
+        assert (first.status, first.error) == ("suspended", "interrupted"), f"loop-top {n}"
+        resumed = _resume(scenario, checkpoint)
+        assert _outcome(resumed) == reference, f"resumed from loop-top {n} of {loop_tops}"
+
+
+class Spend:
+    """An observer that records, at each loop-top, the root's steps and the run's tokens."""
+
+    def __init__(self):
+        self.root_steps: list[int] = []
+        self.tokens: list[int] = []
+
+    def __call__(self, chain):
+        if len(chain) == 1:
+            self.root_steps.append(chain[0].steps)
+        self.tokens.append(sum(frame.usage.tokens for frame in chain))
+
+
+@pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))
+def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(machine_path, scenario, tmp_path):
+    machine = load_file(machine_path)
+    spend = Spend()
+    reference = _outcome(_start(machine, scenario, tmp_path / "ref.json", observer=spend))
+    trips = [("budget-exhausted", steps) for steps in sorted(set(spend.root_steps)) if steps < machine.budget]
+    if scenario.run.get("max_tokens") is None:
+        trips += [("cost-exhausted", tokens) for tokens in sorted(set(spend.tokens)) if tokens > 0]
+    resumed_count = 0
+    for reason, limit in trips:
+        checkpoint = tmp_path / f"{reason}-{limit}.json"
+        if reason == "budget-exhausted":
+            first = _start(machine.replace(budget=limit), scenario, checkpoint)
+            raise_budget = {"budget": machine.budget}
+        else:
+            first = _start(machine, scenario, checkpoint, max_tokens=limit)
+            raise_budget = {"max_tokens": 10**9}
+        if first.status != "suspended" or first.error != reason:
+            continue  # the run ended (or parked for a human) before the budget tripped
+        _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, reason)
+        resumed = _resume(scenario, checkpoint, **raise_budget)
+        assert _outcome(resumed) == reference, f"resumed after {reason} at {limit}"
+        resumed_count += 1
+    if reference["status"] == "done" and len(set(spend.root_steps)) > 1:
+        assert resumed_count > 0, "a finished multi-step run must trip some budget"
+
+
+def _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, reason):
+    """`mklang resume cp.json` with the budgets it suspended at takes no step and changes no frame."""
+    before = load(checkpoint).frames
+    done = CliRunner().invoke(app, ["resume", str(checkpoint), "--format", "json"])
+    assert (done.exit_code, json.loads(done.stdout)["reason"]) == (3, reason), done.output
+    assert load(checkpoint).frames == before, f"resuming at the {reason} of {[f['state'] for f in before]}"
+
+
+def test_resuming_a_pending_question_without_its_reply_re_suspends_as_it_was(tmp_path):
+    asked = 0
+    for machine_path, script in scripted_machines():
+        for scenario in load_script(script):
+            checkpoint = tmp_path / f"{machine_path.stem}-{scenario.name}.json"
+            first = _start(load_file(machine_path), scenario, checkpoint)
+            if (first.status, first.error) == ("suspended", "escalated"):
+                _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, "escalated")
+                asked += 1
+    assert asked >= 2  # the approval and triage examples park on a human
+
+
+def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_path):
+    root = EXAMPLES
+    machine = load_file(root / "nested" / "brief.mk")
+    scenario = load_script(root / "nested" / "scenarios.yaml")[0]
+    checkpoint = tmp_path / "cp.json"
+    control = Control()
+    first = _start(machine, scenario, checkpoint, observer=InterruptAt(control, 3), control=control)
+    assert first.status == "suspended"
+    assert len(first.frames) >= 2  # suspended inside a nested call
+    before = load(checkpoint)
+    # Lower the innermost step budget to what it has spent: resuming re-suspends at once.
+    spent = before.frames[-1]["steps"]
+    again = _resume(scenario, checkpoint, budget=spent)
+    assert (again.status, again.error, again.at) == ("suspended", "budget-exhausted", first.at)
+    frames_after = load(checkpoint).frames
+    again2 = _resume(scenario, checkpoint)
+    assert (again2.status, again2.error) == ("suspended", "budget-exhausted")
+    assert load(checkpoint).frames == frames_after  # idempotent: the same frames every time
+    assert [f["state"] for f in frames_after] == [f["state"] for f in before.frames]
+
+
+def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
+    import mklang
+
+    root = EXAMPLES
+    machine = load_file(root / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(root / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    checkpoint = tmp_path / "cp.json"
+    first = _start(machine, scenario, checkpoint)
+    assert (first.status, first.error, first.reply_to) == ("suspended", "escalated", "approval.answer")
+    envelope = load(checkpoint)
+    # The second resume continues the same suspended generation again: a rollback, allowed here.
+    for target, allow_rollback in ((checkpoint, False), (envelope, True)):
+        host = ScriptedHost(scenario)
+        done = mklang.resume(
+            target,
+            provider=host.provider,
+            tools=host.tools.functions(),
+            hooks=host.hooks.functions(),
+            scripted=host,
+            set_values={"approval.answer": "yes"},
+            checkpoint=tmp_path / "again.json",
+            allow_rollback=allow_rollback,
+        )
+        assert done.status == "done" and done.context["approval"]["answer"] == "yes"
+        assert done.trace[0] == first.trace[0]

@@ -1,0 +1,445 @@
+"""`mklang run --checkpoint`, `resume` and `show` as scripts see them: real processes, real files.
+
+Exit codes (0 done, 1 halt, 2 unusable input or checkpoint, 3 suspended),
+one JSON document on stdout with `--format json`, never a traceback, and the
+resume options: raised budgets, unchanged budgets, `--set`, `--force`,
+`--machine`, `--checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import ROOT
+from support.commands import cli
+
+from mklang.checkpoint.envelope import load
+from mklang.checkpoint.signing import checkpoint_key, sign
+
+EXAMPLES = ROOT / "examples"
+
+# Five drafts are needed; `budget` is filled in per folder.
+LOOP = """\
+machine loop
+entry draft
+budget {budget}
+context {{
+  topic: "rivers"
+}}
+
+state draft {{
+  structure "One line."
+  prompt "Draft attempt about {{{{topic}}}}."
+  output text
+  when "the draft is good" -> END
+  when "the draft needs another try" -> draft
+  otherwise fail
+}}
+"""
+
+SCRIPT = """\
+scenarios:
+  - name: finishes
+    llm: {produce: [one, two, three, four, five], judge: [1, 1, 1, 1, 0], tokens: [3, 2]}
+  - name: gives-up
+    llm: {produce: [one, two, three, four, five], judge: [1, 1, 1, 1, none], tokens: [3, 2]}
+"""
+
+COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
+
+
+def as_json(*args: str, cwd: Path) -> tuple[int, dict]:
+    """Run with `--format json`; stdout must be exactly one JSON document."""
+    done = cli(*args, "--format", "json", cwd=cwd)
+    return done.returncode, json.loads(done.stdout)
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """A failure is exit 2, one error document on stdout (piped means JSON) and one line on stderr."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    document = json.loads(done.stdout)
+    assert document["status"] == "error" and document["exit_code"] == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def comparable(data: dict) -> dict:
+    return {key: data[key] for key in COMPARED}
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Path:
+    """`tight/loop.mk` (budget 3: suspends) and `roomy/loop.mk` (budget 10: the reference)."""
+    for folder, budget in (("tight", 3), ("roomy", 10)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "loop.mk").write_text(LOOP.format(budget=budget), encoding="utf-8")
+    (tmp_path / "loop.yaml").write_text(SCRIPT, encoding="utf-8")
+    return tmp_path
+
+
+def run_loop(cwd: Path, folder: str, scenario: str, *options: str) -> tuple[int, dict]:
+    return as_json("run", f"{folder}/loop.mk", "--script", "loop.yaml", "--scenario", scenario, *options, cwd=cwd)
+
+
+@pytest.fixture
+def approval(tmp_path: Path) -> Path:
+    """A copy of examples/approval, so tests can move and edit it."""
+    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    return tmp_path
+
+
+def suspend_approval(cwd: Path, checkpoint: str = "cp.json") -> dict:
+    code, data = as_json(
+        "run",
+        "approval/approval.mk",
+        "--script",
+        "approval/scenarios.yaml",
+        "--scenario",
+        "ask-then-publish",
+        "--hitl",
+        "--checkpoint",
+        checkpoint,
+        cwd=cwd,
+    )
+    assert code == 3
+    return data
+
+
+# --- exit codes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("folder", "options", "code", "status", "error"),
+    [
+        ("tight", [], 1, "halted", "budget-exhausted"),  # without a checkpoint a budget halts
+        ("tight", ["--checkpoint", "cp.json"], 3, "suspended", "budget-exhausted"),
+        ("roomy", ["--checkpoint", "cp.json", "--max-tokens", "7"], 3, "suspended", "cost-exhausted"),
+    ],
+    ids=["budget-halts", "budget-suspends", "tokens-suspend"],
+)
+def test_run_exit_codes_match_the_status(loop, folder, options, code, status, error):
+    returned, data = run_loop(loop, folder, "finishes", *options)
+    why = data["reason"] if status == "suspended" else data["error"]
+    assert (returned, data["status"], why) == (code, status, error)
+    assert (loop / "cp.json").exists() == (status == "suspended")
+    if status == "suspended":  # a suspension is no error: its reason says why it stopped
+        assert data["error"] is None and data["frames"] == [{"machine": "loop", "state": "draft"}]
+        assert load(loop / "cp.json").status == "suspended"
+
+
+def test_no_hitl_on_the_command_line_wins_over_the_scenario(approval):
+    code, data = as_json(
+        "run",
+        "approval/approval.mk",
+        "--script",
+        "approval/scenarios.yaml",
+        "--scenario",
+        "ask-then-publish",
+        "--no-hitl",
+        "--checkpoint",
+        "cp.json",
+        cwd=approval,
+    )
+    assert (code, data["status"]) == (0, "done")  # the escalation is an ordinary transition
+
+
+def test_resume_exits_1_when_the_resumed_run_halts(loop):
+    assert run_loop(loop, "tight", "gives-up", "--checkpoint", "cp.json")[0] == 3
+    code, data = as_json("resume", "cp.json", "--budget", "10", cwd=loop)
+    assert (code, data["status"], data["error"], data["at"]) == (1, "halted", "gate-fail", "draft")
+    assert load(loop / "cp.json").status == "halted"
+
+
+# --- resuming ---------------------------------------------------------------
+
+
+def test_raising_the_step_budget_completes_as_the_uninterrupted_run(loop):
+    code, reference = run_loop(loop, "roomy", "finishes")
+    assert (code, reference["status"]) == (0, "done")
+    code, first = run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    assert (code, len(first["trace"])) == (3, 3)
+    code, resumed = as_json("resume", "cp.json", "--budget", "10", cwd=loop)
+    assert code == 0
+    assert comparable(resumed) == comparable(reference)
+    # The resumed process paid only for the two drafts the suspended one had not made.
+    assert resumed["calls"] == {"judge": 2, "produce": 2}
+    assert first["calls"] == {"judge": 3, "produce": 3}
+
+
+def test_raising_the_token_budget_completes_as_the_uninterrupted_run(loop):
+    code, reference = run_loop(loop, "roomy", "finishes")
+    assert code == 0
+    code, first = run_loop(loop, "roomy", "finishes", "--checkpoint", "cp.json", "--max-tokens", "7")
+    assert (code, first["reason"], len(first["trace"])) == (3, "cost-exhausted", 2)
+    # A new total that is still too small: it goes two steps further and suspends again.
+    code, again = as_json("resume", "cp.json", "--max-tokens", "17", cwd=loop)
+    assert (code, again["reason"], len(again["trace"])) == (3, "cost-exhausted", 4)
+    code, resumed = as_json("resume", "cp.json", "--max-tokens", "100", cwd=loop)
+    assert code == 0
+    assert comparable(resumed) == comparable(reference)
+    assert resumed["usage"]["input_tokens"] == 15  # the spend before each suspension counts once
+    assert (first["calls"]["produce"], again["calls"]["produce"], resumed["calls"]["produce"]) == (2, 2, 1)
+
+
+def test_unchanged_budgets_re_suspend_at_the_same_place_with_identical_frames(loop):
+    code, first = run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    assert code == 3
+    frames = load(loop / "cp.json").frames
+    code, again = as_json("resume", "cp.json", cwd=loop)
+    assert code == 3
+    assert comparable(again) == comparable(first)
+    assert again["calls"] == {}  # nothing was paid for
+    assert load(loop / "cp.json").frames == frames
+
+
+def test_the_readme_approval_flow_run_show_resume(approval):
+    data = suspend_approval(approval)
+    assert (data["status"], data["reason"], data["at"]) == ("suspended", "escalated", "decide")
+    assert data["ask"] == "Publish this announcement? Answer yes, or say what to change."
+    assert data["reply_to"] == "approval.answer"
+    shown = cli("show", "cp.json", "--format", "text", cwd=approval)
+    assert shown.returncode == 0
+    assert "Publish this announcement? Answer yes, or say what to change." in shown.stdout
+    assert "--set approval.answer=" in shown.stdout
+    code, summary = as_json("show", "cp.json", cwd=approval)
+    assert (code, summary["status"], summary["reason"], summary["reply_to"]) == (
+        0,
+        "suspended",
+        "escalated",
+        "approval.answer",
+    )
+    assert [(f["machine"], f["state"]) for f in summary["frames"]] == [("approval", "decide")]
+    code, done = as_json(
+        "resume",
+        "cp.json",
+        "--set",
+        "approval.answer=yes",
+        "--script",
+        "approval/scenarios.yaml",
+        "--scenario",
+        "ask-then-publish",
+        cwd=approval,
+    )
+    assert code == 0
+    assert done["result"] == "https://status.example.com/posts/118"
+    assert done["context"]["approval"]["answer"] == "yes"
+    assert [step["state"] for step in done["trace"]] == ["draft", "decide", "publish"]
+
+
+def test_host_files_recorded_from_a_folder_below_the_checkpoint_resolve_at_every_snapshot(approval):
+    """The scenario script is named relative to the checkpoint's folder once, however many
+    snapshots rewrite the envelope, whatever folder the run was started from."""
+    code, data = as_json(
+        "run", "approval.mk", "--script", "scenarios.yaml", "--scenario", "ask-then-publish", "--hitl",
+        "--checkpoint", "../cp.json", cwd=approval / "approval",
+    )  # fmt: skip
+    assert (code, data["reason"]) == (3, "escalated")
+    assert load(approval / "cp.json").host.script == "approval/scenarios.yaml"
+    code, done = as_json("resume", "cp.json", "--set", "approval.answer=yes", cwd=approval)
+    assert (code, done["result"]) == (0, "https://status.example.com/posts/118")
+
+
+def test_editing_a_sub_machine_refuses_the_resume_naming_it_and_force_accepts(tmp_path):
+    shutil.copytree(EXAMPLES / "nested", tmp_path / "nested")
+    _, reference = as_json(
+        "run",
+        "nested/brief.mk",
+        "--script",
+        "nested/scenarios.yaml",
+        "--scenario",
+        "two-sections-one-corrected",
+        cwd=tmp_path,
+    )
+    code, first = as_json(
+        "run",
+        "nested/brief.mk",
+        "--script",
+        "nested/scenarios.yaml",
+        "--scenario",
+        "two-sections-one-corrected",
+        "--checkpoint",
+        "cp.json",
+        "--max-tokens",
+        "300",
+        cwd=tmp_path,
+    )
+    assert code == 3
+    assert first["frames"] == [{"machine": "brief", "state": "add_section"}, {"machine": "section", "state": "check"}]
+    sub = tmp_path / "nested" / "fact_check.mk"
+    assert "fact_check.mk" in load(tmp_path / "cp.json").machines  # loaded by the run, so its hash is recorded
+    sub.write_text(sub.read_text(encoding="utf-8") + "# reviewed\n", encoding="utf-8")
+    # Hashes are verified before any provider is set up (this one has no API key).
+    line = error_line(
+        cli("resume", "cp.json", "--max-tokens", "100000", "--provider", "openai", "--model", "m", cwd=tmp_path)
+    )
+    assert "fact_check.mk" in line and "changed" in line and "--force" in line
+    assert load(tmp_path / "cp.json").status == "suspended"  # the refusal leaves the checkpoint as it was
+    code, resumed = as_json("resume", "cp.json", "--max-tokens", "100000", "--force", cwd=tmp_path)
+    assert code == 0
+    assert comparable(resumed) == comparable(reference)
+
+
+def test_a_moved_root_machine_resumes_from_the_kept_text_or_with_the_machine_option(approval):
+    suspend_approval(approval)
+    (approval / "moved").mkdir()
+    shutil.move(approval / "approval" / "approval.mk", approval / "moved" / "approval.mk")
+    checked = cli("resume", "cp.json", "--check", cwd=approval)
+    assert checked.returncode == 0, checked.stderr  # the store keeps the text the checkpoint signed
+    assert "approval.mk is missing; running the machine texts the store keeps" in checked.stderr
+    code, done = as_json(
+        "resume", "cp.json", "--set", "approval.answer=yes", "--machine", "moved/approval.mk", cwd=approval
+    )
+    assert (code, done["status"]) == (0, "done")
+
+
+FAN = """\
+machine fan
+entry split
+budget 4
+
+state split {
+  structure "A JSON list of topics."
+  prompt "List ten topics."
+  parse list
+  output topics
+  otherwise -> review
+}
+
+state review {
+  over topics
+  structure "One line."
+  prompt "Review {{item}}."
+  output reviews
+  otherwise -> END
+}
+"""
+
+FAN_SCRIPT = """\
+scenarios:
+  - name: ten
+    llm: {produce: ['["a","b","c","d","e","f","g","h","i","j"]', fine]}
+"""
+
+
+def test_the_suggested_budget_gets_past_the_fan_out_ahead_in_one_resume(tmp_path):
+    (tmp_path / "fan.mk").write_text(FAN, encoding="utf-8")
+    (tmp_path / "fan.yaml").write_text(FAN_SCRIPT, encoding="utf-8")
+    run = cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path)
+    assert run.returncode == 3, run.stderr
+    command = run.stderr.strip().splitlines()[-1].partition("continue with: ")[2]
+    assert command == "mklang resume cp.json --budget 11"  # 1 step taken, 10 branches ahead
+    code, done = as_json(*shlex.split(command)[1:], cwd=tmp_path)
+    assert (code, done["status"], len(done["context"]["reviews"])) == (0, "done", 10)
+
+
+def test_resume_with_checkpoint_writes_the_re_suspension_elsewhere(loop):
+    run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    original = (loop / "cp.json").read_bytes()
+    code, _again = as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
+    assert code == 3
+    assert (loop / "cp.json").read_bytes() == original
+    assert load(loop / "other.json").status == "suspended"
+    assert load(loop / "other.json").frames == load(loop / "cp.json").frames
+    code, done = as_json("resume", "other.json", "--budget", "10", cwd=loop)
+    assert (code, done["status"]) == (0, "done")
+    assert (loop / "cp.json").read_bytes() == original
+    assert load(loop / "cp.json").status == "suspended"  # still resumable from where it was
+
+
+@pytest.mark.parametrize(
+    ("scenario", "code", "reason"),
+    [
+        ("finishes", 0, "already finished"),
+        ("gives-up", 1, "halted (gate-fail)"),
+    ],
+)
+def test_a_finished_checkpoint_refuses_to_resume(loop, scenario, code, reason):
+    assert run_loop(loop, "roomy", scenario, "--checkpoint", "cp.json")[0] == code
+    line = error_line(cli("resume", "cp.json", cwd=loop))
+    assert reason in line and "cannot be resumed" in line
+
+
+def test_a_malformed_resume_option_is_a_usage_error(loop):
+    run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
+    line = error_line(cli("resume", "cp.json", "--set", "no-equals-sign", cwd=loop))
+    assert "--set" in line
+    assert load(loop / "cp.json").status == "suspended"
+
+
+def test_a_checkpoint_path_in_a_missing_folder_exits_2_with_one_line(loop):
+    line = error_line(
+        cli(
+            "run",
+            "roomy/loop.mk",
+            "--script",
+            "loop.yaml",
+            "--scenario",
+            "finishes",
+            "--checkpoint",
+            "missing/cp.json",
+            cwd=loop,
+        )
+    )
+    assert "missing/cp.json" in line and "internal error" not in line
+
+
+# --- bad checkpoints -------------------------------------------------------
+
+
+VALID = {
+    "format": 1,
+    "mklang_version": "0",
+    "run_id": "r",
+    "status": "suspended",
+    "machine": {"name": "loop", "path": None, "sha256": None},
+    "frames": [],
+}
+
+
+def signed_json(document: dict) -> str:
+    """A hand-written checkpoint signed with this suite's key, so only its content is judged."""
+    return json.dumps({**document, "signature": sign(document, checkpoint_key())[1]})
+
+
+BAD = {
+    "missing": (None, "no such checkpoint"),
+    "empty": ("", "empty"),
+    "truncated": (json.dumps(VALID)[:40], "not valid JSON"),
+    "not-json": ("checkpoint? what checkpoint?", "not valid JSON"),
+    "array": ("[1, 2, 3]", "expected a JSON object"),
+    "format-99": (json.dumps({**VALID, "format": 99}), "format 99"),
+    "missing-fields": (json.dumps({"format": 1}), "mklang_version"),
+    "no-frames": (signed_json(VALID), "no frames"),
+}
+
+
+def _bad_cases(command: str, names: list[str]):
+    return [pytest.param(command, *BAD[name], id=f"{command}-{name}") for name in names]
+
+
+@pytest.mark.parametrize(
+    ("command", "content", "needle"),
+    _bad_cases("resume", list(BAD)) + _bad_cases("show", ["missing", "truncated", "array"]),
+)
+def test_a_bad_checkpoint_exits_2_with_one_clear_line(tmp_path, command, content, needle):
+    if content is not None:
+        (tmp_path / "cp.json").write_text(content, encoding="utf-8")
+    line = error_line(cli(command, "cp.json", cwd=tmp_path))
+    assert line.startswith("mklang: error: cp.json: ") and needle in line
+
+
+def test_the_checkpoint_file_is_owner_only_even_when_it_existed(loop):
+    checkpoint = loop / "cp.json"
+    checkpoint.write_text("{}", encoding="utf-8")
+    checkpoint.chmod(0o644)
+    assert run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json", "--replace")[0] == 3
+    assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
+    as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
+    assert stat.S_IMODE((loop / "other.json").stat().st_mode) == 0o600

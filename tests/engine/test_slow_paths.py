@@ -1,0 +1,170 @@
+"""The fast paths keep the results of the slow ones (bench/slow_paths.py measures them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conformance.harness import Recorder, run_mk, write_machines
+from support import ROOT
+
+from mklang.checkpoint import start
+from mklang.errors import UsageError
+from mklang.yaml_composer import compose_yaml
+
+GROWING = """machine grow
+entry write
+budget 4
+state write {
+  structure "a line"
+  prompt "write"
+  output lines
+  accumulate
+  when "enough" hook enough -> END
+  otherwise -> write
+}
+"""
+
+
+def test_hooks_see_each_accumulated_output_in_the_runs_own_list_without_a_copy():
+    seen: list[tuple[int, list[str]]] = []
+
+    def enough(context, output):
+        seen.append((id(context["lines"]), list(context["lines"])))
+        return len(context["lines"]) == 3
+
+    result = run_mk(GROWING, llm={"produce": ["a", "b", "c"]}, hooks={"enough": enough})
+    assert result.status == "done"
+    assert [lines for _, lines in seen] == [["a"], ["a", "b"], ["a", "b", "c"]]
+    assert result.context["lines"] == ["a", "b", "c"]  # each output deposited once
+    # The hook was shown the run's own list, grown in place, not a copy made for each step.
+    assert {identity for identity, _ in seen[1:]} == {id(result.context["lines"])}
+
+
+def test_a_hook_that_fails_leaves_the_context_without_the_output_it_was_shown():
+    def enough(context, output):
+        if len(context["lines"]) == 2:
+            raise RuntimeError("no")
+        return False
+
+    result = run_mk(GROWING, llm={"produce": ["a", "b"]}, hooks={"enough": enough})
+    assert (result.status, result.error) == ("halted", "state-error: hook: enough: no")
+    assert result.context["lines"] == ["a"]
+
+
+def yaml_files() -> list[Path]:
+    """The YAML machines and scenario scripts of the repository."""
+    return sorted(p for folder in ("examples", "machines") for p in (ROOT / folder).rglob("*.y*ml"))
+
+
+def marks(node) -> list[tuple[int, int, int, int]]:
+    """Every node's start and end position, depth first."""
+    found = [(node.start_mark.line, node.start_mark.column, node.end_mark.line, node.end_mark.column)]
+    children = node.value if isinstance(node.value, list) else []
+    for child in children:
+        for part in child if isinstance(child, tuple) else (child,):
+            found += marks(part)
+    return found
+
+
+@pytest.mark.skipif(not hasattr(yaml, "CSafeLoader"), reason="PyYAML without libyaml: only the pure-Python loader")
+@pytest.mark.parametrize("path", yaml_files(), ids=lambda p: p.name)
+def test_the_yaml_loader_reports_the_positions_of_the_pure_python_one(path):
+    text = path.read_text(encoding="utf-8")
+    assert marks(compose_yaml(text)) == marks(yaml.compose(text, Loader=yaml.SafeLoader))
+
+
+TWO_STEPS = """
+machine m
+entry a
+budget 5
+state a {
+  structure "s"
+  prompt "first"
+  output x
+  when "good" -> b
+  otherwise fail
+}
+state b {
+  structure "s"
+  prompt "second"
+  output y
+  otherwise -> END
+}
+"""
+
+
+def test_group_commit_fsyncs_the_journal_once_per_step_with_the_steps_calls_in_it(tmp_path, monkeypatch):
+    from test_pins import FsyncSpy, journal_path
+
+    machine = write_machines(tmp_path, TWO_STEPS)
+    monkeypatch.setenv("MKLANG_DURABILITY", "step")
+    spy = FsyncSpy(monkeypatch)
+    result = start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1", "2"]}))
+    assert result.status == "done"
+    journal = str(journal_path(tmp_path / "cp.json"))
+    commits = [content.decode().splitlines() for path, content in spy.synced if path == journal and content]
+    assert len(commits) == len(result.trace) == 2
+    for lines in commits:
+        assert json.loads(lines[-1])["k"] == "step"  # the commit is the step line, with the calls before it
+    committed_calls = {json.loads(line)["key"] for line in commits[-1] if json.loads(line)["k"] == "call"}
+    assert len(committed_calls) == sum(result.calls.values()) == 3
+
+
+def test_an_unknown_durability_is_a_usage_error(tmp_path, monkeypatch):
+    machine = write_machines(tmp_path, TWO_STEPS)
+    monkeypatch.setenv("MKLANG_DURABILITY", "never")
+    with pytest.raises(UsageError, match="MKLANG_DURABILITY must be call or step, not 'never'"):
+        start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1"]}))
+
+
+def test_parsing_pauses_the_cycle_collector_only_while_it_runs():
+    import gc
+
+    from mklang.errors import MkSyntaxError
+    from mklang.syntax import parse
+
+    assert gc.isenabled()
+    parse(GROWING)
+    assert gc.isenabled()
+    with pytest.raises(MkSyntaxError):
+        parse("machine m\nentry {\n")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse(GROWING)
+        assert not gc.isenabled()  # a host that turned it off keeps it off
+    finally:
+        gc.enable()
+
+
+def test_a_plain_run_command_line_is_read_from_the_commands_own_declarations(tmp_path):
+    from mklang.cli import plain, run_cmds
+    from mklang.cli.app import OutputFormat
+
+    args = ["m.mk", "--set", "a=1", "--set=b=2", "--no-hitl", "--max-tokens", "5", "--format", "json"]
+    values = plain.read(run_cmds.run, args)
+    assert values["machine"] == Path("m.mk")
+    assert values["set_"] == ["a=1", "b=2"]
+    assert (values["hitl"], values["max_tokens"], values["format"]) == (False, 5, OutputFormat.json)
+    assert values["script"] is None and values["plugin"] is None  # typer's defaults for the rest
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["m.mk", "--max-tokens", "-1"],
+        ["m.mk", "--format", "xml"],
+        ["m.mk", "--nope"],
+        ["m.mk", "extra"],
+        [],
+    ],
+    ids=["help", "under-min", "bad-choice", "unknown-option", "extra-argument", "missing-argument"],
+)
+def test_anything_but_a_plain_command_line_is_left_to_typer(args):
+    from mklang.cli import plain
+
+    assert plain.main(["run", *args]) is None

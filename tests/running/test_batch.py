@@ -1,0 +1,178 @@
+"""`mklang batch`, `mklang runs` and `mklang.batch`: many durable runs in one store.
+
+The model is the fake HTTP server on 127.0.0.1, so every paid call is counted
+where it is paid. A batch killed with SIGKILL and run again finishes every
+item and pays again only the calls that were in flight at the kill.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.batches import CALLS, MACHINE, reply, results, write_items
+from support.commands import cli_env, mklang, model_config, wait_for
+from support.fakeserver import FakeServer
+
+import mklang as api
+from mklang.checkpoint.store import open_store
+from mklang.providers.base import Usage
+
+
+@pytest.fixture
+def server():
+    with FakeServer() as running:
+        running.handler = reply
+        yield running
+
+
+@pytest.fixture
+def project(tmp_path: Path, server: FakeServer) -> Path:
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    model_config(server.openai_url, tmp_path / "mklang.toml")
+    return tmp_path
+
+
+def batch(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return mklang(
+        "batch", "twostep.mk", "--inputs", "items.jsonl", "--config", "mklang.toml", *options, cwd=project, timeout=300
+    )
+
+
+def test_a_batch_runs_every_item_once_and_a_rerun_skips_the_finished(project, server):
+    write_items(project, 12)
+    done = batch(project, "--store", "sqlite:///runs.db", "--out", "out.jsonl", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    totals = json.loads(done.stdout)
+    assert (totals["items"], totals["done"], totals["exit_code"]) == (12, 12, 0)
+    assert server.count == 12 * CALLS
+    out = results(project / "out.jsonl")
+    assert [line["id"] for line in out] == [f"item-{n}" for n in range(12)]  # input order
+    assert all(line["status"] == "done" and line["result"] == f"answer {n}" for n, line in enumerate(out))
+    again = batch(project, "--store", "sqlite:///runs.db", "--format", "json")
+    assert (again.returncode, json.loads(again.stdout)["done"]) == (0, 12)
+    assert server.count == 12 * CALLS  # nothing paid twice
+
+
+def test_runs_lists_a_stores_runs_with_their_status_and_filters_them(project):
+    write_items(project, 3)
+    assert batch(project, "--store", "sqlite:///runs.db", "--format", "json").returncode == 0
+    listed = json.loads(mklang("runs", "--store", "sqlite:///runs.db", cwd=project).stdout)  # piped: JSON
+    assert sorted(run["path"] for run in listed) == [f"sqlite:///runs.db#item-{n}" for n in range(3)]
+    assert {run["status"] for run in listed} == {"done"}
+    assert json.loads(mklang("runs", "--store", "sqlite:///runs.db", "--status", "suspended", cwd=project).stdout) == []
+    bad = mklang("runs", "--store", "sqlite:///runs.db", "--status", "lost", cwd=project)
+    assert bad.returncode == 2 and "--status expects one of" in bad.stderr
+
+
+def test_batch_wide_ceilings_suspend_the_rest_and_a_rerun_with_more_finishes(project, server):
+    write_items(project, 10)
+    first = batch(project, "--store", "sqlite:///runs.db", "--batch-max-tokens", "90", "--concurrency", "1")
+    assert first.returncode == 3, first.stderr  # some suspended: a re-run continues them
+    paid = server.count
+    assert paid < 10 * CALLS
+    assert paid * 15 <= 90 + 15  # the ceiling holds within the call in flight
+    second = batch(project, "--store", "sqlite:///runs.db", "--out", "out.jsonl", "--format", "json")
+    assert second.returncode == 0, second.stderr
+    assert server.count == 10 * CALLS  # the re-run paid only what the first had not
+    assert all(line["status"] == "done" for line in results(project / "out.jsonl"))
+
+
+FAN_OUT = """\
+mklang 0.4
+machine fan
+entry many
+budget 30
+
+state many {
+  sample 20
+  structure "One word."
+  prompt "idea {{topic}}"
+  output ideas
+  otherwise -> END
+}
+"""
+
+
+def test_a_batch_ceiling_cuts_a_fan_out_mid_way_and_a_rerun_pays_no_branch_twice(tmp_path, server):
+    from mklang.providers.factory import make_provider
+
+    (tmp_path / "fan.mk").write_text(FAN_OUT, encoding="utf-8")
+    provider = make_provider(config_path=model_config(server.openai_url, tmp_path / "mklang.toml"))
+    inputs = [{"id": f"item-{n}", "topic": f"t-{n}"} for n in range(2)]
+    store, ceiling, per_call = f"sqlite:///{tmp_path}/runs.db", 40, 15
+    first = api.batch(tmp_path / "fan.mk", inputs, store=store, provider=provider, batch_max_tokens=ceiling)
+    assert [(o.status, o.reason) for o in first] == [("suspended", "batch-ceiling")] * 2
+    # Over the ceiling by at most the calls in flight when it was reached: here the branches of
+    # the runs in flight, up to each run's concurrency (8).
+    assert ceiling <= server.count * per_call <= ceiling + 2 * 8 * per_call
+    assert sum(Usage.from_json(o.usage).tokens for o in first) == server.count * per_call
+    again = api.batch(tmp_path / "fan.mk", inputs, store=store, provider=provider, batch_max_tokens=100 * ceiling)
+    assert [o.status for o in again] == ["done"] * 2
+    assert server.count == 2 * 20  # branches paid before the cut were kept, not paid again
+
+
+def test_a_batch_killed_mid_way_finishes_on_a_rerun_without_paying_a_completed_call_twice(project, server):
+    items, concurrency = 40, 4
+    write_items(project, items)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mklang",
+            "batch",
+            "twostep.mk",
+            "--inputs",
+            "items.jsonl",
+            "--config",
+            "mklang.toml",
+            "--store",
+            "sqlite:///runs.db",
+            "--concurrency",
+            str(concurrency),
+            "--format",
+            "json",
+        ],
+        cwd=project,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: server.count >= items, process, "half the calls were paid")
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    paid_before = server.count
+    assert paid_before < items * CALLS, "the batch ended before the kill"
+    done = batch(project, "--store", "sqlite:///runs.db", "--out", "out.jsonl", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert all(line["status"] == "done" for line in results(project / "out.jsonl"))
+    assert [line["result"] for line in results(project / "out.jsonl")] == [f"answer {n}" for n in range(items)]
+    # Calls journaled before the kill are answered from the journal; only those in flight are paid again.
+    assert items * CALLS <= server.count <= items * CALLS + concurrency
+
+
+def test_the_python_api_runs_a_batch_in_a_store(tmp_path, server):
+    from mklang.providers.factory import make_provider
+
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    provider = make_provider(config_path=model_config(server.openai_url, tmp_path / "mklang.toml"))
+    inputs = [{"id": f"item-{n}", "topic": f"t-{n}"} for n in range(5)]
+    outcomes = api.batch(tmp_path / "twostep.mk", inputs, store=f"sqlite:///{tmp_path}/runs.db", provider=provider)
+    assert [(o.run, o.status, o.result) for o in outcomes] == [(f"item-{n}", "done", f"answer {n}") for n in range(5)]
+    assert sorted(open_store(f"sqlite:///{tmp_path}/runs.db").runs()) == [f"item-{n}" for n in range(5)]
+    again = api.batch(tmp_path / "twostep.mk", inputs, store=f"sqlite:///{tmp_path}/runs.db", provider=provider)
+    assert [o.status for o in again] == ["done"] * 5 and server.count == 5 * CALLS
+
+
+def test_bad_batch_input_is_a_usage_error(project):
+    (project / "items.jsonl").write_text('{"id": 1}\n[1, 2]\n')
+    bad = batch(project, "--store", "sqlite:///runs.db")
+    assert bad.returncode == 2 and "items.jsonl:2: each line must hold a JSON object" in bad.stderr
+    (project / "items.jsonl").write_text('{"id": 1}\n{"id": 1}\n')
+    twice = batch(project, "--store", "sqlite:///runs.db")
+    assert twice.returncode == 2 and "appears twice" in twice.stderr

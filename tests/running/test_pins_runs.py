@@ -1,0 +1,1085 @@
+"""Pins for starting and continuing a checkpointed run: the checkpoint package, frames, the runtime and where machines are found again.
+
+Each test fails when the rule it names is dropped (docs/mutation.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conformance.harness import Recorder, mk, run_mk, write_machines
+from support.runs import TWO_STATES
+
+from mklang import faults
+from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
+from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
+from mklang.checkpoint.paths import MachinePaths
+from mklang.engine import make_runtime, run
+from mklang.engine.frame import Frame
+from mklang.engine.runtime import COST_SLACK, Caps, Control, NullJournal
+from mklang.errors import CheckpointError, ProviderError, UsageError
+from mklang.model import Machine
+from mklang.providers.base import Usage, seconds_left
+from mklang.scenarios import Scenario, ScriptedHost
+from mklang.syntax.machines import MachineLoader, file_sha256
+from mklang.syntax.resolve import stdlib_dirs
+
+# --- a project: a root machine that calls a sub-machine ------------------------------
+
+ROOT_MK = """
+    machine root
+    entry a
+    budget {budget}
+    context {{ topic: "tides" }}
+    state a {{
+      structure "s"
+      prompt "p {{{{topic}}}}"
+      output x
+      otherwise -> b
+    }}
+    state b {{
+      call sub {{ q: "{{{{x}}}}" }}
+      output y
+      otherwise -> END
+    }}
+"""
+
+SUB_MK = """
+    machine sub
+    entry s1
+    budget {budget}
+    context { q: "" }
+    state s1 {
+      structure "s"
+      prompt "{{q}}"
+      output z
+      otherwise -> s2
+    }
+    state s2 {
+      structure "s"
+      prompt "again {{z}}"
+      output w
+      otherwise -> END
+    }
+"""
+
+
+def project(folder: Path, root_budget: int = 1, sub_budget: int = 3) -> Machine:
+    """root.mk and sub.mk in `folder`; root.mk loaded."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_machines(folder, ROOT_MK.format(budget=root_budget), SUB_MK.replace("{budget}", str(sub_budget)))
+
+
+def suspended(tmp_path: Path, *, root_budget: int = 1, sub_budget: int = 3, **options: Any) -> Path:
+    """The project in `tmp_path/project`, its run suspended with checkpoint `tmp_path/cp.json`."""
+    machine = project(tmp_path / "project", root_budget, sub_budget)
+    path = tmp_path / "cp.json"
+    result = start(machine, None, checkpoint=path, provider=Recorder({"produce": ["one", "two", "three"]}), **options)
+    assert result.status == "suspended"
+    return path
+
+
+def refusal(path: Path, **options: Any) -> str:
+    with pytest.raises(CheckpointError) as caught:
+        open_checkpoint(path, lock=False, **options)
+    return str(caught.value)
+
+
+def edit(path: Path, change: Any) -> None:
+    """Change the envelope's JSON and save it signed again with this user's key."""
+    document = load(path).model_dump(mode="json")
+    change(document)
+    save(path, Envelope.model_validate(document))
+
+
+# --- start: the envelope a checkpointed run begins with -------------------------------
+
+
+def test_a_checkpointed_run_starts_running_with_default_settings_and_a_fresh_run_id(tmp_path):
+    machine = project(tmp_path / "project", root_budget=5)
+    firsts: list[Envelope] = []
+    runs = []
+    for name in ("one.json", "two.json"):
+        path = tmp_path / name
+        seen: list[Envelope] = []
+        result = start(
+            machine,
+            None,
+            checkpoint=path,
+            provider=Recorder({"produce": ["x", "y", "z"]}),
+            observer=lambda chain, path=path, seen=seen: seen.append(load(path)),
+        )
+        assert result.status == "done"
+        firsts.append(seen[0])
+        runs.append(load(path))
+    first = firsts[0]
+    assert (first.status, first.hitl, first.concurrency) == ("running", False, 8)
+    assert first.budgets.model_dump() == {"max_tokens": None, "max_cost": None, "max_time": None}
+    assert first.host == HostSettings()
+    assert (first.machine.name, first.machine.path) == ("root", "project/root.mk")
+    assert first.machine.sha256 == file_sha256(tmp_path / "project" / "root.mk")
+    assert first.frames[0]["context"] == {"topic": "tides"}  # no context given: the defaults
+    assert len(first.run_id) == 32 and int(first.run_id, 16) >= 0
+    assert firsts[1].run_id != first.run_id
+    assert [run.run_id for run in runs] == [f.run_id for f in firsts]
+
+
+def test_a_checkpointed_run_of_a_machine_without_a_file_records_no_root_and_cannot_resume_without_one(tmp_path):
+    machine = mk(ROOT_MK.format(budget=1).replace("call sub", "call nothing"))
+    path = tmp_path / "cp.json"
+    start(machine, {"topic": "moons"}, checkpoint=path, provider=Recorder())
+    envelope = load(path)
+    assert (envelope.machine.path, envelope.machine.sha256, envelope.machines) == (None, None, {})
+    assert refusal(path) == f"{path}: the checkpoint records no root machine file (use --machine PATH)"
+
+
+# --- open_checkpoint: where the machines are, and which frames may run ----------------
+
+
+def test_a_moved_root_machine_is_named_by_machine_path_and_its_sub_machines_follow(tmp_path):
+    path = suspended(tmp_path, root_budget=2, sub_budget=1)  # suspended inside sub
+    assert [f["path"] for f in load(path).frames] == ["root.mk", "sub.mk"]
+    shutil.move(tmp_path / "project", tmp_path / "moved")
+    missing = tmp_path / "project" / "root.mk"
+    kept = open_checkpoint(path, lock=False)  # the store keeps the texts the checkpoint signed
+    assert kept.machines_note is not None
+    assert kept.machines_note.startswith(f"{missing} is missing; running the machine texts the store keeps")
+    assert [Path(frame.machine.path).name for frame in kept.chain] == ["root.mk", "sub.mk"]
+    opened = open_checkpoint(path, lock=False, machine_path=str(tmp_path / "moved" / "root.mk"))
+    assert [frame.machine.path for frame in opened.chain] == [
+        str(tmp_path / "moved" / "root.mk"),
+        str(tmp_path / "moved" / "sub.mk"),
+    ]
+    done = continue_checkpoint(opened, provider=Recorder({"produce": ["again"]}), budget=5)
+    assert (done.status, done.result) == ("done", "again")
+
+
+def test_with_machine_path_the_root_machine_is_not_the_recorded_one(tmp_path):
+    path = suspended(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "root.mk").write_text((tmp_path / "project" / "root.mk").read_text() + "# edited\n")
+    assert refusal(path, machine_path=str(other / "root.mk")) == (
+        f"{other / 'root.mk'}: machine file changed since the checkpoint was written "
+        "(resume with --force to accept the change)"
+    )
+    opened = open_checkpoint(path, lock=False, machine_path=str(other / "root.mk"), force=True)
+    assert opened.chain[0].machine.path == str(other / "root.mk")
+
+
+def test_the_first_frame_must_run_the_root_machine(tmp_path):
+    path = suspended(tmp_path, root_budget=2, sub_budget=1)
+
+    def root_runs_sub(document: dict[str, Any]) -> None:
+        document["frames"] = [document["frames"][1]]
+
+    edit(path, root_runs_sub)
+    assert refusal(path) == f"{path}: the first frame does not run the root machine {tmp_path / 'project' / 'root.mk'}"
+
+
+def test_a_hashed_machine_is_checked_in_name_order_and_every_one_must_be_unchanged(tmp_path):
+    path = suspended(tmp_path, root_budget=2, sub_budget=1)
+    assert sorted(load(path).machines) == ["root.mk", "sub.mk"]
+    for name in ("sub.mk", "root.mk"):
+        machine = tmp_path / "project" / name
+        machine.write_text(machine.read_text() + "# edited\n")
+    assert refusal(path).startswith(f"{tmp_path / 'project' / 'root.mk'}: machine file changed")
+    (tmp_path / "project" / "root.mk").unlink()
+    assert refusal(path).startswith(f"{tmp_path / 'project' / 'root.mk'}: machine file of the checkpoint is missing")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("steps", -1, "field steps: Input should be greater than or equal to 0"),
+        (
+            "usage",
+            {"input_tokens": -2, "output_tokens": 0, "cost_usd": 0.0},
+            "field usage.input_tokens: Input should be greater than or equal to 0",
+        ),
+    ],
+)
+def test_a_malformed_frame_is_refused_in_one_line(tmp_path, field, value, problem):
+    path = suspended(tmp_path)
+    edit(path, lambda document: document["frames"][0].update({field: value}))
+    assert refusal(path) == f"{path}: malformed frame: {problem}"
+
+
+def test_a_frame_naming_a_file_the_checkpoint_did_not_hash_is_refused(tmp_path):
+    path = suspended(tmp_path)
+    shutil.copy(tmp_path / "project" / "root.mk", tmp_path / "project" / "evil.mk")
+    edit(path, lambda document: document["frames"][0].update(path="evil.mk"))
+    assert refusal(path, force=True) == (
+        f"{path}: a frame of machine 'root' names evil.mk, which is not one of the checkpoint's hashed machine files"
+    )
+
+
+def test_a_hashed_machine_that_no_longer_loads_is_refused_naming_it(tmp_path):
+    path = suspended(tmp_path)
+    root = tmp_path / "project" / "root.mk"
+    root.write_text("machine root\nentry nowhere\n")
+    assert (
+        refusal(path, force=True)
+        == f"{path}: cannot load machine {root}: {root}:1:1: the file has no `budget <steps>` line"
+    )
+
+
+# --- a run that died: its journal is replayed -----------------------------------------
+
+
+class _Crash(Exception):
+    """Stands for the process dying at a loop-top."""
+
+
+def dead(tmp_path: Path, at_top: int = 3, **options: Any) -> Path:
+    """The project's run (budget 5) died at its `at_top`-th loop-top (from 0) inside sub.mk,
+    entered after the last snapshot; checkpoint `tmp_path/cp.json`."""
+    machine = project(tmp_path / "project", root_budget=5)
+    path = tmp_path / "cp.json"
+    tops = iter(range(100))
+
+    def crash(chain: Any) -> None:
+        if next(tops) == at_top:
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        start(
+            machine,
+            None,
+            checkpoint=path,
+            provider=Recorder({"produce": ["one", "two", "three"]}),
+            observer=crash,
+            **options,
+        )
+    return path
+
+
+def journal_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(f"{path}.journal").read_text().splitlines()]
+
+
+def write_journal(path: Path, lines: list[dict[str, Any]]) -> None:
+    Path(f"{path}.journal").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_a_dead_run_resumes_from_its_journal_even_inside_a_machine_entered_after_the_snapshot(tmp_path):
+    path = dead(tmp_path)
+    envelope = load(path)
+    assert (envelope.status, sorted(envelope.machines)) == ("running", ["root.mk"])
+    opened = open_checkpoint(path, lock=False)
+    assert (opened.crashed, opened.trusted) == (True, True)
+    assert [(frame.machine.name, frame.state) for frame in opened.chain] == [("root", "b"), ("sub", "s2")]
+    assert opened.chain[1].context == {"q": "one", "z": "two"}
+    done = continue_checkpoint(opened, provider=Recorder({"produce": ["three"]}))
+    assert (done.status, done.result, done.context) == ("done", "three", {"topic": "tides", "x": "one", "y": "three"})
+    assert sorted(load(path).machines) == ["root.mk", "sub.mk"]
+
+
+def test_a_machine_entered_after_the_snapshot_must_be_unchanged_since_its_journal_line(tmp_path):
+    path = dead(tmp_path)
+    sub = tmp_path / "project" / "sub.mk"
+    sub.write_text(sub.read_text() + "# edited\n")
+    assert refusal(path) == (
+        f"{sub}: machine file changed since the checkpoint was written (resume with --force to accept the change)"
+    )
+
+
+def test_the_journal_of_an_untrusted_checkpoint_cannot_vouch_for_a_machine(tmp_path, monkeypatch):
+    path = dead(tmp_path)
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    assert refusal(path, trust=True) == (
+        f"{path}: a frame of machine 'sub' names sub.mk, which is not one of the checkpoint's hashed machine files"
+    )
+
+
+def test_an_untrusted_dead_run_has_every_value_of_every_frame_fenced(tmp_path, monkeypatch):
+    path = dead(tmp_path, at_top=1)  # died at root b, before entering sub
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    opened = open_checkpoint(path, lock=False, trust=True)
+    assert (opened.crashed, opened.trusted) == (True, False)
+    assert [frame.tainted for frame in opened.chain] == [{"topic", "x"}]
+    clean = open_checkpoint(suspended(tmp_path / "clean"), lock=False, trust=True)
+    assert clean.trusted and clean.chain[0].tainted == {"x"}  # signed: its taint marks stand
+
+
+def test_an_edited_envelope_of_a_dead_run_is_untrusted_even_with_an_intact_journal(tmp_path):
+    path = dead(tmp_path, at_top=1)
+    document = json.loads(path.read_text())
+    document["frames"][0]["context"]["topic"] = "edited"
+    path.write_text(json.dumps(document))
+    opened = open_checkpoint(path, lock=False, trust=True)
+    assert (opened.crashed, opened.trusted) == (True, False)
+    assert opened.chain[0].tainted == {"topic", "x"}
+
+
+@pytest.mark.parametrize(
+    ("edit_line", "problem"),
+    [
+        (lambda lines: lines[2].pop("d"), "malformed journal: KeyError: 'd'"),
+        (
+            lambda lines: lines[2]["r"].update(charge="many"),
+            "malformed journal: TypeError: unsupported operand type(s) for +=: 'int' and 'str'",
+        ),
+        (lambda lines: lines[3].update(f="a frame"), "malformed frame: a frame must be a JSON object, not str"),
+    ],
+)
+def test_a_malformed_journal_of_an_untrusted_run_is_refused_in_one_line(tmp_path, monkeypatch, edit_line, problem):
+    path = dead(tmp_path)
+    lines = journal_lines(path)
+    edit_line(lines)
+    write_journal(path, lines)
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    assert refusal(path, trust=True, force=True) == f"{path}: {problem}"
+
+
+# --- continue_checkpoint: what a resume changes, and where it writes ------------------
+
+
+def test_a_resume_records_the_budgets_and_settings_it_was_given_and_keeps_the_rest(tmp_path):
+    path = suspended(
+        tmp_path, max_tokens=100, max_cost=1.5, max_time=600, hitl=True, concurrency=3, host=HostSettings(model="m1")
+    )
+    opened = open_checkpoint(path)
+    done = continue_checkpoint(
+        opened,
+        provider=Recorder({"produce": ["two", "three"]}),
+        budget=5,
+        max_tokens=200,
+        max_time=900,
+        hitl=False,
+        concurrency=2,
+        host=HostSettings(model="m2"),
+    )
+    assert done.status == "done"
+    envelope = load(path)
+    assert envelope.budgets.model_dump() == {"max_tokens": 200, "max_cost": 1.5, "max_time": 900}
+    assert (envelope.hitl, envelope.concurrency, envelope.host.model) == (False, 2, "m2")
+    assert envelope.frames[0]["budget"] == 5
+
+
+def test_a_resume_given_no_settings_keeps_every_recorded_one(tmp_path):
+    path = suspended(tmp_path, max_tokens=100, max_cost=1.5, hitl=True, concurrency=3, host=HostSettings(model="m1"))
+    done = continue_checkpoint(open_checkpoint(path), provider=Recorder({"produce": ["two", "three"]}), budget=5)
+    assert done.status == "done"
+    envelope = load(path)
+    assert envelope.budgets.model_dump() == {"max_tokens": 100, "max_cost": 1.5, "max_time": None}
+    assert (envelope.hitl, envelope.concurrency, envelope.host.model) == (True, 3, "m1")
+
+
+def test_a_clean_resume_continues_the_envelope_in_place_and_its_journal_records_the_change(tmp_path):
+    path = suspended(tmp_path, hitl=True, concurrency=3)
+    before = path.read_bytes()
+    seen: list[tuple[bytes, dict[str, Any]]] = []
+    opened = open_checkpoint(path)
+    continue_checkpoint(
+        opened,
+        provider=Recorder({"produce": ["two", "three"]}),
+        budget=4,
+        max_cost=2.0,
+        set_values={"topic": "moons"},
+        host=HostSettings(model="m2"),
+        observer=lambda chain: seen.append((path.read_bytes(), journal_lines(path)[0])),
+    )
+    stored, header = seen[0]
+    assert stored == before  # not rewritten: continued in place
+    assert header["resume"] == {
+        "budgets": {"max_tokens": None, "max_cost": 2.0, "max_time": None},
+        "hitl": True,
+        "untrusted_flow": "report",
+        "concurrency": 3,
+        "host": HostSettings(model="m2").model_dump(mode="json"),
+        "budget": 4,
+        "set": {"topic": "moons"},
+    }
+    assert (header["k"], header["g"]) == ("gen", load(path).generation - 1)
+
+
+def test_a_resume_of_a_dead_run_or_to_another_file_starts_from_a_fresh_snapshot(tmp_path):
+    path = dead(tmp_path / "dead", at_top=1)
+    seen: list[tuple[Envelope, dict[str, Any]]] = []
+    continue_checkpoint(
+        open_checkpoint(path),
+        provider=Recorder({"produce": ["two", "three"]}),
+        observer=lambda chain: seen.append((load(path), journal_lines(path)[0])),
+    )
+    envelope, header = seen[0]
+    assert (envelope.status, envelope.frames[0]["state"], header) == (
+        "running",
+        "b",
+        {**header, "g": envelope.generation},
+    )
+    assert "resume" not in header
+
+    path = suspended(tmp_path / "clean")
+    other = tmp_path / "other.json"
+    busy: list[str] = []
+
+    def try_to_open(chain: Any) -> None:
+        with pytest.raises(CheckpointError) as caught:
+            open_checkpoint(other)
+        busy.append(str(caught.value))
+
+    before = path.read_bytes()
+    done = continue_checkpoint(
+        open_checkpoint(path),
+        provider=Recorder({"produce": ["two", "three"]}),
+        budget=5,
+        checkpoint=other,
+        observer=try_to_open,
+    )
+    assert done.status == "done" and load(other).status == "done"
+    assert busy and all("the run is still going in process" in line for line in busy)  # the new file is locked
+    assert path.read_bytes() == before
+    open_checkpoint(path, allow_rollback=True).release()  # and both locks are free once the run ends
+    with pytest.raises(CheckpointError, match="already finished"):
+        open_checkpoint(other)
+
+
+# --- frames as checkpoints record them ------------------------------------------------
+
+REPAIRING = """
+    machine repairing
+    entry a
+    budget 7
+    context { topic: "tides", n: 0 }
+    state a {
+      structure "s"
+      prompt "p"
+      output x
+      when "it is wrong" repair 2 -> a
+      otherwise -> b
+    }
+    state b {
+      structure "s"
+      prompt "p"
+      output y
+      when "it is odd" repair 1 -> b
+      when "it is wrong" repair 0 -> b
+      otherwise -> END
+    }
+"""
+
+
+def test_a_fresh_frame_has_a_repair_counter_per_repair_gate_and_taints_the_inputs_given():
+    machine = mk(REPAIRING)
+    frame = Frame.start(machine, {"topic": "moons", "more.deep": 1})
+    assert (frame.state, frame.budget, frame.steps) == ("a", 7, 0)
+    assert frame.context == {"topic": "moons", "n": 0, "more": {"deep": 1}}
+    assert frame.repair_left == {("a", 0): 2, ("b", 0): 1, ("b", 1): 0}
+    assert frame.tainted == {"topic", "more"}
+    assert Frame.start(machine, {"topic": "moons"}, tainted=set()).tainted == set()
+    assert Frame.start(machine).tainted == set()
+    assert machine.context == {"topic": "tides", "n": 0}  # the defaults are copied, not written into
+
+
+def _full_frame() -> Frame:
+    frame = Frame.start(mk(REPAIRING), {"topic": "moons"})
+    frame.state = "b"
+    frame.tainted = {"x", "topic", "a"}
+    frame.steps = 3
+    frame.usage = Usage(5, 7, 0.25)
+    frame.feedback = "fix it"
+    frame.repair_left = {("b", 1): 0, ("a", 0): 1, ("b", 0): 1}
+    frame.visits = {"b": 1, "a": 2}
+    frame.trace = [{"state": "a", "step": 1}]
+    frame.last_output = {"v": [1]}
+    frame.branches = {2: {"output": "two", "usage": Usage(1, 1, 0.0).to_json()}, 0: {"output": "zero", "usage": {}}}
+    frame.halted = "gate-fail"
+    frame.ask = {"ask": "Go on?", "reply_to": "go"}
+    frame.external = {"x", "topic"}
+    frame.decision_tainted = True
+    return frame
+
+
+def test_a_frame_is_recorded_with_every_field_its_collections_in_order():
+    recorded = _full_frame().to_json()
+    assert json.dumps(recorded) == json.dumps(
+        {
+            "machine": "repairing",
+            "path": None,
+            "state": "b",
+            "context": {"topic": "moons", "n": 0},
+            "tainted": ["a", "topic", "x"],
+            "steps": 3,
+            "budget": 7,
+            "usage": {"input_tokens": 5, "output_tokens": 7, "cost_usd": 0.25},
+            "feedback": "fix it",
+            "repair_left": [("a", 0, 1), ("b", 0, 1), ("b", 1, 0)],
+            "visits": {"a": 2, "b": 1},
+            "trace": [{"state": "a", "step": 1}],
+            "last_output": {"v": [1]},
+            "halted": "gate-fail",
+            "ask": {"ask": "Go on?", "reply_to": "go"},
+            "external": ["topic", "x"],
+            "decision_tainted": True,
+            "branches": [(0, {"output": "zero", "usage": {}}), (2, {"output": "two", "usage": Usage(1, 1).to_json()})],
+        }
+    )
+    plain = Frame.start(mk(REPAIRING)).to_json()
+    assert "branches" not in plain and plain["halted"] is None and plain["ask"] is None
+    assert (plain["external"], plain["decision_tainted"]) == ([], False)
+
+
+def test_a_recorded_frame_reads_back_as_it_was():
+    frame = _full_frame()
+    again = Frame.from_json(json.loads(json.dumps(frame.to_json())), frame.machine)
+    assert again == frame
+
+
+def test_a_frame_record_without_its_optional_keys_reads_as_a_fresh_level():
+    """...but for control-flow taint, which it cannot vouch for: every key external, the decision tainted."""
+    machine = mk(REPAIRING)
+    frame = Frame.from_json({"state": "b", "context": {"n": 1}, "budget": "4", "steps": "2"}, machine)
+    fresh = Frame(machine=machine, state="b", context={"n": 1}, tainted=set(), budget=4, steps=2)
+    fresh.external, fresh.decision_tainted = {"n"}, True
+    assert frame == fresh
+    assert (frame.usage, frame.trace, frame.branches, frame.last_output) == (Usage(), [], {}, None)
+    numbers = Frame.from_json(
+        {
+            "state": "b",
+            "context": {},
+            "budget": 1,
+            "steps": 0,
+            "repair_left": [["a", "0", "2"]],
+            "visits": {"a": "3"},
+            "branches": [["1", {"output": 1, "usage": {}}]],
+        },
+        machine,
+    )
+    assert (numbers.repair_left, numbers.visits, numbers.branches) == (
+        {("a", 0): 2},
+        {"a": 3},
+        {1: {"output": 1, "usage": {}}},
+    )
+
+
+# --- machine files as a checkpoint names them: the standard library -------------------
+
+ASKER = """
+    machine asker
+    entry ask
+    budget 3
+    state ask {
+      call chain_of_thought { question: "When does the train arrive?" }
+      output answer
+      otherwise -> END
+    }
+"""
+
+
+def test_a_standard_library_machine_is_recorded_by_name_and_found_again_on_resume(tmp_path):
+    (tmp_path / "project").mkdir()
+    machine = write_machines(tmp_path / "project", ASKER)
+    path = tmp_path / "cp.json"
+    llm = {"produce": ["1. it leaves at 9.", "10:00"], "tokens": [10, 10], "judge": [0]}
+    first = start(machine, None, checkpoint=path, provider=Recorder(llm), max_tokens=5)
+    assert (first.status, first.reason) == ("suspended", "cost-exhausted")
+    envelope = load(path)
+    assert [frame["path"] for frame in envelope.frames] == ["asker.mk", "stdlib:chain_of_thought.mk"]
+    assert sorted(envelope.machines) == ["asker.mk", "stdlib:chain_of_thought.mk"]
+    opened = open_checkpoint(path)
+    assert opened.chain[1].machine.path == str(stdlib_dirs()[0] / "chain_of_thought.mk")
+    done = continue_checkpoint(opened, provider=Recorder({**llm, "produce": ["10:00"]}), max_tokens=1000)
+    assert (done.status, done.result) == ("done", "10:00")
+
+
+def test_a_standard_library_name_is_a_bare_file_name_looked_up_in_the_library_only():
+    library = stdlib_dirs()[0]
+    paths = MachinePaths(None)
+    assert paths.name(str(library / "debate.mk")) == "stdlib:debate.mk"
+    assert paths.file("stdlib:debate.mk") == library / "debate.mk"
+    assert paths.file("stdlib:nowhere.mk") == Path("nowhere.mk")  # not in the library: reported missing as is
+    escaping = f"../{library.name}/debate.mk"
+    assert (library / escaping).is_file()
+    assert paths.file(f"stdlib:{escaping}") == Path(escaping)  # never a path out of the library
+
+
+# --- a resume runs with what the host gives it ------------------------------------------
+
+HOOKED = """
+    machine hooked
+    entry a
+    budget 1
+    hook stop "True when it should stop."
+    state a {
+      structure "s"
+      prompt "p"
+      output x
+      otherwise -> b
+    }
+    state b {
+      structure "s"
+      prompt "p"
+      output y
+      when "it should stop" hook stop -> END
+      otherwise -> a
+    }
+"""
+
+
+def test_a_resume_runs_with_the_hooks_and_the_control_it_is_given(tmp_path):
+    machine = write_machines(tmp_path, HOOKED)
+    path = tmp_path / "cp.json"
+    assert start(machine, None, checkpoint=path, provider=Recorder()).status == "suspended"
+    seen: list[Any] = []
+
+    def stop(context: dict[str, Any], output: Any) -> bool:
+        seen.append(output)
+        return True
+
+    control = Control()
+    control.interrupted.set()
+    stopped = continue_checkpoint(open_checkpoint(path), provider=Recorder(), budget=5, control=control)
+    assert (stopped.status, stopped.reason, stopped.at) == ("suspended", "interrupted", "b")
+    done = continue_checkpoint(open_checkpoint(path), provider=Recorder({"produce": ["last"]}), hooks={"stop": stop})
+    assert (done.status, done.result, seen) == ("done", "last", ["last"])
+
+
+def test_a_scripted_run_saves_its_position_and_a_resume_restores_it_or_runs_without_it(tmp_path):
+    machine = project(tmp_path / "project")
+    scenario = Scenario("s", llm={"produce": ["one", "two", "three"]})
+    first = ScriptedHost(scenario)
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=first.provider, scripted=first)
+    recorded = load(path).host.position
+    assert recorded == first.position() and recorded != ScriptedHost(scenario).position()
+    shutil.copy(path, tmp_path / "copy.json")
+
+    again = ScriptedHost(scenario)
+    done = continue_checkpoint(open_checkpoint(path), provider=again.provider, scripted=again, budget=5)
+    assert (done.status, done.result) == ("done", "three")  # the answers after the one already used
+    assert load(path).host.position == again.position() != recorded
+
+    other = continue_checkpoint(
+        open_checkpoint(tmp_path / "copy.json", allow_rollback=True),
+        provider=Recorder({"produce": ["a", "b"]}),
+        budget=5,
+    )
+    assert (other.status, other.result) == ("done", "b")
+
+
+class _Died(BaseException):
+    """Stands for the process dying in the middle of a step."""
+
+
+def test_a_resumed_dead_run_replays_the_calls_its_step_in_flight_had_paid_for(tmp_path):
+    class DiesAtTheJudge(Recorder):
+        def judge(self, conditions, output, reasoning, context, tier):
+            raise _Died
+
+    machine = write_machines(tmp_path, HOOKED.replace("hook stop -> END", "-> END").replace("budget 1", "budget 5"))
+    path = tmp_path / "cp.json"
+    with pytest.raises(_Died):
+        start(machine, None, checkpoint=path, provider=DiesAtTheJudge({"produce": ["paid", "b-one"]}))
+    opened = open_checkpoint(path)
+    assert opened.crashed and [(f.state, f.context) for f in opened.chain] == [("b", {"x": "paid"})]
+    assert len(opened.replay) == 1  # b's answer, paid for before the judge call died
+    provider = Recorder({"produce": ["never"], "judge": [0]})
+    done = continue_checkpoint(opened, provider=provider)
+    assert (done.status, done.context, provider.produced) == ("done", {"x": "paid", "y": "b-one"}, [])
+
+
+def test_a_resumed_run_that_finishes_keeps_no_detail_of_the_suspension(tmp_path):
+    class Down(Recorder):
+        def produce(self, system, user, tier, reason):
+            raise ProviderError("HTTP 503 from the model server")
+
+    machine = project(tmp_path / "project", root_budget=5)
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=Down())
+    assert (load(path).reason, load(path).detail) == ("provider-error", "HTTP 503 from the model server")
+    assert continue_checkpoint(open_checkpoint(path), provider=Recorder()).status == "done"
+    done = load(path)
+    assert (done.status, done.reason, done.detail) == ("done", None, None)
+
+
+def test_an_edited_journal_of_a_signed_dead_run_is_still_replayed_when_trusted_as_data(tmp_path):
+    path = dead(tmp_path, at_top=1)
+    journal = Path(f"{path}.journal")
+    journal.write_bytes(journal.read_bytes().replace(b'"text":"one"', b'"text":"edited"'))  # the paid answer
+    with pytest.raises(CheckpointError, match="journal line 2 was edited"):
+        open_checkpoint(path, lock=False)
+    opened = open_checkpoint(path, lock=False, trust=True)
+    assert (opened.trusted, opened.crashed) == (False, True)
+    assert [(frame.state, frame.context) for frame in opened.chain] == [("b", {"topic": "tides", "x": "one"})]
+
+
+# --- the engine: what a run is assembled from, and what it reports ---------------------
+
+
+def test_a_runtime_defaults_to_eight_calls_in_flight_no_hitl_and_a_run_id_of_its_own():
+    runtime = make_runtime(Recorder())
+    assert (runtime.concurrency, runtime.hitl, runtime.observer, runtime.control.deadline) == (8, False, None, None)
+    assert isinstance(runtime.journal, NullJournal) and isinstance(runtime.load_machine, MachineLoader)
+    assert len(runtime.run_id) == 32 and int(runtime.run_id, 16) >= 0
+    assert make_runtime(Recorder()).run_id != runtime.run_id
+    assert runtime.tools.get("calc") is not None and runtime.hooks.get("calc") is None
+
+
+def test_a_runtime_takes_what_it_is_given_and_at_least_one_call_in_flight():
+    control, loader, journal = Control(), MachineLoader(), NullJournal()
+
+    def observer(chain: Any) -> None:
+        pass
+
+    before = time.monotonic()
+    runtime = make_runtime(
+        Recorder(),
+        journal=journal,
+        loader=loader,
+        run_id="run-7",
+        concurrency=3,
+        hitl=True,
+        control=control,
+        observer=observer,
+        max_time=60,
+        hooks={"h": print},
+    )
+    assert (runtime.concurrency, runtime.hitl, runtime.run_id) == (3, True, "run-7")
+    assert (runtime.journal, runtime.load_machine, runtime.control, runtime.observer) == (
+        journal,
+        loader,
+        control,
+        observer,
+    )
+    assert before + 60 <= control.deadline <= time.monotonic() + 60
+    assert runtime.hooks.get("h") is print
+    assert make_runtime(Recorder(), concurrency=0).concurrency == 1
+
+
+def test_tools_and_hooks_registered_as_entry_points_are_found_by_their_documented_groups(monkeypatch):
+    import importlib.metadata
+
+    class Point:
+        def __init__(self, name: str, value: Any):
+            self.name, self.value = name, value
+
+        def load(self) -> Any:
+            return self.value
+
+    points = {
+        "mklang.tools": [Point("shout", lambda arguments: str(arguments["text"]).upper())],
+        "mklang.hooks": [Point("short", lambda context, output: len(output) < 10)],
+    }
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: points.get(group, []))
+    result = run_mk(
+        """
+        machine m
+        entry a
+        budget 3
+        tool shout "Upper-cases its text."
+        hook short "True when the output is short."
+        state a {
+          tool shout { text: "hi" }
+          output loud
+          when "it is short" hook short -> END
+          otherwise fail
+        }
+        """
+    )
+    assert (result.status, result.error, result.result) == ("done", None, "HI")
+
+
+def test_a_run_loads_the_machines_it_calls_through_the_loader_it_is_given(tmp_path):
+    machine = project(tmp_path, root_budget=5)
+    loader = MachineLoader()
+    result = run(machine, provider=Recorder({"produce": ["one", "two", "three"]}), loader=loader)
+    assert (result.status, result.result) == ("done", "three")
+    assert sorted(Path(path).name for path in loader.hashes) == ["root.mk", "sub.mk"]
+
+
+def test_a_run_result_reports_as_json_what_its_status_calls_for():
+    done = run_mk(TWO_STATES, llm={"produce": ["one", "two"], "tokens": [2, 1]})
+    assert done.to_json() == {
+        "status": "done",
+        "error": None,
+        "at": None,
+        "result": "two",
+        "context": {"x": "one", "y": "two"},
+        "trace": done.trace,
+        "usage": {"input_tokens": 4, "output_tokens": 2, "cost_usd": 0.0},
+        "calls": {"produce": 2},
+    }
+    assert done.reason is None
+    asked = run_mk(
+        TWO_STATES.replace("otherwise -> b", 'otherwise escalate -> b ask "Go on?" reply_to go'),
+        suspendable=True,
+        hitl=True,
+    )
+    data = asked.to_json()
+    assert (data["status"], data["error"], data["reason"], asked.reason) == (
+        "suspended",
+        None,
+        "escalated",
+        "escalated",
+    )
+    assert (data["at"], data["ask"], data["reply_to"], data["frames"]) == (
+        "b",
+        "Go on?",
+        "go",
+        [{"machine": "m", "state": "b"}],
+    )
+    assert "detail" not in data and data["result"] is None
+    halted = run_mk(TWO_STATES.replace("otherwise -> END", "otherwise fail"), llm={"tokens": [1, 1]})
+    data = halted.to_json()
+    assert (data["status"], data["error"], data["at"], halted.reason) == ("halted", halted.error, "b", None)
+    assert halted.error and "reason" not in data and "frames" not in data
+    assert data["usage"] == {"input_tokens": 2, "output_tokens": 2, "cost_usd": 0.0}
+
+
+# --- the runtime: budgets, the clock and crash points -----------------------------------
+
+
+def test_a_token_or_dollar_budget_is_spent_once_reached_with_a_nano_dollar_of_slack():
+    assert Caps().spent(Usage(10**9, 10**9, 10**9)) is False
+    assert Caps(tokens=10).spent(Usage(5, 5)) is True
+    assert Caps(tokens=10).spent(Usage(5, 4)) is False
+    assert Caps(cost=0.10).spent(Usage(cost_usd=sum([0.01] * 10))) is True  # 0.0999...: within the slack
+    assert Caps(cost=0.10).spent(Usage(cost_usd=0.10 - COST_SLACK)) is True  # the slack's own edge counts
+    assert Caps(cost=0.10).spent(Usage(cost_usd=0.0999)) is False
+    assert Caps(tokens=10, cost=0.10).spent(Usage(1, 1, 0.5)) is True
+    assert Caps(tokens=10, cost=0.10).spent(Usage(10, 0, 0.0)) is True
+
+
+def test_a_deadline_is_past_from_its_very_instant(monkeypatch):
+    monkeypatch.setattr(time, "monotonic", lambda: 100.0)
+    assert Control(deadline=100.0).past_deadline() is True
+    assert Control(deadline=100.5).past_deadline() is False
+    assert Control().past_deadline() is False
+    control = Control()
+    assert (control.deadline, control.ceiling, control.interrupted.is_set()) == (None, None, False)
+
+
+def test_every_model_and_tool_call_reaches_its_crash_points_before_and_after():
+    reached: list[str] = []
+    faults.watch(reached.append)
+    try:
+        result = run_mk(
+            TWO_STATES.replace(
+                'structure "s"\n      prompt "p"\n      output y', 'tool calc { expression: "1+1" }\n      output y'
+            )
+        )
+    finally:
+        faults.disarm()
+    assert result.status == "done", result.error
+    assert reached == ["call.before", "call.returned", "call.before", "call.returned"]
+
+
+# --- a resumed run is hosted as the checkpoint records -----------------------------------
+
+FAN = """
+    machine fan
+    entry a
+    budget 1
+    context { xs: ["p", "q", "r"] }
+    state a {
+      structure "s"
+      prompt "p"
+      output first
+      otherwise -> each
+    }
+    state each {
+      over xs
+      structure "s"
+      prompt "{{item}}"
+      output o
+      otherwise escalate -> last ask "Done?" reply_to ok
+    }
+    state last {
+      structure "s"
+      prompt "p"
+      output y
+      otherwise -> END
+    }
+"""
+
+
+def test_a_resume_runs_with_the_recorded_calls_in_flight_and_hitl(tmp_path):
+    class Threads(Recorder):
+        def __init__(self) -> None:
+            super().__init__({"tokens": [1, 1]})
+            self.threads: set[int] = set()
+
+        def produce(self, system, user, tier, reason):
+            self.threads.add(threading.get_ident())
+            return super().produce(system, user, tier, reason)
+
+    machine = write_machines(tmp_path, FAN)
+    path = tmp_path / "cp.json"
+    first = start(machine, None, checkpoint=path, provider=Recorder({"tokens": [5, 5]}), concurrency=1, hitl=True)
+    assert (first.status, first.reason, first.at) == ("suspended", "budget-exhausted", "each")
+    provider = Threads()
+    again = continue_checkpoint(open_checkpoint(path), provider=provider, budget=5)
+    assert (again.status, again.reason, again.ask) == ("suspended", "escalated", "Done?")
+    assert provider.threads == {threading.get_ident()}  # one call at a time: all on this thread
+    assert (load(path).usage, again.usage) == (again.usage.to_json(), Usage(8, 8))  # the first call's too
+
+
+def test_a_resume_keeps_the_recorded_time_budget(tmp_path):
+    machine = write_machines(tmp_path, TWO_STATES)
+    path = tmp_path / "cp.json"
+    first = start(machine, None, checkpoint=path, provider=Recorder(), max_time=0)
+    assert (first.status, first.reason, first.at) == ("suspended", "time-exhausted", "a")
+    again = continue_checkpoint(open_checkpoint(path), provider=Recorder())
+    assert (again.status, again.reason, again.at) == ("suspended", "time-exhausted", "a")
+    done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), max_time=60)
+    assert done.status == "done"
+
+
+def test_an_escalated_checkpoint_whose_frames_predate_their_pending_ask_takes_the_envelopes_question(tmp_path):
+    machine = write_machines(
+        tmp_path, TWO_STATES.replace("otherwise -> b", 'otherwise escalate -> b ask "Go on?" reply_to go')
+    )
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=Recorder(), hitl=True)
+    assert (load(path).reason, load(path).frames[-1]["ask"]) == ("escalated", {"ask": "Go on?", "reply_to": "go"})
+
+    def older(document: dict[str, Any]) -> None:
+        del document["frames"][-1]["ask"]
+
+    edit(path, older)
+    assert "ask" not in load(path).frames[-1]
+    opened = open_checkpoint(path)
+    assert opened.chain[-1].ask == {"ask": "Go on?", "reply_to": "go"}
+    again = continue_checkpoint(opened, provider=Recorder())
+    assert (again.status, again.reason, again.ask, again.reply_to) == ("suspended", "escalated", "Go on?", "go")
+    done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), set_values={"go": "yes"})
+    assert (done.status, done.context["go"]) == ("done", "yes")
+
+
+def test_a_run_suspended_inside_a_called_machine_reports_the_innermost_state_and_every_level(tmp_path):
+    machine = project(tmp_path, root_budget=2, sub_budget=1)
+    result = run(machine, provider=Recorder({"tokens": [1, 2]}), suspendable=True)
+    data = result.to_json()
+    assert (data["status"], data["reason"], data["at"]) == ("suspended", "budget-exhausted", "s2")
+    assert data["frames"] == [{"machine": "root", "state": "b"}, {"machine": "sub", "state": "s2"}]
+    assert [frame.machine.name for frame in result.frames] == ["root", "sub"]
+    assert data["usage"] == {"input_tokens": 2, "output_tokens": 4, "cost_usd": 0.0}  # both levels' calls
+    assert data["calls"] == {"produce": 2}
+    assert (data["context"], [step["state"] for step in data["trace"]]) == ({"topic": "tides", "x": ""}, ["a"])
+
+
+def test_an_interrupted_run_that_cannot_suspend_reports_the_context_and_trace_it_reached():
+    control = Control()
+
+    def interrupt_at_b(chain: Any) -> None:
+        if chain[-1].state == "b":
+            control.interrupted.set()
+
+    result = run_mk(TWO_STATES, llm={"produce": ["one"]}, control=control, observer=interrupt_at_b)
+    assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
+    assert (result.context, [step["state"] for step in result.trace]) == ({"x": "one"}, ["a"])
+
+
+PUBLISH = """
+    machine pub
+    entry a
+    budget 5
+    tool publish "Publishes its text; returns the URL."
+    state a {
+      tool publish { text: "one" }
+      output first
+      when "it went out" -> b
+      otherwise -> b
+    }
+    state b {
+      tool publish { text: "two" }
+      output second
+      otherwise -> END
+    }
+"""
+
+
+def test_a_scripted_tool_answer_replayed_after_a_crash_is_not_answered_again(tmp_path):
+    def dies(*args: Any) -> Any:
+        raise _Died
+
+    machine = write_machines(tmp_path, PUBLISH)
+    scenario = Scenario("s", llm={"judge": [0]}, tools={"publish": ["url-1", "url-2"]})
+    host = ScriptedHost(scenario)
+    host.provider.judge = dies  # type: ignore[method-assign]
+    path = tmp_path / "cp.json"
+    with pytest.raises(_Died):
+        start(machine, None, checkpoint=path, provider=host.provider, scripted=host, tools=host.tools.functions())
+    again = ScriptedHost(scenario)
+    done = continue_checkpoint(
+        open_checkpoint(path), provider=again.provider, scripted=again, tools=again.tools.functions()
+    )
+    assert (done.status, done.context) == ("done", {"first": "url-1", "second": "url-2"})
+
+
+def test_a_chain_that_no_longer_fits_its_machines_is_refused_even_with_force(tmp_path):
+    path = suspended(tmp_path)
+    root = tmp_path / "project" / "root.mk"
+    root.write_text(root.read_text().replace("state b", "state c").replace("-> b", "-> c"))
+    assert refusal(path, force=True) == f"{path}: frame 1 (root at b): state 'b' no longer exists in {root}"
+
+
+def test_a_checkpointed_run_reads_its_durability_setting_before_it_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("MKLANG_DURABILITY", "sometimes")
+    with pytest.raises(UsageError) as caught:
+        start(write_machines(tmp_path, TWO_STATES), None, checkpoint=tmp_path / "cp.json", provider=Recorder())
+    assert str(caught.value) == "MKLANG_DURABILITY must be call or step, not 'sometimes'"
+
+
+def test_a_checkpointed_run_keys_its_tool_calls_by_its_own_run_id_across_a_resume(tmp_path):
+    keys: list[str] = []
+
+    def publish(arguments: dict[str, Any], idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        return "url"
+
+    machine = write_machines(tmp_path, PUBLISH.replace("budget 5", "budget 1"))
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=Recorder(), tools={"publish": publish})
+    run_id = load(path).run_id
+    continue_checkpoint(open_checkpoint(path), provider=Recorder(), tools={"publish": publish}, budget=5)
+    assert keys == [f"{run_id}/r:1.0.1", f"{run_id}/r:2.0.1"]
+
+
+def test_a_checkpointed_run_stops_at_its_dollar_budget(tmp_path):
+    class Priced(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = Usage(1, 1, 0.5)
+
+    path = tmp_path / "cp.json"
+    result = start(write_machines(tmp_path, TWO_STATES), None, checkpoint=path, provider=Priced(), max_cost=0.4)
+    assert (result.status, result.reason, result.at) == ("suspended", "cost-exhausted", "b")
+    again = continue_checkpoint(open_checkpoint(path), provider=Priced())
+    assert (again.status, again.reason, again.at) == ("suspended", "cost-exhausted", "b")
+
+
+def test_a_call_is_made_under_the_runs_deadline():
+    class Timed(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.left: list[float | None] = []
+
+        def produce(self, system, user, tier, reason):
+            self.left.append(seconds_left())
+            return super().produce(system, user, tier, reason)
+
+    timed = Timed()
+    assert run_mk(TWO_STATES, provider=timed, max_time=60).status == "done"
+    assert all(left is not None and 0 < left <= 60 for left in timed.left) and len(timed.left) == 2
+    untimed = Timed()
+    run_mk(TWO_STATES, provider=untimed)
+    assert untimed.left == [None, None]
+
+
+def test_a_resume_given_a_host_record_keeps_the_scripted_position_the_checkpoint_saved(tmp_path):
+    machine = project(tmp_path / "project")
+    host = ScriptedHost(Scenario("s", llm={"produce": ["one", "two", "three"]}))
+    path = tmp_path / "cp.json"
+    start(machine, None, checkpoint=path, provider=host.provider, scripted=host)
+    recorded = load(path).host.position
+    again = continue_checkpoint(open_checkpoint(path), provider=Recorder(), host=HostSettings(model="m2"))
+    assert (again.status, again.reason) == ("suspended", "budget-exhausted")
+    assert (load(path).host.model, load(path).host.position) == ("m2", recorded)

@@ -1,0 +1,14 @@
+"""What the test modules share: import it as `from support.<module> import ...`.
+
+- `commands`: the `mklang` CLI run in a subprocess or in this process.
+- `runs`: machines and comparisons shared by run tests.
+- `examples`: the example and standard-library machines with their scenario scripts.
+- `services`: the real PostgreSQL, RabbitMQ and Redis servers some tests need.
+- `fakeserver`: a fake OpenAI/Anthropic HTTP model server on 127.0.0.1.
+- `batches`, `fleet`: a batch machine, its inputs and the worker processes that run it.
+- `models`: a priced scripted model behind the fake server.
+"""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
