@@ -21,6 +21,7 @@ import pytest
 from conformance.harness import Recorder, mk, run_mk, write_machines
 from support.commands import mklang
 from support.fakeserver import FakeServer, answer, error, raw
+from support.files import FsyncSpy, journal_path
 from support.runs import TWO_STATES
 
 from mklang.check import check
@@ -49,10 +50,6 @@ def write_atomic(path: Path, payload: bytes) -> None:
     location.store.write(location.run, payload, generation=1)
 
 
-def journal_path(checkpoint: Path) -> Path:
-    return Path(f"{checkpoint}.journal")
-
-
 def lock_path(checkpoint: Path) -> Path:
     return Path(f"{checkpoint}.lock")
 
@@ -65,25 +62,6 @@ def holder(checkpoint: Path) -> int | None:
 
 def refuse_if_running(checkpoint: Path) -> None:
     FileLock(lock_path(checkpoint), str(checkpoint)).release()
-
-
-class FsyncSpy:
-    """Wraps `os.fsync`; for each call records the path behind the descriptor, its bytes then,
-    and the bytes of `watched` then."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, watched: Path | None = None):
-        self.synced: list[tuple[str, bytes | None]] = []
-        self.watched_then: list[bytes] = []
-        self._watched = watched
-        self._fsync = os.fsync
-        monkeypatch.setattr(os, "fsync", self)
-
-    def __call__(self, descriptor: int) -> None:
-        path = os.readlink(f"/proc/self/fd/{descriptor}")
-        self.synced.append((path, Path(path).read_bytes() if os.path.isfile(path) else None))
-        if self._watched is not None:
-            self.watched_then.append(self._watched.read_bytes())
-        self._fsync(descriptor)
 
 
 def test_an_atomic_write_fsyncs_the_whole_temp_file_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
@@ -1087,7 +1065,7 @@ class _Crash(BaseException):
 
 
 def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
-    from conftest import ROOT
+    from support import ROOT
 
     from mklang.checkpoint.inspect import describe
     from mklang.scenarios import load_script
@@ -1366,7 +1344,7 @@ def test_postgresql_store_errors_are_the_first_line_of_the_servers_and_hide_the_
 
 
 def require_postgres() -> None:
-    from conftest import require_server
+    from support.services import require_server
 
     require_server("PostgreSQL")
 
@@ -1637,7 +1615,7 @@ def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend
 
 
 def test_a_run_that_dies_after_journaling_a_halt_resumes_to_the_same_halt(tmp_path):
-    from conftest import outcome
+    from support.runs import outcome
 
     from mklang import faults
     from mklang.session import Host
@@ -1727,7 +1705,7 @@ def _dead_run(folder: Path, example: str, main: str, crash_at: int) -> Path:
     """A copy of an example whose checkpointed run died at its `crash_at`-th loop-top."""
     import shutil
 
-    from conftest import ROOT
+    from support import ROOT
 
     from mklang.scenarios import load_script
     from mklang.session import Host
@@ -2326,7 +2304,8 @@ def test_file_store_notes_and_spend_are_private_and_their_damage_is_named(tmp_pa
 def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given(tmp_path, crash_at):
     import shutil
 
-    from conftest import ROOT, outcome
+    from support import ROOT
+    from support.runs import outcome
 
     from mklang.checkpoint import open_checkpoint
     from mklang.scenarios import load_script
@@ -2375,7 +2354,7 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
 def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_releases_the_lock(tmp_path, monkeypatch):
     import shutil
 
-    from conftest import ROOT
+    from support import ROOT
 
     from mklang.checkpoint import open_checkpoint
     from mklang.scenarios import load_script
@@ -2539,7 +2518,7 @@ def test_an_edited_journal_of_a_signed_run_is_refused_unless_trusted_then_read_a
 def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was(tmp_path):
     import shutil
 
-    from conftest import ROOT
+    from support import ROOT
 
     from mklang.scenarios import load_script
     from mklang.session import Host

@@ -506,7 +506,7 @@ def test_a_wrong_broker_password_is_one_line_without_the_password(project, capsy
 def test_a_reply_to_a_misspelt_path_is_refused_with_did_you_mean(tmp_path, capsys, monkeypatch):
     import shutil
 
-    from conftest import ROOT
+    from support import ROOT
 
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
     monkeypatch.chdir(tmp_path)

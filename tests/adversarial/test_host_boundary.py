@@ -339,7 +339,7 @@ reasoning = "fastlane:m"
 
 
 def test_a_found_config_sends_the_users_key_to_its_server_only_once_the_user_allows_it(tmp_path, server):
-    from fakeserver import FakeServer
+    from support.fakeserver import FakeServer
 
     project = tmp_path / "cloned"
     project.mkdir()

@@ -23,6 +23,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from support import ROOT
+from support.files import journal_path
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load
 from mklang.checkpoint.journal import StoreJournal, read_journal
@@ -118,10 +119,6 @@ def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path
     # The kills must have hit both moments: with a whole file present, and mid-write.
     assert found >= KILLS // 2, f"only {found} of {KILLS} kills found a whole checkpoint"
     assert leftovers >= 1, "no kill landed in the middle of a write"
-
-
-def journal_path(checkpoint: Path) -> Path:
-    return Path(f"{checkpoint}.journal")
 
 
 MACHINE = parse(

@@ -14,7 +14,7 @@ import json
 
 import pytest
 from support.examples import EXAMPLES, scripted_machines
-from support.runs import outcome
+from support.runs import InterruptAt, compared
 from typer.testing import CliRunner
 
 import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
@@ -25,8 +25,6 @@ from mklang.scenarios import ScriptedHost, load_script
 from mklang.session import Host, resume, start
 from mklang.syntax import load_file
 
-COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
-
 
 def _start(machine, scenario, checkpoint, **options):
     return start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, **options)
@@ -36,10 +34,6 @@ def _resume(scenario, checkpoint, **options):
     return resume(checkpoint, Host.for_scenario(scenario), **options)
 
 
-def _outcome(result):
-    return outcome(result, COMPARED)
-
-
 def _cases():
     for machine, script in scripted_machines():
         for scenario in load_script(script):
@@ -47,23 +41,11 @@ def _cases():
                 yield pytest.param(machine, scenario, id=f"{machine.parent.name}/{machine.stem}:{scenario.name}")
 
 
-class InterruptAt:
-    """An observer that requests an interrupt at the n-th loop-top it sees."""
-
-    def __init__(self, control: Control, n: int):
-        self.control, self.n, self.seen = control, n, 0
-
-    def __call__(self, chain):
-        self.seen += 1
-        if self.seen == self.n:
-            self.control.interrupted.set()
-
-
 @pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))
 def test_suspending_at_every_loop_top_and_resuming_changes_nothing(machine_path, scenario, tmp_path):
     machine = load_file(machine_path)
     counter = InterruptAt(Control(), 0)
-    reference = _outcome(_start(machine, scenario, tmp_path / "ref.json", observer=counter))
+    reference = compared(_start(machine, scenario, tmp_path / "ref.json", observer=counter))
     loop_tops = counter.seen
     assert loop_tops >= 1
     for n in range(1, loop_tops + 1):
@@ -72,11 +54,11 @@ def test_suspending_at_every_loop_top_and_resuming_changes_nothing(machine_path,
         first = _start(machine, scenario, checkpoint, observer=InterruptAt(control, n), control=control)
         if n == loop_tops and first.error != "interrupted":
             # The reference itself stops at its last loop-top (a budget), which wins over the interrupt.
-            assert _outcome(first) == reference
+            assert compared(first) == reference
             continue
         assert (first.status, first.error) == ("suspended", "interrupted"), f"loop-top {n}"
         resumed = _resume(scenario, checkpoint)
-        assert _outcome(resumed) == reference, f"resumed from loop-top {n} of {loop_tops}"
+        assert compared(resumed) == reference, f"resumed from loop-top {n} of {loop_tops}"
 
 
 class Spend:
@@ -96,7 +78,7 @@ class Spend:
 def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(machine_path, scenario, tmp_path):
     machine = load_file(machine_path)
     spend = Spend()
-    reference = _outcome(_start(machine, scenario, tmp_path / "ref.json", observer=spend))
+    reference = compared(_start(machine, scenario, tmp_path / "ref.json", observer=spend))
     trips = [("budget-exhausted", steps) for steps in sorted(set(spend.root_steps)) if steps < machine.budget]
     if scenario.run.get("max_tokens") is None:
         trips += [("cost-exhausted", tokens) for tokens in sorted(set(spend.tokens)) if tokens > 0]
@@ -113,7 +95,7 @@ def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(ma
             continue  # the run ended (or parked for a human) before the budget tripped
         _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, reason)
         resumed = _resume(scenario, checkpoint, **raise_budget)
-        assert _outcome(resumed) == reference, f"resumed after {reason} at {limit}"
+        assert compared(resumed) == reference, f"resumed after {reason} at {limit}"
         resumed_count += 1
     if reference["status"] == "done" and len(set(spend.root_steps)) > 1:
         assert resumed_count > 0, "a finished multi-step run must trip some budget"

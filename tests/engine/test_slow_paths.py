@@ -97,7 +97,7 @@ state b {
 
 
 def test_group_commit_fsyncs_the_journal_once_per_step_with_the_steps_calls_in_it(tmp_path, monkeypatch):
-    from test_pins import FsyncSpy, journal_path
+    from support.files import FsyncSpy, journal_path
 
     machine = write_machines(tmp_path, TWO_STEPS)
     monkeypatch.setenv("MKLANG_DURABILITY", "step")

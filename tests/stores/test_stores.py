@@ -267,7 +267,7 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
 
 
 def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(postgres_uri, tmp_path):
-    from conftest import mklang
+    from support.commands import mklang
 
     example = EXAMPLES / "approval"
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"

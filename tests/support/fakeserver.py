@@ -4,7 +4,7 @@ It is a real HTTP server (stdlib `ThreadingHTTPServer`) in a background
 thread, so the code under test goes through httpx, sockets, timeouts and
 retries exactly as in production. Usage::
 
-    from fakeserver import FakeServer, answer, error, raw, refusal
+    from support.fakeserver import FakeServer, answer, error, raw, refusal
 
     with FakeServer() as server:
         server.add(error(429, retry_after="0"), answer("hello", input_tokens=7, output_tokens=3))

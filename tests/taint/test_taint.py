@@ -328,7 +328,7 @@ def test_the_language_server_completes_read_only_and_says_what_a_tool_state_is()
 
 def _play(machine, found, folder: Path, interrupt_at: int = 0):
     """A scenario with all its resumes; interrupted (and resumed at once) at its n-th loop-top."""
-    from test_roundtrip import InterruptAt, _outcome
+    from support.runs import InterruptAt, compared
 
     from mklang.engine import Control
 
@@ -343,7 +343,7 @@ def _play(machine, found, folder: Path, interrupt_at: int = 0):
     for step in found.resumes:
         with Host.for_scenario(found) as host:
             result = resume(checkpoint, host, set_values=step.set, budget=step.budget, max_tokens=step.max_tokens)
-    return _outcome(result), counter.seen
+    return compared(result), counter.seen
 
 
 @pytest.mark.parametrize("name", [s.name for s in load_script(SCRIPT)])
@@ -397,24 +397,24 @@ NO_RESUMES = [s.name for s in load_script(SCRIPT) if not s.resumes and s.run.get
 def test_a_crash_at_any_point_recovers_the_taint_from_the_journal(machine_path, name, tmp_path, monkeypatch):
     """Killed anywhere (mklang.faults) and resumed, the run flags and halts as the uninterrupted one:
     the flag is rebuilt from the journaled steps, the external marks from their records."""
-    import test_crash_points as crashes
+    from support import crashes
 
     from mklang import faults
 
-    settings = crashes._settings
+    settings = crashes.settings
     monkeypatch.setattr(
-        crashes, "_settings", lambda s: {**settings(s), "untrusted_flow": s.run.get("on_untrusted_flow")}
+        crashes, "settings", lambda s: {**settings(s), "untrusted_flow": s.run.get("on_untrusted_flow")}
     )
     machine, found = load_file(machine_path), scenario(name)
     reference = crashes.Attempt(machine, found, tmp_path / "reference")
     points = crashes.Points()
     faults.watch(points)
     try:
-        expected = crashes._outcome(reference.phase(0))
+        expected = crashes.outcome(reference.phase(0))
     finally:
         faults.disarm()
     for point, total in sorted(points.seen.items()):
-        for count in crashes._counts(total):
+        for count in crashes.counts(total):
             attempt = crashes.Attempt(machine, found, tmp_path / f"{point}-{count}")
             assert attempt.crashing(partial(attempt.phase, 0), point, count) is crashes.CRASHED
-            assert crashes._outcome(attempt.recover()) == expected, f"crash at {point}:{count}"
+            assert crashes.outcome(attempt.recover()) == expected, f"crash at {point}:{count}"
