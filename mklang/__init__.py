@@ -86,8 +86,8 @@ def batch(
 
     from mklang import batching
     from mklang.check import require_runnable
-    from mklang.checkpoint.store import open_store
     from mklang.session import Host
+    from mklang.stores import open_store
 
     machine = load(machine) if not hasattr(machine, "states") else require_runnable(machine)
     if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__"):

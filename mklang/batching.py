@@ -27,7 +27,6 @@ from mklang import exitcodes
 from mklang.checkpoint.envelope import parse
 from mklang.checkpoint.journal import resume_change
 from mklang.checkpoint.signing import SEAL_TEXT
-from mklang.checkpoint.store import Location, RunLock, Store, is_uri, run_name
 from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
@@ -36,6 +35,7 @@ from mklang.limits import load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.session import Host, opened, proceed, start
+from mklang.stores import Location, RunLock, Store, is_uri, run_name
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
 PARKED = "escalated"  # a run waiting for a human reply; only `resume --set` continues it

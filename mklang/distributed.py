@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 from mklang.batching import Batch, Ceilings, Item, Outcome, StoreLedger, batch_id, first_line, outcome
 from mklang.checkpoint.signing import SEAL_TEXT, checkpoint_key, seal_of, sign
-from mklang.checkpoint.store import Store, open_store, run_name
 from mklang.checkpoint.texts import keep_texts, machine_root
 from mklang.errors import CheckpointError, MklangError, UsageError, redacted
 from mklang.limits import load_json
 from mklang.model import Machine
 from mklang.providers.base import Usage
+from mklang.stores import Store, open_store, run_name
 from mklang.terminal import printable
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from mklang.terminal import printable
 if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
     from mklang.checkpoint.envelope import Envelope, HostSettings
-    from mklang.checkpoint.store import Location, RunLock
+    from mklang.stores import Location, RunLock
 
 __all__ = ["Host", "opened", "proceed", "resume", "start"]
 

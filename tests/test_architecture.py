@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("host", ("mklang.host",)),
     ("providers", ("mklang.providers",)),
     ("engine", ("mklang.engine",)),
-    ("persistence", ("mklang.checkpoint",)),
+    ("persistence", ("mklang.checkpoint", "mklang.stores")),
     ("running", ("mklang.scenarios", "mklang.session", "mklang.batching", "mklang.distributed")),
     ("api", ("mklang",)),
     ("tools", ("mklang.cli", "mklang.lsp", "mklang.__main__")),
@@ -52,6 +52,7 @@ RUNTIME = (
     "mklang.providers",
     "mklang.host",
     "mklang.checkpoint",
+    "mklang.stores",
     "mklang.session",
     "mklang.scenarios",
 )
@@ -174,6 +175,17 @@ def test_a_module_imports_only_its_own_layer_and_lower_ones(module):
         + ", ".join(f"{target} ({LAYERS[layer_of(target)][0]})" for target in upward)
         + ": see docs/architecture.md"
     )
+
+
+def test_stores_import_only_the_foundation():
+    """A store keeps bytes: it knows no envelope, journal or engine, so a backend is written alone."""
+    foundation = LAYERS[0][1]
+    beyond = {
+        module: sorted(t for t in GRAPH[module] if not t.startswith(("mklang.stores", *foundation)))
+        for module in GRAPH
+        if module.startswith("mklang.stores")
+    }
+    assert {module: targets for module, targets in beyond.items() if targets} == {}
 
 
 def test_no_import_cycles():

@@ -27,9 +27,7 @@ from support.runs import TWO_STATES
 from mklang.check import check
 from mklang.checkpoint import start
 from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save
-from mklang.checkpoint.file_store import FileLock, lock_holder
 from mklang.checkpoint.journal import StoreJournal
-from mklang.checkpoint.store import locate
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import NullJournal
@@ -39,6 +37,8 @@ from mklang.providers import http
 from mklang.providers.base import Produced, Usage
 from mklang.providers.factory import make_provider
 from mklang.providers.http import HttpTransport
+from mklang.stores import locate
+from mklang.stores.file import FileLock, lock_holder
 from mklang.syntax import format_machine, load_file, parse
 
 # --- fsync: the temp file, the folder, the journal's call lines --------------
@@ -1219,7 +1219,7 @@ def named_store(request, tmp_path) -> Any:
     """A fresh store, how it names a run in its messages, and the holder it reports for this process."""
     import socket
 
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     me = str(os.getpid())
     if request.param == "file":
@@ -1256,7 +1256,7 @@ def test_a_run_locked_in_this_process_cannot_be_locked_again_but_another_run_can
 
 
 def test_a_closed_database_store_fails_with_one_line_naming_the_store(tmp_path, postgres_uri):
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     closed = {
         f"{tmp_path}/runs.db: SQLite checkpoint store: Cannot operate on a closed database.": open_store(
@@ -1287,7 +1287,7 @@ def test_a_closed_database_store_fails_with_one_line_naming_the_store(tmp_path, 
 def test_a_sqlite_store_serves_every_thread_of_the_process(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     store = open_store(f"sqlite:///{tmp_path}/runs.db")
     with ThreadPoolExecutor(1) as pool:
@@ -1300,8 +1300,8 @@ def test_a_sqlite_store_serves_every_thread_of_the_process(tmp_path):
 
 @pytest.mark.parametrize("uri", ["sqlite://host/runs.db", "sqlite:///", "sqlite://"])
 def test_a_sqlite_uri_without_a_local_path_is_a_usage_error(uri):
-    from mklang.checkpoint.store import open_store
     from mklang.errors import UsageError
+    from mklang.stores import open_store
 
     with pytest.raises(UsageError) as caught:
         open_store(uri)
@@ -1309,7 +1309,7 @@ def test_a_sqlite_uri_without_a_local_path_is_a_usage_error(uri):
 
 
 def test_a_sqlite_store_may_be_a_one_letter_file_and_not_a_folder(tmp_path, monkeypatch):
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     monkeypatch.chdir(tmp_path)
     open_store("sqlite:///a").close()
@@ -1322,8 +1322,8 @@ def test_a_sqlite_store_may_be_a_one_letter_file_and_not_a_folder(tmp_path, monk
 def test_postgresql_store_errors_are_the_first_line_of_the_servers_and_hide_the_uri_options(monkeypatch):
     import sys
 
-    from mklang.checkpoint.store import open_store
     from mklang.errors import UsageError
+    from mklang.stores import open_store
 
     with pytest.raises(CheckpointError) as caught:
         open_store("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2&application_name=a?b")
@@ -1350,7 +1350,7 @@ def require_postgres() -> None:
 
 
 def test_the_file_store_lists_only_checkpoint_files(tmp_path):
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     envelope = dump(_envelope())
     for name in ("cp.json", ".hidden.json", "cp.json.tmp", "cp.json.journal", "cp.json.lock", "b.json"):
@@ -1361,7 +1361,7 @@ def test_the_file_store_lists_only_checkpoint_files(tmp_path):
 
 
 def test_a_dropped_journal_takes_no_more_appends(tmp_path):
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     store = open_store(tmp_path)
     store.start_journal("cp.json", b"gen\n")
@@ -1746,8 +1746,8 @@ def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_h
 
 
 def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
-    from mklang.checkpoint.file_store import FileStore
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
+    from mklang.stores.file import FileStore
 
     store = open_store(tmp_path)
     (tmp_path / "cp.json.journal").mkdir()
@@ -1768,7 +1768,7 @@ def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
 
 
 def test_a_lock_file_is_owner_only_never_followed_through_a_link_and_released_once(tmp_path):
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     store = open_store(tmp_path)
     lock = store.lock("cp.json")
@@ -1785,7 +1785,7 @@ def test_a_lock_file_is_owner_only_never_followed_through_a_link_and_released_on
 
 
 def test_a_closed_file_store_takes_no_more_journal_lines(tmp_path):
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     store = open_store(tmp_path)
     store.start_journal("cp.json", b"gen 1\n")
@@ -1939,8 +1939,8 @@ def test_the_scratchpad_asks_alone_without_a_system_message_and_joins_every_bloc
 
 
 def test_a_checkpoint_is_located_by_path_or_by_store_uri_and_run(tmp_path, monkeypatch):
-    from mklang.checkpoint.store import locate
     from mklang.errors import UsageError
+    from mklang.stores import locate
 
     monkeypatch.chdir(tmp_path)
     by_path = locate("cp.json")
@@ -1967,7 +1967,7 @@ def test_a_checkpoint_is_located_by_path_or_by_store_uri_and_run(tmp_path, monke
 
 
 def test_a_postgresql_checkpoint_anchors_machine_paths_in_the_current_folder(tmp_path, monkeypatch, postgres_uri):
-    from mklang.checkpoint.store import locate
+    from mklang.stores import locate
 
     monkeypatch.chdir(tmp_path)
     location = locate(f"{postgres_uri}#r")
@@ -2245,8 +2245,8 @@ def test_an_exception_that_is_not_a_halt_leaves_the_fan_out():
 
 
 def test_a_sqlite_store_file_may_have_a_colon_in_its_name(tmp_path, monkeypatch):
-    from mklang.checkpoint.sqlite_store import SqliteStore
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
+    from mklang.stores.sqlite import SqliteStore
 
     monkeypatch.chdir(tmp_path)
     store = open_store("sqlite:///a:b.db")
@@ -2272,7 +2272,7 @@ def test_a_runs_recorded_spend_keeps_the_most_of_tokens_and_of_dollars_apart(nam
 
 
 def test_file_store_notes_and_spend_are_private_and_their_damage_is_named(tmp_path):
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     store = open_store(tmp_path)
     store.write_note("batch:b", b"n")

@@ -3,7 +3,7 @@
 `start` runs a machine with a checkpoint; `open_checkpoint` locks, reads and
 verifies one *before* any provider exists; `continue_checkpoint` resumes it
 and releases the lock. A checkpoint is a file path or a run in a store
-(`mklang.checkpoint.store`); the engine writes it through the store it is
+(`mklang.stores`); the engine writes it through the store it is
 given. `mklang.session.resume` is the one-call API over the last two.
 """
 
@@ -24,7 +24,6 @@ from mklang.checkpoint.envelope import Budgets, Envelope, HostSettings, MachineR
 from mklang.checkpoint.journal import StoreJournal, durability_setting, read_journal, recover, resume_change
 from mklang.checkpoint.paths import MachinePaths, located_host, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
-from mklang.checkpoint.store import Location, RunLock, locate
 from mklang.checkpoint.texts import keep_texts, machine_root
 from mklang.checkpoint.trust import BUDGETS, run_settings
 from mklang.effects import check_policy
@@ -35,6 +34,7 @@ from mklang.errors import CheckpointError, LoadError, did_you_mean
 from mklang.host.registry import HostCallables
 from mklang.model import Machine
 from mklang.providers.base import Provider, Usage, decode_answer
+from mklang.stores import Location, RunLock, locate
 from mklang.syntax.machines import MachineLoader, file_sha256
 from mklang.version import __version__
 

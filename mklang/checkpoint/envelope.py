@@ -1,7 +1,7 @@
 """The checkpoint envelope (SPEC section 7): a versioned pydantic model and its JSON codec.
 
 Frames are typed (`FrameRecord`), so the published schema describes them.
-Where the bytes live is a store's business (`mklang.checkpoint.store`);
+Where the bytes live is a store's business (`mklang.stores`);
 older formats are migrated forward on load by the functions in `MIGRATIONS`.
 """
 
@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from typing_extensions import TypedDict
 
 from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
-from mklang.checkpoint.store import Location, locate
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
+from mklang.stores import Location, locate
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 FORMAT: Final = 2

@@ -10,10 +10,10 @@ from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal, resume_change
 from mklang.checkpoint.paths import located_host
 from mklang.checkpoint.signing import SEAL_TEXT
-from mklang.checkpoint.store import Location, locate, run_name
 from mklang.checkpoint.trust import recorded_host
 from mklang.errors import MklangError, redacted
 from mklang.providers.base import Usage
+from mklang.stores import Location, locate, run_name
 
 
 def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:

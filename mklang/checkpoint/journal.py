@@ -46,12 +46,12 @@ from mklang.checkpoint import generations
 from mklang.checkpoint.envelope import Envelope, dump, dump_signed
 from mklang.checkpoint.paths import MachinePaths, portable_host
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
-from mklang.checkpoint.store import Location, Store
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
 from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
 from mklang.providers.base import Usage, decode_answer, encode_answer
+from mklang.stores import Location, Store
 
 MIN_COMPACT_BYTES = 256 * 1024
 DURABILITY_VARIABLE = "MKLANG_DURABILITY"

@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 
 from mklang.checkpoint.paths import STDLIB, MachinePaths
-from mklang.checkpoint.store import Store
 from mklang.errors import CheckpointError
 from mklang.files import write_atomic
 from mklang.model import Machine
+from mklang.stores import Store
 from mklang.syntax.machines import file_sha256
 
 

@@ -219,7 +219,7 @@ def run(
 def run_name_of(checkpoint: str | None) -> str | None:
     """The checkpoint a run is given, once its run name is checked (before the run prints or spends anything)."""
     if checkpoint is not None:
-        from mklang.checkpoint.store import split_target
+        from mklang.stores import split_target
 
         split_target(checkpoint)
     return checkpoint

@@ -27,9 +27,9 @@ def runs(
     with handle_errors(wants_json(format)):
         from mklang.batching import first_line, location
         from mklang.checkpoint.inspect import describe, unverified
-        from mklang.checkpoint.store import open_store
         from mklang.cli.render import render_runs
         from mklang.errors import MklangError
+        from mklang.stores import open_store
 
         unknown = sorted(set(status or []) - set(STATUSES))
         if unknown:
@@ -85,7 +85,7 @@ def batch(
     with handle_errors(wants_json(format)):
         from mklang import batching
         from mklang.check import require_runnable
-        from mklang.checkpoint.store import open_store
+        from mklang.stores import open_store
         from mklang.syntax import load_file
 
         as_json = wants_json(format)

@@ -25,8 +25,8 @@ from support.fakeserver import FakeServer, answer
 from support.services import require_server
 
 import mklang as api
-from mklang.checkpoint.store import open_store
 from mklang.errors import UsageError
+from mklang.stores import open_store
 
 
 @pytest.fixture

@@ -29,9 +29,9 @@ from support.services import require_server
 
 import mklang as api
 from mklang.checkpoint.envelope import parse
-from mklang.checkpoint.store import open_store
 from mklang.distributed import TASK, read_note, task_mac
 from mklang.scenarios import ScriptedHost, load_script
+from mklang.stores import open_store
 
 # A machine an attacker would like a worker to run: it calls the model until a budget stops it.
 GREEDY = """\

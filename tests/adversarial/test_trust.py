@@ -117,7 +117,7 @@ def test_an_edited_journal_line_of_a_crashed_run_is_refused(project):
     from mklang.checkpoint import open_checkpoint
     from mklang.checkpoint.journal import StoreJournal
     from mklang.checkpoint.paths import MachinePaths
-    from mklang.checkpoint.store import locate
+    from mklang.stores import locate
 
     resumable = open_checkpoint(checkpoint, lock=False)
     root = resumable.chain[0].machine.path

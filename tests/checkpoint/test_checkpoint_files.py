@@ -27,10 +27,10 @@ from support.files import journal_path
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load
 from mklang.checkpoint.journal import StoreJournal, read_journal
-from mklang.checkpoint.store import locate
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError
 from mklang.providers.base import Produced, Usage, Verdict
+from mklang.stores import locate
 from mklang.syntax import parse
 
 KILLS = 40

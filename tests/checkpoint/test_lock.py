@@ -18,7 +18,7 @@ import yaml
 from support.commands import cli_env, mklang, wait_for
 from support.examples import KILL_9
 
-from mklang.checkpoint.store import locate
+from mklang.stores import locate
 
 
 def holder(checkpoint) -> int | None:

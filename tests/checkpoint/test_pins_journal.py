@@ -39,10 +39,10 @@ from mklang.checkpoint.signing import (
     sign,
     sign_line,
 )
-from mklang.checkpoint.store import locate
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, UsageError
 from mklang.providers.base import Produced, Usage
+from mklang.stores import locate
 
 # --- compat: does a recorded frame chain fit the machines loaded now ----------
 

@@ -19,8 +19,8 @@ from support.commands import cli_env, mklang, model_config, wait_for
 from support.fakeserver import FakeServer
 
 import mklang as api
-from mklang.checkpoint.store import open_store
 from mklang.providers.base import Usage
+from mklang.stores import open_store
 
 
 @pytest.fixture

@@ -44,8 +44,8 @@ from support.fleet import (
 from support.services import require_server
 
 from mklang.checkpoint.envelope import parse
-from mklang.checkpoint.store import open_store
 from mklang.distributed import read_note
+from mklang.stores import open_store
 
 
 @pytest.fixture(autouse=True)

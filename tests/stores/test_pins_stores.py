@@ -16,10 +16,10 @@ import psycopg
 import pytest
 from support.services import postgres_schema
 
-from mklang.checkpoint.file_store import FileStore, lock_holder
-from mklang.checkpoint.postgres_store import PostgresStore
-from mklang.checkpoint.sqlite_store import SqliteStore
 from mklang.errors import CheckpointError, RunBusy
+from mklang.stores.file import FileStore, lock_holder
+from mklang.stores.postgres import PostgresStore
+from mklang.stores.sqlite import SqliteStore
 
 # --- SQLite: durable lines are synced, the others reach the OS only ------------
 

@@ -23,11 +23,11 @@ from support.runs import outcome
 from support.services import postgres_schema
 
 from mklang.checkpoint.envelope import load
-from mklang.checkpoint.file_store import FileStore
-from mklang.checkpoint.store import Location, Store, locate, open_store
-from mklang.errors import CheckpointError, RunBusy
+from mklang.errors import CheckpointError, RunBusy, UsageError
 from mklang.scenarios import load_script
 from mklang.session import Host, resume, start
+from mklang.stores import Location, Store, locate, open_store
+from mklang.stores.file import FileStore
 from mklang.syntax import load_file
 
 ENVELOPE = b'{"format":1,"whatever":"the store does not parse it"}'
@@ -130,7 +130,7 @@ def test_a_batchs_spend_sums_its_runs_and_a_runs_spend_never_goes_down(store):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
     store = open_store(sys.argv[1])
     lock = store.lock(sys.argv[2])
     print("locked", flush=True)
@@ -288,3 +288,93 @@ def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(p
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["context"]["approval"]["answer"] == "yes"
     assert json.loads(mklang("runs", "--store", postgres_uri, cwd=elsewhere).stdout)[0]["status"] == "done"
+
+
+# --- The registry of store URI schemes: built-in ones, and packages' entry points ------------
+
+PLUGIN = '''\
+from pathlib import Path
+
+from mklang.stores.file import FileStore
+
+OPENED = []
+
+
+def open_folder_store(uri, *, create):
+    """`folders://NAME`: a file store in the folder NAME under the one this package names."""
+    OPENED.append((uri, create))
+    folder = Path(FOLDER) / uri.split("://", 1)[1]
+    folder.mkdir(exist_ok=True)
+    return FileStore(folder)
+
+
+def broken(uri, *, create):
+    raise AssertionError("never called")
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """An installed package registering the schemes `folders` and `broken` in the group `mklang.stores`:
+    its module and its dist-info in a folder on sys.path, as pip lays them out."""
+    site = tmp_path / "site"
+    info = site / "mklang_folder_store-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "mklang_folder_store.py").write_text(f"FOLDER = {str(tmp_path)!r}\n" + PLUGIN)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mklang-folder-store\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[mklang.stores]\n"
+        "folders = mklang_folder_store:open_folder_store\n"
+        "broken = mklang_folder_store_missing:broken\n"
+        "sqlite = mklang_folder_store:broken\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    sys.modules.pop("mklang_folder_store", None)
+
+
+def test_a_package_adds_a_store_scheme_through_an_entry_point(plugin, tmp_path):
+    where = locate("folders://team#run-1", create=False)
+    import mklang_folder_store
+
+    assert mklang_folder_store.OPENED == [("folders://team", False)]
+    assert isinstance(where.store, FileStore) and where.store.folder == tmp_path / "team"
+    machine = load_file(EXAMPLES / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    assert start(machine, None, Host.for_scenario(scenario), checkpoint=where).status == "suspended"
+    assert load(locate("folders://team#run-1")).status == "suspended"
+    assert open_store("folders://team").runs() == ["run-1"]
+
+
+def test_a_built_in_scheme_is_never_taken_over_by_a_package(plugin, tmp_path):
+    store = open_store(f"sqlite:///{tmp_path}/runs.db")
+    assert type(store).__name__ == "SqliteStore"
+    store.close()
+
+
+def test_an_unknown_scheme_names_every_known_one_in_one_line(plugin):
+    with pytest.raises(UsageError) as caught:
+        open_store("mysql://user:secret@host/db")
+    message = str(caught.value)
+    assert "\n" not in message and "secret" not in message
+    assert message.startswith("mysql://user:***@host/db: unknown store scheme 'mysql': a store is a folder")
+    assert message.endswith("(known schemes: broken, folders, postgres, postgresql, sqlite)")
+
+
+def test_a_scheme_whose_package_cannot_load_is_one_line_naming_it(plugin):
+    with pytest.raises(UsageError) as caught:
+        open_store("broken://x")
+    assert str(caught.value) == (
+        "store scheme 'broken': cannot load mklang_folder_store_missing:broken: "
+        "ModuleNotFoundError: No module named 'mklang_folder_store_missing'"
+    )
+
+
+def test_a_built_in_scheme_looks_up_no_installed_package(monkeypatch, tmp_path):
+    import importlib.metadata
+
+    def looked_up(**_):
+        raise AssertionError("entry points read for a built-in scheme")
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", looked_up)
+    open_store(f"sqlite:///{tmp_path}/runs.db").close()

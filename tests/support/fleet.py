@@ -7,8 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
-from mklang.checkpoint.store import open_store
 from mklang.distributed import celery_app, queue_for
+from mklang.stores import open_store
 from support.commands import cli_env
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"

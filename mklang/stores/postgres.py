@@ -33,9 +33,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mklang.checkpoint.file_store import still_running
-from mklang.checkpoint.sql_store import SqlStore
 from mklang.errors import CheckpointError, UsageError, redacted
+from mklang.stores.file import still_running
+from mklang.stores.sql import SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);

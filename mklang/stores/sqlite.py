@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from mklang.checkpoint.file_store import FileLock, lock_holder
-from mklang.checkpoint.sql_store import SqlStore
 from mklang.errors import CheckpointError, UsageError
+from mklang.stores.file import FileLock, lock_holder
+from mklang.stores.sql import SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (

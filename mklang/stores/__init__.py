@@ -1,15 +1,18 @@
-"""Where checkpoints live: a small store protocol, bytes in and bytes out.
+"""Where runs live: two small store protocols, bytes in and bytes out, and the registry of store URIs.
 
-A store holds many runs, each named by a run id: its envelope (one document,
-replaced atomically), its journal (an append-only byte log that a new
-generation replaces whole), and its lock (one process at a time). Batches
-(`mklang.batching`) keep notes and each run's spend beside them. The
-envelope codec, the journal's records and recovery live above it, so every
-adapter (files, SQLite, PostgreSQL) stores the same bytes.
+A run store holds many runs, each named by a run id: its envelope (one
+document, replaced atomically), its journal (an append-only byte log that a
+new generation replaces whole), and its lock (one process at a time). A note
+store keeps documents beside them: the machine texts runs share, batch
+records and each batch run's spend. Every built-in backend is both (`Store`).
+The envelope codec, the journal's records and recovery live above, in
+`mklang.checkpoint`, so every backend stores the same bytes.
 
 A checkpoint is named by a `Location`: a file path (the file store), or a
 store URI with the run after `#`: `sqlite:///runs.db#RUN`,
-`postgresql://host/db#RUN` (docs/scale.md).
+`postgresql://host/db#RUN` (docs/scale.md). A URI's scheme picks the backend:
+the built-in ones below, else one an installed package registers under the
+entry-point group `mklang.stores` (loaded only when its scheme is used).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ class RunLock(Protocol):
     def release(self) -> None: ...
 
 
-class Store(Protocol):
-    """The persistence port of checkpoints. Every method may raise `CheckpointError`."""
+class RunStore(Protocol):
+    """Where runs persist: envelopes, journals and locks. Every method may raise `CheckpointError`."""
 
     def read(self, run: str) -> bytes | None:
         """The run's envelope, or None when the store holds no such run."""
@@ -74,8 +77,15 @@ class Store(Protocol):
     def runs(self) -> list[str]:
         """The ids of every run the store holds."""
 
+    def close(self) -> None:
+        """Release connections and open files (held locks are released by `RunLock.release`)."""
+
+
+class NoteStore(Protocol):
+    """Documents kept beside the runs: machine texts, batch records and reports, and batch spend."""
+
     def read_note(self, key: str) -> bytes | None:
-        """A batch's note under `key` (its ceilings, what a worker made of a run), or None."""
+        """The note under `key` (a machine text, a run record, what a worker made of a run), or None."""
 
     def write_note(self, key: str, payload: bytes) -> None:
         """Replace the note under `key` atomically."""
@@ -89,8 +99,9 @@ class Store(Protocol):
     def spend(self, batch: str) -> tuple[int, float]:
         """What every run of `batch` has spent: tokens and dollars."""
 
-    def close(self) -> None:
-        """Release connections and open files (held locks are released by `RunLock.release`)."""
+
+class Store(RunStore, NoteStore, Protocol):
+    """A backend that keeps runs and their notes: what a URI opens (a run keeps its machine texts as notes)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,20 @@ def run_name(text: str, where: str = "") -> str:
 
 URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 STORE_FORMS = "a folder, sqlite:///runs.db (sqlite:////abs/runs.db) or postgresql://user@host/db"
+ENTRY_POINTS = "mklang.stores"
+# The built-in schemes: each names what opens a store from its URI, `opener(uri, create=...)`,
+# as an entry point of the group `mklang.stores` does.
+BUILTIN: dict[str, str] = {
+    "sqlite": "mklang.stores.sqlite:SqliteStore.from_uri",
+    "postgresql": "mklang.stores.postgres:PostgresStore.from_uri",
+    "postgres": "mklang.stores.postgres:PostgresStore.from_uri",
+}
+
+
+class Opener(Protocol):
+    """What a scheme names: it opens the store a URI names, making a missing one when `create`."""
+
+    def __call__(self, uri: str, *, create: bool) -> Store: ...
 
 
 def is_uri(text: str | Path) -> bool:
@@ -132,7 +157,7 @@ def open_store(uri: str | Path, *, create: bool = True) -> Store:
     With `create` a missing store is made (a folder, a database file, tables);
     without it (commands that only read) a missing one is a one-line error."""
     if not is_uri(uri):
-        from mklang.checkpoint.file_store import FileStore
+        from mklang.stores.file import FileStore
 
         folder = Path(uri)
         if create:
@@ -141,15 +166,32 @@ def open_store(uri: str | Path, *, create: bool = True) -> Store:
             raise UsageError(f"{uri}: no such checkpoint store (a folder): check the path")
         return FileStore(folder)
     scheme = str(uri).split(":", 1)[0].lower()
-    if scheme == "sqlite":
-        from mklang.checkpoint.sqlite_store import SqliteStore
+    return opener(scheme, str(uri))(str(uri), create=create)
 
-        return SqliteStore.from_uri(str(uri), create=create)
-    if scheme in ("postgresql", "postgres"):
-        from mklang.checkpoint.postgres_store import PostgresStore
 
-        return PostgresStore.from_uri(str(uri), create=create)
-    raise UsageError(f"{redacted(str(uri))}: unknown store scheme '{scheme}': a store is {STORE_FORMS}")
+def opener(scheme: str, uri: str) -> Opener:
+    """What opens stores of `scheme`: a built-in backend, else the entry point a package registers for it
+    (installed packages are looked up only for a scheme that is not built in)."""
+    from importlib.metadata import EntryPoint, entry_points
+
+    value = BUILTIN.get(scheme)
+    if value is not None:
+        found = EntryPoint(scheme, value, ENTRY_POINTS)
+    else:
+        registered = {point.name.lower(): point for point in entry_points(group=ENTRY_POINTS)}
+        if scheme not in registered:
+            known = ", ".join(sorted({*BUILTIN, *registered}))
+            raise UsageError(
+                f"{redacted(uri)}: unknown store scheme '{scheme}': a store is {STORE_FORMS} (known schemes: {known})"
+            )
+        found = registered[scheme]
+    try:
+        loaded: Opener = found.load()
+    except Exception as error:  # a broken package: its own import errors, whatever they are
+        raise UsageError(
+            f"store scheme '{scheme}': cannot load {found.value}: {type(error).__name__}: {error}"
+        ) from None
+    return loaded
 
 
 def split_target(target: str | Path) -> tuple[str, str]:
@@ -172,7 +214,7 @@ def locate(target: str | Path | Location, *, create: bool = True) -> Location:
     uri, run = split_target(target)
     if not is_uri(target):
         path = Path(target)
-        from mklang.checkpoint.file_store import FileStore
+        from mklang.stores.file import FileStore
 
         return Location(FileStore(path.parent), run, str(target), str(path.resolve()), path)
     store = open_store(uri, create=create)
