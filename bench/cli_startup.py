@@ -67,7 +67,7 @@ def process_ms(args: list[str], runs: int) -> tuple[float, float]:
 
 def load_ms(text: str, runs: int) -> tuple[float, float]:
     """Median wall time and median CPU time of parsing and checking `text` in this process."""
-    from mklang.check import check
+    from mklang.checker import check
     from mklang.syntax import parse
 
     walls, cpus = [], []

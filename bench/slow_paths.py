@@ -126,7 +126,7 @@ def parse() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cli_startup import machine_text
 
-    from mklang.check import check
+    from mklang.checker import check
     from mklang.syntax import parse as parse_mk
 
     def commented(text: str) -> str:

@@ -359,7 +359,7 @@ class Worker:
     def machine(self, root: str, texts: dict[str, str]) -> Machine:
         """The root machine a record names: its file here when every machine file matches the signed
         sha256, else the texts the store keeps (said once)."""
-        from mklang.check import require_runnable
+        from mklang.checker import require_runnable
         from mklang.syntax import load_file
 
         key = (root, json.dumps(texts, sort_keys=True))

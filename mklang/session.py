@@ -130,6 +130,25 @@ class Host:
         host.hooks = {**plugin_hooks, **host.hooks}
         return host
 
+    @classmethod
+    def resumed(
+        cls, resumable: Resumable, given: dict[str, Any], record: str | Path | None, max_cost: float | None
+    ) -> Host:
+        """The host `given` (the keyword arguments of `build` but `record` and `max_cost`, None when
+        not given), filled in from a trusted checkpoint (never re-recording).
+
+        From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0014).
+        """
+        from mklang.checkpoint.trust import host_choice
+
+        chosen, ignored = host_choice(resumable.envelope.host, given, resumable.trusted)
+        if ignored:
+            print(
+                f"mklang: the checkpoint is not signed with your key: ignored its recorded {', '.join(ignored)}",
+                file=sys.stderr,
+            )
+        return cls.build(record=record, max_cost=max_cost or resumable.envelope.budgets.max_cost, **chosen)
+
     def recorded(self) -> HostSettings:
         """The settings as a checkpoint records them."""
         from mklang.checkpoint.envelope import HostSettings
@@ -164,7 +183,7 @@ def preflight(machine: Machine, host: Host) -> None:
     the machines declare or use; any other host implements all of them. The
     provider's API key was checked when the provider was built.
     """
-    from mklang.check import require_runnable
+    from mklang.checker import require_runnable
     from mklang.host.registry import BUILTIN_TOOLS, as_registry
     from mklang.model import ToolUse
     from mklang.scenarios import check_names

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "mklang.effects",
         ),
     ),
-    ("language", ("mklang.syntax", "mklang.check", "mklang.graph", "mklang.highlight")),
+    ("language", ("mklang.syntax", "mklang.checker", "mklang.graph", "mklang.highlight")),
     ("host", ("mklang.host",)),
     ("providers", ("mklang.providers",)),
     ("engine", ("mklang.engine",)),
@@ -213,7 +213,7 @@ def loaded_by(module: str) -> set[str]:
     return set(seen)
 
 
-@pytest.mark.parametrize("entry", ["mklang.cli.check_fast", "mklang.check", "mklang.lsp.analysis"])
+@pytest.mark.parametrize("entry", ["mklang.cli.check_fast", "mklang.checker", "mklang.lsp.analysis"])
 def test_the_static_checker_loads_no_engine_provider_host_or_store(entry):
     assert sorted(m for m in loaded_by(entry) if m.startswith(RUNTIME)) == []
 

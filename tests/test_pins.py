@@ -24,7 +24,7 @@ from support.fakeserver import FakeServer, answer, error, raw
 from support.files import FsyncSpy, journal_path
 from support.runs import TWO_STATES
 
-from mklang.check import check
+from mklang.checker import check
 from mklang.checkpoint import start
 from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save
 from mklang.checkpoint.journal import StoreJournal

@@ -31,7 +31,7 @@ def check_paths(paths: list[Path], as_json: bool) -> int:
     """Check every file, print the diagnostics, and return the exit code."""
     import json
 
-    from mklang.check import check_file
+    from mklang.checker import check_file
     from mklang.syntax.diagnostics import render_text, summary, wants_color
 
     files = expand(paths)

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from mklang.checkpoint import Resumable
     from mklang.engine import RunResult
     from mklang.model import Machine
-    from mklang.session import Host
 
 
 # Options shared by `run`, `resume` and `batch`; the host options are in `mklang.cli.hosting`.
@@ -175,7 +174,7 @@ def run(
     """Run a machine."""
     with handle_errors(wants_json(format)):
         from mklang import session
-        from mklang.check import require_runnable
+        from mklang.checker import require_runnable
         from mklang.engine import Control
         from mklang.syntax import load_file
 
@@ -228,7 +227,7 @@ def run_name_of(checkpoint: str | None) -> str | None:
 def _print_warnings(machine: Machine, context: dict[str, Any]) -> None:
     """The machine's check warnings, one line each on stderr, before the run spends anything;
     the keys the run is given count as written."""
-    from mklang.check import check
+    from mklang.checker import check
     from mklang.syntax.diagnostics import render_one
 
     for diagnostic in check(machine, provided={key.split(".")[0] for key in context}):
@@ -304,7 +303,7 @@ def resume(
                 _report_compatible(resumable, as_json)
             budgets = resumable.envelope.budgets
             with (
-                _resumed_host(resumable, hosting, max_cost or budgets.max_cost) as host,
+                session.Host.resumed(resumable, hosting.settings(), hosting.record, max_cost) as host,
                 interrupts(control),
                 live_view(as_json, max_tokens or budgets.max_tokens) as view,
             ):
@@ -337,23 +336,6 @@ def _report_compatible(resumable: Resumable, as_json: bool) -> None:
     raise typer.Exit(exitcodes.OK)
 
 
-def _resumed_host(resumable: Resumable, hosting: Hosting, max_cost: float | None) -> Host:
-    """The host given on the command line, filled in from a trusted checkpoint (never re-recording).
-
-    From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0014).
-    """
-    from mklang.checkpoint.trust import host_choice
-    from mklang.session import Host
-
-    chosen, ignored = host_choice(resumable.envelope.host, hosting.settings(), resumable.trusted)
-    if ignored:
-        print(
-            f"mklang: the checkpoint is not signed with your key: ignored its recorded {', '.join(ignored)}",
-            file=sys.stderr,
-        )
-    return Host.build(record=hosting.record, max_cost=max_cost, **chosen)
-
-
 @app.command()
 def show(
     checkpoint: str = typer.Argument(..., help="A checkpoint: a file, or STORE-URI#RUN (docs/scale.md)."),
@@ -382,7 +364,7 @@ def test(
 ) -> None:
     """Run the named scenarios of a script (resumes included) and compare them with their expectations."""
     with handle_errors(wants_json(format)):
-        from mklang.check import require_runnable
+        from mklang.checker import require_runnable
         from mklang.cli.render import render_scenarios
         from mklang.scenarios import load_script
         from mklang.session import play

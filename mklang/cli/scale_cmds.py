@@ -84,7 +84,7 @@ def batch(
     """Run a machine once per input line, each run durable in the store; re-run to resume."""
     with handle_errors(wants_json(format)):
         from mklang import batching
-        from mklang.check import require_runnable
+        from mklang.checker import require_runnable
         from mklang.stores import open_store
         from mklang.syntax import load_file
 

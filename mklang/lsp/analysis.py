@@ -1,7 +1,7 @@
 """What the language server knows about one `.mk` document, free of any LSP type.
 
 Meaning comes from the front end: `mklang.syntax.parse` and
-`mklang.check.check` give the machine and its diagnostics, and
+`mklang.checker.check` give the machine and its diagnostics, and
 `format_machine` the canonical text. Positions come from the highlighting
 lexer (`mklang.highlight.MkLexer`), which tokenizes any text, even text that
 does not parse yet, so navigation and completion keep working while the
@@ -64,7 +64,7 @@ def span_range(line: int, col: int, end_line: int, end_col: int) -> Range:
 
 def diagnose(text: str, path: str | None) -> tuple[Machine | None, list[Diagnostic]]:
     """Parse and check `text`; a syntax error gives no machine and its diagnostics."""
-    from mklang.check import check
+    from mklang.checker import check
     from mklang.syntax import parse
 
     try:

@@ -4,7 +4,7 @@ Rules return small `Item`s (a statement with its span); `start` and `state`
 assemble them into the model. Problems that make a model impossible (a
 missing `entry`, a state with two faces, `budget 2.5`) are collected as
 diagnostics and raised together as one `MkSyntaxError`; every other rule of
-SPEC section 3 belongs to `mklang.check`.
+SPEC section 3 belongs to `mklang.checker`.
 """
 
 from __future__ import annotations

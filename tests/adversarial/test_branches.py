@@ -25,6 +25,8 @@ from mklang.checkpoint import start
 from mklang.engine import Control, run
 from mklang.providers.base import Produced, Usage, Verdict
 from mklang.scenarios import Scenario, ScriptedHost
+from mklang.session import Host
+from mklang.session import resume as resume_run
 from mklang.syntax import load_file
 
 ITEMS = [f"item-{i}" for i in range(20)]
@@ -237,7 +239,7 @@ def test_a_scripted_run_cut_mid_branch_does_not_consume_the_replayed_answers_aga
     )
     assert (suspended.status, host.provider.calls["produce"]) == ("suspended", 11)
     host = ScriptedHost(scenario)
-    finished = resume(checkpoint, provider=host.provider, scripted=host, max_tokens=10_000)
+    finished = resume_run(checkpoint, Host(host.provider, scripted=host), max_tokens=10_000)
     assert finished.status == "done" and host.provider.calls["produce"] == 60 - 11
     whole_machine = load_file(machines(tmp_path / "whole"))
     whole = run(whole_machine, {"items": ITEMS}, provider=ScriptedHost(scenario).provider)

@@ -496,7 +496,7 @@ def test_fuzzed_yaml_machines_give_diagnostics_only_and_fmt_reads_back():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from mklang.check import check
+    from mklang.checker import check
     from mklang.errors import LoadError
     from mklang.syntax import format_machine, parse
     from mklang.syntax.yaml_front import parse_yaml

@@ -8,7 +8,7 @@ import pytest
 from support import ROOT
 from typer.testing import CliRunner
 
-from mklang.check import CONSEQUENCES, check, check_file, shortest_steps
+from mklang.checker import CONSEQUENCES, check, check_file, shortest_steps
 from mklang.cli.app import app
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.syntax import load_file, parse
@@ -294,7 +294,7 @@ def test_versions_results_placeholders_calls_and_replies_are_checked(text, expec
 
 
 def test_only_errors_keep_a_machine_from_running():
-    from mklang.check import require_runnable
+    from mklang.checker import require_runnable
     from mklang.errors import LoadError
 
     warned = parse(machine_text(produce("a", '  when "w" -> END\n')), "m.mk")

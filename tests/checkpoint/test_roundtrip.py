@@ -21,7 +21,7 @@ import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
 from mklang.checkpoint.envelope import load
 from mklang.cli.app import app
 from mklang.engine import Control
-from mklang.scenarios import ScriptedHost, load_script
+from mklang.scenarios import load_script
 from mklang.session import Host, resume, start
 from mklang.syntax import load_file
 
@@ -142,9 +142,7 @@ def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_pa
     assert [f["state"] for f in frames_after] == [f["state"] for f in before.frames]
 
 
-def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
-    import mklang
-
+def test_a_run_resumes_from_a_path_or_an_envelope(tmp_path):
     root = EXAMPLES
     machine = load_file(root / "approval" / "approval.mk")
     scenario = next(s for s in load_script(root / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
@@ -154,13 +152,9 @@ def test_the_python_api_resumes_a_path_or_an_envelope(tmp_path):
     envelope = load(checkpoint)
     # The second resume continues the same suspended generation again: a rollback, allowed here.
     for target, allow_rollback in ((checkpoint, False), (envelope, True)):
-        host = ScriptedHost(scenario)
-        done = mklang.resume(
+        done = resume(
             target,
-            provider=host.provider,
-            tools=host.tools.functions(),
-            hooks=host.hooks.functions(),
-            scripted=host,
+            Host.for_scenario(scenario),
             set_values={"approval.answer": "yes"},
             checkpoint=tmp_path / "again.json",
             allow_rollback=allow_rollback,

@@ -14,6 +14,7 @@ from support.models import PRICE_IN, PRICE_OUT, Model
 import mklang
 from mklang.model import Machine
 from mklang.providers.factory import make_provider
+from mklang.session import Host, start
 
 KEY = "sk-live-TOPSECRET-abcdef123456"
 MACHINE = {
@@ -159,7 +160,8 @@ def test_a_dollar_budget_halts_or_suspends_at_the_loop_top(config, server):
     assert len(halted.trace) == 1
     assert halted.usage.cost_usd == pytest.approx(first_step, rel=1e-12)
     server.handler = Model()
-    suspended = run(config, max_cost=first_step / 2, suspendable=True)
+    provider = make_provider(config_path=config, max_cost=first_step / 2)
+    suspended = start(machine(), {"topic": "tides"}, Host(provider), max_cost=first_step / 2, suspendable=True)
     assert (suspended.status, suspended.reason) == ("suspended", "cost-exhausted")
 
 

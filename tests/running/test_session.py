@@ -34,16 +34,11 @@ def test_the_host_package_stays_below_the_engine_and_the_checkpoint():
 
 def test_the_python_api_runs_durably_with_a_checkpoint(tmp_path):
     machine = mklang.load(EXAMPLES / "approval" / "approval.mk")
-    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
-    host = Host.for_scenario(scenario)
     checkpoint = tmp_path / "cp.json"
     first = mklang.run(
         machine,
-        scenario.input,
-        provider=host.provider,
-        tools=host.tools,
-        hooks=host.hooks,
-        scripted=host.scripted,
+        script=EXAMPLES / "approval" / "scenarios.yaml",
+        scenario="ask-then-publish",
         checkpoint=checkpoint,
         hitl=True,
     )

@@ -10,7 +10,7 @@ from pygments.token import Keyword, String
 from support import ROOT
 
 from mklang import vocabulary
-from mklang.check import check
+from mklang.checker import check
 from mklang.highlight import MkLexer
 from mklang.lsp.analysis import Document
 from mklang.syntax import parse

@@ -110,7 +110,7 @@ state deliver {
 
 
 def test_check_is_quiet_when_every_way_to_an_effect_passes_a_hook_or_an_escalation(tmp_path):
-    from mklang.check import check
+    from mklang.checker import check
 
     path = tmp_path / "confirmed.mk"
     path.write_text(CONFIRMED)
