@@ -248,19 +248,21 @@ def batch(
     max_time: float | None = None,
     batch_max_tokens: int | None = None,
     batch_max_cost: float | None = None,
-    concurrency: int = 32,
+    concurrency: int | None = None,
 ) -> list[Outcome]:
     """Run `machine` once per input, each a durable run in `store`; one `Outcome` per input, in order.
 
     `inputs` is a JSON Lines file or context maps (an `id` key names a run,
     else the hash of the input); `store` a folder or a store URI. Calling it
     again with the same inputs resumes the batch. `max_*` bound each run,
-    `batch_max_*` the whole batch. The keywords are those of `mklang batch`.
+    `batch_max_*` the whole batch; `concurrency` runs are in flight at once (default 32).
+    The keywords are those of `mklang batch`.
     """
     from contextlib import AbstractContextManager, ExitStack, nullcontext
 
     from mklang import batching
     from mklang.stores import open_store
+    from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
     loaded = _runnable(machine)
     if isinstance(inputs, (str, os.PathLike)):
@@ -291,7 +293,7 @@ def batch(
             ceilings=batching.Ceilings(batch_max_tokens, batch_max_cost),
             hitl=hitl,
         )
-        outcomes = runner.run(items, concurrency)
+        outcomes = runner.run(items, DEFAULT_BATCH_CONCURRENCY if concurrency is None else concurrency)
     if out is not None:
         batching.write_results(os.fspath(out), outcomes)
     return outcomes
