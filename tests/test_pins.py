@@ -1677,19 +1677,19 @@ def test_a_run_that_dies_after_journaling_a_halt_resumes_to_the_same_halt(tmp_pa
     assert (resumed.error, resumed.at) == ("state-error: tool risky: exploded", "b")
 
 
-def test_the_engine_signals_read_as_their_reason():
-    from mklang.engine.signals import Halt, Interrupted, Stopped, Suspend
+def test_the_engine_stop_signal_reads_as_its_reason():
+    from mklang.engine.signals import Stop
 
     frame = Frame.start(mk("machine m\nentry a\nbudget 1\nstate a {\n  tool t\n  output o\n  otherwise -> END\n}\n"))
     assert [
         str(signal)
         for signal in (
-            Halt("gate-fail", "a"),
-            Suspend(frame, "escalated"),
-            Stopped("cost-exhausted", Usage()),
-            Interrupted("a", Usage()),
+            Stop("halted", "gate-fail", "a"),
+            Stop("suspended", "escalated", "a", [frame]),
+            Stop("stopped", "cost-exhausted", "a"),
+            Stop("interrupted", "interrupted", "a"),
         )
-    ] == ["gate-fail", "escalated", "cost-exhausted", "a"]
+    ] == ["gate-fail", "escalated", "cost-exhausted", "interrupted"]
 
 
 def test_show_says_which_step_budget_ran_out_even_with_no_level_recorded(tmp_path):

@@ -12,7 +12,7 @@ from mklang.engine.frame import Frame
 from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
 from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Observer, Runtime
-from mklang.engine.signals import Halt, Interrupted, Suspend
+from mklang.engine.signals import Stop
 from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
 from mklang.providers.base import Provider, Usage
@@ -149,39 +149,39 @@ def continue_run(
     root = frames[0]
     rt.caps = caps
     rt.spent = sum((frame.spent for frame in frames), Usage())
-    owed = rt.spent + rt.journal.unreplayed()
-    if resumed and suspendable and caps.spent(owed):
+    if resumed and suspendable and caps.reached(rt.spent_so_far()):
         innermost = frames[-1]
         # The reason its loop-top gives, so the checkpoint stays as it was: steps are checked first.
         reason = "budget-exhausted" if innermost.steps >= innermost.budget else "cost-exhausted"
-        return RunResult("suspended", reason, innermost.state, None, root.context, root.trace, owed, frames)
-    level = Level(root, 0, suspendable, False, "r", [])
+        spent = _spent(rt, root, suspended=True)
+        return RunResult("suspended", reason, innermost.state, None, root.context, root.trace, spent, frames)
     try:
-        run_frame(rt, level, frames[1:] or None)
-    except Halt as halt:
-        result = RunResult("halted", halt.error, halt.at, None, root.context, root.trace, root.usage + halt.usage)
-    except Interrupted as interrupted:
-        result = RunResult("halted", "interrupted", interrupted.at, None, root.context, root.trace, interrupted.usage)
-    except Suspend as suspend:
-        innermost = suspend.frames[-1]
-        # The run's spend so far: its live total (frames, then every call made or replayed
-        # since, branches stopped mid-way included) and what earlier processes paid for
-        # that it has not replayed.
-        spent = rt.spent + rt.journal.unreplayed()
+        run_frame(rt, Level(root, 0, suspendable, False, "r", []), frames[1:] or None)
+    except Stop as stop:  # halted, suspended, or interrupted: a halt no suspension could spare
+        suspended = stop.kind == "suspended"
         result = RunResult(
-            "suspended",
-            suspend.reason,
-            innermost.state,
+            "suspended" if suspended else "halted",
+            stop.reason,
+            stop.at,
             None,
             root.context,
             root.trace,
-            spent,
-            suspend.frames,
-            suspend.ask,
-            suspend.reply_to,
-            suspend.detail,
+            _spent(rt, root, suspended),
+            stop.frames,
+            stop.ask,
+            stop.reply_to,
+            stop.detail,
         )
     else:
-        result = RunResult("done", None, None, root.result(), root.context, root.trace, root.usage)
+        result = RunResult("done", None, None, root.result(), root.context, root.trace, _spent(rt, root, False))
     result.calls = dict(sorted(rt.live_calls.items()))
     return result
+
+
+def _spent(rt: Runtime, root: Frame, suspended: bool) -> Usage:
+    """The run's spend, read once at its end. A run that ended holds it all in its root
+    frame: each step records what it cost, and a level that stops mid-step records what
+    the step had paid. A suspended run's frames leave out its steps in flight, whose paid
+    answers the journal keeps for the resume to replay: its spend is the runtime's live
+    total plus what earlier processes paid that it has not replayed."""
+    return rt.spent_so_far() if suspended else root.usage

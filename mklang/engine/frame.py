@@ -147,8 +147,8 @@ class Frame:
         self.ask = record.get("ask")
 
     def stop(self, error: str, usage: Usage) -> None:
-        """End the level with a halt its state raised before it could make a step;
-        `usage` is what that state had already paid for."""
+        """End the level with a halt that came before its step in flight was made;
+        `usage` is what that step had already paid for."""
         self.usage = self.usage + usage
         self.halted = error
 

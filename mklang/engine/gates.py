@@ -15,7 +15,7 @@ from typing import Any
 from mklang.engine.frame import Frame
 from mklang.engine.keys import Calls
 from mklang.engine.runtime import Runtime
-from mklang.engine.signals import Halt
+from mklang.engine.signals import Stop
 from mklang.model import Gate, State
 from mklang.providers.base import NONE, UNPARSEABLE, Usage, Verdict
 
@@ -59,11 +59,10 @@ def select_gate(
     output: Any,
     reasoning: str | None,
     context: Callable[[], dict[str, Any]],
-    call_prefix: str,
+    calls: Calls,
 ) -> Choice:
     """Pick the first true eligible gate. `context` builds the post-deposit context lazily;
-    judge calls get idempotency keys under `call_prefix`."""
-    calls = None
+    judge calls are keyed and tallied by `calls`."""
     gates = state.gates
     eligible = [
         index
@@ -80,12 +79,7 @@ def select_gate(
         if gate.when is None:
             return Selected(index=index, gate=gate, usage=usage, none_batches=none_batches, parsed_by=parsed_by)
         if gate.hook is not None:
-            try:
-                holds = _ask_hook(rt, state, gate.hook, context(), output)
-            except Halt as halted:
-                halted.usage = usage  # judge batches before this hook were paid for
-                raise
-            if holds:
+            if _ask_hook(rt, state, gate.hook, context(), output):
                 return Selected(index=index, gate=gate, usage=usage, none_batches=none_batches, parsed_by=parsed_by)
             position += 1
             continue
@@ -94,9 +88,8 @@ def select_gate(
             batch_end += 1
         batch = eligible[position:batch_end]
         tier = state.tier or frame.machine.tier
-        calls = calls or Calls(call_prefix)
         conditions = [when for i in batch if (when := gates[i].when) is not None]
-        verdict: Verdict = rt.call(calls.next(), "judge", _judge(rt, conditions, output, reasoning, context, tier))
+        verdict: Verdict = rt.call(calls, "judge", _judge(rt, conditions, output, reasoning, context, tier))
         usage = usage + verdict.usage
         parsed_by = verdict.parsed_by or parsed_by
         if verdict.choice == NONE:
@@ -127,16 +120,16 @@ def _judge(
     reasoning: str | None,
     context: Callable[[], dict[str, Any]],
     tier: str,
-) -> Callable[[], Verdict]:
+) -> Callable[[str], Verdict]:
     """The live judge call for one batch (run only when the journal has no answer)."""
-    return lambda: rt.provider.judge(conditions, output, reasoning, context(), tier)
+    return lambda _key: rt.provider.judge(conditions, output, reasoning, context(), tier)
 
 
 def _ask_hook(rt: Runtime, state: State, name: str, context: dict[str, Any], output: Any) -> bool:
     hook = rt.hooks.get(name)
     if hook is None:
-        raise Halt(f"state-error: hook: unknown hook '{name}'", state.name)
+        raise Stop("halted", f"state-error: hook: unknown hook '{name}'", state.name)
     try:
         return bool(hook(context, output))
     except Exception as error:  # a host predicate failed: halt, do not crash
-        raise Halt(f"state-error: hook: {name}: {error}", state.name) from None
+        raise Stop("halted", f"state-error: hook: {name}: {error}", state.name) from None

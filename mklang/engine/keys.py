@@ -1,15 +1,40 @@
-"""Idempotency keys of model and tool calls, stable across a crash and a resume."""
+"""The calls of one step: idempotency keys stable across a crash and a resume, and their spend."""
+
+from __future__ import annotations
+
+import threading
+
+from mklang.providers.base import Usage
 
 
 class Calls:
-    """Hands out idempotency keys for the model and tool calls of one step branch."""
+    """Hands out the idempotency keys of one step branch's model and tool calls, and
+    tallies what the branch has cost so far: its calls, its sub-run, its kept fan-out
+    branches. A branch's tally adds up into the step's (`sub`), so a level that stops
+    mid-step knows what the step had paid without any signal carrying it."""
 
-    __slots__ = ("count", "prefix")
+    __slots__ = ("_lock", "count", "paid", "parent", "prefix")
 
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str, parent: Calls | None = None):
         self.prefix = prefix
         self.count = 0
+        self.paid = Usage()
+        self.parent = parent
+        self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
 
     def next(self) -> str:
         self.count += 1
         return f"{self.prefix}.{self.count}"
+
+    def sub(self, name: str) -> Calls:
+        """The calls of a part of this step (its face, its gates, a fan-out branch)."""
+        return Calls(f"{self.prefix}.{name}", self)
+
+    def pay(self, usage: Usage) -> None:
+        """Add `usage` to this tally and to those it adds up into (fan-out branches pay from
+        threads of their own)."""
+        with self._lock:
+            calls: Calls | None = self
+            while calls is not None:
+                calls.paid = calls.paid + usage
+                calls = calls.parent

@@ -2,9 +2,11 @@
 
 One `run_frame` per run level; a `call` state re-enters it one level deeper.
 The loop-top checks budgets, one function selects gates (`gates.select_gate`), and
-`Frame.apply` is the one place a step is appended. Suspension is the
-`Suspend` exception raised at a loop-top (or after a HITL escalate) and
-extended by every enclosing call level with its own frame.
+`Frame.apply` is the one place a step is appended. A level ends early in one
+way, the `Stop` signal: a suspension is raised at a loop-top (or after a HITL
+escalate) and extended by every enclosing call level with its own frame; a
+level that stops mid-step first records in its frame what the step had paid
+(its `Calls` tally), so no signal carries spend.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import itertools
 import json
 import re
 from concurrent.futures import Future
-from typing import Any, NoReturn
+from typing import Any
 
 from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
@@ -22,7 +24,7 @@ from mklang.engine.interpolate import Scope, input_taint, render_prompt, resolve
 from mklang.engine.keys import Calls
 from mklang.engine.records import StepDetails, StepRecord, TraceStep
 from mklang.engine.runtime import Level, Runtime
-from mklang.engine.signals import Halt, Interrupted, Stopped, Suspend
+from mklang.engine.signals import Stop
 from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.limits import NestingError, load_json
@@ -39,7 +41,7 @@ FENCE_NOTICE = (
 
 
 def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> Frame:
-    """Run one level from its loop-top until END; raises Halt or Suspend.
+    """Run one level from its loop-top until END; raises Stop when it ends early.
 
     `resume` holds the frames of suspended levels below this one: the first
     call state this level runs continues the next of them instead of
@@ -54,9 +56,11 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
         if frame.state == END:
             return frame
         if frame.halted is not None:
-            raise Halt(frame.halted, frame.state)
+            raise Stop("halted", frame.halted, frame.state)
         if frame.ask is not None:
-            raise Suspend(frame, "escalated", ask=frame.ask["ask"], reply_to=frame.ask["reply_to"])
+            raise Stop(
+                "suspended", "escalated", frame.state, [frame], ask=frame.ask["ask"], reply_to=frame.ask["reply_to"]
+            )
         # A level resuming into its suspended call is not at a loop-top but inside
         # the call state: the innermost level checks the budgets, so a resume that
         # cannot take a step re-suspends with every frame as it was (idempotent).
@@ -67,31 +71,34 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
                     rt.observer(level.chain)
             reason = exhausted(rt, level)
             if reason:
-                _stop(level, reason)
+                _end(rt, level, reason, Usage())
+                continue
         state = states[frame.state]
+        calls = Calls(f"{level.scope}:{len(frame.trace) + 1}")
         try:
-            record = _run_state(rt, level, state, resume)
-        except Halt as halted:  # the state failed before it could make a step
-            frame.stop(halted.error, halted.usage)
-            if not level.branch:
-                rt.journal.halt(level.depth, halted.error, halted.usage)
-            continue
+            record = _run_state(rt, level, state, calls, resume)
         except ProviderError as error:
-            paid = error.usage or Usage()  # a failed call the server still charged for
             if rt.control.past_deadline():  # the call was cut short by the --max-time deadline
-                _stop(level, "time-exhausted", paid)
-            if level.suspendable:
-                frame.usage = frame.usage + paid
-                raise Suspend(frame, "provider-error", detail=str(error)) from None
-            raise Halt(f"provider-error: {error}", state.name, paid) from None
-        except Suspend as suspend:
-            suspend.frames.insert(0, frame)
-            raise
-        except _Cut as cut:
-            _stop(level, cut.reason, cut.usage)
-        except (Stopped, Interrupted) as stopped:  # a level below stopped: count this level's spend
-            stopped.usage = frame.usage + stopped.usage
-            raise
+                _end(rt, level, "time-exhausted", calls.paid)
+            elif level.suspendable:
+                # The failed call's charge: no kept answer will pay it again on resume.
+                frame.usage = frame.usage + (error.usage or Usage())
+                raise Stop("suspended", "provider-error", frame.state, [frame], detail=str(error)) from None
+            else:
+                _halt(rt, level, f"provider-error: {error}", calls.paid)
+            continue
+        except Stop as stop:
+            if stop.kind == "suspended":
+                stop.frames.insert(0, frame)
+                raise
+            if stop.kind == "halted":  # the state failed before it could make a step
+                _halt(rt, level, stop.reason, calls.paid)
+            elif stop.kind == "cut":
+                _end(rt, level, stop.reason, calls.paid)
+            else:  # a level below stopped the run or its branch: this level paid for its step so far
+                frame.usage = frame.usage + calls.paid
+                raise
+            continue
         resume = None
         step, fired = record["step"], record.get("gate")
         if fired is not None and step["policy"] == "escalate" and step["to"] != END and rt.hitl and level.suspendable:
@@ -114,7 +121,7 @@ def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
     frame = level.frame
     if frame.steps + launched >= frame.budget:
         return "budget-exhausted"
-    if rt.caps.spent(rt.spent):
+    if rt.caps.reached(rt.spent):
         return "cost-exhausted"
     control = rt.control
     if control.ceiling is not None and control.ceiling(rt.spent):
@@ -126,42 +133,40 @@ def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
     return None
 
 
-def _stop(level: Level, reason: str, usage: Usage | None = None) -> NoReturn:
-    """End `level` at its loop-top for `reason`: suspend when it can; inside a fan-out
-    branch stop the branch for a run-wide ceiling; else halt (or stop at once on an
-    interrupt). `usage` is what the state had spent before it was cut short."""
+def _end(rt: Runtime, level: Level, reason: str, paid: Usage) -> None:
+    """End `level` for `reason` (a budget, the clock, an interrupt), `paid` being what its
+    step in flight had cost: suspend when it can; else stop the run at once on an
+    interrupt, or stop the fan-out branch the level runs in for a run-wide ceiling, the
+    frame keeping what it paid; else halt the level (raised at its loop-top)."""
     frame = level.frame
-    usage = usage if usage is not None else Usage()
-    if level.suspendable:
-        raise Suspend(frame, reason)
-    if reason == "interrupted":
-        raise Interrupted(frame.state, frame.usage + usage)
-    if level.branch and reason != "budget-exhausted":
-        raise Stopped(reason, frame.usage + usage)
-    raise Halt(reason, frame.state, usage)
+    if level.suspendable:  # the journal keeps the answers the step paid for
+        raise Stop("suspended", reason, frame.state, [frame])
+    if reason == "interrupted" or (level.branch and reason != "budget-exhausted"):
+        frame.usage = frame.usage + paid
+        raise Stop("interrupted" if reason == "interrupted" else "stopped", reason, frame.state)
+    _halt(rt, level, reason, paid)
 
 
-class _Cut(Exception):
-    """A fan-out stopped launching branches (a budget, the clock or an interrupt)."""
+def _halt(rt: Runtime, level: Level, error: str, paid: Usage) -> None:
+    """Record in the frame (and journal) that `level` halts with `error` before its step in
+    flight was made, `paid` being what that step had cost; its loop-top raises the halt."""
+    level.frame.stop(error, paid)
+    if not level.branch:
+        rt.journal.halt(level.depth, error, paid)
 
-    def __init__(self, reason: str, usage: Usage):
-        super().__init__(reason)
-        self.reason = reason
-        self.usage = usage
 
-
-def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | None) -> StepRecord:
-    """Run `state` once: output, deposit (via the record), gate, policy.
+def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: list[Frame] | None) -> StepRecord:
+    """Run `state` once: output, deposit (via the record), gate, policy; `calls` keys and
+    tallies the step's calls.
 
     Returns the record for Frame.apply; its "halt" names the halt the step ends with.
-    Raises Halt when the state fails before it can make a step.
+    Raises a halted Stop when the state fails before it can make a step.
     """
     frame = level.frame
     visits = frame.visits.get(state.name, 0) + 1
     if state.max_visits is not None and visits > state.max_visits:
-        raise Halt("loop-ceiling", state.name)
+        raise Stop("halted", "loop-ceiling", state.name)
     step_no = len(frame.trace) + 1
-    prefix = f"{level.scope}:{step_no}"
     # Produce states consume pending repair feedback; other faces leave it pending.
     feedback = None if isinstance(state.face, Produce) else frame.feedback
     details: StepDetails = {}
@@ -170,17 +175,19 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
         step = _step(step_no, state, UNTRUSTED_FLOW, None, None, {"untrusted_control_flow": True}, Usage())
         return {"step": step, "charge": 1, "feedback": feedback, "halt": UNTRUSTED_FLOW}
     if state.fans_out:
-        output, branches, usage = _fan_out(rt, level, state, prefix)
+        output, branches, usage = _fan_out(rt, level, state, calls)
         details["branches"] = branches
         reasoning, charge = None, max(1, len(output))
     else:
         try:
             output, reasoning, usage, extra = _run_face(
-                rt, level, state, Scope(frame.context, frame.tainted), Calls(prefix + ".0"), resume
+                rt, level, state, Scope(frame.context, frame.tainted), calls.sub("0"), resume
             )
-        except _CallFailed as failed:
-            step = _step(step_no, state, "call-failed", None, None, {"sub_trace": failed.trace}, failed.usage)
-            return {"step": step, "charge": 1, "feedback": feedback, "halt": failed.error}
+        except Stop as failed:
+            if failed.kind != "call-failed":
+                raise
+            step = _step(step_no, state, "call-failed", None, None, {"sub_trace": failed.trace}, calls.paid)
+            return {"step": step, "charge": 1, "feedback": feedback, "halt": failed.reason}
         details["output"] = output
         if reasoning is not None:
             details["reasoning"] = reasoning
@@ -189,10 +196,7 @@ def _run_state(rt: Runtime, level: Level, state: State, resume: list[Frame] | No
     # Hooks and the judge see the context with this output deposited.
     deposited = _DepositedView(frame, state, output)
     try:
-        choice = select_gate(rt, frame, state, output, reasoning, deposited, prefix + ".g")
-    except Halt as halted:
-        halted.usage = usage + halted.usage
-        raise
+        choice = select_gate(rt, frame, state, output, reasoning, deposited, calls.sub("g"))
     finally:
         deposited.take_back()
     if choice.usage.tokens or choice.usage.cost_usd:
@@ -311,14 +315,6 @@ class _DepositedView:
 _FaceResult = tuple[Any, str | None, Usage, StepDetails]  # output, reasoning, usage, trace extras
 
 
-class _CallFailed(Exception):
-    def __init__(self, error: str, trace: list[TraceStep], usage: Usage):
-        super().__init__(error)
-        self.error = error
-        self.trace = trace
-        self.usage = usage
-
-
 def _run_face(
     rt: Runtime,
     level: Level,
@@ -350,13 +346,8 @@ def _produce(
     if fenced:
         system = f"{system}\n\n{FENCE_NOTICE}"
     tier = state.tier or frame.machine.tier
-    produced: Produced = rt.call(calls.next(), "produce", lambda: rt.provider.produce(system, user, tier, face.reason))
-    try:
-        value = _parse(face, produced.text, state.name)
-    except Halt as halted:
-        halted.usage = produced.usage  # the answer was paid for even though it is unusable
-        raise
-    return value, produced.reasoning, produced.usage
+    produced: Produced = rt.call(calls, "produce", lambda _key: rt.provider.produce(system, user, tier, face.reason))
+    return _parse(face, produced.text, state.name), produced.reasoning, produced.usage
 
 
 _FENCE = re.compile(r"^\s*```[\w-]*\s*\n(.*?)\n\s*```\s*$", re.S)
@@ -370,32 +361,31 @@ def _parse(face: Produce, text: str, at: str) -> Any:
     try:
         value = load_json(body)
     except NestingError as error:
-        raise Halt(f"state-error: parse-{face.parse}: the answer is {error}", at) from None
+        raise Stop("halted", f"state-error: parse-{face.parse}: the answer is {error}", at) from None
     except json.JSONDecodeError as error:
-        raise Halt(f"state-error: parse-{face.parse}: the answer is not JSON ({error.msg})", at) from None
+        raise Stop("halted", f"state-error: parse-{face.parse}: the answer is not JSON ({error.msg})", at) from None
     if face.parse == "list" and not isinstance(value, list):
-        raise Halt(f"state-error: parse-list: expected a JSON array, got {type(value).__name__}", at)
+        raise Stop("halted", f"state-error: parse-list: expected a JSON array, got {type(value).__name__}", at)
     return value
 
 
 def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) -> str:
     tool = rt.tools.get(face.tool)
     if tool is None:
-        raise Halt(f"state-error: tool: unknown tool '{face.tool}'", state.name)
+        raise Stop("halted", f"state-error: tool: unknown tool '{face.tool}'", state.name)
     arguments = resolve_input(face.input or {}, scope)
-    key = calls.next()
 
-    def live() -> Any:
+    def live(key: str) -> Any:
         if wants_idempotency_key(tool):
             return tool(arguments, idempotency_key=f"{rt.run_id}/{key}")
         return tool(arguments)
 
     try:
-        observation = rt.call(key, "tool", live, face.tool)
-    except (Halt, Suspend, ProviderError, CheckpointError):
+        observation = rt.call(calls, "tool", live, face.tool)
+    except (Stop, ProviderError, CheckpointError):
         raise
     except Exception as error:  # a host tool failed: the run halts, it does not crash
-        raise Halt(f"state-error: tool {face.tool}: {error}", state.name) from None
+        raise Stop("halted", f"state-error: tool {face.tool}: {error}", state.name) from None
     return observation if isinstance(observation, str) else json.dumps(observation)
 
 
@@ -410,7 +400,7 @@ def _call(
     calls: Calls,
 ) -> _FaceResult:
     if level.depth + 1 > MAX_CALL_DEPTH:
-        raise Halt("call-depth-exceeded", state.name)
+        raise Stop("halted", "call-depth-exceeded", state.name)
     frame = level.frame
     child_scope = f"{calls.prefix}/"
     if resume:
@@ -419,7 +409,7 @@ def _call(
         try:
             child_machine = rt.load_machine(face.machine, frame.machine.path)
         except MklangError as error:
-            raise Halt(f"state-error: call: {error}", state.name) from None
+            raise Stop("halted", f"state-error: call: {error}", state.name) from None
         inputs = face.input or {}
         external = _external_scope(frame, state, scope.locals)
         child_frame = Frame.start(
@@ -435,19 +425,23 @@ def _call(
     child = Level(child_frame, level.depth + 1, level.suspendable, level.branch or branch, child_scope, level.chain)
     try:
         run_frame(rt, child, below)
-    except Halt as halted:
-        raise _CallFailed(f"call-failed: {halted.error}", child_frame.trace, child_frame.usage + halted.usage) from None
+    except Stop as stop:
+        if stop.kind != "halted":
+            raise
+        raise Stop("call-failed", f"call-failed: {stop.reason}", state.name, trace=child_frame.trace) from None
+    finally:  # the sub-run's frame holds what it paid, however it ended
+        calls.pay(child_frame.usage)
     return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
 
 
 _FAN_OUT_IDS = itertools.count()
 
 
-def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list[Any], list[dict[str, Any]], Usage]:
+def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[list[Any], list[dict[str, Any]], Usage]:
     """Run the branches of `sample N` / `over path`; outputs keep input order.
 
     Before each branch launches, `exhausted` decides whether it may; once it may
-    not, the branches in flight finish and the fan-out is cut (`_Cut`): the
+    not, the branches in flight finish and the fan-out is cut (a `cut` Stop): the
     level suspends with the finished branches kept in its frame and the paid
     answers of those stopped mid-way kept by the journal, or halts.
     """
@@ -457,7 +451,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
         items = lookup(frame.context, state.over)
         if not isinstance(items, list):
             what = "missing" if items is None else f"a {type(items).__name__}, not a list"
-            raise Halt(f"state-error: over: '{state.over}' is {what}", state.name)
+            raise Stop("halted", f"state-error: over: '{state.over}' is {what}", state.name)
         item_tainted = frozenset({"item"}) if root_key(state.over) in frame.tainted else frozenset()
         locals_list = [{"index": i, "item": item} for i, item in enumerate(items)]
     else:
@@ -467,29 +461,25 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
     def branch(i: int) -> dict[str, Any]:
         # Numbered among the branches this fan-out launches: a resumed cut fan-out launches only the rest.
         marker = BRANCH.set(Branch(fan_out, to_run[i], len(to_run)))
+        branch_calls = calls.sub(str(i + 1))
         try:
-            record = run_branch(i)
+            record = run_branch(i, branch_calls)
         finally:
             BRANCH.reset(marker)
-        rt.journal.fold(f"{prefix}.{i + 1}")  # its paid answers are in its record now
+        rt.journal.fold(branch_calls.prefix)  # its paid answers are in its record now
         return record
 
-    def run_branch(i: int) -> dict[str, Any]:
+    def run_branch(i: int, branch_calls: Calls) -> dict[str, Any]:
         scope = Scope(frame.context, frame.tainted, locals_list[i], item_tainted)
         try:
-            output, reasoning, usage, extra = _run_face(
-                rt, level, state, scope, Calls(f"{prefix}.{i + 1}"), None, branch=True
-            )
-        except Halt as halted:
-            return {"output": f"[branch-error: {halted.error}]", "usage": halted.usage.to_json()}
-        except _CallFailed as failed:
-            return {
-                "output": f"[branch-error: {failed.error}]",
-                "usage": failed.usage.to_json(),
-                "sub_trace": failed.trace,
-            }
+            output, reasoning, usage, extra = _run_face(rt, level, state, scope, branch_calls, None, branch=True)
+        except Stop as stop:
+            if stop.kind == "stopped":  # a run-wide ceiling stopped the branch mid-way: it is not done
+                raise
+            failed = {"output": f"[branch-error: {stop.reason}]", "usage": branch_calls.paid.to_json()}
+            return {**failed, "sub_trace": stop.trace} if stop.kind == "call-failed" else failed
         except ProviderError as error:
-            return {"output": f"[branch-error: provider-error: {error}]", "usage": (error.usage or Usage()).to_json()}
+            return {"output": f"[branch-error: provider-error: {error}]", "usage": branch_calls.paid.to_json()}
         record = {"output": output, "usage": usage.to_json()}
         if reasoning is not None:
             record["reasoning"] = reasoning
@@ -499,6 +489,8 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
     count = len(locals_list)
     done = {i: record for i, record in frame.branches.items() if i < count}
     kept = set(done)
+    for i in kept:  # the step's spend so far includes the branches a suspension kept
+        calls.pay(Usage.from_json(done[i]["usage"]))
     to_run = {i: rank for rank, i in enumerate(i for i in range(count) if i not in kept)}
     running: dict[int, Future[Any]] = {}
     reason = None
@@ -511,21 +503,21 @@ def _fan_out(rt: Runtime, level: Level, state: State, prefix: str) -> tuple[list
         future = running[i] = rt.workers.submit(functools.partial(branch, i))
         if future.done() and future.exception() is not None:
             break
-    lost, failure = Usage(), None
+    failure = None
     for i, future in running.items():
         try:
             done[i] = future.result()
-        except Stopped as stopped:  # a run-wide ceiling stopped this branch mid-way
-            reason, lost = reason or stopped.reason, lost + stopped.usage
         except BaseException as error:  # after every branch in flight has finished
-            failure = failure or error
+            if isinstance(error, Stop) and error.kind == "stopped":  # a run-wide ceiling stopped it mid-way
+                reason = reason or error.reason
+            else:
+                failure = failure or error
     if failure is not None:
         raise failure
     if len(done) < count:
-        new = sum((Usage.from_json(done[i]["usage"]) for i in done if i not in kept), lost)
         if level.suspendable:  # branches stopped mid-way: the journal keeps their paid answers
             frame.branches = done
-        raise _Cut(reason or "budget-exhausted", new)
+        raise Stop("cut", reason or "budget-exhausted", state.name)
     branches = [done[i] for i in range(count)]
     usage = Usage()
     for record in branches:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from mklang import faults
 from mklang.effects import FlowPolicy, declared_read_only, host_read_only, reaches_tool
 from mklang.engine.frame import Frame
+from mklang.engine.keys import Calls
 from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
 from mklang.host.registry import Registry
@@ -48,7 +49,8 @@ class Caps:
     tokens: int | None = None
     cost: float | None = None
 
-    def spent(self, usage: Usage) -> bool:
+    def reached(self, usage: Usage) -> bool:
+        """Whether `usage` has reached a cap, so the run may start nothing more."""
         # Dollars are float sums: ten calls of $0.01 make 0.0999...; a nano-dollar of slack
         # keeps such a sum from letting one more call through a $0.10 cap.
         return (self.tokens is not None and usage.tokens >= self.tokens) or (
@@ -174,10 +176,12 @@ class Runtime:
     def __post_init__(self) -> None:
         self.workers = Workers(self.concurrency)
 
-    def call(self, key: str, kind: str, live: Callable[[], Any], name: str | None = None) -> Any:
-        """Every model and tool call goes through here: the journal answers it when an
-        earlier process paid for it; otherwise it runs, is counted and is journaled.
-        Either way its spend joins the run's live total, which every budget check reads."""
+    def call(self, calls: Calls, kind: str, live: Callable[[str], Any], name: str | None = None) -> Any:
+        """Every model and tool call goes through here, under the next key of `calls`: the
+        journal answers it when an earlier process paid for it; otherwise `live(key)` runs,
+        is counted and is journaled. Either way its spend joins the run's live total, which
+        every budget check reads, and the tally of `calls`."""
+        key = calls.next()
         value = self.journal.replay(key, kind, name)
         if value is None:
             with self._count_lock:
@@ -185,23 +189,30 @@ class Runtime:
             faults.reach("call.before")
             try:
                 with deadline(self.control.deadline):
-                    value = live()
+                    value = live(key)
             except ProviderError as error:  # a failed call may still have been paid for
-                self.charge(error.usage)
+                self._charge(calls, error.usage)
                 raise
             faults.reach("call.returned")
             self.journal.record(key, kind, value)
-        self.charge(getattr(value, "usage", None))
+        self._charge(calls, getattr(value, "usage", None))
         return value
 
-    def charge(self, usage: Usage | None) -> None:
-        """Add a call's spend to the run's live total, which every budget check reads."""
+    def _charge(self, calls: Calls, usage: Usage | None) -> None:
+        """Add a call's spend to the run's live total and to the tally of its step."""
         if usage is None:
             return
+        calls.pay(usage)
         with self._count_lock:
             self.spent = spent = self.spent + usage
         if self.control.ceiling is not None:  # a shared ceiling learns of the spend as soon as it is paid
             self.control.ceiling(spent)
+
+    def spent_so_far(self) -> Usage:
+        """The run's spend: its live total (what its frames recorded when it started, then
+        every call made or replayed since, branches stopped mid-way included) and what
+        earlier processes paid for that it has not replayed."""
+        return self.spent + self.journal.unreplayed()
 
     def effectful(self, machine: Machine, tool: str) -> bool:
         """Whether running `tool` may change the world: the host's word (the callable's mark,

@@ -1,60 +1,49 @@
-"""How a run level stops early: halts, suspensions and hard interrupts."""
+"""How a run level ends early: the one signal the engine raises, `Stop`."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from mklang.engine.frame import Frame
-from mklang.providers.base import Usage
+from mklang.engine.records import TraceStep
+
+StopKind = Literal["halted", "suspended", "interrupted", "stopped", "cut", "call-failed"]
 
 
-class Halt(Exception):
-    """The run stops for good: `error` is the halt kind (with detail), `at` the state.
+class Stop(Exception):
+    """A run level ends early for `reason` at its state `at`. The `kind` says how:
 
-    `usage` is what the state had spent before it failed (a model answer that
-    did not parse was still paid for); the run's totals include it.
+    - halted: for good; `reason` is the halt (with detail).
+    - suspended: the run parks at a loop-top; `frames` runs root..innermost once fully
+      raised; `ask`, `reply_to` and `detail` say what it waits on.
+    - interrupted: an interrupt reached a run that cannot suspend; it ends at once (exit 130).
+    - stopped: a run-wide ceiling (tokens, dollars, time) stopped a level inside a fan-out
+      branch; branches cannot suspend, so the fan-out keeps the branch out of its list.
+    - cut: a fan-out stopped launching branches; its level ends as a loop-top check would.
+    - call-failed: a called machine halted; the calling state records `trace`, its sub-run.
+
+    A Stop carries no spend: a level that stops mid-step records in its frame what the
+    step had paid (its `Calls` tally), so a run's spend is read once, at its end.
     """
 
-    def __init__(self, error: str, at: str | None, usage: Usage | None = None):
-        super().__init__(error)
-        self.error = error
-        self.at = at
-        self.usage = usage if usage is not None else Usage()
-
-
-class Suspend(Exception):
-    """The run parks at a loop-top; `frames` runs root..innermost once fully raised."""
-
     def __init__(
-        self, frame: Frame, reason: str, ask: str | None = None, reply_to: str | None = None, detail: str | None = None
+        self,
+        kind: StopKind,
+        reason: str,
+        at: str | None,
+        frames: list[Frame] | None = None,
+        *,
+        ask: str | None = None,
+        reply_to: str | None = None,
+        detail: str | None = None,
+        trace: list[TraceStep] | None = None,
     ):
         super().__init__(reason)
-        self.frames = [frame]
+        self.kind = kind
         self.reason = reason
+        self.at = at
+        self.frames = frames or []
         self.ask = ask
         self.reply_to = reply_to
         self.detail = detail
-
-
-class Interrupted(Exception):
-    """An interrupt reached a run that cannot suspend: it ends at once (exit 130).
-
-    `usage` gathers what every level had spent as the exception passed it, so
-    the run's totals stay true.
-    """
-
-    def __init__(self, at: str, usage: Usage):
-        super().__init__(at)
-        self.at = at
-        self.usage = usage
-
-
-class Stopped(Exception):
-    """A run-wide ceiling (tokens, dollars, time) stopped a level inside a fan-out branch.
-
-    Branches cannot suspend, so the branch is not done: the fan-out keeps it out of
-    its list and stops launching. `usage` is what the branch spent before it stopped.
-    """
-
-    def __init__(self, reason: str, usage: Usage):
-        super().__init__(reason)
-        self.reason = reason
-        self.usage = usage
+        self.trace = trace or []

@@ -71,6 +71,12 @@ def test_a_provider_failure_halts_provider_error_at_the_state(kind):
     assert [s["state"] for s in result.trace] == ["a"]
 
 
+def test_a_provider_failure_still_counts_what_the_state_paid_before_it():
+    result = run_mk(TWO_STATES.format(gates='when "good" -> END'), provider=Failing("judge", {"tokens": [3, 2]}))
+    assert (result.status, result.at) == ("halted", "b")
+    assert result.usage.tokens == 10  # both produce calls were paid for, b's before its judge failed
+
+
 def test_a_tool_exception_halts_with_a_state_error():
     source = """
         machine tool_boom

@@ -836,15 +836,15 @@ def test_a_run_result_reports_as_json_what_its_status_calls_for():
 # --- the runtime: budgets, the clock and crash points -----------------------------------
 
 
-def test_a_token_or_dollar_budget_is_spent_once_reached_with_a_nano_dollar_of_slack():
-    assert Caps().spent(Usage(10**9, 10**9, 10**9)) is False
-    assert Caps(tokens=10).spent(Usage(5, 5)) is True
-    assert Caps(tokens=10).spent(Usage(5, 4)) is False
-    assert Caps(cost=0.10).spent(Usage(cost_usd=sum([0.01] * 10))) is True  # 0.0999...: within the slack
-    assert Caps(cost=0.10).spent(Usage(cost_usd=0.10 - COST_SLACK)) is True  # the slack's own edge counts
-    assert Caps(cost=0.10).spent(Usage(cost_usd=0.0999)) is False
-    assert Caps(tokens=10, cost=0.10).spent(Usage(1, 1, 0.5)) is True
-    assert Caps(tokens=10, cost=0.10).spent(Usage(10, 0, 0.0)) is True
+def test_a_token_or_dollar_cap_is_reached_with_a_nano_dollar_of_slack():
+    assert Caps().reached(Usage(10**9, 10**9, 10**9)) is False
+    assert Caps(tokens=10).reached(Usage(5, 5)) is True
+    assert Caps(tokens=10).reached(Usage(5, 4)) is False
+    assert Caps(cost=0.10).reached(Usage(cost_usd=sum([0.01] * 10))) is True  # 0.0999...: within the slack
+    assert Caps(cost=0.10).reached(Usage(cost_usd=0.10 - COST_SLACK)) is True  # the slack's own edge counts
+    assert Caps(cost=0.10).reached(Usage(cost_usd=0.0999)) is False
+    assert Caps(tokens=10, cost=0.10).reached(Usage(1, 1, 0.5)) is True
+    assert Caps(tokens=10, cost=0.10).reached(Usage(10, 0, 0.0)) is True
 
 
 def test_a_deadline_is_past_from_its_very_instant(monkeypatch):
