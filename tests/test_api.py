@@ -30,6 +30,7 @@ def test_every_public_name_resolves_and_is_documented():
     reference = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     for name in mklang.__all__:
         assert getattr(mklang, name) is not None
+        assert not (ROOT / "mklang" / f"{name}.py").exists(), f"the submodule mklang.{name} would hide mklang.{name}"
         assert f"`{name}" in reference, f"docs/api.md does not document {name}"
     with pytest.raises(AttributeError, match="no attribute 'session_start'"):
         mklang.session_start  # noqa: B018
@@ -38,7 +39,7 @@ def test_every_public_name_resolves_and_is_documented():
 def test_importing_mklang_loads_no_engine_provider_or_store():
     code = "import sys, mklang; print(sorted(m for m in sys.modules if m.startswith('mklang')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert eval(loaded.stdout) == ["mklang", "mklang.errors", "mklang.version"]
+    assert eval(loaded.stdout) == ["mklang", "mklang.version"]
 
 
 @pytest.mark.parametrize(

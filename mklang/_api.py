@@ -1,0 +1,333 @@
+"""The public functions of `mklang`, which reads them from here when first used (so that
+`import mklang` stays cheap): see docs/api.md. They import the heavy parts of the package
+only when called.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from mklang.errors import Diagnostic, UsageError
+
+if TYPE_CHECKING:
+    from mklang.batching import Outcome
+    from mklang.checkpoint import Resumable
+    from mklang.effects import ToolFunction
+    from mklang.engine import RunResult
+    from mklang.engine.runtime import Observer
+    from mklang.model import Machine
+    from mklang.providers.base import Provider
+    from mklang.session import Host
+
+StrPath = str | os.PathLike[str]
+FlowPolicy = Literal["report", "halt"]
+
+
+def load(path: StrPath) -> Machine:
+    """Load a `.mk` (or YAML `.mkl`/`.yaml`) machine file and check it.
+
+    Raises `LoadError` (its `diagnostics` say why) when the file cannot be
+    read or parsed, or when the static checks find an error.
+    """
+    from mklang.checker import require_runnable
+    from mklang.syntax import load_file
+
+    return require_runnable(load_file(path))
+
+
+def check(machine: Machine | StrPath) -> list[Diagnostic]:
+    """Every finding of the static checks (SPEC section 3) about a machine or a machine file,
+    errors and warnings sorted by position; a file that cannot be loaded yields why. Never raises
+    for what it finds: `mklang check` exits 2 when any finding is an error."""
+    from mklang.checker import check as check_machine
+    from mklang.checker import check_file
+    from mklang.model import Machine
+
+    return check_machine(machine) if isinstance(machine, Machine) else check_file(machine)
+
+
+def run(
+    machine: Machine | StrPath,
+    context: Mapping[str, Any] | None = None,
+    *,
+    provider: Provider | str | None = None,
+    model: str | None = None,
+    config: StrPath | None = None,
+    script: StrPath | None = None,
+    scenario: str | None = None,
+    replay: StrPath | None = None,
+    record: StrPath | None = None,
+    plugins: Sequence[str] | None = None,
+    tools: Mapping[str, Callable[..., Any]] | None = None,
+    hooks: Mapping[str, Callable[..., Any]] | None = None,
+    checkpoint: StrPath | None = None,
+    replace: bool = False,
+    hitl: bool | None = None,
+    untrusted_flow: FlowPolicy | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_time: float | None = None,
+    concurrency: int | None = None,
+    observer: Observer | None = None,
+) -> RunResult:
+    """Run `machine` (a `Machine` or a file) from its entry with `context` and return how it ended.
+
+    The keywords are those of `mklang run` (docs/api.md). Without `checkpoint`
+    a budget halts the run; with it the run persists there and suspends instead.
+    """
+    from mklang.session import start
+
+    loaded = _runnable(machine)
+    with _hosted(provider, model, config, script, scenario, replay, record, plugins, tools, hooks, max_cost) as host:
+        return start(
+            loaded,
+            dict(context or {}),
+            host,
+            checkpoint=_where(checkpoint),
+            replace=replace,
+            hitl=hitl,
+            untrusted_flow=untrusted_flow,
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            max_time=max_time,
+            concurrency=concurrency,
+            observer=observer,
+        )
+
+
+def resume(
+    source: StrPath,
+    *,
+    reply: Mapping[str, Any] | None = None,
+    provider: Provider | str | None = None,
+    model: str | None = None,
+    config: StrPath | None = None,
+    script: StrPath | None = None,
+    scenario: str | None = None,
+    replay: StrPath | None = None,
+    record: StrPath | None = None,
+    plugins: Sequence[str] | None = None,
+    tools: Mapping[str, Callable[..., Any]] | None = None,
+    hooks: Mapping[str, Callable[..., Any]] | None = None,
+    checkpoint: StrPath | None = None,
+    replace: bool = False,
+    force: bool = False,
+    trust: bool = False,
+    allow_rollback: bool = False,
+    machine: StrPath | None = None,
+    hitl: bool | None = None,
+    untrusted_flow: FlowPolicy | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_time: float | None = None,
+    budget: int | None = None,
+    concurrency: int | None = None,
+    observer: Observer | None = None,
+) -> RunResult:
+    """Continue a suspended, interrupted or crashed run from its checkpoint (a file or `STORE-URI#RUN`).
+
+    `reply` maps dotted context paths to values, as `mklang resume --set`
+    does: the answer to a parked question goes under its `reply_to`. With
+    no provider, script or replay given, a checkpoint signed with your key
+    is answered as the run was. The other keywords are those of `mklang resume`.
+    """
+    from mklang.session import opened, proceed
+
+    with opened(
+        _where(source),
+        force=force,
+        machine_path=None if machine is None else os.fspath(machine),
+        trust=trust,
+        allow_rollback=allow_rollback,
+    ) as resumable:
+        hosting = (provider, model, config, script, scenario, replay, record, plugins, tools, hooks, max_cost)
+        with _hosted(*hosting, resumable=resumable) as host:
+            return proceed(
+                resumable,
+                host,
+                set_values=dict(reply or {}),
+                checkpoint=_where(checkpoint),
+                replace=replace,
+                hitl=hitl,
+                untrusted_flow=untrusted_flow,
+                max_tokens=max_tokens,
+                max_cost=max_cost,
+                max_time=max_time,
+                budget=budget,
+                concurrency=concurrency,
+                observer=observer,
+            )
+
+
+def batch(
+    machine: Machine | StrPath,
+    inputs: StrPath | Iterable[Mapping[str, Any]],
+    *,
+    store: StrPath,
+    out: StrPath | None = None,
+    provider: Provider | str | None = None,
+    model: str | None = None,
+    config: StrPath | None = None,
+    script: StrPath | None = None,
+    scenario: str | None = None,
+    replay: StrPath | None = None,
+    plugins: Sequence[str] | None = None,
+    tools: Mapping[str, Callable[..., Any]] | None = None,
+    hooks: Mapping[str, Callable[..., Any]] | None = None,
+    hitl: bool = False,
+    untrusted_flow: FlowPolicy | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_time: float | None = None,
+    batch_max_tokens: int | None = None,
+    batch_max_cost: float | None = None,
+    concurrency: int | None = None,
+) -> list[Outcome]:
+    """Run `machine` once per input, each a durable run in `store`; one `Outcome` per input, in order.
+
+    `inputs` is a JSON Lines file or context maps (an `id` key names a run,
+    else the hash of the input); `store` a folder or a store URI. Calling it
+    again with the same inputs resumes the batch. `max_*` bound each run,
+    `batch_max_*` the whole batch; `concurrency` runs are in flight at once (default 32).
+    The keywords are those of `mklang batch`.
+    """
+    from contextlib import AbstractContextManager, ExitStack, nullcontext
+
+    from mklang import batching
+    from mklang.stores import open_store
+    from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
+
+    loaded = _runnable(machine)
+    if isinstance(inputs, (str, os.PathLike)):
+        items = batching.read_inputs(os.fspath(inputs))
+    else:
+        items = batching.items_of((dict(data), f"input {number}") for number, data in enumerate(inputs, 1))
+
+    # A dollar limit, the run's or else the batch's, is refused when a model has no price.
+    dollars = max_cost if max_cost is not None else batch_max_cost
+
+    def host() -> AbstractContextManager[Host]:
+        return _hosted(provider, model, config, script, scenario, replay, None, plugins, tools, hooks, dollars)
+
+    with ExitStack() as stack:
+        # A provider is shared by every run (it is thread-safe); a scripted host keeps a position per run.
+        shared = None if script is not None else stack.enter_context(host())
+        opened = open_store(os.fspath(store))
+        stack.callback(opened.close)
+        runner = batching.Batch(
+            loaded,
+            opened,
+            os.fspath(store),
+            host if shared is None else lambda: nullcontext(shared),
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            max_time=max_time,
+            untrusted_flow=untrusted_flow,
+            ceilings=batching.Ceilings(batch_max_tokens, batch_max_cost),
+            hitl=hitl,
+        )
+        outcomes = runner.run(items, DEFAULT_BATCH_CONCURRENCY if concurrency is None else concurrency)
+    if out is not None:
+        batching.write_results(os.fspath(out), outcomes)
+    return outcomes
+
+
+def read_only(tool: ToolFunction) -> ToolFunction:
+    """Mark a host tool as read-only (it observes the world, it changes nothing), so that a
+    decision a judge made over outside data may reach it (SPEC section 4, "Control-flow taint")."""
+    from mklang.effects import read_only as mark
+
+    return mark(tool)
+
+
+@overload
+def _where(place: StrPath) -> str | Path: ...
+@overload
+def _where(place: None) -> None: ...
+def _where(place: StrPath | None) -> str | Path | None:
+    """A checkpoint as given: text may name a run in a store (`URI#RUN`), a path object is a file."""
+    return place if place is None or isinstance(place, str) else Path(place)
+
+
+def _runnable(machine: Machine | StrPath) -> Machine:
+    """A machine given as a file is loaded; either way it must pass its static checks."""
+    from mklang.checker import require_runnable
+    from mklang.model import Machine
+
+    return require_runnable(machine) if isinstance(machine, Machine) else load(machine)
+
+
+def _host_settings(
+    provider: str | None,
+    model: str | None,
+    config: StrPath | None,
+    script: StrPath | None,
+    scenario: str | None,
+    replay: StrPath | None,
+    plugins: Sequence[str] | None,
+) -> dict[str, Any]:
+    """The keyword arguments of `Host.build` that a caller names (None: not given)."""
+    text = lambda path: None if path is None else os.fspath(path)  # noqa: E731
+    return dict(
+        provider=provider,
+        model=model,
+        config=text(config),
+        script=text(script),
+        scenario=scenario,
+        replay=text(replay),
+        plugins=None if plugins is None else list(plugins),
+    )
+
+
+@contextmanager
+def _hosted(
+    provider: Provider | str | None,
+    model: str | None,
+    config: StrPath | None,
+    script: StrPath | None,
+    scenario: str | None,
+    replay: StrPath | None,
+    record: StrPath | None,
+    plugins: Sequence[str] | None,
+    tools: Mapping[str, Callable[..., Any]] | None,
+    hooks: Mapping[str, Callable[..., Any]] | None,
+    max_cost: float | None,
+    resumable: Resumable | None = None,
+) -> Iterator[Host]:
+    """The host a caller asks for: a provider object as it is (left open: it is the caller's),
+    else one built as the CLI builds it (a provider name or the config, a scenario script, a
+    cassette; for a `resumable`, what its checkpoint recorded), closed after the block."""
+    from mklang.session import Host
+
+    if provider is None or isinstance(provider, str):
+        given = _host_settings(provider, model, config, script, scenario, replay, plugins)
+        recording = None if record is None else os.fspath(record)
+        with (
+            Host.resumed(resumable, given, recording, max_cost)
+            if resumable is not None
+            else Host.build(**given, record=recording, max_cost=max_cost)
+        ) as host:
+            yield _with_callables(host, tools, hooks)
+        return
+    named = {"model": model, "config": config, "script": script, "replay": replay, "record": record}
+    clash = [name for name, value in named.items() if value is not None]
+    if clash:
+        raise UsageError(f"{clash[0]}= builds a provider: it cannot be combined with a provider object")
+    from mklang.host.plugins import load_plugins
+
+    plugin_tools, plugin_hooks = load_plugins(list(plugins or []))
+    yield _with_callables(Host(provider, plugin_tools, plugin_hooks), tools, hooks)
+
+
+def _with_callables(
+    host: Host, tools: Mapping[str, Callable[..., Any]] | None, hooks: Mapping[str, Callable[..., Any]] | None
+) -> Host:
+    """The caller's tools and hooks win over plugins; a scenario's scripted answers win over both."""
+    scripted = host.scripted
+    host.tools = {**host.tools, **(tools or {}), **(scripted.tools.functions() if scripted else {})}
+    host.hooks = {**host.hooks, **(hooks or {}), **(scripted.hooks.functions() if scripted else {})}
+    return host
