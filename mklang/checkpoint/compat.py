@@ -13,54 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from mklang.checkpoint.envelope import EnteredFrame
 from mklang.engine.frame import Frame, repair_budgets
 from mklang.errors import CheckpointError
 from mklang.model import Call, Machine, State
 from mklang.vocabulary import END
 
-
-class UsageRecord(BaseModel):
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-    cost_usd: float = Field(default=0.0, ge=0)
-
-
-class BranchRecord(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    output: Any
-    usage: UsageRecord
-
-
-class AskRecord(BaseModel):
-    ask: str | None
-    reply_to: str | None
-
-
-class FrameRecord(BaseModel):
-    """The shape of one recorded frame (`Frame.to_json`), checked before it is rebuilt."""
-
-    model_config = ConfigDict(extra="allow")
-
-    machine: str
-    path: str
-    state: str
-    context: dict[str, Any]
-    tainted: list[str] = Field(default_factory=list)
-    steps: int = Field(ge=0)
-    budget: int = Field(ge=0)
-    usage: UsageRecord | None = None
-    feedback: str | None = None
-    repair_left: list[tuple[str, int, int]] = Field(default_factory=list)
-    visits: dict[str, int] = Field(default_factory=dict)
-    trace: list[dict[str, Any]] = Field(default_factory=list)
-    branches: list[tuple[int, BranchRecord]] = Field(default_factory=list)  # finished branches of a cut fan-out
-    halted: str | None = None
-    ask: AskRecord | None = None
-    external: list[str] = Field(default_factory=list)
-    decision_tainted: bool = True
+_RECORDED_FRAME: TypeAdapter[EnteredFrame] = TypeAdapter(EnteredFrame)
 
 
 def frame_shape_error(frame: Any) -> str | None:
@@ -68,11 +29,13 @@ def frame_shape_error(frame: Any) -> str | None:
     if not isinstance(frame, dict):
         return f"a frame must be a JSON object, not {type(frame).__name__}"
     try:
-        FrameRecord.model_validate(frame)
+        _RECORDED_FRAME.validate_python(frame)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         return f"field {where}: {first['msg']}"
+    if frame["path"] is None:
+        return "field path: names no machine file to run"
     return None
 
 

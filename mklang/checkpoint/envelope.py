@@ -1,6 +1,7 @@
 """The checkpoint envelope (SPEC section 7): a versioned pydantic model and its JSON codec.
 
-Frames are typed (`FrameRecord`), so the published schema describes them.
+Frames are typed (`FrameRecord`, declared once here for envelopes and
+journals alike), so the published schema describes them.
 Where the bytes live is a store's business (`mklang.stores`);
 older formats are migrated forward on load by the functions in `MIGRATIONS`.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Literal, NotRequired
+from typing import Annotated, Any, Final, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, with_config
 from typing_extensions import TypedDict
@@ -65,36 +66,51 @@ class Signature(BaseModel):
 
 
 class UsageRecord(TypedDict):
-    """Spend so far (`mklang.providers.base.Usage.to_json`)."""
+    """Spend as recorded (`Usage.to_json`); `Usage.from_json` checks its numbers."""
 
     input_tokens: int
     output_tokens: int
     cost_usd: float
 
 
+@with_config(ConfigDict(extra="allow"))
+class BranchRecord(TypedDict):
+    """A finished branch of a fan-out a budget cut short: its output, spend and trace extras."""
+
+    output: Any
+    usage: UsageRecord
+
+
 @with_config(ConfigDict(extra="forbid"))
 class FrameRecord(TypedDict):
-    """One run level at its loop-top (`mklang.engine.frame.Frame.to_json`)."""
+    """One run level at its loop-top (`mklang.engine.frame.Frame.to_json`), in an envelope or a journal."""
 
     machine: str
     path: str | None
     state: str
     context: dict[str, Any]
     tainted: list[str]  # top-level context keys that hold untrusted data
-    steps: int
-    budget: int
+    steps: Annotated[int, Field(ge=0)]
+    budget: Annotated[int, Field(ge=0)]
     usage: UsageRecord
     feedback: str | None
     repair_left: list[tuple[str, int, int]]  # [state, gate index, repairs left]
     visits: dict[str, int]
     trace: list[dict[str, Any]]
     last_output: Any
-    branches: NotRequired[list[tuple[int, dict[str, Any]]]]  # finished branches of a fan-out a budget cut short
+    branches: NotRequired[list[tuple[int, BranchRecord]]]  # finished branches of a fan-out a budget cut short
     halted: NotRequired[str | None]  # the halt that ended the level
     ask: NotRequired[dict[str, str | None] | None]  # the human question it waits on: {ask, reply_to}
     # Control-flow taint; a frame without them resumes as all external with a tainted decision.
     external: NotRequired[list[str]]  # top-level keys holding data from outside the run
     decision_tainted: NotRequired[bool]  # a judge reading external data chose the way here, unconfirmed
+
+
+@with_config(ConfigDict(extra="forbid"))
+class EnteredFrame(FrameRecord):
+    """The frame of a journal `enter` line: a level started after the last snapshot."""
+
+    sha256: NotRequired[str | None]  # its machine file's hash, when the snapshot did not record it
 
 
 class Envelope(BaseModel):

@@ -233,10 +233,9 @@ def test_a_recorded_frame_of_the_right_shape_has_no_shape_error():
         ([], "a frame must be a JSON object, not list"),
         ("x", "a frame must be a JSON object, not str"),
         ({**_recorded(), "steps": -1}, "field steps: Input should be greater than or equal to 0"),
-        (
-            {**_recorded(), "usage": {"input_tokens": -2}},
-            "field usage.input_tokens: Input should be greater than or equal to 0",
-        ),
+        ({**_recorded(), "usage": {"input_tokens": 2}}, "field usage.output_tokens: Field required"),
+        ({**_recorded(), "path": None}, "field path: names no machine file to run"),
+        ({**_recorded(), "sha256": "abc", "surprise": 1}, "field surprise: Extra inputs are not permitted"),
         ({**_recorded(), "repair_left": [["a", 0]]}, "field repair_left.0.2: Field required"),
     ],
 )
@@ -250,6 +249,12 @@ def test_a_frame_the_model_lets_through_but_cannot_rebuild_is_one_checkpoint_err
     with pytest.raises(CheckpointError) as caught:
         rebuild({"machine": "child"}, machine, "cp.json")
     assert str(caught.value) == "cp.json: malformed frame: KeyError: 'state'"
+    negative = {**_recorded(), "usage": {"input_tokens": -2, "output_tokens": 0, "cost_usd": 0.0}}
+    with pytest.raises(CheckpointError) as caught:  # spend numbers are `Usage.from_json`'s to check
+        rebuild(negative, machine, "cp.json")
+    assert str(caught.value) == (
+        "cp.json: malformed frame: ValueError: usage input_tokens is -2, not a count from 0 to 1,000,000,000,000,000"
+    )
 
 
 # --- signing: where the checkpoint key comes from -----------------------------

@@ -20,6 +20,7 @@ from mklang import faults
 from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
 from mklang.checkpoint.paths import MachinePaths
+from mklang.checkpoint.signing import checkpoint_key, sign
 from mklang.engine import make_runtime, run
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import COST_SLACK, Caps, Control, NullJournal
@@ -197,18 +198,20 @@ def test_a_hashed_machine_is_checked_in_name_order_and_every_one_must_be_unchang
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
     [
-        ("steps", -1, "field steps: Input should be greater than or equal to 0"),
+        ("steps", -1, "not a valid mklang checkpoint: frames.0.steps: Input should be greater than or equal to 0"),
         (
             "usage",
             {"input_tokens": -2, "output_tokens": 0, "cost_usd": 0.0},
-            "field usage.input_tokens: Input should be greater than or equal to 0",
+            "malformed frame: ValueError: usage input_tokens is -2, not a count from 0 to 1,000,000,000,000,000",
         ),
     ],
 )
 def test_a_malformed_frame_is_refused_in_one_line(tmp_path, field, value, problem):
     path = suspended(tmp_path)
-    edit(path, lambda document: document["frames"][0].update({field: value}))
-    assert refusal(path) == f"{path}: malformed frame: {problem}"
+    document = load(path).model_dump(mode="json")
+    document["frames"][0][field] = value
+    path.write_bytes(sign(document, checkpoint_key())[0])  # signed, so only the frame is wrong
+    assert refusal(path) == f"{path}: {problem}"
 
 
 def test_a_frame_naming_a_file_the_checkpoint_did_not_hash_is_refused(tmp_path):
