@@ -18,10 +18,11 @@ from pathlib import Path
 
 from measure import print_load
 
-from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load, save
 from mklang.engine import run
 from mklang.providers.scripted import ScriptedProvider
+from mklang.service import open_run, proceed, start
+from mklang.session import Host
 from mklang.syntax import load_file
 
 OUTPUT = "x" * 2048
@@ -51,14 +52,14 @@ def provider() -> ScriptedProvider:
 def suspend_and_resume(folder: Path, steps: int) -> tuple[int, float, float]:
     machine = load_file(machine_file(folder, steps))
     checkpoint = folder / f"suspend{steps}.json"
-    result = start(machine, {}, checkpoint=checkpoint, provider=provider())
+    result = start(machine, {}, Host(provider()), checkpoint=checkpoint)
     assert result.status == "suspended" and len(result.trace) == steps
     envelope = load(checkpoint)
     began = time.perf_counter()
     save(checkpoint, envelope)
     write = time.perf_counter() - began
     began = time.perf_counter()
-    again = continue_checkpoint(open_checkpoint(checkpoint), provider=provider())
+    again = proceed(open_run(checkpoint), Host(provider()))
     resume = time.perf_counter() - began
     assert again.status == "suspended" and len(again.trace) == steps
     return checkpoint.stat().st_size, write, resume
@@ -73,7 +74,7 @@ def per_step_cost(folder: Path, steps: int, repeats: int = 3) -> float:
         plain = run(machine, provider=provider())
         without = time.perf_counter() - began
         began = time.perf_counter()
-        durable = start(machine, {}, checkpoint=folder / f"durable{steps}-{attempt}.json", provider=provider())
+        durable = start(machine, {}, Host(provider()), checkpoint=folder / f"durable{steps}-{attempt}.json")
         with_checkpoint = time.perf_counter() - began
         assert plain.trace == durable.trace
         costs.append((with_checkpoint - without) / steps)

@@ -32,8 +32,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from support.examples import scripted_machines  # noqa: E402
 
 from mklang import faults  # noqa: E402
-from mklang.checkpoint import continue_checkpoint, open_checkpoint, start  # noqa: E402
 from mklang.scenarios import ScriptedHost, load_script  # noqa: E402
+from mklang.service import open_run, proceed, start  # noqa: E402
+from mklang.session import Host  # noqa: E402
 from mklang.syntax import load_file  # noqa: E402
 
 COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
@@ -49,9 +50,9 @@ def _cases() -> list[tuple[Path, Path, Any]]:
     ]
 
 
-def _host(scenario: Any) -> dict[str, Any]:
-    host = ScriptedHost(scenario)
-    return dict(provider=host.provider, tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host)
+def _host(scenario: Any) -> Host:
+    scripted = ScriptedHost(scenario)
+    return Host(scripted.provider, scripted.tools.functions(), scripted.hooks.functions(), scripted=scripted)
 
 
 def _reference(machine: Path, scenario: Any, folder: Path) -> tuple[dict[str, Any], int]:
@@ -59,28 +60,20 @@ def _reference(machine: Path, scenario: Any, folder: Path) -> tuple[dict[str, An
     seen = [0]
     faults.watch(lambda point: seen.__setitem__(0, seen[0] + 1))
     try:
-        host = ScriptedHost(scenario)
-        options = dict(
-            provider=host.provider, tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host
-        )
         run = scenario.run
         result = start(
             load_file(machine),
             dict(scenario.input),
+            _host(scenario),
             checkpoint=folder / "reference.json",
             max_tokens=run.get("max_tokens"),
             max_cost=run.get("max_cost"),
             concurrency=run.get("concurrency", 1),
             hitl=bool(run.get("hitl", False)),
-            **_host(scenario),
         )
         if scenario.name in REPLIES:
             key, _, value = REPLIES[scenario.name].partition("=")
-            host = ScriptedHost(scenario)
-            options = dict(
-                provider=host.provider, tools=host.tools.functions(), hooks=host.hooks.functions(), scripted=host
-            )
-            result = continue_checkpoint(open_checkpoint(folder / "reference.json"), set_values={key: value}, **options)
+            result = proceed(open_run(folder / "reference.json"), _host(scenario), set_values={key: value})
     finally:
         faults.disarm()
     data = json.loads(json.dumps(result.to_json()))

@@ -169,7 +169,8 @@ def batch_rows(items: int) -> None:
 def store_rows(steps: int = 300) -> None:
     from mklang.engine import run
     from mklang.providers.scripted import ScriptedProvider
-    from mklang.session import Host, start
+    from mklang.service import start
+    from mklang.session import Host
     from mklang.syntax import parse
 
     machine = parse(

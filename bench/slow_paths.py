@@ -66,8 +66,9 @@ def accumulate() -> None:
 
 def resume() -> None:
     """Resume of a suspended run that then finishes: time per step of trace at 1k and 10k steps."""
-    from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
     from mklang.providers.scripted import ScriptedProvider
+    from mklang.service import open_run, proceed, start
+    from mklang.session import Host
     from mklang.syntax import load_file
 
     per_step = {}
@@ -78,14 +79,14 @@ def resume() -> None:
             machine = load_file(path)
             checkpoint = Path(folder) / f"cp{steps}.json"
             running = ScriptedProvider({"produce": ["x" * 100], "judge": ["none"]})
-            suspended = start(machine, {}, checkpoint=checkpoint, provider=running)
+            suspended = start(machine, {}, Host(running), checkpoint=checkpoint)
             assert suspended.status == "suspended", suspended.error
             saved = checkpoint.read_bytes()
 
             def once(checkpoint: Path = checkpoint, saved: bytes = saved, steps: int = steps) -> None:
                 checkpoint.write_bytes(saved)
                 finishing = ScriptedProvider({"produce": ["y"], "judge": [0]})
-                done = continue_checkpoint(open_checkpoint(checkpoint), provider=finishing, budget=steps + 1)
+                done = proceed(open_run(checkpoint), Host(finishing), budget=steps + 1)
                 assert done.status == "done", done.error
 
             per_step[steps] = cpu(once) / steps * 1e6
@@ -151,9 +152,10 @@ def parse() -> None:
 
 def durability() -> None:
     """The checkpoint's cost per step of a durable run, per-call fsync against one group commit per step."""
-    from mklang.checkpoint import start
     from mklang.engine import run
     from mklang.providers.scripted import ScriptedProvider
+    from mklang.service import start
+    from mklang.session import Host
     from mklang.syntax import load_file
 
     steps = 1_000
@@ -166,9 +168,7 @@ def durability() -> None:
         for mode in ("call", "step"):
             os.environ["MKLANG_DURABILITY"] = mode
             durable = min(
-                _wall(
-                    lambda cp=Path(folder) / f"{mode}{i}.json": start(machine, {}, checkpoint=cp, provider=provider())
-                )
+                _wall(lambda cp=Path(folder) / f"{mode}{i}.json": start(machine, {}, Host(provider()), checkpoint=cp))
                 for i in range(REPEATS)
             )
             print(f"  durability {mode:<4}: {(durable - plain) / steps * 1e6:7.1f} us/step of checkpoint work (wall)")

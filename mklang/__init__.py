@@ -13,7 +13,6 @@ from mklang.version import __version__
 TYPE_CHECKING = False  # `typing` is not imported for this; type checkers read the block below
 if TYPE_CHECKING:
     from mklang._api import batch, check, load, read_only, resume, run
-    from mklang.batching import Outcome
     from mklang.engine import RunResult
     from mklang.engine.frame import Frame
     from mklang.engine.runtime import Observer
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     )
     from mklang.model import Machine
     from mklang.providers.base import Produced, Provider, Usage, Verdict
+    from mklang.service import Outcome
 
 # Where each public name lives; it is read from there when first used.
 _HOMES = {
@@ -49,7 +49,7 @@ _HOMES = {
     "Frame": "mklang.engine.frame",
     "Machine": "mklang.model",
     "Observer": "mklang.engine.runtime",
-    "Outcome": "mklang.batching",
+    "Outcome": "mklang.service",
     "Produced": "mklang.providers.base",
     "Provider": "mklang.providers.base",
     "RunResult": "mklang.engine",

@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from mklang.errors import Diagnostic, UsageError
 
 if TYPE_CHECKING:
-    from mklang.batching import Outcome
-    from mklang.checkpoint import Resumable
     from mklang.effects import ToolFunction
     from mklang.engine import RunResult
     from mklang.engine.runtime import Observer
     from mklang.model import Machine
     from mklang.providers.base import Provider
+    from mklang.service import Outcome, Resumable
     from mklang.session import Host
 
 StrPath = str | os.PathLike[str]
@@ -79,7 +78,7 @@ def run(
     The keywords are those of `mklang run` (docs/api.md). Without `checkpoint`
     a budget halts the run; with it the run persists there and suspends instead.
     """
-    from mklang.session import start
+    from mklang.service import start
 
     loaded = _runnable(machine)
     with _hosted(provider, model, config, script, scenario, replay, record, plugins, tools, hooks, max_cost) as host:
@@ -135,7 +134,7 @@ def resume(
     no provider, script or replay given, a checkpoint signed with your key
     is answered as the run was. The other keywords are those of `mklang resume`.
     """
-    from mklang.session import opened, proceed
+    from mklang.service import opened, proceed
 
     with opened(
         _where(source),

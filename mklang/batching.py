@@ -19,26 +19,22 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mklang import exitcodes
-from mklang.checkpoint.envelope import parse
-from mklang.checkpoint.journal import resume_change
-from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
 from mklang.engine.runtime import COST_SLACK
-from mklang.errors import MklangError, RunBusy, UsageError, redacted
+from mklang.errors import MklangError, RunBusy, UsageError, first_line
 from mklang.limits import load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.session import Host, opened, proceed, start
-from mklang.stores import Location, RunLock, Store, is_uri, run_name
+from mklang.service import Claim, Outcome, claim, outcome
+from mklang.session import Host
+from mklang.stores import Location, NoteStore, Store, is_uri, run_name
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
-
-PARKED = "escalated"  # a run waiting for a human reply; only `resume --set` continues it
 
 
 @dataclass(frozen=True)
@@ -105,7 +101,7 @@ class Ledger:
 class StoreLedger(Ledger):
     """The ledger of a batch whose runs are spread over workers: each run's spend lives in the store."""
 
-    def __init__(self, ceilings: Ceilings, store: Store, batch: str):
+    def __init__(self, ceilings: Ceilings, store: NoteStore, batch: str):
         super().__init__(ceilings)
         self.store, self.batch = store, batch
 
@@ -120,35 +116,6 @@ class StoreLedger(Ledger):
 def batch_id(items: Iterable[Item]) -> str:
     """A batch is named by the runs it holds: re-running it (in any order) is the same batch."""
     return hashlib.sha256("\n".join(sorted(item.run for item in items)).encode("utf-8")).hexdigest()[:16]
-
-
-@dataclass
-class Outcome:
-    """What became of one run, as its envelope in the store says."""
-
-    run: str
-    status: str  # done | halted | suspended | pending | failed
-    reason: str | None = None
-    result: Any = None
-    usage: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.run,
-            "status": self.status,
-            "reason": self.reason,
-            "result": self.result,
-            "usage": self.usage,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Outcome:
-        return cls(str(data["id"]), data["status"], data.get("reason"), data.get("result"), data.get("usage") or {})
-
-    @property
-    def settled(self) -> bool:
-        """Nothing a batch pass can do changes it: done, halted, or parked on a human question."""
-        return self.status in ("done", "halted") or (self.status == "suspended" and self.reason == PARKED)
 
 
 def read_inputs(path: str | Path) -> list[Item]:
@@ -191,35 +158,6 @@ def location(store: Store, uri: str, run: str) -> Location:
         return Location(store, run, text, text, getattr(store, "path", Path.cwd() / "checkpoint"))
     path = Path(uri) / run
     return Location(store, run, str(path), str(path.resolve()), path)
-
-
-def outcome(store: Store, run: str) -> Outcome:
-    """A run's outcome as its envelope says; `pending` when it has not run or is still running.
-
-    A run that cannot be read, or whose envelope is not signed with this
-    user's key, is `failed` with the reason: what fails verification is never
-    reported as a result.
-    """
-    try:
-        raw = store.read(run_name(run))
-        if raw is None:
-            return Outcome(run, "pending")
-        envelope = parse(raw, run)
-        if envelope.seal != "signed":
-            return Outcome(run, "failed", f"{run}: the checkpoint is {SEAL_TEXT[envelope.seal]}")
-        running = envelope.status == "running" or resume_change(store, run, envelope) is not None
-    except MklangError as error:
-        return Outcome(run, "failed", first_line(error))
-    status: str = envelope.status
-    if running or (status == "suspended" and envelope.reason == "interrupted"):
-        status = "pending"  # a crashed or interrupted run: the next pass resumes it
-    return Outcome(
-        run,
-        status,
-        envelope.reason if status == "suspended" else envelope.error,
-        envelope.result,
-        dict(envelope.usage),
-    )
 
 
 class Batch:
@@ -280,50 +218,43 @@ class Batch:
         if self.stop.is_set():  # interrupted: a run not started yet stays for the next pass
             return self._report(Outcome(item.run, "pending", "interrupted"))
         try:
-            lock = self.store.lock(run_name(item.run))
+            held = claim(location(self.store, self.uri, item.run))
         except RunBusy as error:
             return self._report(Outcome(item.run, "pending", first_line(error)))
         except MklangError as error:
             return self._report(Outcome(item.run, "failed", first_line(error)))
         try:
-            return self._report(self._run_locked(item, lock))
+            return self._report(self._run_held(item, held))
         finally:
-            lock.release()
+            held.release()
 
-    def _run_locked(self, item: Item, lock: RunLock) -> Outcome:
-        done = outcome(self.store, item.run)
+    def _run_held(self, item: Item, held: Claim) -> Outcome:
+        done = held.outcome()
         if done.settled:
             return done
         if self.ledger is not None and self.ledger.reached():  # leave it for a pass with a higher ceiling
             return Outcome(item.run, "suspended", "batch-ceiling", usage=done.usage)
-        where = location(self.store, self.uri, item.run)
         control = Control()
         control.interrupted = self.stop
         if self.ledger is not None:
             control.ceiling = functools.partial(self.ledger.record, item.run)
         try:
             with self.host_for() as host:
-                if self.store.read(item.run) is None:
-                    hitl = self.hitl or None  # else the scenario's `run:` setting, if any
-                    result = start(
-                        self.machine,
-                        item.context,
-                        host,
-                        checkpoint=where,
-                        control=control,
-                        hitl=hitl,
-                        held=lock,
-                        texts=self._kept_texts(),
-                        **self.budgets,
-                    )
-                else:
-                    with opened(where, kept_texts=self.kept_texts, held=lock) as resumable:
-                        result = proceed(resumable, host, control=control, **self.budgets)
+                result = held.run(
+                    self.machine,
+                    item.context,
+                    host,
+                    texts=self._kept_texts,
+                    kept_texts=self.kept_texts,
+                    hitl=self.hitl or None,  # else the scenario's `run:` setting, if any
+                    control=control,
+                    **self.budgets,
+                )
         except MklangError as error:
             return Outcome(item.run, "failed", first_line(error))
         if self.ledger is not None:
             self.ledger.record(item.run, result.usage)  # the last call of a run is after its last loop-top
-        return outcome(self.store, item.run)
+        return held.outcome()
 
     def _kept_texts(self) -> dict[str, str]:
         """The machine's texts in the store, kept by the first run that starts (not once per run)."""
@@ -344,12 +275,6 @@ class Batch:
                 self.ledger.record(item.run, Usage.from_json(outcome(self.store, item.run).usage))
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mklang-batch") as pool:
             return list(pool.map(self.run_item, items))
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error, as a run's reason: a URI in it keeps its password."""
-    text = redacted(str(error)).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def collect(store: Store, items: Iterable[Item]) -> list[Outcome]:

@@ -21,7 +21,6 @@ sha256 the record signs. A worker's report of a run is signed too.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -36,13 +35,12 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mklang.batching import Batch, Ceilings, Item, Outcome, StoreLedger, batch_id, first_line, outcome
-from mklang.checkpoint.signing import SEAL_TEXT, checkpoint_key, seal_of, sign
+from mklang.batching import Batch, Ceilings, Item, StoreLedger, batch_id
 from mklang.checkpoint.texts import keep_texts, machine_root
-from mklang.errors import CheckpointError, MklangError, UsageError, redacted
-from mklang.limits import load_json
+from mklang.errors import CheckpointError, MklangError, UsageError, first_line, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
+from mklang.service import Outcome, fleet_mac, outcome, read_signed, verified, write_signed
 from mklang.stores import Store, open_store, run_name
 from mklang.terminal import printable
 
@@ -88,7 +86,7 @@ def queue_for(store: Store) -> str:
 
 def task_mac(identity: str, run: str) -> str:
     """What a task message carries to show the fleet key sent it: a MAC of the store and the run."""
-    return hmac.new(checkpoint_key(), f"mklang task\n{identity}\n{run}".encode(), hashlib.sha256).hexdigest()
+    return fleet_mac(f"mklang task\n{identity}\n{run}")
 
 
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "redis", "rediss")
@@ -138,30 +136,6 @@ def record_key(run: str) -> str:
     return f"record:{run}"
 
 
-def write_signed(store: Store, key: str, document: dict[str, Any]) -> None:
-    """Replace the note under `key` with `document` signed with the fleet key."""
-    store.write_note(key, sign(document, checkpoint_key())[0])
-
-
-def read_signed(store: Store, key: str, what: str) -> dict[str, Any] | None:
-    """The document of a signed note (None when there is none); CheckpointError unless the fleet key signed it."""
-    raw = store.read_note(key)
-    return None if raw is None else _verified(raw, what)
-
-
-def _verified(raw: bytes, what: str) -> dict[str, Any]:
-    try:
-        document = load_json(raw)
-    except ValueError:
-        document = None
-    if not isinstance(document, dict):
-        raise CheckpointError(f"{what} is not a JSON object")
-    seal = seal_of(document, checkpoint_key(), raw)
-    if seal != "signed":
-        raise CheckpointError(f"{what} is {SEAL_TEXT[seal].replace('your', 'the fleet')}")
-    return document
-
-
 def read_note(store: Store, run: str) -> dict[str, Any] | None:
     """What the last worker to take `run` made of it: {id, worker, outcome}; None before any did.
     A note the fleet key did not sign is CheckpointError."""
@@ -178,7 +152,7 @@ def _reported(store: Store, run: str, raw: bytes) -> Outcome:
     """
     what = f"the worker's report of run {run}"
     try:
-        told = Outcome.from_json(_verified(raw, what)["outcome"])
+        told = Outcome.from_json(verified(raw, what)["outcome"])
     except (CheckpointError, KeyError, TypeError) as error:
         return Outcome(run, "failed", first_line(error))
     if told.run != run:

@@ -86,3 +86,9 @@ def redacted(text: str) -> str:
     """`text` with the password of every URI in it hidden: `user:***@host`, `password=***`."""
     text = re.sub(r"(://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text)
     return re.sub(r"((?:[?&]|%26)password(?:=|%3D))[^&#\s]*", r"\1***", text, flags=re.IGNORECASE)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error, as a run's reason: a URI in it keeps its password."""
+    text = redacted(str(error)).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,34 +1,29 @@
-"""Build a run the one way the CLI, the Python API and the tests all use.
+"""What a run is answered by: a `Host`, and the checks before it pays for anything.
 
-A `Host` is what a run is answered by: a provider, tools and hooks, either
-scripted from a scenario or real (a provider from the config, plugins), plus
-the `HostSettings` a checkpoint records so that a resume can rebuild it
-without secrets. `start` runs a machine with a host (durably when given a
-checkpoint); `resume` continues a checkpoint with one. This module sits above
-the engine and the checkpoint package; `mklang/host/` stays below both.
+A `Host` is a provider, tools and hooks, either scripted from a scenario or
+real (a provider from the config, plugins), plus the `HostSettings` a
+checkpoint records so that a resume can rebuild it without secrets.
+`preflight` refuses what would stop a run after it had paid for some. Runs
+are started and resumed with a host by `mklang.service`; `mklang/host/` (the
+user's config and plugins) stays below.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mklang.engine import Control, RunResult
-from mklang.errors import CheckpointError, UsageError
+from mklang.errors import UsageError
 from mklang.model import Machine
 from mklang.scenarios import Scenario, ScriptedHost
-from mklang.terminal import printable
 
 if TYPE_CHECKING:
-    from mklang.checkpoint import Resumable
-    from mklang.checkpoint.envelope import Envelope, HostSettings
-    from mklang.stores import Location, RunLock
+    from mklang.checkpoint.envelope import HostSettings
+    from mklang.service import Resumable
 
-__all__ = ["Host", "opened", "proceed", "resume", "start"]
+__all__ = ["Host", "preflight"]
 
 
 @dataclass
@@ -209,216 +204,3 @@ def preflight(machine: Machine, host: Host) -> None:
                 f'{kind} "{missing[0]}" has no implementation: provide it with --plugin MODULE|FILE.py '
                 f'(a {kind.upper()}S map), a "mklang.{kind}s" entry point, or {kind}s= in the Python API'
             )
-
-
-def start(
-    machine: Machine,
-    context: dict[str, Any] | None,
-    host: Host,
-    *,
-    checkpoint: str | Path | Location | None = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    max_time: float | None = None,
-    concurrency: int | None = None,
-    hitl: bool | None = None,
-    untrusted_flow: str | None = None,
-    suspendable: bool = False,
-    control: Control | None = None,
-    observer: Any = None,
-    replace: bool = False,
-    held: RunLock | None = None,
-    texts: dict[str, str] | None = None,
-) -> RunResult:
-    """Run `machine` with `host`; with a checkpoint the run persists and suspends.
-
-    Without one, `suspendable` makes budgets suspend into the result's frames.
-    A run not finished at the checkpoint is refused unless `replace`; `held`
-    is the checkpoint's lock when the caller took it already; `texts` the
-    machine texts its store keeps already (`mklang.checkpoint.texts`).
-
-    A scenario's input lies under `context`, and its `run:` settings under the
-    given options. Scripted branches run concurrently like real ones: a
-    scripted host answers them by branch index, so the answers stay the same.
-    """
-    preflight(machine, host)
-    if host.scenario is not None:
-        context = {**host.scenario.input, **(context or {})}
-    budget = host.run_setting("budget", None)
-    if budget is not None:
-        machine = machine.replace(budget=int(budget))
-    options: dict[str, Any] = dict(
-        provider=host.provider,
-        tools=host.tools,
-        hooks=host.hooks,
-        max_tokens=host.run_setting("max_tokens", max_tokens),
-        max_cost=host.run_setting("max_cost", max_cost),
-        max_time=max_time,
-        concurrency=host.run_setting("concurrency", concurrency, 8),
-        hitl=bool(host.run_setting("hitl", hitl, False)),
-        untrusted_flow=host.run_setting("on_untrusted_flow", untrusted_flow, "report"),
-        read_only_tools=host.read_only_tools,
-        control=control,
-        observer=observer,
-    )
-    if checkpoint is None:
-        if replace:
-            raise UsageError("replace=True replaces the run at a checkpoint: it needs checkpoint=")
-        from mklang.engine import run
-
-        return run(machine, context, suspendable=suspendable, **options)
-    from mklang.checkpoint import start as start_durably
-
-    return start_durably(
-        machine,
-        context,
-        checkpoint=checkpoint,
-        host=host.recorded(),
-        scripted=host.scripted,
-        replace=replace,
-        held=held,
-        texts=texts,
-        **options,
-    )
-
-
-@contextmanager
-def opened(
-    source: str | Path | Location,
-    *,
-    force: bool = False,
-    machine_path: str | None = None,
-    trust: bool = False,
-    kept_texts: bool = False,
-    allow_rollback: bool = False,
-    held: RunLock | None = None,
-) -> Iterator[Resumable]:
-    """Lock (unless `held` is its lock), read and verify a checkpoint; the lock is held until
-    the run ends or the block does.
-
-    Everything that can make it unresumable is raised here, before the caller
-    sets up any provider; what the user should know before it runs (a rollback
-    allowed, a torn journal) is printed on stderr. `trust` accepts a checkpoint
-    not signed with this user's key, as untrusted data (ADR 0014);
-    `allow_rollback` an older generation than one already written (ADR 0022).
-    `kept_texts` runs the machine texts the store keeps in place of edited
-    files, not only of missing ones.
-    """
-    from mklang.checkpoint import open_checkpoint
-
-    resumable = open_checkpoint(
-        source,
-        force=force,
-        machine_path=machine_path,
-        trust=trust,
-        kept_texts=kept_texts,
-        allow_rollback=allow_rollback,
-        held=held,
-    )
-    for note in resumable.notes:
-        print(f"mklang: note: {printable(note)}", file=sys.stderr)
-    try:
-        yield resumable
-    finally:
-        resumable.release()
-
-
-def proceed(resumable: Resumable, host: Host, **options: Any) -> RunResult:
-    """Continue an opened checkpoint with `host`; options are those of `continue_checkpoint`.
-
-    The checkpoint then records `host`'s settings, not the ones it was read with.
-    """
-    from mklang.checkpoint import continue_checkpoint
-
-    preflight(resumable.chain[0].machine, host)
-    return continue_checkpoint(
-        resumable,
-        provider=host.provider,
-        tools=host.tools,
-        hooks=host.hooks,
-        read_only_tools=host.read_only_tools,
-        scripted=host.scripted,
-        host=host.recorded(),
-        **options,
-    )
-
-
-def resume(
-    source: str | Path | Location | Envelope,
-    host: Host,
-    *,
-    force: bool = False,
-    machine_path: str | None = None,
-    trust: bool = False,
-    allow_rollback: bool = False,
-    checkpoint: str | Path | Location | None = None,
-    **options: Any,
-) -> RunResult:
-    """Verify a checkpoint, then continue it with `host`.
-
-    `source` is a checkpoint file or an `Envelope`; an envelope is first
-    written to `checkpoint` (required then). A re-suspension goes to
-    `checkpoint`, by default the same file. Other options are those of
-    `mklang.checkpoint.continue_checkpoint`.
-    """
-    from mklang.checkpoint.envelope import Envelope, save
-
-    if isinstance(source, Envelope):
-        if checkpoint is None:
-            raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
-        save(checkpoint, source)
-        source = checkpoint
-    with opened(
-        source, force=force, machine_path=machine_path, trust=trust, allow_rollback=allow_rollback
-    ) as resumable:
-        return proceed(resumable, host, checkpoint=checkpoint, **options)
-
-
-@dataclass
-class Part:
-    """One run of a scenario (the first, or a resume) with its expectation and what differed."""
-
-    label: str  # "run", "resumes[1]", ...
-    result: RunResult
-    problems: list[str]
-
-
-def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None) -> list[Part]:
-    """Run a scenario as `mklang run` and `mklang resume` would, and compare every part;
-    `untrusted_flow` overrides the scenario's `run.on_untrusted_flow`.
-
-    A durable scenario runs with a real checkpoint in a temporary folder; each
-    of its `resumes` continues that checkpoint through `resume`,
-    the code path of `mklang resume`, with a fresh scripted host whose position
-    comes from the checkpoint.
-    """
-    import tempfile
-
-    from mklang.scenarios import compare
-
-    if not scenario.durable:
-        with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host, untrusted_flow=untrusted_flow)
-        return [Part("run", result, compare(scenario.expect, result))]
-    with tempfile.TemporaryDirectory(prefix="mklang-test-") as folder:
-        checkpoint = Path(folder) / "checkpoint.json"
-        with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host, checkpoint=checkpoint, untrusted_flow=untrusted_flow)
-        parts = [Part("run", result, compare(scenario.expect, result))]
-        for number, step in enumerate(scenario.resumes, 1):
-            label = f"resumes[{number}]"
-            if result.status != "suspended":
-                parts.append(Part(label, result, [f"nothing to resume: the run ended {result.status}"]))
-                break
-            with Host.for_scenario(scenario) as host:
-                result = resume(
-                    checkpoint,
-                    host,
-                    set_values=step.set,
-                    max_tokens=step.max_tokens,
-                    budget=step.budget,
-                    hitl=step.hitl,
-                    untrusted_flow=untrusted_flow,
-                )
-            parts.append(Part(label, result, compare(step.expect, result)))
-    return parts

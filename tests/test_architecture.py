@@ -41,7 +41,18 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("providers", ("mklang.providers",)),
     ("engine", ("mklang.engine",)),
     ("persistence", ("mklang.checkpoint", "mklang.stores")),
-    ("running", ("mklang.scenarios", "mklang.session", "mklang.batching", "mklang.distributed")),
+    (
+        "running",
+        (
+            "mklang.scenarios",
+            "mklang.session",
+            "mklang.service",
+            "mklang.player",
+            "mklang.inspection",
+            "mklang.batching",
+            "mklang.distributed",
+        ),
+    ),
     ("api", ("mklang",)),
     ("tools", ("mklang.cli", "mklang.lsp", "mklang.__main__")),
 ]
@@ -54,6 +65,7 @@ RUNTIME = (
     "mklang.checkpoint",
     "mklang.stores",
     "mklang.session",
+    "mklang.service",
     "mklang.scenarios",
 )
 
@@ -186,6 +198,26 @@ def test_stores_import_only_the_foundation():
         if module.startswith("mklang.stores")
     }
     assert {module: targets for module, targets in beyond.items() if targets} == {}
+
+
+def test_persistence_knows_the_engines_frames_not_how_it_runs():
+    """A checkpoint stores frames and step records, so persistence reads those two engine modules;
+    starting and driving the engine is the run service's, above it."""
+    data = {"mklang.engine.frame", "mklang.engine.records"}
+    reached = {
+        module: sorted(t for t in GRAPH[module] if t.startswith("mklang.engine") and t not in data)
+        for module in GRAPH
+        if layer_of(module) == layer_of("mklang.checkpoint")
+    }
+    assert {module: targets for module, targets in reached.items() if targets} == {}
+
+
+@pytest.mark.parametrize("module", ["mklang.batching", "mklang.distributed"])
+def test_batches_and_workers_reach_stored_runs_only_through_the_service(module):
+    """No envelope, journal or signature of their own: the service opens, verifies and reports runs,
+    with each run's lock held. Of persistence they use the machine texts a store keeps."""
+    assert sorted(t for t in GRAPH[module] if t.startswith("mklang.checkpoint")) in ([], ["mklang.checkpoint.texts"])
+    assert "mklang.service" in GRAPH[module]
 
 
 def test_no_import_cycles():

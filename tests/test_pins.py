@@ -25,7 +25,6 @@ from support.files import FsyncSpy, journal_path
 from support.runs import TWO_STATES
 
 from mklang.checker import check
-from mklang.checkpoint import start
 from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save
 from mklang.checkpoint.journal import StoreJournal
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
@@ -37,6 +36,8 @@ from mklang.providers import http
 from mklang.providers.base import Produced, Usage
 from mklang.providers.factory import make_provider
 from mklang.providers.http import HttpTransport
+from mklang.service import start
+from mklang.session import Host
 from mklang.stores import locate
 from mklang.stores.file import FileLock, lock_holder
 from mklang.syntax import format_machine, load_file, parse
@@ -136,7 +137,7 @@ def test_every_call_of_a_checkpointed_run_is_durable_before_the_run_goes_on(tmp_
     )
     spy = FsyncSpy(monkeypatch)
     journal = str(journal_path(tmp_path / "cp.json"))
-    result = start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1", "2"]}))
+    result = start(machine, {}, Host(Recorder({"produce": ["1", "2"]})), checkpoint=tmp_path / "cp.json")
     assert result.status == "done"
     durable = {
         json.loads(line)["key"]
@@ -939,7 +940,7 @@ def test_a_machine_file_given_as_a_checkpoint_says_how_to_make_one(tmp_path, nam
     )
 
 
-# --- what `mklang show` says about a checkpoint (`checkpoint.inspect`) ---------
+# --- what `mklang show` says about a checkpoint (`mklang.inspection`) ---------
 
 
 def _frame(machine: str, state: str, steps: int, budget: int, **fields: Any) -> dict[str, Any]:
@@ -976,7 +977,7 @@ def _suspended(tmp_path: Path, **fields: Any) -> Path:
 
 def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_steps(tmp_path):
     from mklang.checkpoint.envelope import Budgets, HostSettings
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
 
     trace = [{"state": f"s{n}"} for n in range(7)]
     path = _suspended(
@@ -1023,7 +1024,7 @@ def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_step
 
 def test_show_counts_a_budget_overspent_as_nothing_remaining(tmp_path):
     from mklang.checkpoint.envelope import Budgets
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
 
     path = _suspended(
         tmp_path,
@@ -1039,7 +1040,7 @@ def test_show_counts_a_budget_overspent_as_nothing_remaining(tmp_path):
 
 
 def test_show_asks_the_question_of_the_innermost_level_and_a_halted_run_is_not_resumable(tmp_path):
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
 
     asked = {"ask": "Which one?", "reply_to": "pick"}
     path = _suspended(
@@ -1067,10 +1068,10 @@ class _Crash(BaseException):
 def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
     from support import ROOT
 
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
     from mklang.scenarios import load_script
+    from mklang.service import start as start_run
     from mklang.session import Host
-    from mklang.session import start as start_run
 
     machine = load_file(ROOT / "examples" / "nested" / "brief.mk")
     scenario = load_script(ROOT / "examples" / "nested" / "scenarios.yaml")[0]
@@ -1199,7 +1200,7 @@ def test_show_says_which_budget_ran_out_and_the_command_that_continues(
     reason, innermost, usage, budgets, reply_to, expected
 ):
     from mklang.checkpoint.envelope import Budgets
-    from mklang.checkpoint.inspect import how_to_continue
+    from mklang.inspection import how_to_continue
 
     ran_out, flags = expected
     command = "mklang resume 'my runs/cp.json'" + (f" {flags}" if flags else "")
@@ -1618,9 +1619,9 @@ def test_a_run_that_dies_after_journaling_a_halt_resumes_to_the_same_halt(tmp_pa
     from support.runs import outcome
 
     from mklang import faults
+    from mklang.service import resume as resume_run
+    from mklang.service import start as start_run
     from mklang.session import Host
-    from mklang.session import resume as resume_run
-    from mklang.session import start as start_run
 
     class Crash(BaseException):
         pass
@@ -1693,7 +1694,7 @@ def test_the_engine_stop_signal_reads_as_its_reason():
 
 
 def test_show_says_which_step_budget_ran_out_even_with_no_level_recorded(tmp_path):
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
 
     path = _suspended(tmp_path, reason="budget-exhausted", frames=[_frame("m", "a", 1, 5), _frame("child", "b", 3, 3)])
     assert describe(path)["ran_out"] == "the step budget of 3 (machine child) ran out: 3 steps taken"
@@ -1708,8 +1709,8 @@ def _dead_run(folder: Path, example: str, main: str, crash_at: int) -> Path:
     from support import ROOT
 
     from mklang.scenarios import load_script
+    from mklang.service import start as start_run
     from mklang.session import Host
-    from mklang.session import start as start_run
 
     shutil.copytree(ROOT / "examples" / example, folder / example)
     machine = load_file(folder / example / main)
@@ -1727,7 +1728,7 @@ def _dead_run(folder: Path, example: str, main: str, crash_at: int) -> Path:
 
 
 def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
 
     path = _dead_run(tmp_path, "nested", "brief.mk", 5)
     with open(tmp_path / "nested" / "brief.mk", "a", encoding="utf-8") as edited:
@@ -1736,7 +1737,7 @@ def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
 
 
 def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_holds(tmp_path, monkeypatch):
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
 
     path = _dead_run(tmp_path, "triage", "triage.mk", 2)
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
@@ -2307,11 +2308,11 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
     from support import ROOT
     from support.runs import outcome
 
-    from mklang.checkpoint import open_checkpoint
     from mklang.scenarios import load_script
+    from mklang.service import open_run
+    from mklang.service import resume as resume_run
+    from mklang.service import start as start_run
     from mklang.session import Host
-    from mklang.session import resume as resume_run
-    from mklang.session import start as start_run
 
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
     machine = load_file(tmp_path / "approval" / "approval.mk")
@@ -2333,7 +2334,7 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
 
     with pytest.raises(_Crash):
         resume_run(path, Host.for_scenario(scenario), set_values=reply, observer=crash, **settings)
-    reopened = open_checkpoint(path, lock=False)
+    reopened = open_run(path, lock=False)
     envelope, innermost = reopened.envelope, reopened.chain[-1]
     assert (envelope.status, envelope.reason, envelope.ask, envelope.reply_to) == ("running", None, None, None)
     assert (envelope.budgets.max_tokens, envelope.budgets.max_cost, envelope.hitl, envelope.concurrency) == (
@@ -2356,10 +2357,10 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
 
     from support import ROOT
 
-    from mklang.checkpoint import open_checkpoint
     from mklang.scenarios import load_script
+    from mklang.service import open_run
+    from mklang.service import start as start_run
     from mklang.session import Host
-    from mklang.session import start as start_run
 
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
     source = tmp_path / "approval" / "approval.mk"
@@ -2369,13 +2370,13 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
 
     def refusal(**options: Any) -> str:
         with pytest.raises(CheckpointError) as caught:
-            open_checkpoint(path, **options)
+            open_run(path, **options)
         assert holder(path) is None  # the refusal released its lock
         return str(caught.value)
 
-    held = open_checkpoint(path)  # locked by default
+    held = open_run(path)  # locked by default
     with pytest.raises(CheckpointError) as busy:
-        open_checkpoint(path)
+        open_run(path)
     assert str(busy.value) == (
         f"{path}: the run is still going in process {os.getpid()}; "
         "wait for it, or stop it (Ctrl-C suspends it) before resuming"
@@ -2397,9 +2398,9 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
     assert refusal() == (
         f"{source}: machine file changed since the checkpoint was written (resume with --force to accept the change)"
     )
-    open_checkpoint(path, force=True).lock.release()
+    open_run(path, force=True).lock.release()
     source.rename(tmp_path / "moved.mk")
-    kept = open_checkpoint(path)  # a missing file: the text the store keeps, which the signature covers
+    kept = open_run(path)  # a missing file: the text the store keeps, which the signature covers
     assert kept.machines_note is not None
     assert kept.machines_note.startswith(f"{source} is missing; running the machine texts the store keeps")
     kept.release()
@@ -2409,7 +2410,7 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
         f"{path}: the checkpoint is signed with another checkpoint key; resume it with --trust to run it "
         "as untrusted data (host settings from your command line only)"
     )
-    opened = open_checkpoint(path, force=True, trust=True)
+    opened = open_run(path, force=True, trust=True)
     assert opened.trusted is False
     opened.lock.release()
 
@@ -2437,7 +2438,6 @@ ENDS = """
 
 
 def test_a_checkpointed_run_records_its_settings_and_how_it_ended(tmp_path):
-    from mklang.checkpoint.envelope import HostSettings
 
     machine = write_machines(tmp_path, ENDS.format(b='structure "s"\n      prompt "p"'))
     path = tmp_path / "cp.json"
@@ -2445,14 +2445,17 @@ def test_a_checkpointed_run_records_its_settings_and_how_it_ended(tmp_path):
     result = start(
         machine,
         {"extra": "more"},
+        Host(
+            Recorder({"produce": ["one", "two"], "tokens": [2, 1]}),
+            tools={"risky": lambda arguments: None},
+            settings={"model": "m1"},
+        ),
         checkpoint=path,
-        provider=Recorder({"produce": ["one", "two"], "tokens": [2, 1]}),
         max_tokens=500,
         max_cost=2.5,
         max_time=60,
         concurrency=3,
         hitl=True,
-        host=HostSettings(model="m1"),
         observer=lambda chain: snapshots.append(load(path)),
     )
     assert result.status == "done"
@@ -2472,7 +2475,7 @@ def test_a_checkpointed_run_records_the_halt_and_the_question_it_ended_on(tmp_pa
 
     machine = write_machines(tmp_path, ENDS.format(b='tool risky { q: "{{x}}" }'))
     path = tmp_path / "halted.json"
-    start(machine, {"extra": ""}, checkpoint=path, provider=Recorder(), tools={"risky": risky})
+    start(machine, {"extra": ""}, Host(Recorder(), tools={"risky": risky}), checkpoint=path)
     halted = load(path)
     assert (halted.status, halted.error, halted.at, halted.result) == (
         "halted",
@@ -2488,7 +2491,7 @@ def test_a_checkpointed_run_records_the_halt_and_the_question_it_ended_on(tmp_pa
         ),
     )
     path = tmp_path / "suspended.json"
-    start(asking, {"extra": ""}, checkpoint=path, provider=Recorder(), hitl=True)
+    start(asking, {"extra": ""}, Host(Recorder(), tools={"risky": risky}), checkpoint=path, hitl=True)
     suspended = load(path)
     assert (suspended.status, suspended.reason, suspended.at, suspended.ask, suspended.reply_to) == (
         "suspended",
@@ -2500,7 +2503,7 @@ def test_a_checkpointed_run_records_the_halt_and_the_question_it_ended_on(tmp_pa
 
 
 def test_an_edited_journal_of_a_signed_run_is_refused_unless_trusted_then_read_as_untrusted(tmp_path):
-    from mklang.checkpoint import open_checkpoint
+    from mklang.service import open_run
 
     path = _dead_run(tmp_path, "triage", "triage.mk", 2)
     journal = journal_path(path)
@@ -2508,11 +2511,11 @@ def test_an_edited_journal_of_a_signed_run_is_refused_unless_trusted_then_read_a
     lines[1] = lines[1].replace(b'"billing"', b'"refunds"', 1)  # a paid answer, edited
     journal.write_bytes(b"".join(lines))
     with pytest.raises(CheckpointError) as caught:
-        open_checkpoint(path, lock=False)
+        open_run(path, lock=False)
     assert str(caught.value) == (
         f"{path}: journal line 2 was edited after it was signed (resume with --trust to use it as untrusted data)"
     )
-    assert open_checkpoint(path, lock=False, trust=True).trusted is False
+    assert open_run(path, lock=False, trust=True).trusted is False
 
 
 def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was(tmp_path):
@@ -2521,9 +2524,9 @@ def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was
     from support import ROOT
 
     from mklang.scenarios import load_script
+    from mklang.service import resume as resume_run
+    from mklang.service import start as start_run
     from mklang.session import Host
-    from mklang.session import resume as resume_run
-    from mklang.session import start as start_run
 
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
     scenario = next(s for s in load_script(tmp_path / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")

@@ -21,7 +21,7 @@ from mklang.checkpoint.paths import STDLIB, MachinePaths
 from mklang.errors import CheckpointError
 from mklang.files import write_atomic
 from mklang.model import Machine
-from mklang.stores import Store
+from mklang.stores import NoteStore
 from mklang.syntax.machines import file_sha256
 
 
@@ -29,7 +29,7 @@ def text_key(digest: str) -> str:
     return f"machine:{digest}"
 
 
-def keep_texts(store: Store, root: Machine, where: object) -> dict[str, str]:
+def keep_texts(store: NoteStore, root: Machine, where: object) -> dict[str, str]:
     """Add the texts of `root` and of every machine it may call to `store`: their names -> sha256.
 
     `where` (the run, or the batch) names what failed in an error."""
@@ -51,7 +51,7 @@ def keep_texts(store: Store, root: Machine, where: object) -> dict[str, str]:
     return names
 
 
-def machine_root(store: Store, root: Path, names: dict[str, str], *, changed: bool) -> tuple[Path, str | None]:
+def machine_root(store: NoteStore, root: Path, names: dict[str, str], *, changed: bool) -> tuple[Path, str | None]:
     """Where to load a run's root machine from, and what to tell the user about it.
 
     `root` itself when every file of `names` beside it has its sha256.
@@ -81,7 +81,7 @@ def _matches(file: Path, digest: str) -> bool:
         return False
 
 
-def _kept_root(store: Store, root_name: str, names: dict[str, str]) -> Path | None:
+def _kept_root(store: NoteStore, root_name: str, names: dict[str, str]) -> Path | None:
     """The root in a private folder holding every kept text at its name; None when one is not kept."""
     texts: dict[str, bytes] = {}
     for name, digest in names.items():

@@ -23,9 +23,9 @@ from mklang.terminal import printable
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, PATH
 
 if TYPE_CHECKING:
-    from mklang.checkpoint import Resumable
     from mklang.engine import RunResult
     from mklang.model import Machine
+    from mklang.service import Resumable
 
 
 # Options shared by `run`, `resume` and `batch`; the host options are in `mklang.cli.hosting`.
@@ -129,7 +129,7 @@ def report(result, as_json: bool, checkpoint: str | None = None) -> None:
     """
     document = result.to_json()
     if result.status == "suspended" and checkpoint is not None:
-        from mklang.checkpoint.inspect import describe
+        from mklang.inspection import describe
 
         summary = describe(checkpoint, last=0)
         document.update(checkpoint=summary["path"], ran_out=summary["ran_out"], continue_with=summary["continue_with"])
@@ -173,9 +173,10 @@ def run(
 ) -> None:
     """Run a machine."""
     with handle_errors(wants_json(format)):
-        from mklang import session
+        from mklang import service
         from mklang.checker import require_runnable
         from mklang.engine import Control
+        from mklang.session import Host
         from mklang.syntax import load_file
 
         as_json = wants_json(format)
@@ -189,7 +190,7 @@ def run(
         context.update(parse_assignments(set_))
         seconds = parse_duration(max_time)
         control = Control()
-        host = session.Host.build(**hosting.settings(), record=hosting.record, max_cost=max_cost)
+        host = Host.build(**hosting.settings(), record=hosting.record, max_cost=max_cost)
         if not quiet:
             _print_warnings(loaded, {**(host.scenario.input if host.scenario else {}), **context})
         with (
@@ -197,7 +198,7 @@ def run(
             interrupts(control),
             live_view(as_json, host.run_setting("max_tokens", max_tokens)) as view,
         ):
-            result = session.start(
+            result = service.start(
                 loaded,
                 context,
                 host,
@@ -278,8 +279,9 @@ def resume(
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
     with handle_errors(wants_json(format)):
-        from mklang import session
+        from mklang import service
         from mklang.engine import Control
+        from mklang.session import Host
 
         as_json = wants_json(format)
         policy(untrusted_flow)
@@ -289,7 +291,7 @@ def resume(
             raise fail("--replace replaces the run at another --checkpoint: it needs --checkpoint")
 
         control = Control()
-        opened = session.opened(
+        opened = service.opened(
             checkpoint,
             force=force,
             machine_path=str(machine) if machine else None,
@@ -303,11 +305,11 @@ def resume(
                 _report_compatible(resumable, as_json)
             budgets = resumable.envelope.budgets
             with (
-                session.Host.resumed(resumable, hosting.settings(), hosting.record, max_cost) as host,
+                Host.resumed(resumable, hosting.settings(), hosting.record, max_cost) as host,
                 interrupts(control),
                 live_view(as_json, max_tokens or budgets.max_tokens) as view,
             ):
-                result = session.proceed(
+                result = service.proceed(
                     resumable,
                     host,
                     checkpoint=out,
@@ -344,8 +346,8 @@ def show(
 ) -> None:
     """Status, reason, frame chain, spend against budgets, last steps and pending ask of a checkpoint."""
     with handle_errors(wants_json(format)):
-        from mklang.checkpoint.inspect import describe
         from mklang.cli.render import render_checkpoint
+        from mklang.inspection import describe
 
         summary = describe(checkpoint, last=last)
         if wants_json(format):
@@ -366,8 +368,8 @@ def test(
     with handle_errors(wants_json(format)):
         from mklang.checker import require_runnable
         from mklang.cli.render import render_scenarios
+        from mklang.player import play
         from mklang.scenarios import load_script
-        from mklang.session import play
         from mklang.syntax import load_file
 
         loaded = require_runnable(load_file(machine))

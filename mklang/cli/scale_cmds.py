@@ -25,10 +25,10 @@ def runs(
 ) -> None:
     """Every run of a store: status, reason, spend against budgets, position and pending ask."""
     with handle_errors(wants_json(format)):
-        from mklang.batching import first_line, location
-        from mklang.checkpoint.inspect import describe, unverified
+        from mklang.batching import location
         from mklang.cli.render import render_runs
-        from mklang.errors import MklangError
+        from mklang.errors import MklangError, first_line
+        from mklang.inspection import describe, unverified
         from mklang.stores import open_store
 
         unknown = sorted(set(status or []) - set(STATUSES))

@@ -21,12 +21,12 @@ from support.fakeserver import FakeServer, Reply, Request, answer
 from support.runs import outcome
 
 from mklang import resume
-from mklang.checkpoint import start
 from mklang.engine import Control, run
 from mklang.providers.base import Produced, Usage, Verdict
 from mklang.scenarios import Scenario, ScriptedHost
+from mklang.service import resume as resume_run
+from mklang.service import start
 from mklang.session import Host
-from mklang.session import resume as resume_run
 from mklang.syntax import load_file
 
 ITEMS = [f"item-{i}" for i in range(20)]
@@ -200,7 +200,7 @@ def test_a_cut_fan_out_of_sub_machines_resumes_without_paying_twice(tmp_path, cu
     machine = load_file(machines(tmp_path / "cut", budget=4 if cut == "steps" else 100))
     checkpoint = tmp_path / "cp.json"
     suspended = start(
-        machine, {"items": ITEMS}, checkpoint=checkpoint, provider=model, concurrency=1, control=control, **options
+        machine, {"items": ITEMS}, Host(model), checkpoint=checkpoint, concurrency=1, control=control, **options
     )
     assert (suspended.status, suspended.reason, suspended.at) == ("suspended", reason, "each")
     paid = sum(model.asked.values())
@@ -231,11 +231,10 @@ def test_a_scripted_run_cut_mid_branch_does_not_consume_the_replayed_answers_aga
     suspended = start(
         machine,
         {"items": ITEMS},
+        Host(host.provider, scripted=host),
         checkpoint=checkpoint,
-        provider=host.provider,
-        scripted=host,
         max_tokens=110,
-        concurrency=1,  # three whole branches, then the 4th stops after two calls
+        concurrency=1,
     )
     assert (suspended.status, host.provider.calls["produce"]) == ("suspended", 11)
     host = ScriptedHost(scenario)

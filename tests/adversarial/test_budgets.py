@@ -23,9 +23,10 @@ from support.fakeserver import FakeServer, Reply, Request, answer
 from support.runs import outcome
 
 from mklang import resume
-from mklang.checkpoint import start
 from mklang.engine import Control, run
 from mklang.providers.base import Produced, Usage, Verdict
+from mklang.service import start
+from mklang.session import Host
 from mklang.syntax import load_file
 
 ITEMS = [f"item-{i}" for i in range(300)]
@@ -225,7 +226,7 @@ def test_a_step_cut_fan_out_resumes_only_the_branches_not_done(tmp_path):
     machine = load_file(wide(tmp_path, budget=25))
     checkpoint = tmp_path / "cp.json"
     provider = Echo()
-    suspended = start(machine, {"items": ITEMS}, checkpoint=checkpoint, provider=provider, concurrency=8)
+    suspended = start(machine, {"items": ITEMS}, Host(provider), checkpoint=checkpoint, concurrency=8)
     assert (suspended.status, suspended.reason, suspended.at) == ("suspended", "budget-exhausted", "each")
     assert provider.calls == 25 and suspended.usage.tokens == 250
     again = resume(checkpoint, provider=provider)  # unchanged budgets: suspends again at once, no call
@@ -248,12 +249,7 @@ def test_a_fan_out_inside_a_sub_machine_suspends_and_resumes_through_its_parent(
     checkpoint = tmp_path / "cp.json"
     provider = Echo()
     suspended = start(
-        load_file(parent),
-        {"items": ITEMS[:40]},
-        checkpoint=checkpoint,
-        provider=provider,
-        concurrency=1,
-        max_tokens=100,
+        load_file(parent), {"items": ITEMS[:40]}, Host(provider), checkpoint=checkpoint, concurrency=1, max_tokens=100
     )
     assert (suspended.status, suspended.reason, [f.state for f in suspended.frames]) == (
         "suspended",
@@ -292,7 +288,7 @@ def test_an_interrupt_or_the_clock_stops_a_fan_out_which_resumes_the_rest(tmp_pa
     provider = Interrupting(control, what)
     machine = load_file(wide(tmp_path))
     suspended = start(
-        machine, {"items": ITEMS[:30]}, checkpoint=checkpoint, provider=provider, concurrency=1, control=control
+        machine, {"items": ITEMS[:30]}, Host(provider), checkpoint=checkpoint, concurrency=1, control=control
     )
     assert (suspended.status, suspended.reason, suspended.at, provider.calls) == ("suspended", reason, "each", 7)
     finished = resume(checkpoint, provider=provider)

@@ -27,6 +27,7 @@ from support.services import postgres_schema
 
 from mklang.providers.base import Produced, Verdict
 from mklang.providers.base import Usage as ProviderUsage
+from mklang.session import Host
 
 EXAMPLES = ROOT / "examples"
 APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish", "--format", "json"]
@@ -523,7 +524,7 @@ class Paid:
 @pytest.mark.parametrize("concurrency", [4, 8, 16])
 def test_ten_resume_cycles_of_a_fan_out_stay_within_the_bound_of_one(tmp_path, concurrency):
     from mklang import resume
-    from mklang.checkpoint import start
+    from mklang.service import start
     from mklang.syntax import load_file
 
     (tmp_path / "steps.mk").write_text(STEPS)
@@ -531,8 +532,7 @@ def test_ten_resume_cycles_of_a_fan_out_stay_within_the_bound_of_one(tmp_path, c
     checkpoint = tmp_path / "cp.json"
     model = Paid()
     items = {"items": [f"item-{i}" for i in range(60)]}
-    result = start(load_file(tmp_path / "fan.mk"), items, checkpoint=checkpoint, provider=model,
-                   concurrency=concurrency, max_tokens=90)  # fmt: skip
+    result = start(load_file(tmp_path / "fan.mk"), items, Host(model), checkpoint=checkpoint, concurrency=concurrency, max_tokens=90)  # fmt: skip
     bound = 90 + concurrency * 15  # docs/language.md: the cap, the call crossing it and N - 1 others in flight
     for _ in range(10):
         assert (result.status, result.reason) == ("suspended", "cost-exhausted")

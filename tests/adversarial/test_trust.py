@@ -114,12 +114,12 @@ def test_the_key_file_is_created_owner_only_under_the_config_folder(tmp_path):
 def test_an_edited_journal_line_of_a_crashed_run_is_refused(project):
     checkpoint = project / "cp.json"
     # Make the suspended run look crashed: a running envelope and a journal with one step.
-    from mklang.checkpoint import open_checkpoint
     from mklang.checkpoint.journal import StoreJournal
     from mklang.checkpoint.paths import MachinePaths
+    from mklang.service import open_run
     from mklang.stores import locate
 
-    resumable = open_checkpoint(checkpoint, lock=False)
+    resumable = open_run(checkpoint, lock=False)
     root = resumable.chain[0].machine.path
     journal = StoreJournal(
         locate(checkpoint), resumable.envelope, hashes=resumable.loader.hashes, paths=MachinePaths(root)

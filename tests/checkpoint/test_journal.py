@@ -17,7 +17,8 @@ from support.runs import outcome
 import mklang.checkpoint.journal as journal_module
 from mklang.checkpoint.envelope import load
 from mklang.scenarios import load_script
-from mklang.session import Host, resume, start
+from mklang.service import resume, start
+from mklang.session import Host
 from mklang.syntax import load_file
 
 
@@ -86,9 +87,8 @@ def test_a_crash_just_after_a_resumed_run_suspends_again_leaves_no_journal_that_
     """A resume journals against the suspended envelope; when it suspends again, a crash between
     writing the new envelope and dropping that journal must not replay the journal onto it."""
     from mklang import faults
-    from mklang.checkpoint import continue_checkpoint, open_checkpoint
-    from mklang.checkpoint import start as start_durably
     from mklang.providers.scripted import ScriptedProvider
+    from mklang.service import open_run, proceed
 
     machine_file = tmp_path / "loop.mk"
     machine_file.write_text(
@@ -104,13 +104,13 @@ def test_a_crash_just_after_a_resumed_run_suspends_again_leaves_no_journal_that_
         if crash_at_envelope:
             faults.arm("envelope", 1, lambda: (_ for _ in ()).throw(Crash()))
         try:
-            return continue_checkpoint(open_checkpoint(checkpoint), provider=provider(), budget=budget)
+            return proceed(open_run(checkpoint), Host(provider()), budget=budget)
         finally:
             faults.disarm()
 
     reference_at, crashed_at = tmp_path / "reference.json", tmp_path / "crashed.json"
     for checkpoint in (reference_at, crashed_at):
-        assert start_durably(machine, {}, checkpoint=checkpoint, provider=provider()).status == "suspended"
+        assert start(machine, {}, Host(provider()), checkpoint=checkpoint).status == "suspended"
     assert steps(reference_at, 4).status == "suspended"
     with pytest.raises(Crash):
         steps(crashed_at, 4, crash_at_envelope=True)  # the second suspension is written, its journal not dropped

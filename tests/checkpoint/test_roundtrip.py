@@ -22,7 +22,8 @@ from mklang.checkpoint.envelope import load
 from mklang.cli.app import app
 from mklang.engine import Control
 from mklang.scenarios import load_script
-from mklang.session import Host, resume, start
+from mklang.service import resume, start
+from mklang.session import Host
 from mklang.syntax import load_file
 
 

@@ -10,8 +10,9 @@ import yaml
 from conformance.harness import Recorder, run_mk, write_machines
 from support import ROOT
 
-from mklang.checkpoint import start
 from mklang.errors import UsageError
+from mklang.service import start
+from mklang.session import Host
 from mklang.yaml_composer import compose_yaml
 
 GROWING = """machine grow
@@ -102,7 +103,7 @@ def test_group_commit_fsyncs_the_journal_once_per_step_with_the_steps_calls_in_i
     machine = write_machines(tmp_path, TWO_STEPS)
     monkeypatch.setenv("MKLANG_DURABILITY", "step")
     spy = FsyncSpy(monkeypatch)
-    result = start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1", "2"]}))
+    result = start(machine, {}, Host(Recorder({"produce": ["1", "2"]})), checkpoint=tmp_path / "cp.json")
     assert result.status == "done"
     journal = str(journal_path(tmp_path / "cp.json"))
     commits = [content.decode().splitlines() for path, content in spy.synced if path == journal and content]
@@ -117,7 +118,7 @@ def test_an_unknown_durability_is_a_usage_error(tmp_path, monkeypatch):
     machine = write_machines(tmp_path, TWO_STEPS)
     monkeypatch.setenv("MKLANG_DURABILITY", "never")
     with pytest.raises(UsageError, match="MKLANG_DURABILITY must be call or step, not 'never'"):
-        start(machine, {}, checkpoint=tmp_path / "cp.json", provider=Recorder({"produce": ["1"]}))
+        start(machine, {}, Host(Recorder({"produce": ["1"]})), checkpoint=tmp_path / "cp.json")
 
 
 def test_parsing_pauses_the_cycle_collector_only_while_it_runs():

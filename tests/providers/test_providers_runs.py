@@ -14,7 +14,8 @@ from support.models import PRICE_IN, PRICE_OUT, Model
 import mklang
 from mklang.model import Machine
 from mklang.providers.factory import make_provider
-from mklang.session import Host, start
+from mklang.service import start
+from mklang.session import Host
 
 KEY = "sk-live-TOPSECRET-abcdef123456"
 MACHINE = {

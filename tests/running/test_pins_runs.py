@@ -17,7 +17,6 @@ from conformance.harness import Recorder, mk, run_mk, write_machines
 from support.runs import TWO_STATES
 
 from mklang import faults
-from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
 from mklang.checkpoint.paths import MachinePaths
 from mklang.checkpoint.signing import checkpoint_key, sign
@@ -28,6 +27,8 @@ from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.model import Machine
 from mklang.providers.base import Usage, seconds_left
 from mklang.scenarios import Scenario, ScriptedHost
+from mklang.service import open_run, proceed, start
+from mklang.session import Host
 from mklang.syntax.machines import MachineLoader, file_sha256
 from mklang.syntax.resolve import stdlib_dirs
 
@@ -77,18 +78,34 @@ def project(folder: Path, root_budget: int = 1, sub_budget: int = 3) -> Machine:
     return write_machines(folder, ROOT_MK.format(budget=root_budget), SUB_MK.replace("{budget}", str(sub_budget)))
 
 
-def suspended(tmp_path: Path, *, root_budget: int = 1, sub_budget: int = 3, **options: Any) -> Path:
-    """The project in `tmp_path/project`, its run suspended with checkpoint `tmp_path/cp.json`."""
+def suspended(
+    tmp_path: Path, *, root_budget: int = 1, sub_budget: int = 3, host: HostSettings | None = None, **options: Any
+) -> Path:
+    """The project in `tmp_path/project`, its run suspended with checkpoint `tmp_path/cp.json`
+    (its host recording `host`)."""
     machine = project(tmp_path / "project", root_budget, sub_budget)
     path = tmp_path / "cp.json"
-    result = start(machine, None, checkpoint=path, provider=Recorder({"produce": ["one", "two", "three"]}), **options)
+    recorder = Recorder({"produce": ["one", "two", "three"]})
+    settings = host.model_dump() if host is not None else {}
+    result = start(machine, None, Host(recorder, settings=settings), checkpoint=path, **options)
     assert result.status == "suspended"
     return path
 
 
+def inside_sub(tmp_path: Path) -> Path:
+    """The project's run suspended at sub.mk's second state, interrupted there."""
+    control = Control()
+
+    def interrupt_at_s2(chain: list[Frame]) -> None:
+        if chain[-1].state == "s2":
+            control.interrupted.set()
+
+    return suspended(tmp_path, root_budget=2, control=control, observer=interrupt_at_s2)
+
+
 def refusal(path: Path, **options: Any) -> str:
     with pytest.raises(CheckpointError) as caught:
-        open_checkpoint(path, lock=False, **options)
+        open_run(path, lock=False, **options)
     return str(caught.value)
 
 
@@ -112,8 +129,8 @@ def test_a_checkpointed_run_starts_running_with_default_settings_and_a_fresh_run
         result = start(
             machine,
             None,
+            Host(Recorder({"produce": ["x", "y", "z"]})),
             checkpoint=path,
-            provider=Recorder({"produce": ["x", "y", "z"]}),
             observer=lambda chain, path=path, seen=seen: seen.append(load(path)),
         )
         assert result.status == "done"
@@ -134,30 +151,30 @@ def test_a_checkpointed_run_starts_running_with_default_settings_and_a_fresh_run
 def test_a_checkpointed_run_of_a_machine_without_a_file_records_no_root_and_cannot_resume_without_one(tmp_path):
     machine = mk(ROOT_MK.format(budget=1).replace("call sub", "call nothing"))
     path = tmp_path / "cp.json"
-    start(machine, {"topic": "moons"}, checkpoint=path, provider=Recorder())
+    start(machine, {"topic": "moons"}, Host(Recorder()), checkpoint=path)
     envelope = load(path)
     assert (envelope.machine.path, envelope.machine.sha256, envelope.machines) == (None, None, {})
     assert refusal(path) == f"{path}: the checkpoint records no root machine file (use --machine PATH)"
 
 
-# --- open_checkpoint: where the machines are, and which frames may run ----------------
+# --- open_run: where the machines are, and which frames may run ----------------
 
 
 def test_a_moved_root_machine_is_named_by_machine_path_and_its_sub_machines_follow(tmp_path):
-    path = suspended(tmp_path, root_budget=2, sub_budget=1)  # suspended inside sub
+    path = inside_sub(tmp_path)  # suspended inside sub
     assert [f["path"] for f in load(path).frames] == ["root.mk", "sub.mk"]
     shutil.move(tmp_path / "project", tmp_path / "moved")
     missing = tmp_path / "project" / "root.mk"
-    kept = open_checkpoint(path, lock=False)  # the store keeps the texts the checkpoint signed
+    kept = open_run(path, lock=False)  # the store keeps the texts the checkpoint signed
     assert kept.machines_note is not None
     assert kept.machines_note.startswith(f"{missing} is missing; running the machine texts the store keeps")
     assert [Path(frame.machine.path).name for frame in kept.chain] == ["root.mk", "sub.mk"]
-    opened = open_checkpoint(path, lock=False, machine_path=str(tmp_path / "moved" / "root.mk"))
+    opened = open_run(path, lock=False, machine_path=str(tmp_path / "moved" / "root.mk"))
     assert [frame.machine.path for frame in opened.chain] == [
         str(tmp_path / "moved" / "root.mk"),
         str(tmp_path / "moved" / "sub.mk"),
     ]
-    done = continue_checkpoint(opened, provider=Recorder({"produce": ["again"]}), budget=5)
+    done = proceed(opened, Host(Recorder({"produce": ["again"]})), budget=5)
     assert (done.status, done.result) == ("done", "again")
 
 
@@ -170,12 +187,12 @@ def test_with_machine_path_the_root_machine_is_not_the_recorded_one(tmp_path):
         f"{other / 'root.mk'}: machine file changed since the checkpoint was written "
         "(resume with --force to accept the change)"
     )
-    opened = open_checkpoint(path, lock=False, machine_path=str(other / "root.mk"), force=True)
+    opened = open_run(path, lock=False, machine_path=str(other / "root.mk"), force=True)
     assert opened.chain[0].machine.path == str(other / "root.mk")
 
 
 def test_the_first_frame_must_run_the_root_machine(tmp_path):
-    path = suspended(tmp_path, root_budget=2, sub_budget=1)
+    path = inside_sub(tmp_path)
 
     def root_runs_sub(document: dict[str, Any]) -> None:
         document["frames"] = [document["frames"][1]]
@@ -185,7 +202,7 @@ def test_the_first_frame_must_run_the_root_machine(tmp_path):
 
 
 def test_a_hashed_machine_is_checked_in_name_order_and_every_one_must_be_unchanged(tmp_path):
-    path = suspended(tmp_path, root_budget=2, sub_budget=1)
+    path = inside_sub(tmp_path)
     assert sorted(load(path).machines) == ["root.mk", "sub.mk"]
     for name in ("sub.mk", "root.mk"):
         machine = tmp_path / "project" / name
@@ -255,8 +272,8 @@ def dead(tmp_path: Path, at_top: int = 3, **options: Any) -> Path:
         start(
             machine,
             None,
+            Host(Recorder({"produce": ["one", "two", "three"]})),
             checkpoint=path,
-            provider=Recorder({"produce": ["one", "two", "three"]}),
             observer=crash,
             **options,
         )
@@ -275,11 +292,11 @@ def test_a_dead_run_resumes_from_its_journal_even_inside_a_machine_entered_after
     path = dead(tmp_path)
     envelope = load(path)
     assert (envelope.status, sorted(envelope.machines)) == ("running", ["root.mk"])
-    opened = open_checkpoint(path, lock=False)
+    opened = open_run(path, lock=False)
     assert (opened.crashed, opened.trusted) == (True, True)
     assert [(frame.machine.name, frame.state) for frame in opened.chain] == [("root", "b"), ("sub", "s2")]
     assert opened.chain[1].context == {"q": "one", "z": "two"}
-    done = continue_checkpoint(opened, provider=Recorder({"produce": ["three"]}))
+    done = proceed(opened, Host(Recorder({"produce": ["three"]})))
     assert (done.status, done.result, done.context) == ("done", "three", {"topic": "tides", "x": "one", "y": "three"})
     assert sorted(load(path).machines) == ["root.mk", "sub.mk"]
 
@@ -304,10 +321,10 @@ def test_the_journal_of_an_untrusted_checkpoint_cannot_vouch_for_a_machine(tmp_p
 def test_an_untrusted_dead_run_has_every_value_of_every_frame_fenced(tmp_path, monkeypatch):
     path = dead(tmp_path, at_top=1)  # died at root b, before entering sub
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
-    opened = open_checkpoint(path, lock=False, trust=True)
+    opened = open_run(path, lock=False, trust=True)
     assert (opened.crashed, opened.trusted) == (True, False)
     assert [frame.tainted for frame in opened.chain] == [{"topic", "x"}]
-    clean = open_checkpoint(suspended(tmp_path / "clean"), lock=False, trust=True)
+    clean = open_run(suspended(tmp_path / "clean"), lock=False, trust=True)
     assert clean.trusted and clean.chain[0].tainted == {"x"}  # signed: its taint marks stand
 
 
@@ -316,7 +333,7 @@ def test_an_edited_envelope_of_a_dead_run_is_untrusted_even_with_an_intact_journ
     document = json.loads(path.read_text())
     document["frames"][0]["context"]["topic"] = "edited"
     path.write_text(json.dumps(document))
-    opened = open_checkpoint(path, lock=False, trust=True)
+    opened = open_run(path, lock=False, trust=True)
     assert (opened.crashed, opened.trusted) == (True, False)
     assert opened.chain[0].tainted == {"topic", "x"}
 
@@ -341,23 +358,22 @@ def test_a_malformed_journal_of_an_untrusted_run_is_refused_in_one_line(tmp_path
     assert refusal(path, trust=True, force=True) == f"{path}: {problem}"
 
 
-# --- continue_checkpoint: what a resume changes, and where it writes ------------------
+# --- proceed: what a resume changes, and where it writes ------------------
 
 
 def test_a_resume_records_the_budgets_and_settings_it_was_given_and_keeps_the_rest(tmp_path):
     path = suspended(
         tmp_path, max_tokens=100, max_cost=1.5, max_time=600, hitl=True, concurrency=3, host=HostSettings(model="m1")
     )
-    opened = open_checkpoint(path)
-    done = continue_checkpoint(
+    opened = open_run(path)
+    done = proceed(
         opened,
-        provider=Recorder({"produce": ["two", "three"]}),
+        Host(Recorder({"produce": ["two", "three"]}), settings={"model": "m2"}),
         budget=5,
         max_tokens=200,
         max_time=900,
         hitl=False,
         concurrency=2,
-        host=HostSettings(model="m2"),
     )
     assert done.status == "done"
     envelope = load(path)
@@ -366,27 +382,27 @@ def test_a_resume_records_the_budgets_and_settings_it_was_given_and_keeps_the_re
     assert envelope.frames[0]["budget"] == 5
 
 
-def test_a_resume_given_no_settings_keeps_every_recorded_one(tmp_path):
+def test_a_resume_given_no_settings_keeps_every_recorded_one_and_records_the_host_it_ran_with(tmp_path):
     path = suspended(tmp_path, max_tokens=100, max_cost=1.5, hitl=True, concurrency=3, host=HostSettings(model="m1"))
-    done = continue_checkpoint(open_checkpoint(path), provider=Recorder({"produce": ["two", "three"]}), budget=5)
+    done = proceed(open_run(path), Host(Recorder({"produce": ["two", "three"]})), budget=5)
     assert done.status == "done"
     envelope = load(path)
     assert envelope.budgets.model_dump() == {"max_tokens": 100, "max_cost": 1.5, "max_time": None}
-    assert (envelope.hitl, envelope.concurrency, envelope.host.model) == (True, 3, "m1")
+    assert (envelope.hitl, envelope.concurrency) == (True, 3)
+    assert envelope.host.model is None  # the host that resumed it, never one the file brought in (ADR 0014)
 
 
 def test_a_clean_resume_continues_the_envelope_in_place_and_its_journal_records_the_change(tmp_path):
     path = suspended(tmp_path, hitl=True, concurrency=3)
     before = path.read_bytes()
     seen: list[tuple[bytes, dict[str, Any]]] = []
-    opened = open_checkpoint(path)
-    continue_checkpoint(
+    opened = open_run(path)
+    proceed(
         opened,
-        provider=Recorder({"produce": ["two", "three"]}),
+        Host(Recorder({"produce": ["two", "three"]}), settings={"model": "m2"}),
         budget=4,
         max_cost=2.0,
         set_values={"topic": "moons"},
-        host=HostSettings(model="m2"),
         observer=lambda chain: seen.append((path.read_bytes(), journal_lines(path)[0])),
     )
     stored, header = seen[0]
@@ -406,9 +422,9 @@ def test_a_clean_resume_continues_the_envelope_in_place_and_its_journal_records_
 def test_a_resume_of_a_dead_run_or_to_another_file_starts_from_a_fresh_snapshot(tmp_path):
     path = dead(tmp_path / "dead", at_top=1)
     seen: list[tuple[Envelope, dict[str, Any]]] = []
-    continue_checkpoint(
-        open_checkpoint(path),
-        provider=Recorder({"produce": ["two", "three"]}),
+    proceed(
+        open_run(path),
+        Host(Recorder({"produce": ["two", "three"]})),
         observer=lambda chain: seen.append((load(path), journal_lines(path)[0])),
     )
     envelope, header = seen[0]
@@ -425,23 +441,19 @@ def test_a_resume_of_a_dead_run_or_to_another_file_starts_from_a_fresh_snapshot(
 
     def try_to_open(chain: Any) -> None:
         with pytest.raises(CheckpointError) as caught:
-            open_checkpoint(other)
+            open_run(other)
         busy.append(str(caught.value))
 
     before = path.read_bytes()
-    done = continue_checkpoint(
-        open_checkpoint(path),
-        provider=Recorder({"produce": ["two", "three"]}),
-        budget=5,
-        checkpoint=other,
-        observer=try_to_open,
+    done = proceed(
+        open_run(path), Host(Recorder({"produce": ["two", "three"]})), budget=5, checkpoint=other, observer=try_to_open
     )
     assert done.status == "done" and load(other).status == "done"
     assert busy and all("the run is still going in process" in line for line in busy)  # the new file is locked
     assert path.read_bytes() == before
-    open_checkpoint(path, allow_rollback=True).release()  # and both locks are free once the run ends
+    open_run(path, allow_rollback=True).release()  # and both locks are free once the run ends
     with pytest.raises(CheckpointError, match="already finished"):
-        open_checkpoint(other)
+        open_run(other)
 
 
 # --- frames as checkpoints record them ------------------------------------------------
@@ -581,14 +593,14 @@ def test_a_standard_library_machine_is_recorded_by_name_and_found_again_on_resum
     machine = write_machines(tmp_path / "project", ASKER)
     path = tmp_path / "cp.json"
     llm = {"produce": ["1. it leaves at 9.", "10:00"], "tokens": [10, 10], "judge": [0]}
-    first = start(machine, None, checkpoint=path, provider=Recorder(llm), max_tokens=5)
+    first = start(machine, None, Host(Recorder(llm)), checkpoint=path, max_tokens=5)
     assert (first.status, first.reason) == ("suspended", "cost-exhausted")
     envelope = load(path)
     assert [frame["path"] for frame in envelope.frames] == ["asker.mk", "stdlib:chain_of_thought.mk"]
     assert sorted(envelope.machines) == ["asker.mk", "stdlib:chain_of_thought.mk"]
-    opened = open_checkpoint(path)
+    opened = open_run(path)
     assert opened.chain[1].machine.path == str(stdlib_dirs()[0] / "chain_of_thought.mk")
-    done = continue_checkpoint(opened, provider=Recorder({**llm, "produce": ["10:00"]}), max_tokens=1000)
+    done = proceed(opened, Host(Recorder({**llm, "produce": ["10:00"]})), max_tokens=1000)
     assert (done.status, done.result) == ("done", "10:00")
 
 
@@ -625,22 +637,24 @@ HOOKED = """
     }
 """
 
+UNUSED_STOP = {"stop": lambda context, output: True}  # declared, never reached: a host implements it all the same
+
 
 def test_a_resume_runs_with_the_hooks_and_the_control_it_is_given(tmp_path):
     machine = write_machines(tmp_path, HOOKED)
     path = tmp_path / "cp.json"
-    assert start(machine, None, checkpoint=path, provider=Recorder()).status == "suspended"
     seen: list[Any] = []
 
     def stop(context: dict[str, Any], output: Any) -> bool:
         seen.append(output)
         return True
 
+    assert start(machine, None, Host(Recorder(), hooks={"stop": stop}), checkpoint=path).status == "suspended"
     control = Control()
     control.interrupted.set()
-    stopped = continue_checkpoint(open_checkpoint(path), provider=Recorder(), budget=5, control=control)
+    stopped = proceed(open_run(path), Host(Recorder(), hooks={"stop": stop}), budget=5, control=control)
     assert (stopped.status, stopped.reason, stopped.at) == ("suspended", "interrupted", "b")
-    done = continue_checkpoint(open_checkpoint(path), provider=Recorder({"produce": ["last"]}), hooks={"stop": stop})
+    done = proceed(open_run(path), Host(Recorder({"produce": ["last"]}), hooks={"stop": stop}))
     assert (done.status, done.result, seen) == ("done", "last", ["last"])
 
 
@@ -649,20 +663,18 @@ def test_a_scripted_run_saves_its_position_and_a_resume_restores_it_or_runs_with
     scenario = Scenario("s", llm={"produce": ["one", "two", "three"]})
     first = ScriptedHost(scenario)
     path = tmp_path / "cp.json"
-    start(machine, None, checkpoint=path, provider=first.provider, scripted=first)
+    start(machine, None, Host(first.provider, scripted=first), checkpoint=path)
     recorded = load(path).host.position
     assert recorded == first.position() and recorded != ScriptedHost(scenario).position()
     shutil.copy(path, tmp_path / "copy.json")
 
     again = ScriptedHost(scenario)
-    done = continue_checkpoint(open_checkpoint(path), provider=again.provider, scripted=again, budget=5)
+    done = proceed(open_run(path), Host(again.provider, scripted=again), budget=5)
     assert (done.status, done.result) == ("done", "three")  # the answers after the one already used
     assert load(path).host.position == again.position() != recorded
 
-    other = continue_checkpoint(
-        open_checkpoint(tmp_path / "copy.json", allow_rollback=True),
-        provider=Recorder({"produce": ["a", "b"]}),
-        budget=5,
+    other = proceed(
+        open_run(tmp_path / "copy.json", allow_rollback=True), Host(Recorder({"produce": ["a", "b"]})), budget=5
     )
     assert (other.status, other.result) == ("done", "b")
 
@@ -679,12 +691,12 @@ def test_a_resumed_dead_run_replays_the_calls_its_step_in_flight_had_paid_for(tm
     machine = write_machines(tmp_path, HOOKED.replace("hook stop -> END", "-> END").replace("budget 1", "budget 5"))
     path = tmp_path / "cp.json"
     with pytest.raises(_Died):
-        start(machine, None, checkpoint=path, provider=DiesAtTheJudge({"produce": ["paid", "b-one"]}))
-    opened = open_checkpoint(path)
+        start(machine, None, Host(DiesAtTheJudge({"produce": ["paid", "b-one"]}), hooks=UNUSED_STOP), checkpoint=path)
+    opened = open_run(path)
     assert opened.crashed and [(f.state, f.context) for f in opened.chain] == [("b", {"x": "paid"})]
     assert len(opened.replay) == 1  # b's answer, paid for before the judge call died
     provider = Recorder({"produce": ["never"], "judge": [0]})
-    done = continue_checkpoint(opened, provider=provider)
+    done = proceed(opened, Host(provider, hooks=UNUSED_STOP))
     assert (done.status, done.context, provider.produced) == ("done", {"x": "paid", "y": "b-one"}, [])
 
 
@@ -695,9 +707,9 @@ def test_a_resumed_run_that_finishes_keeps_no_detail_of_the_suspension(tmp_path)
 
     machine = project(tmp_path / "project", root_budget=5)
     path = tmp_path / "cp.json"
-    start(machine, None, checkpoint=path, provider=Down())
+    start(machine, None, Host(Down()), checkpoint=path)
     assert (load(path).reason, load(path).detail) == ("provider-error", "HTTP 503 from the model server")
-    assert continue_checkpoint(open_checkpoint(path), provider=Recorder()).status == "done"
+    assert proceed(open_run(path), Host(Recorder())).status == "done"
     done = load(path)
     assert (done.status, done.reason, done.detail) == ("done", None, None)
 
@@ -707,8 +719,8 @@ def test_an_edited_journal_of_a_signed_dead_run_is_still_replayed_when_trusted_a
     journal = Path(f"{path}.journal")
     journal.write_bytes(journal.read_bytes().replace(b'"text":"one"', b'"text":"edited"'))  # the paid answer
     with pytest.raises(CheckpointError, match="journal line 2 was edited"):
-        open_checkpoint(path, lock=False)
-    opened = open_checkpoint(path, lock=False, trust=True)
+        open_run(path, lock=False)
+    opened = open_run(path, lock=False, trust=True)
     assert (opened.trusted, opened.crashed) == (False, True)
     assert [(frame.state, frame.context) for frame in opened.chain] == [("b", {"topic": "tides", "x": "one"})]
 
@@ -915,10 +927,10 @@ def test_a_resume_runs_with_the_recorded_calls_in_flight_and_hitl(tmp_path):
 
     machine = write_machines(tmp_path, FAN)
     path = tmp_path / "cp.json"
-    first = start(machine, None, checkpoint=path, provider=Recorder({"tokens": [5, 5]}), concurrency=1, hitl=True)
+    first = start(machine, None, Host(Recorder({"tokens": [5, 5]})), checkpoint=path, concurrency=1, hitl=True)
     assert (first.status, first.reason, first.at) == ("suspended", "budget-exhausted", "each")
     provider = Threads()
-    again = continue_checkpoint(open_checkpoint(path), provider=provider, budget=5)
+    again = proceed(open_run(path), Host(provider), budget=5)
     assert (again.status, again.reason, again.ask) == ("suspended", "escalated", "Done?")
     assert provider.threads == {threading.get_ident()}  # one call at a time: all on this thread
     assert (load(path).usage, again.usage) == (again.usage.to_json(), Usage(8, 8))  # the first call's too
@@ -927,11 +939,11 @@ def test_a_resume_runs_with_the_recorded_calls_in_flight_and_hitl(tmp_path):
 def test_a_resume_keeps_the_recorded_time_budget(tmp_path):
     machine = write_machines(tmp_path, TWO_STATES)
     path = tmp_path / "cp.json"
-    first = start(machine, None, checkpoint=path, provider=Recorder(), max_time=0)
+    first = start(machine, None, Host(Recorder()), checkpoint=path, max_time=0)
     assert (first.status, first.reason, first.at) == ("suspended", "time-exhausted", "a")
-    again = continue_checkpoint(open_checkpoint(path), provider=Recorder())
+    again = proceed(open_run(path), Host(Recorder()))
     assert (again.status, again.reason, again.at) == ("suspended", "time-exhausted", "a")
-    done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), max_time=60)
+    done = proceed(open_run(path), Host(Recorder()), max_time=60)
     assert done.status == "done"
 
 
@@ -940,7 +952,7 @@ def test_an_escalated_checkpoint_whose_frames_predate_their_pending_ask_takes_th
         tmp_path, TWO_STATES.replace("otherwise -> b", 'otherwise escalate -> b ask "Go on?" reply_to go')
     )
     path = tmp_path / "cp.json"
-    start(machine, None, checkpoint=path, provider=Recorder(), hitl=True)
+    start(machine, None, Host(Recorder()), checkpoint=path, hitl=True)
     assert (load(path).reason, load(path).frames[-1]["ask"]) == ("escalated", {"ask": "Go on?", "reply_to": "go"})
 
     def older(document: dict[str, Any]) -> None:
@@ -948,11 +960,11 @@ def test_an_escalated_checkpoint_whose_frames_predate_their_pending_ask_takes_th
 
     edit(path, older)
     assert "ask" not in load(path).frames[-1]
-    opened = open_checkpoint(path)
+    opened = open_run(path)
     assert opened.chain[-1].ask == {"ask": "Go on?", "reply_to": "go"}
-    again = continue_checkpoint(opened, provider=Recorder())
+    again = proceed(opened, Host(Recorder()))
     assert (again.status, again.reason, again.ask, again.reply_to) == ("suspended", "escalated", "Go on?", "go")
-    done = continue_checkpoint(open_checkpoint(path), provider=Recorder(), set_values={"go": "yes"})
+    done = proceed(open_run(path), Host(Recorder()), set_values={"go": "yes"})
     assert (done.status, done.context["go"]) == ("done", "yes")
 
 
@@ -1009,11 +1021,9 @@ def test_a_scripted_tool_answer_replayed_after_a_crash_is_not_answered_again(tmp
     host.provider.judge = dies  # type: ignore[method-assign]
     path = tmp_path / "cp.json"
     with pytest.raises(_Died):
-        start(machine, None, checkpoint=path, provider=host.provider, scripted=host, tools=host.tools.functions())
+        start(machine, None, Host(host.provider, tools=host.tools.functions(), scripted=host), checkpoint=path)
     again = ScriptedHost(scenario)
-    done = continue_checkpoint(
-        open_checkpoint(path), provider=again.provider, scripted=again, tools=again.tools.functions()
-    )
+    done = proceed(open_run(path), Host(again.provider, tools=again.tools.functions(), scripted=again))
     assert (done.status, done.context) == ("done", {"first": "url-1", "second": "url-2"})
 
 
@@ -1027,7 +1037,7 @@ def test_a_chain_that_no_longer_fits_its_machines_is_refused_even_with_force(tmp
 def test_a_checkpointed_run_reads_its_durability_setting_before_it_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("MKLANG_DURABILITY", "sometimes")
     with pytest.raises(UsageError) as caught:
-        start(write_machines(tmp_path, TWO_STATES), None, checkpoint=tmp_path / "cp.json", provider=Recorder())
+        start(write_machines(tmp_path, TWO_STATES), None, Host(Recorder()), checkpoint=tmp_path / "cp.json")
     assert str(caught.value) == "MKLANG_DURABILITY must be call or step, not 'sometimes'"
 
 
@@ -1040,9 +1050,9 @@ def test_a_checkpointed_run_keys_its_tool_calls_by_its_own_run_id_across_a_resum
 
     machine = write_machines(tmp_path, PUBLISH.replace("budget 5", "budget 1"))
     path = tmp_path / "cp.json"
-    start(machine, None, checkpoint=path, provider=Recorder(), tools={"publish": publish})
+    start(machine, None, Host(Recorder(), tools={"publish": publish}), checkpoint=path)
     run_id = load(path).run_id
-    continue_checkpoint(open_checkpoint(path), provider=Recorder(), tools={"publish": publish}, budget=5)
+    proceed(open_run(path), Host(Recorder(), tools={"publish": publish}), budget=5)
     assert keys == [f"{run_id}/r:1.0.1", f"{run_id}/r:2.0.1"]
 
 
@@ -1053,9 +1063,9 @@ def test_a_checkpointed_run_stops_at_its_dollar_budget(tmp_path):
             self.tokens = Usage(1, 1, 0.5)
 
     path = tmp_path / "cp.json"
-    result = start(write_machines(tmp_path, TWO_STATES), None, checkpoint=path, provider=Priced(), max_cost=0.4)
+    result = start(write_machines(tmp_path, TWO_STATES), None, Host(Priced()), checkpoint=path, max_cost=0.4)
     assert (result.status, result.reason, result.at) == ("suspended", "cost-exhausted", "b")
-    again = continue_checkpoint(open_checkpoint(path), provider=Priced())
+    again = proceed(open_run(path), Host(Priced()))
     assert (again.status, again.reason, again.at) == ("suspended", "cost-exhausted", "b")
 
 
@@ -1081,8 +1091,8 @@ def test_a_resume_given_a_host_record_keeps_the_scripted_position_the_checkpoint
     machine = project(tmp_path / "project")
     host = ScriptedHost(Scenario("s", llm={"produce": ["one", "two", "three"]}))
     path = tmp_path / "cp.json"
-    start(machine, None, checkpoint=path, provider=host.provider, scripted=host)
+    start(machine, None, Host(host.provider, scripted=host), checkpoint=path)
     recorded = load(path).host.position
-    again = continue_checkpoint(open_checkpoint(path), provider=Recorder(), host=HostSettings(model="m2"))
+    again = proceed(open_run(path), Host(Recorder(), settings={"model": "m2"}))
     assert (again.status, again.reason) == ("suspended", "budget-exhausted")
     assert (load(path).host.model, load(path).host.position) == ("m2", recorded)

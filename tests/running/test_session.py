@@ -10,7 +10,8 @@ from support.examples import EXAMPLES
 import mklang
 from mklang.checkpoint.envelope import load
 from mklang.scenarios import load_script
-from mklang.session import Host, start
+from mklang.service import start
+from mklang.session import Host
 
 PACKAGE = Path(mklang.__file__).parent
 

@@ -25,7 +25,8 @@ from support.services import postgres_schema
 from mklang.checkpoint.envelope import load
 from mklang.errors import CheckpointError, RunBusy, UsageError
 from mklang.scenarios import load_script
-from mklang.session import Host, resume, start
+from mklang.service import resume, start
+from mklang.session import Host
 from mklang.stores import Location, Store, locate, open_store
 from mklang.stores.file import FileStore
 from mklang.syntax import load_file
@@ -234,8 +235,8 @@ def test_a_run_crashed_at_any_loop_top_resumes_from_the_store(store, store_uri, 
 def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(store, store_uri):
     """A clean resume starts a journal generation against the suspended envelope instead of
     rewriting it; a crash mid-way shows as running, and a bare resume keeps the reply and budgets."""
-    from mklang.batching import outcome as batch_outcome
-    from mklang.checkpoint.inspect import describe
+    from mklang.inspection import describe
+    from mklang.service import outcome as batch_outcome
 
     machine = load_file(EXAMPLES / "approval" / "approval.mk")
     scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")

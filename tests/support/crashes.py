@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from mklang import faults
-from mklang.checkpoint import continue_checkpoint, open_checkpoint, start
 from mklang.checkpoint.envelope import load
 from mklang.providers.base import Usage
 from mklang.scenarios import Scenario, ScriptedHost
+from mklang.service import open_run, proceed, start
+from mklang.session import Host
 from mklang.vocabulary import lookup
 
 PER_POINT = 6  # occurrences of one point crashed at per scenario (all with MKLANG_CRASH_FULL=1)
@@ -32,7 +33,7 @@ def crash() -> None:
 CRASHED = object()
 
 
-class Host:
+class CountedHost:
     """A scenario's scripted host whose model and tool calls are counted as they return.
 
     `replied`: whether the human's reply is part of the run this process
@@ -41,7 +42,7 @@ class Host:
     """
 
     def __init__(self, scenario: Scenario, paid: Counter, replied: bool, gated: set[str]):
-        self.scripted = ScriptedHost(scenario)
+        self.scripted, self.scenario = ScriptedHost(scenario), scenario
         self.paid, self.replied, self.gated = paid, replied, gated
         provider = self.scripted.provider
         self.provider = self
@@ -58,12 +59,9 @@ class Host:
 
         return counted
 
-    def options(self) -> dict[str, Any]:
-        return dict(
-            provider=self.provider,
-            tools=self.tools,
-            hooks=self.scripted.hooks.functions(),
-            scripted=self.scripted,
+    def host(self) -> Host:
+        return Host(
+            self.provider, self.tools, self.scripted.hooks.functions(), scripted=self.scripted, scenario=self.scenario
         )
 
 
@@ -132,18 +130,16 @@ class Attempt:
     def phase(self, number: int):
         """Run phase `number` as the uninterrupted run does."""
         if number == 0:
-            host = Host(self.scenario, self.paid, False, self.gated)
+            host = CountedHost(self.scenario, self.paid, False, self.gated)
             return start(
                 self.machine,
                 dict(self.scenario.input),
+                host.host(),
                 checkpoint=self.checkpoint,
-                **host.options(),
                 **settings(self.scenario),
             )
-        host = Host(self.scenario, self.paid, True, self.gated)
-        return continue_checkpoint(
-            open_checkpoint(self.checkpoint), set_values=REPLIES[self.scenario.name], **host.options()
-        )
+        host = CountedHost(self.scenario, self.paid, True, self.gated)
+        return proceed(open_run(self.checkpoint), host.host(), set_values=REPLIES[self.scenario.name])
 
     def recover(self):
         """`mklang resume cp.json` with no options, after a crash; or, when the crash came
@@ -154,14 +150,14 @@ class Attempt:
         envelope = load(self.checkpoint)
         if envelope.status in ("done", "halted"):  # the crash came after the run's end was durable
             return Finished(envelope)
-        resumable = open_checkpoint(self.checkpoint)
+        resumable = open_run(self.checkpoint)
         replied = any(
             lookup(frame.context, key) == value
             for frame in resumable.chain
             for key, value in REPLIES.get(self.scenario.name, {}).items()
         )
-        host = Host(self.scenario, self.paid, replied, self.gated)
-        return continue_checkpoint(resumable, **host.options())
+        host = CountedHost(self.scenario, self.paid, replied, self.gated)
+        return proceed(resumable, host.host())
 
     def crashing(self, run, point: str, count: int):
         """Run `run` with a crash armed at the count-th `point`: its result, or CRASHED."""

@@ -23,7 +23,8 @@ from mklang.cli import run_cmds, syntax_cmds  # noqa: F401 - registers the comma
 from mklang.cli.app import app
 from mklang.errors import CheckpointError, UsageError
 from mklang.scenarios import load_script
-from mklang.session import Host, resume, start
+from mklang.service import resume, start
+from mklang.session import Host
 from mklang.syntax import load_file
 
 HERE = Path(__file__).parent

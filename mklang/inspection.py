@@ -1,4 +1,4 @@
-"""What `mklang show` tells about a checkpoint, as plain data."""
+"""What `mklang show` and `mklang runs` tell about a stored run, as plain data; they only read."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.trust import recorded_host
 from mklang.errors import MklangError, redacted
 from mklang.providers.base import Usage
+from mklang.service import open_run
 from mklang.stores import Location, locate, run_name
 
 
@@ -40,10 +41,8 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
     steps_after = 0
     if envelope.status == "running" or resume_change(location.store, location.run, envelope) is not None:
         # The process died (or still runs): replay its journal to say where it really is.
-        from mklang.checkpoint import open_checkpoint
-
         steps_after = sum(1 for r in read_journal(location, envelope.generation) if r.get("k") == "step")
-        resumable = open_checkpoint(location, force=True, trust=True, lock=False)
+        resumable = open_run(location, force=True, trust=True, lock=False)
         envelope, chain = resumable.envelope, resumable.chain
         frames = [frame.to_json() for frame in chain]
         usage = sum((frame.usage for frame in chain), Usage())
@@ -125,11 +124,10 @@ def unverified(path: str, reason: str, seal: str | None = None) -> dict[str, Any
 def _steps_ahead(location: Location) -> int:
     """The steps the state a run stopped at takes: its branches when it fans out, else 1.
     A suggested budget covers them, so one resume gets past a fan-out the budget cut short."""
-    from mklang.checkpoint import open_checkpoint
     from mklang.vocabulary import lookup
 
     try:
-        resumable = open_checkpoint(location, force=True, trust=True, lock=False)
+        resumable = open_run(location, force=True, trust=True, lock=False)
     except MklangError:  # `show` still reports what it can; the suggestion falls back to the spend
         return 1
     try:

@@ -1,0 +1,59 @@
+"""The scenario player behind `mklang test`: a scenario run as `mklang run` and `mklang resume` would."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mklang.engine import RunResult
+from mklang.model import Machine
+from mklang.scenarios import Scenario, compare
+from mklang.service import resume, start
+from mklang.session import Host
+
+
+@dataclass
+class Part:
+    """One run of a scenario (the first, or a resume) with its expectation and what differed."""
+
+    label: str  # "run", "resumes[1]", ...
+    result: RunResult
+    problems: list[str]
+
+
+def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None) -> list[Part]:
+    """Run a scenario as `mklang run` and `mklang resume` would, and compare every part;
+    `untrusted_flow` overrides the scenario's `run.on_untrusted_flow`.
+
+    A durable scenario runs with a real checkpoint in a temporary folder; each
+    of its `resumes` continues that checkpoint through `resume`,
+    the code path of `mklang resume`, with a fresh scripted host whose position
+    comes from the checkpoint.
+    """
+    if not scenario.durable:
+        with Host.for_scenario(scenario) as host:
+            result = start(machine, {}, host, untrusted_flow=untrusted_flow)
+        return [Part("run", result, compare(scenario.expect, result))]
+    with tempfile.TemporaryDirectory(prefix="mklang-test-") as folder:
+        checkpoint = Path(folder) / "checkpoint.json"
+        with Host.for_scenario(scenario) as host:
+            result = start(machine, {}, host, checkpoint=checkpoint, untrusted_flow=untrusted_flow)
+        parts = [Part("run", result, compare(scenario.expect, result))]
+        for number, step in enumerate(scenario.resumes, 1):
+            label = f"resumes[{number}]"
+            if result.status != "suspended":
+                parts.append(Part(label, result, [f"nothing to resume: the run ended {result.status}"]))
+                break
+            with Host.for_scenario(scenario) as host:
+                result = resume(
+                    checkpoint,
+                    host,
+                    set_values=step.set,
+                    max_tokens=step.max_tokens,
+                    budget=step.budget,
+                    hitl=step.hitl,
+                    untrusted_flow=untrusted_flow,
+                )
+            parts.append(Part(label, result, compare(step.expect, result)))
+    return parts

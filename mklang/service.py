@@ -1,0 +1,930 @@
+"""The run service: the one door through which a run is started, opened and driven.
+
+`start` runs a machine with a `Host`, durably when given a checkpoint (a file
+path, or `STORE-URI#RUN`), else in memory through the engine. A stored run is
+opened in named steps, its lock held from the first (`open_run`):
+
+    lock -> read -> verify -> rebuild -> recover -> fit
+
+`_read` takes the envelope, `_verify` its seal, generation and status and the
+sha256 of its machine files, `_rebuild` its frames on those machines,
+`_recover` the journal of a run whose process died, and `_fit` checks that
+the frames fit the machines and the spend is sane, and distrusts every value
+of a run not signed with this user's key. `proceed` then drives it (`_drive`:
+the journal, the runtime, `continue_run`, the finish); `resume` is both.
+
+Batches and workers `claim` a run of a store: what it came to (`outcome`)
+and whether it is started or continued are decided with its lock held. They
+exchange signed notes (run records, worker reports) through `write_signed`
+and `read_signed`. The CLI, the Python API, batches, workers and `mklang
+show` reach stored runs only through here.
+
+The envelope and journal modules (pydantic) are imported by the functions
+that store a run, so a run kept in memory does not load them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import shlex
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mklang.checkpoint import generations
+from mklang.checkpoint.paths import MachinePaths, located_host, root_file
+from mklang.checkpoint.signing import SEAL_TEXT, checkpoint_key, seal_of, sign
+from mklang.checkpoint.texts import keep_texts, machine_root
+from mklang.effects import check_policy
+from mklang.engine import Control, RunResult, continue_run, make_runtime, run
+from mklang.engine.frame import Frame
+from mklang.engine.runtime import Caps, Observer
+from mklang.errors import CheckpointError, LoadError, MklangError, UsageError, did_you_mean, first_line
+from mklang.limits import load_json
+from mklang.model import Machine
+from mklang.providers.base import Usage, decode_answer
+from mklang.session import Host, preflight
+from mklang.stores import Location, NoteStore, RunLock, Store, locate, run_name
+from mklang.syntax.machines import MachineLoader, file_sha256
+from mklang.terminal import printable
+from mklang.version import __version__
+
+if TYPE_CHECKING:
+    from mklang.checkpoint.envelope import Envelope
+
+__all__ = [
+    "Claim",
+    "Outcome",
+    "Resumable",
+    "claim",
+    "fleet_mac",
+    "open_run",
+    "opened",
+    "outcome",
+    "proceed",
+    "read_signed",
+    "resume",
+    "start",
+    "verified",
+    "write_signed",
+]
+
+PARKED = "escalated"  # a run waiting for a human reply; only `resume --set` continues it
+
+
+# --- Starting a run -------------------------------------------------------------------
+
+
+def start(
+    machine: Machine,
+    context: dict[str, Any] | None,
+    host: Host,
+    *,
+    checkpoint: str | Path | Location | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_time: float | None = None,
+    concurrency: int | None = None,
+    hitl: bool | None = None,
+    untrusted_flow: str | None = None,
+    suspendable: bool = False,
+    control: Control | None = None,
+    observer: Observer | None = None,
+    replace: bool = False,
+    held: RunLock | None = None,
+    texts: dict[str, str] | None = None,
+) -> RunResult:
+    """Run `machine` with `host`; with a checkpoint the run persists and suspends, and a
+    resumable checkpoint exists from its first loop-top on.
+
+    Without one, `suspendable` makes budgets suspend into the result's frames.
+    A run not finished at the checkpoint is refused unless `replace`; `held`
+    is the checkpoint's lock when the caller took it already; `texts` the
+    machine texts its store keeps already (`keep_texts`: a batch keeps them
+    once for all its runs).
+
+    A scenario's input lies under `context`, and its `run:` settings under the
+    given options. Scripted branches run concurrently like real ones: a
+    scripted host answers them by branch index, so the answers stay the same.
+    """
+    preflight(machine, host)
+    if host.scenario is not None:
+        context = {**host.scenario.input, **(context or {})}
+    budget = host.run_setting("budget", None)
+    if budget is not None:
+        machine = machine.replace(budget=int(budget))
+    max_tokens = host.run_setting("max_tokens", max_tokens)
+    max_cost = host.run_setting("max_cost", max_cost)
+    concurrency = host.run_setting("concurrency", concurrency, 8)
+    hitl = bool(host.run_setting("hitl", hitl, False))
+    untrusted_flow = host.run_setting("on_untrusted_flow", untrusted_flow, "report")
+    if checkpoint is None:
+        if replace:
+            raise UsageError("replace=True replaces the run at a checkpoint: it needs checkpoint=")
+        return run(
+            machine,
+            context,
+            provider=host.provider,
+            suspendable=suspendable,
+            tools=host.tools,
+            hooks=host.hooks,
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            max_time=max_time,
+            concurrency=concurrency,
+            hitl=hitl,
+            untrusted_flow=untrusted_flow,
+            read_only_tools=host.read_only_tools,
+            control=control,
+            observer=observer,
+        )
+    from mklang.checkpoint.envelope import Budgets, Envelope, MachineRef
+
+    loader = MachineLoader()
+    loader.add(machine)
+    location = locate(checkpoint)
+    envelope = Envelope(
+        mklang_version=__version__,
+        run_id=uuid.uuid4().hex,
+        status="running",
+        machine=MachineRef(name=machine.name, path=machine.path, sha256=loader.hashes.get(machine.path or "")),
+        texts=texts if texts is not None else keep_texts(location.store, machine, location),
+        frames=[],
+        budgets=Budgets(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time),
+        hitl=hitl,
+        untrusted_flow=check_policy(untrusted_flow or "report"),
+        concurrency=concurrency,
+        host=host.recorded(),
+    )
+    frame = Frame.start(machine, context or {})
+    with _claimed(location, held, replace) as above:
+        envelope.generation = above
+        return _drive(envelope, [frame], {}, loader, location, host, control=control, observer=observer)
+
+
+@contextmanager
+def _claimed(location: Location, held: RunLock | None, replace: bool) -> Iterator[int]:
+    """Hold the lock of a location a run is about to take (`held`, else taken here and released
+    after), once nothing there would be lost: no run, a finished one, or `replace` (docs/scale.md).
+
+    The lock comes first: a run another process is still writing is busy, not replaced. Yields the
+    generation written there last: a run replacing another writes the ones after it (ADR 0022).
+    """
+    lock = held or location.store.lock(location.run)
+    try:
+        if not replace:
+            _require_vacant(location)
+        yield location.store.generation(location.run)
+    finally:
+        if held is None:
+            lock.release()
+
+
+def _require_vacant(location: Location) -> None:
+    """Refuse a location that holds a run not finished, or anything that is not a run."""
+    from mklang.checkpoint.envelope import parse
+    from mklang.checkpoint.journal import resume_change
+
+    raw = location.store.read(location.run)
+    if raw is None:
+        return
+    try:
+        envelope = parse(raw, str(location))
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}; it is not replaced: name another checkpoint, or give --replace") from None
+    if envelope.status in ("done", "halted") and resume_change(location.store, location.run, envelope) is None:
+        return
+    state = envelope.status if envelope.status != "suspended" else f"suspended ({envelope.reason})"
+    raise CheckpointError(
+        f"{location}: a run that is not finished is there ({state}); continue it with "
+        f"`mklang resume {shlex.quote(location.text)}`, or start over with --replace"
+    )
+
+
+# --- Opening a stored run: lock, read, verify, rebuild, recover, fit ------------------
+
+
+@dataclass
+class Resumable:
+    """A verified checkpoint, rebuilt into frames, ready for a host.
+
+    `lock` is held from before the checkpoint was read until the resumed run
+    ends (`proceed`) or `release` is called.
+    """
+
+    location: Location
+    envelope: Envelope
+    chain: list[Frame]
+    replay: dict[str, dict[str, Any]] = field(default_factory=dict)
+    position: dict[str, Any] | None = None
+    loader: MachineLoader = field(default_factory=MachineLoader)
+    crashed: bool = False
+    machines_note: str | None = None  # why the machines run from the texts the store keeps, when they do
+    trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0014)
+    lock: RunLock | None = None
+    notes: list[str] = field(default_factory=list)  # what the caller should tell the user before it runs
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+@dataclass
+class _Verified:
+    """What `_verify` established: whether the run is trusted, where its machines are, what to tell."""
+
+    trusted: bool
+    paths: MachinePaths
+    machines_note: str | None
+    notes: list[str]
+
+
+def open_run(
+    target: str | Path | Location,
+    *,
+    force: bool = False,
+    machine_path: str | None = None,
+    trust: bool = False,
+    lock: bool = True,
+    kept_texts: bool = False,
+    allow_rollback: bool = False,
+    held: RunLock | None = None,
+) -> Resumable:
+    """Lock (unless `lock` is False, or `held` is the lock already taken), read and verify a checkpoint.
+
+    The lock comes first, so no other process can change or run the
+    checkpoint between this read and the end of the resumed run. Raises
+    CheckpointError for anything unresumable, with the lock released.
+
+    A checkpoint not signed with this user's key is refused unless `trust`;
+    then it is resumed as untrusted data (`Resumable.trusted` is False).
+    Missing machine files are replaced by the texts the store keeps; edited
+    ones too with `kept_texts` (a worker), else they are refused.
+    An older generation of a run than one already written is refused as a
+    rollback unless `allow_rollback` (ADR 0022).
+    """
+    location = locate(target)
+    if held is None and lock:
+        held = location.store.lock(location.run)
+    try:
+        envelope = _read(location)
+        verified = _verify(
+            location,
+            envelope,
+            trust=trust,
+            allow_rollback=allow_rollback,
+            force=force,
+            machine_path=machine_path,
+            kept_texts=kept_texts,
+        )
+        resumable = _rebuild(location, envelope, verified)
+        _recover(resumable, verified.paths, trust)
+        _fit(resumable)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    resumable.lock = held
+    return resumable
+
+
+def _read(location: Location) -> Envelope:
+    """The run's envelope, its host's files where they are now."""
+    from mklang.checkpoint.envelope import load
+
+    envelope = load(location)
+    return envelope.model_copy(update={"host": located_host(envelope.host, location.anchor)})
+
+
+def _verify(
+    location: Location,
+    envelope: Envelope,
+    *,
+    trust: bool,
+    allow_rollback: bool,
+    force: bool,
+    machine_path: str | None,
+    kept_texts: bool,
+) -> _Verified:
+    """Its seal (refused unless signed with this user's key, or `trust`), its generation (no
+    rollback), its status (not finished), and every machine file it loaded, unchanged."""
+    trusted = _require_seal(location, envelope, trust)
+    newest = max(location.store.generation(location.run), generations.seen(envelope.run_id))
+    rolled_back = generations.rollback(str(location), envelope.run_id, envelope.generation, newest, allow_rollback)
+    if envelope.status in ("done", "halted"):
+        what = "finished" if envelope.status == "done" else f"halted ({envelope.error})"
+        raise CheckpointError(f"{location}: the run already {what}; a finished run cannot be resumed")
+    if not envelope.frames:
+        raise CheckpointError(f"{location}: the checkpoint holds no frames")
+    root = Path(machine_path) if machine_path else _recorded_root(location, envelope)
+    note = None
+    if machine_path is None and not force:  # files gone (or changed, on a worker): the texts the signature covers
+        root, note = machine_root(location.store, root, {**envelope.texts, **envelope.machines}, changed=kept_texts)
+    paths = MachinePaths(root)
+    if not force:
+        _verify_hashes(envelope.machines, paths)
+    return _Verified(trusted, paths, note, [rolled_back] if rolled_back else [])
+
+
+def _require_seal(location: Location, envelope: Envelope, trust: bool) -> bool:
+    """Whether the envelope is signed with this user's key; refuse it otherwise, unless `trust`."""
+    if envelope.seal == "signed":
+        return True
+    if not trust:
+        raise CheckpointError(
+            f"{location}: the checkpoint is {SEAL_TEXT[envelope.seal]}; resume it with --trust to run it "
+            f"as untrusted data (host settings from your command line only)"
+        )
+    return False
+
+
+def _recorded_root(location: Location, envelope: Envelope) -> Path:
+    if not envelope.machine.path:
+        raise CheckpointError(f"{location}: the checkpoint records no root machine file (use --machine PATH)")
+    return root_file(envelope.machine.path, location.anchor)
+
+
+def _verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
+    """Every machine file the run loaded is where the checkpoint says, unchanged."""
+    for name, digest in sorted(machines.items()):
+        file = paths.file(name)
+        try:
+            current = file_sha256(file)
+        except OSError:
+            raise CheckpointError(
+                f"{file}: machine file of the checkpoint is missing (use --machine PATH if the root moved, or --force)"
+            ) from None
+        if current != digest:
+            raise CheckpointError(
+                f"{file}: machine file changed since the checkpoint was written "
+                f"(resume with --force to accept the change)"
+            )
+
+
+def _rebuild(location: Location, envelope: Envelope, verified: _Verified) -> Resumable:
+    """The recorded frames on the machines they run, the root machine first."""
+    from mklang.checkpoint.compat import rebuild
+
+    loader = MachineLoader()
+    machine_for = _frame_reader(location, envelope.machines, verified.paths, loader)
+    chain = [rebuild(frame, machine_for(frame), str(location)) for frame in map(dict, envelope.frames)]
+    if verified.paths.root is not None and chain[0].machine.path != str(verified.paths.root):
+        raise CheckpointError(f"{location}: the first frame does not run the root machine {verified.paths.root}")
+    if envelope.reason == "escalated" and "ask" not in envelope.frames[-1]:
+        # Written before frames kept their pending ask: the envelope's ask is the one pending.
+        chain[-1].ask = {"ask": envelope.ask, "reply_to": envelope.reply_to}
+    return Resumable(
+        location,
+        envelope,
+        chain,
+        dict(envelope.answers),
+        envelope.host.position,
+        loader,
+        machines_note=verified.machines_note,
+        trusted=verified.trusted,
+        notes=verified.notes,
+    )
+
+
+def _frame_reader(
+    location: Location, machines: dict[str, str], paths: MachinePaths, loader: MachineLoader, *, digests: bool = False
+) -> Callable[[dict[str, Any]], Machine]:
+    """Loads the machine of a recorded frame: only a hashed file.
+
+    With `digests` (the `enter` lines of a signed journal) a frame may also
+    carry the sha256 of a machine first loaded after the last snapshot.
+    """
+    from mklang.checkpoint.compat import frame_shape_error
+
+    def machine_for(frame: dict[str, Any]) -> Machine:
+        problem = frame_shape_error(frame)
+        if problem is not None:
+            raise CheckpointError(f"{location}: malformed frame: {problem}")
+        name = str(paths.name(frame["path"]))  # format-1 journals hold absolute paths
+        digest = machines.get(name) or (frame.get("sha256") if digests else None)
+        if digest is None:
+            raise CheckpointError(
+                f"{location}: a frame of machine '{frame['machine']}' names {name}, "
+                f"which is not one of the checkpoint's hashed machine files"
+            )
+        file = paths.file(name)
+        try:
+            machine = loader.load_path(file)
+        except LoadError as error:
+            raise CheckpointError(f"{location}: cannot load machine {file}: {error}") from None
+        except OSError as error:
+            raise CheckpointError(f"{location}: cannot read machine {file}: {error.strerror}") from None
+        if name not in machines:
+            _verify_hashes({name: digest}, paths)
+        return machine
+
+    return machine_for
+
+
+def _recover(resumable: Resumable, paths: MachinePaths, trust: bool) -> None:
+    """When the process died (the envelope says running, or a resume of it is journaled):
+    replay its journal into the frames, the paid answers and the scripted position."""
+    from mklang.checkpoint.journal import recover, resume_change
+
+    location, envelope = resumable.location, resumable.envelope
+    change = resume_change(location.store, location.run, envelope)
+    if envelope.status != "running" and change is None:
+        return
+    records, resumable.trusted = _journal(location, envelope, resumable.trusted, trust, resumable.notes)
+    try:
+        if change is not None:  # it died resuming this envelope: redo what that resume changed
+            resumable.envelope = _resumed(envelope, resumable.chain, change)
+        entered = _frame_reader(location, envelope.machines, paths, resumable.loader, digests=resumable.trusted)
+        resumable.chain, resumable.replay, position = recover(resumable.chain, envelope.answers, records, entered)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        raise CheckpointError(f"{location}: malformed journal: {type(error).__name__}: {error}") from None
+    resumable.position = position or resumable.position
+    resumable.crashed = True
+
+
+def _journal(
+    location: Location, envelope: Envelope, trusted: bool, trust: bool, notes: list[str]
+) -> tuple[list[dict[str, Any]], bool]:
+    """The journal records of a crashed run, and whether the checkpoint is still trusted.
+
+    The journal of a signed envelope must carry its chained MACs; with `trust`
+    an edited journal is read as untrusted data instead of refused. A torn end is reported in `notes`.
+    """
+    from mklang.checkpoint.journal import read_journal
+
+    if not trusted or envelope.signature is None:
+        return read_journal(location, envelope.generation, notes=notes), False
+    try:
+        return read_journal(location, envelope.generation, chain_from=envelope.signature.hmac, notes=notes), True
+    except CheckpointError:
+        if not trust:
+            raise
+        return read_journal(location, envelope.generation, notes=notes), False
+
+
+def _fit(resumable: Resumable) -> None:
+    """Every frame fits its machine and every spend is sane; an untrusted run's values are all
+    tainted and its step budgets at most its machines' (a trusted run's generation is remembered)."""
+    from mklang.checkpoint.compat import first_misfit
+
+    location = resumable.location
+    misfit = first_misfit(resumable.chain)
+    if misfit is not None:
+        raise CheckpointError(f"{location}: {misfit}")
+    _check_spend(location, resumable)
+    if resumable.trusted:
+        generations.remember(resumable.envelope.run_id, resumable.envelope.generation)
+        return
+    for frame in resumable.chain:  # its taint marks are as untrusted as the rest: distrust every value
+        frame.tainted.update(frame.context)
+        frame.external.update(frame.context)
+        frame.decision_tainted = True
+        if frame.budget > frame.machine.budget:  # the lower step budget wins; --budget raises it
+            resumable.notes.append(
+                f"the checkpoint is not signed with your key: ignored its step budget {frame.budget} for "
+                f"{frame.machine.name} (at most the machine's {frame.machine.budget}; --budget N)"
+            )
+            frame.budget = frame.machine.budget
+
+
+def _check_spend(location: Location, resumable: Resumable) -> None:
+    """Every spend the file records is a finite, non-negative number within limits: the run's,
+    its frames' and their kept branches', and each paid answer's (budgets stop a run by them)."""
+    try:
+        Usage.from_json(resumable.envelope.usage)
+        for frame in resumable.chain:
+            _ = frame.spent
+        for entry in resumable.replay.values():
+            decode_answer(entry["kind"], entry["v"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{location}: malformed spend: {type(error).__name__}: {error}") from None
+
+
+@contextmanager
+def opened(
+    source: str | Path | Location,
+    *,
+    force: bool = False,
+    machine_path: str | None = None,
+    trust: bool = False,
+    kept_texts: bool = False,
+    allow_rollback: bool = False,
+    held: RunLock | None = None,
+) -> Iterator[Resumable]:
+    """`open_run` for a block: the lock is held until the run ends or the block does.
+
+    Everything that can make it unresumable is raised here, before the caller
+    sets up any provider; what the user should know before it runs (a rollback
+    allowed, a torn journal) is printed on stderr.
+    """
+    resumable = open_run(
+        source,
+        force=force,
+        machine_path=machine_path,
+        trust=trust,
+        kept_texts=kept_texts,
+        allow_rollback=allow_rollback,
+        held=held,
+    )
+    for note in resumable.notes:
+        print(f"mklang: note: {printable(note)}", file=sys.stderr)
+    try:
+        yield resumable
+    finally:
+        resumable.release()
+
+
+# --- Driving an opened run ----------------------------------------------------------
+
+
+def proceed(
+    resumable: Resumable,
+    host: Host,
+    *,
+    set_values: dict[str, Any] | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    budget: int | None = None,
+    max_time: float | None = None,
+    hitl: bool | None = None,
+    untrusted_flow: str | None = None,
+    concurrency: int | None = None,
+    checkpoint: str | Path | Location | None = None,
+    control: Control | None = None,
+    observer: Observer | None = None,
+    replace: bool = False,
+) -> RunResult:
+    """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
+
+    The checkpoint then records `host`'s settings, not the ones it was read
+    with, so a later resume never reuses settings that an untrusted file
+    brought in. The run persists to `checkpoint` (default: where it was read
+    from; another location is `_claimed`, so an unfinished run there is
+    refused unless `replace`); the lock taken by `open_run` is released when
+    the run ends.
+    """
+    from mklang.checkpoint.trust import BUDGETS, run_settings
+
+    preflight(resumable.chain[0].machine, host)
+    envelope = resumable.envelope
+    given = dict(
+        max_tokens=max_tokens,
+        max_cost=max_cost,
+        max_time=max_time,
+        hitl=hitl,
+        concurrency=concurrency,
+        untrusted_flow=None if untrusted_flow is None else check_policy(untrusted_flow),
+    )
+    recorded = {
+        **envelope.budgets.model_dump(),
+        "hitl": envelope.hitl,
+        "concurrency": envelope.concurrency,
+        "untrusted_flow": envelope.untrusted_flow,
+    }
+    settings, ignored = run_settings(recorded, given, resumable.trusted)
+    if ignored:
+        print(
+            f"mklang: the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}",
+            file=sys.stderr,
+        )
+    _require_answer(resumable, set_values or {})
+    change = {
+        "budgets": {name: settings[name] for name in BUDGETS},
+        "hitl": settings["hitl"],
+        "untrusted_flow": settings["untrusted_flow"],
+        "concurrency": settings["concurrency"],
+        "host": host.recorded().model_copy(update={"position": envelope.host.position}).model_dump(mode="json"),
+        "budget": budget,
+        "set": dict(set_values or {}),
+    }
+    chain = resumable.chain
+    envelope = _resumed(envelope, chain, change)
+    if host.scripted is not None and resumable.position:
+        host.scripted.restore(resumable.position)
+    target = locate(checkpoint) if checkpoint is not None else resumable.location
+    in_place = target.key == resumable.location.key
+    # A clean resume of a signed envelope continues it where it is instead of rewriting it.
+    continues = in_place and resumable.trusted and not resumable.crashed and envelope.signature is not None
+    try:
+        with _claimed(target, resumable.lock if in_place else None, replace or in_place) as above:
+            if not in_place:
+                envelope.generation = max(envelope.generation, above)
+            return _drive(
+                envelope,
+                chain,
+                resumable.replay,
+                resumable.loader,
+                target,
+                host,
+                change=change if continues else None,
+                resumed=not resumable.crashed,
+                control=control,
+                observer=observer,
+            )
+    finally:
+        resumable.release()
+
+
+def _require_answer(resumable: Resumable, set_values: dict[str, Any]) -> None:
+    """Refuse a `--set` that misspells the reply the run waits on (`approval.anwser` for
+    `approval.answer`) when none answers it: the run would only ask again. A value set
+    under another name leaves the question pending, as documented."""
+    ask = resumable.chain[-1].ask
+    pending = str(ask.get("reply_to") or "") if ask else ""
+    if not pending or any(pending == path or pending.startswith(path + ".") for path in set_values):
+        return
+    for path in sorted(set_values):
+        hint = did_you_mean(path, [pending])
+        if hint:
+            raise CheckpointError(
+                f"{resumable.location}: the run waits for a reply to {pending}, and --set {path} does not "
+                f"answer it{hint}; give --set {pending}=<reply>"
+            )
+
+
+def _resumed(envelope: Envelope, chain: list[Frame], change: dict[str, Any]) -> Envelope:
+    """Apply what a resume changes (as its journal records it) to the frames and the envelope.
+
+    `change`: the new budgets, hitl, untrusted-flow policy, concurrency and host record, the innermost
+    level's step `budget` (None keeps it) and the `set` values that answer it.
+    """
+    from mklang.checkpoint.envelope import Budgets, HostSettings
+
+    innermost = chain[-1]
+    if change["budget"] is not None:
+        innermost.budget = int(change["budget"])
+    for dotted, value in change["set"].items():  # a human reply is untrusted data like any host input
+        innermost.inject(dotted, value)
+    return envelope.model_copy(
+        update=dict(
+            status="running",
+            budgets=Budgets.model_validate(change["budgets"]),
+            hitl=bool(change["hitl"]),
+            untrusted_flow=change.get("untrusted_flow", envelope.untrusted_flow),
+            concurrency=int(change["concurrency"]),
+            host=HostSettings.model_validate(change["host"]),
+            reason=None,
+            ask=None,
+            reply_to=None,
+            detail=None,
+        )
+    )
+
+
+def _drive(
+    envelope: Envelope,
+    chain: list[Frame],
+    replay: dict[str, dict[str, Any]],
+    loader: MachineLoader,
+    location: Location,
+    host: Host,
+    *,
+    change: dict[str, Any] | None = None,
+    resumed: bool = False,
+    control: Control | None,
+    observer: Observer | None,
+) -> RunResult:
+    """Run `chain` persisting to `location`, whose lock the caller holds (`_claimed`).
+
+    Budgets, concurrency, hitl and the untrusted-flow policy come from the envelope. With `change`
+    the stored envelope is continued in place (`StoreJournal.resume`); otherwise a snapshot of
+    `chain` starts the run's journal. A `resumed` suspension that has spent its caps launches
+    nothing (`continue_run`).
+    """
+    from mklang.checkpoint.journal import StoreJournal, durability_setting
+
+    budgets = envelope.budgets
+    scripted = host.scripted
+    journal = StoreJournal(
+        location,
+        envelope,
+        hashes=loader.hashes,
+        position=scripted.position if scripted is not None else None,
+        skip=scripted.skip if scripted is not None else None,
+        replay=replay,
+        durability=durability_setting(),
+        paths=MachinePaths(chain[0].machine.path),
+    )
+    if change is None:
+        journal.snapshot(chain, status="running")
+    else:
+        journal.resume(change, envelope.stored_bytes)
+    rt = make_runtime(
+        host.provider,
+        journal=journal,
+        loader=loader,
+        run_id=envelope.run_id,
+        tools=host.tools,
+        hooks=host.hooks,
+        read_only_tools=host.read_only_tools,
+        control=control,
+        observer=observer,
+        concurrency=envelope.concurrency,
+        hitl=envelope.hitl,
+        untrusted_flow=envelope.untrusted_flow,
+        max_time=budgets.max_time,
+    )
+    result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True, resumed=resumed)
+    usage = result.usage.to_json()
+    if result.status == "suspended":
+        journal.finish(
+            result.frames,
+            status="suspended",
+            reason=result.error,
+            detail=result.detail,
+            ask=result.ask,
+            reply_to=result.reply_to,
+            at=result.at,
+            usage=usage,
+        )
+    else:
+        journal.finish(
+            [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
+        )
+    return result
+
+
+def resume(
+    source: str | Path | Location | Envelope,
+    host: Host,
+    *,
+    force: bool = False,
+    machine_path: str | None = None,
+    trust: bool = False,
+    allow_rollback: bool = False,
+    checkpoint: str | Path | Location | None = None,
+    **options: Any,
+) -> RunResult:
+    """Verify a checkpoint, then continue it with `host`.
+
+    `source` is a checkpoint file or an `Envelope`; an envelope is first
+    written to `checkpoint` (required then). A re-suspension goes to
+    `checkpoint`, by default the same file. Other options are those of `proceed`.
+    """
+    from mklang.checkpoint.envelope import Envelope, save
+
+    if isinstance(source, Envelope):
+        if checkpoint is None:
+            raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
+        save(checkpoint, source)
+        source = checkpoint
+    with opened(
+        source, force=force, machine_path=machine_path, trust=trust, allow_rollback=allow_rollback
+    ) as resumable:
+        return proceed(resumable, host, checkpoint=checkpoint, **options)
+
+
+# --- Runs of a store: what they came to, and taking one under its lock -----------------
+
+
+@dataclass
+class Outcome:
+    """What became of one run, as its envelope in the store says."""
+
+    run: str
+    status: str  # done | halted | suspended | pending | failed
+    reason: str | None = None
+    result: Any = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.run,
+            "status": self.status,
+            "reason": self.reason,
+            "result": self.result,
+            "usage": self.usage,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls(str(data["id"]), data["status"], data.get("reason"), data.get("result"), data.get("usage") or {})
+
+    @property
+    def settled(self) -> bool:
+        """Nothing a batch pass can do changes it: done, halted, or parked on a human question."""
+        return self.status in ("done", "halted") or (self.status == "suspended" and self.reason == PARKED)
+
+
+def outcome(store: Store, run: str) -> Outcome:
+    """A run's outcome as its envelope says; `pending` when it has not run or is still running.
+
+    A run that cannot be read, or whose envelope is not signed with this
+    user's key, is `failed` with the reason: what fails verification is never
+    reported as a result.
+    """
+    from mklang.checkpoint.envelope import parse
+    from mklang.checkpoint.journal import resume_change
+
+    try:
+        raw = store.read(run_name(run))
+        if raw is None:
+            return Outcome(run, "pending")
+        envelope = parse(raw, run)
+        if envelope.seal != "signed":
+            return Outcome(run, "failed", f"{run}: the checkpoint is {SEAL_TEXT[envelope.seal]}")
+        running = envelope.status == "running" or resume_change(store, run, envelope) is not None
+    except MklangError as error:
+        return Outcome(run, "failed", first_line(error))
+    status: str = envelope.status
+    if running or (status == "suspended" and envelope.reason == "interrupted"):
+        status = "pending"  # a crashed or interrupted run: the next pass resumes it
+    return Outcome(
+        run,
+        status,
+        envelope.reason if status == "suspended" else envelope.error,
+        envelope.result,
+        dict(envelope.usage),
+    )
+
+
+@dataclass
+class Claim:
+    """A run of a store whose lock this process holds: what it came to, and starting or
+    continuing it, are decided with the run held, never from a read made before."""
+
+    location: Location
+    lock: RunLock
+
+    def outcome(self) -> Outcome:
+        return outcome(self.location.store, self.location.run)
+
+    def run(
+        self,
+        machine: Machine,
+        context: dict[str, Any],
+        host: Host,
+        *,
+        texts: Callable[[], dict[str, str]],
+        kept_texts: bool,
+        hitl: bool | None,
+        control: Control,
+        **budgets: Any,
+    ) -> RunResult:
+        """Start the run with `context` when the store holds none, else continue it (its own context).
+
+        A run started here keeps `texts()` as its machine texts and `hitl`; a run continued here
+        runs the texts the store keeps in place of edited files with `kept_texts`. `budgets`:
+        `max_tokens`, `max_cost`, `max_time` and the `untrusted_flow` policy, for either."""
+        store, run = self.location.store, self.location.run
+        if store.read(run) is None:
+            return start(
+                machine,
+                context,
+                host,
+                checkpoint=self.location,
+                control=control,
+                hitl=hitl,
+                held=self.lock,
+                texts=texts(),
+                **budgets,
+            )
+        with opened(self.location, kept_texts=kept_texts, held=self.lock) as resumable:
+            return proceed(resumable, host, control=control, **budgets)
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def claim(location: Location) -> Claim:
+    """Take the lock of a run of a store (RunBusy while another process holds it)."""
+    return Claim(location, location.store.lock(run_name(location.run)))
+
+
+# --- Signed notes: run records and worker reports (ADR 0024) ------------------------
+
+
+def write_signed(store: NoteStore, key: str, document: dict[str, Any]) -> None:
+    """Replace the note under `key` with `document` signed with the checkpoint key (the fleet's)."""
+    store.write_note(key, sign(document, checkpoint_key())[0])
+
+
+def read_signed(store: NoteStore, key: str, what: str) -> dict[str, Any] | None:
+    """The document of a signed note (None when there is none); CheckpointError unless the fleet key signed it."""
+    raw = store.read_note(key)
+    return None if raw is None else verified(raw, what)
+
+
+def verified(raw: bytes, what: str) -> dict[str, Any]:
+    """The document a signed note's bytes hold; CheckpointError unless the fleet key signed it."""
+    try:
+        document = load_json(raw)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        raise CheckpointError(f"{what} is not a JSON object")
+    seal = seal_of(document, checkpoint_key(), raw)
+    if seal != "signed":
+        raise CheckpointError(f"{what} is {SEAL_TEXT[seal].replace('your', 'the fleet')}")
+    return document
+
+
+def fleet_mac(message: str) -> str:
+    """The MAC of `message` with the checkpoint key: who holds the fleet's key sent it."""
+    return hmac.new(checkpoint_key(), message.encode(), hashlib.sha256).hexdigest()
