@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from mklang.errors import UsageError, redacted
+from mklang.errors import UsageError, first_line, redacted
 
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
@@ -189,7 +189,7 @@ def opener(scheme: str, uri: str) -> Opener:
         loaded: Opener = found.load()
     except Exception as error:  # a broken package: its own import errors, whatever they are
         raise UsageError(
-            f"store scheme '{scheme}': cannot load {found.value}: {type(error).__name__}: {error}"
+            f"store scheme '{scheme}': cannot load {found.value}: {type(error).__name__}: {first_line(error)}"
         ) from None
     return loaded
 
