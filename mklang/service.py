@@ -53,6 +53,7 @@ from mklang.stores import Location, NoteStore, RunLock, Store, locate, run_name
 from mklang.syntax.machines import MachineLoader, file_sha256
 from mklang.terminal import printable
 from mklang.version import __version__
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import Envelope
@@ -120,7 +121,7 @@ def start(
         machine = machine.replace(budget=int(budget))
     max_tokens = host.run_setting("max_tokens", max_tokens)
     max_cost = host.run_setting("max_cost", max_cost)
-    concurrency = host.run_setting("concurrency", concurrency, 8)
+    concurrency = host.run_setting("concurrency", concurrency, DEFAULT_RUN_CONCURRENCY)
     hitl = bool(host.run_setting("hitl", hitl, False))
     untrusted_flow = host.run_setting("on_untrusted_flow", untrusted_flow, "report")
     if checkpoint is None:

@@ -69,7 +69,7 @@ class RunResult:
 class RunOptions(TypedDict, total=False):
     """What every way of starting a run takes beside its provider (`run`,
     `mklang.service.start`): host tools and hooks, the token, dollar and
-    time budgets, calls in flight (default 8), whether escalations wait for a
+    time budgets, calls in flight (default `DEFAULT_RUN_CONCURRENCY`), whether escalations wait for a
     human, the interrupt flag, a loop-top observer, and what a tainted decision
     reaching an effectful tool does (`untrusted_flow`: report, the default, or halt)
     and which tools the host classifies read-only besides its callables' own mark."""
