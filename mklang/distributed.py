@@ -239,13 +239,13 @@ def enqueue_and_follow(
 
 
 class Worker:
-    """What a worker process shares between its runs: the store, the host options, a stop flag."""
+    """What a worker process shares between its runs: the store, the host settings, a stop flag."""
 
-    def __init__(self, uri: str, host_options: dict[str, Any]):
+    def __init__(self, uri: str, host_settings: dict[str, Any]):
         self.uri = uri
         self.store = open_store(uri)
         self.identity = store_identity(self.store)
-        self.host_options = host_options
+        self.host_settings = host_settings
         self.stopping = threading.Event()
         self.name = f"{os.getpid()}@{socket.gethostname()}"
         self._hosts: dict[float | None, Host] = {}  # by the runs' dollar budget, which the provider checks
@@ -358,8 +358,8 @@ class Worker:
         `mklang batch` does) instead of paying a client, a TLS context and a connection each."""
         from mklang.session import Host
 
-        options = {**self.host_options, "max_cost": max_cost, "priced_for": priced_for}
-        if self.host_options.get("script"):
+        options = {**self.host_settings, "max_cost": max_cost, "priced_for": priced_for}
+        if self.host_settings.get("script"):
             return Host.build(**options)
         with self._hosts_guard:
             host = self._hosts.get(max_cost)
@@ -398,13 +398,13 @@ def _say_malformed_messages(**_: Any) -> None:
     warnings.showwarning = show
 
 
-def start_worker(broker: str, uri: str, *, concurrency: int, host_options: dict[str, Any]) -> None:
+def start_worker(broker: str, uri: str, *, concurrency: int, host_settings: dict[str, Any]) -> None:
     """Run a Celery worker (threads: one process, so SIGKILL loses exactly its runs in flight)."""
     from celery.exceptions import Reject
     from celery.signals import worker_ready, worker_shutting_down
 
     app = celery_app(broker)
-    worker = Worker(uri, host_options)
+    worker = Worker(uri, host_settings)
 
     @app.task(name=TASK, bind=True)
     def run_item(task: Any, *args: Any, **kwargs: Any) -> None:

@@ -98,19 +98,19 @@ def batch(
             raise fail("--stall-timeout follows workers: it needs --executor celery")
         loaded = require_runnable(load_file(machine))
         items = batching.read_inputs(inputs)
-        host_options = hosting.settings()
+        host_settings = hosting.settings()
         from contextlib import nullcontext
 
         from mklang.session import Host
 
         if executor == "celery":  # the workers host the runs, with their own options
-            _say_host_options_unused(host_options)
-            host_options = {}
+            _say_host_settings_unused(host_settings)
+            host_settings = {}
         # Built before any run, so a bad host option (or a dollar limit on a model without a price) is a
         # usage error. A real provider is shared by every run (it is thread-safe); a scripted host keeps
         # a position per run, so each gets its own.
         shared = (
-            Host.build(**host_options, **_dollar_limit(max_cost, batch_cost)) if executor == "local" else Host(None)
+            Host.build(**host_settings, **_dollar_limit(max_cost, batch_cost)) if executor == "local" else Host(None)
         )
         budgets: dict[str, Any] = dict(
             max_tokens=max_tokens,
@@ -129,7 +129,7 @@ def batch(
                         loaded,
                         opened,
                         store,
-                        (lambda: Host.build(**host_options, max_cost=max_cost))
+                        (lambda: Host.build(**host_settings, max_cost=max_cost))
                         if hosting.script
                         else (lambda: nullcontext(shared)),
                         **budgets,
@@ -203,9 +203,9 @@ def _dollar_limit(max_cost: float | None, batch_cost: float | None) -> dict[str,
     return {"max_cost": max_cost}
 
 
-def _say_host_options_unused(host_options: dict[str, Any]) -> None:
+def _say_host_settings_unused(host_settings: dict[str, Any]) -> None:
     """`batch --executor celery` hosts nothing: the provider options of this command line would not be used."""
-    given = [f"--{name.rstrip('s')}" for name, value in host_options.items() if value]
+    given = [f"--{name.rstrip('s')}" for name, value in host_settings.items() if value]
     if given:
         print(
             f"mklang: {', '.join(given)} not used with --executor celery: each worker runs with its own "
@@ -239,5 +239,5 @@ def worker(
             broker,
             store,
             concurrency=concurrency,
-            host_options=hosting.settings(),
+            host_settings=hosting.settings(),
         )
