@@ -73,7 +73,7 @@ def _reference(machine: Path, scenario: Any, folder: Path) -> tuple[dict[str, An
         )
         if scenario.name in REPLIES:
             key, _, value = REPLIES[scenario.name].partition("=")
-            result = proceed(open_run(folder / "reference.json"), _host(scenario), set_values={key: value})
+            result = proceed(open_run(folder / "reference.json"), _host(scenario), reply={key: value})
     finally:
         faults.disarm()
     data = json.loads(json.dumps(result.to_json()))

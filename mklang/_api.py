@@ -148,7 +148,7 @@ def resume(
             return proceed(
                 resumable,
                 host,
-                set_values=dict(reply or {}),
+                reply=dict(reply or {}),
                 checkpoint=_where(checkpoint),
                 replace=replace,
                 hitl=hitl,

@@ -49,7 +49,7 @@ def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None
                 result = resume(
                     checkpoint,
                     host,
-                    set_values=step.set,
+                    reply=step.set,
                     max_tokens=step.max_tokens,
                     budget=step.budget,
                     hitl=step.hitl,

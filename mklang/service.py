@@ -548,7 +548,7 @@ def proceed(
     resumable: Resumable,
     host: Host,
     *,
-    set_values: dict[str, Any] | None = None,
+    reply: dict[str, Any] | None = None,
     max_tokens: int | None = None,
     max_cost: float | None = None,
     budget: int | None = None,
@@ -562,6 +562,9 @@ def proceed(
     replace: bool = False,
 ) -> RunResult:
     """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
+
+    `reply` maps dotted context paths to the values set before the run continues (`--set`),
+    the answer to a parked question among them.
 
     The checkpoint then records `host`'s settings, not the ones it was read
     with, so a later resume never reuses settings that an untrusted file
@@ -594,7 +597,7 @@ def proceed(
             f"mklang: the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}",
             file=sys.stderr,
         )
-    _require_answer(resumable, set_values or {})
+    _require_answer(resumable, reply or {})
     change = {
         "budgets": {name: settings[name] for name in BUDGETS},
         "hitl": settings["hitl"],
@@ -602,7 +605,7 @@ def proceed(
         "concurrency": settings["concurrency"],
         "host": host.recorded().model_copy(update={"position": envelope.host.position}).model_dump(mode="json"),
         "budget": budget,
-        "set": dict(set_values or {}),
+        "set": dict(reply or {}),
     }
     chain = resumable.chain
     envelope = _resumed(envelope, chain, change)
@@ -632,15 +635,15 @@ def proceed(
         resumable.release()
 
 
-def _require_answer(resumable: Resumable, set_values: dict[str, Any]) -> None:
+def _require_answer(resumable: Resumable, reply: dict[str, Any]) -> None:
     """Refuse a `--set` that misspells the reply the run waits on (`approval.anwser` for
     `approval.answer`) when none answers it: the run would only ask again. A value set
     under another name leaves the question pending, as documented."""
     ask = resumable.chain[-1].ask
     pending = str(ask.get("reply_to") or "") if ask else ""
-    if not pending or any(pending == path or pending.startswith(path + ".") for path in set_values):
+    if not pending or any(pending == path or pending.startswith(path + ".") for path in reply):
         return
-    for path in sorted(set_values):
+    for path in sorted(reply):
         hint = did_you_mean(path, [pending])
         if hint:
             raise CheckpointError(

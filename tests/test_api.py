@@ -65,12 +65,14 @@ def test_a_reply_mapping_answers_a_parked_escalation(tmp_path):
     assert done.context["approval"]["answer"] == "yes, ship it"
 
 
-def test_a_reply_to_another_path_is_refused_and_the_run_stays_parked(tmp_path):
+def test_a_misspelled_reply_is_refused_and_another_path_leaves_the_question_pending(tmp_path):
     checkpoint, _ = parked(tmp_path)
     with pytest.raises(mklang.CheckpointError, match=r"approval\.answer"):
         mklang.resume(checkpoint, reply={"approval.anwser": "yes"})
-    again = mklang.resume(checkpoint, reply={"approval.answer": "yes"})
-    assert again.status == "done"
+    asked_again = mklang.resume(checkpoint, reply={"note": "later"})
+    assert (asked_again.status, asked_again.reason, asked_again.context["note"]) == ("suspended", "escalated", "later")
+    done = mklang.resume(checkpoint, reply={"approval.answer": "yes"})
+    assert done.status == "done"
 
 
 def test_a_token_budget_suspends_a_durable_run_and_a_larger_one_finishes_it(tmp_path):

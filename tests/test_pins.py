@@ -2321,7 +2321,7 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
     reply = {"approval.answer": "yes"}
     reference_at = tmp_path / "reference.json"
     start_run(machine, None, Host.for_scenario(scenario), checkpoint=reference_at)
-    reference = outcome(resume_run(reference_at, Host.for_scenario(scenario), set_values=reply, **settings))
+    reference = outcome(resume_run(reference_at, Host.for_scenario(scenario), reply=reply, **settings))
     assert reference["status"] == "done"
 
     path = tmp_path / "cp.json"
@@ -2333,7 +2333,7 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
             raise _Crash
 
     with pytest.raises(_Crash):
-        resume_run(path, Host.for_scenario(scenario), set_values=reply, observer=crash, **settings)
+        resume_run(path, Host.for_scenario(scenario), reply=reply, observer=crash, **settings)
     reopened = open_run(path, lock=False)
     envelope, innermost = reopened.envelope, reopened.chain[-1]
     assert (envelope.status, envelope.reason, envelope.ask, envelope.reply_to) == ("running", None, None, None)
@@ -2533,7 +2533,7 @@ def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was
     path, other = tmp_path / "cp.json", tmp_path / "other.json"
     start_run(load_file(tmp_path / "approval" / "approval.mk"), None, Host.for_scenario(scenario), checkpoint=path)
     before = path.read_bytes()
-    done = resume_run(path, Host.for_scenario(scenario), set_values={"approval.answer": "yes"}, checkpoint=other)
+    done = resume_run(path, Host.for_scenario(scenario), reply={"approval.answer": "yes"}, checkpoint=other)
     assert (done.status, load(other).status) == ("done", "done")
     assert path.read_bytes() == before
     assert holder(path) is None  # the lock is released when the run ends

@@ -314,7 +314,7 @@ def resume(
                     host,
                     checkpoint=out,
                     replace=replace,
-                    set_values=values,
+                    reply=values,
                     max_tokens=max_tokens,
                     max_cost=max_cost,
                     budget=budget,

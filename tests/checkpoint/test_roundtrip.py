@@ -156,7 +156,7 @@ def test_a_run_resumes_from_a_path_or_an_envelope(tmp_path):
         done = resume(
             target,
             Host.for_scenario(scenario),
-            set_values={"approval.answer": "yes"},
+            reply={"approval.answer": "yes"},
             checkpoint=tmp_path / "again.json",
             allow_rollback=allow_rollback,
         )

@@ -402,7 +402,7 @@ def test_a_clean_resume_continues_the_envelope_in_place_and_its_journal_records_
         Host(Recorder({"produce": ["two", "three"]}), settings={"model": "m2"}),
         budget=4,
         max_cost=2.0,
-        set_values={"topic": "moons"},
+        reply={"topic": "moons"},
         observer=lambda chain: seen.append((path.read_bytes(), journal_lines(path)[0])),
     )
     stored, header = seen[0]
@@ -964,7 +964,7 @@ def test_an_escalated_checkpoint_whose_frames_predate_their_pending_ask_takes_th
     assert opened.chain[-1].ask == {"ask": "Go on?", "reply_to": "go"}
     again = proceed(opened, Host(Recorder()))
     assert (again.status, again.reason, again.ask, again.reply_to) == ("suspended", "escalated", "Go on?", "go")
-    done = proceed(open_run(path), Host(Recorder()), set_values={"go": "yes"})
+    done = proceed(open_run(path), Host(Recorder()), reply={"go": "yes"})
     assert (done.status, done.context["go"]) == ("done", "yes")
 
 

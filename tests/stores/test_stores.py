@@ -197,7 +197,7 @@ def test_a_run_suspends_into_the_store_and_resumes_from_it(store, store_uri):
     first = start(machine, None, Host.for_scenario(scenario), checkpoint=where)
     assert (first.status, first.reply_to) == ("suspended", "approval.answer")
     assert load(where).status == "suspended"
-    done = resume(where, Host.for_scenario(scenario), set_values={"approval.answer": "yes"})
+    done = resume(where, Host.for_scenario(scenario), reply={"approval.answer": "yes"})
     assert done.status == "done"
     assert load(where).status == "done"
     assert "approval-1" in store.runs()
@@ -243,7 +243,7 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
     reply = {"approval.answer": "yes"}
     reference_at = _location(store_uri, "reference")
     start(machine, None, Host.for_scenario(scenario), checkpoint=reference_at)
-    reference = outcome(resume(reference_at, Host.for_scenario(scenario), set_values=reply, max_tokens=10**6))
+    reference = outcome(resume(reference_at, Host.for_scenario(scenario), reply=reply, max_tokens=10**6))
     assert reference["status"] == "done"
 
     where = _location(store_uri, "approval-2")
@@ -257,7 +257,7 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
             raise Crash
 
     with pytest.raises(Crash):
-        resume(where, host, set_values=reply, max_tokens=10**6, observer=crash_at_the_second_loop_top)
+        resume(where, host, reply=reply, max_tokens=10**6, observer=crash_at_the_second_loop_top)
     assert store.read("approval-2") == suspended  # continued in place, not rewritten
     summary = describe(where)
     assert (summary["status"], summary["tokens"]["budget"]) == ("running", 10**6)

@@ -139,7 +139,7 @@ class Attempt:
                 **settings(self.scenario),
             )
         host = CountedHost(self.scenario, self.paid, True, self.gated)
-        return proceed(open_run(self.checkpoint), host.host(), set_values=REPLIES[self.scenario.name])
+        return proceed(open_run(self.checkpoint), host.host(), reply=REPLIES[self.scenario.name])
 
     def recover(self):
         """`mklang resume cp.json` with no options, after a crash; or, when the crash came

@@ -343,7 +343,7 @@ def _play(machine, found, folder: Path, interrupt_at: int = 0):
             result = resume(checkpoint, host)
     for step in found.resumes:
         with Host.for_scenario(found) as host:
-            result = resume(checkpoint, host, set_values=step.set, budget=step.budget, max_tokens=step.max_tokens)
+            result = resume(checkpoint, host, reply=step.set, budget=step.budget, max_tokens=step.max_tokens)
     return compared(result), counter.seen
 
 
