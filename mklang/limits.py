@@ -22,7 +22,7 @@ from mklang.errors import UsageError
 MAX_FILE_BYTES = 8 * 1024 * 1024  # any one file read as text
 MAX_DEPTH = 64  # nesting of JSON and YAML values (lists and maps inside each other)
 MAX_CHECKPOINT_DEPTH = 3 * MAX_DEPTH  # a checkpoint nests values inside frames, steps and sub-traces
-MAX_YAML_NODES = 100_000  # YAML values counted with every alias expanded
+MAX_YAML_ALIAS_VALUES = 100_000  # YAML values that aliases add, each counted with its own aliases expanded
 MAX_YAML_ALIASES = 1_000  # `*name` references in one YAML document
 
 

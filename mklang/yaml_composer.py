@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from mklang.limits import MAX_DEPTH, MAX_YAML_ALIASES, MAX_YAML_NODES
+from mklang.limits import MAX_DEPTH, MAX_YAML_ALIAS_VALUES, MAX_YAML_ALIASES
 
 
 class LimitError(yaml.MarkedYAMLError):
@@ -14,7 +14,12 @@ class LimitError(yaml.MarkedYAMLError):
 
 
 class LimitedComposer(yaml.composer.Composer, yaml.resolver.Resolver):
-    """PyYAML's composer fed by a parser's events, counting depth, nodes and aliases."""
+    """PyYAML's composer fed by a parser's events, counting depth, aliases and what they expand to.
+
+    Only values reached through aliases are counted: the document's own values
+    grow with its text, which the file size limit bounds, while aliases can
+    multiply them (a bomb). A big machine written out in full is not refused.
+    """
 
     def __init__(self, parser: Any):
         yaml.composer.Composer.__init__(self)
@@ -22,8 +27,8 @@ class LimitedComposer(yaml.composer.Composer, yaml.resolver.Resolver):
         self._parser = parser
         self._open: list[tuple[str | None, int]] = []  # (anchor, expanded size so far) of open collections
         self._sizes: dict[str, int] = {}  # expanded size of each closed anchor
-        self._nodes = 0
         self._aliases = 0
+        self._alias_values = 0  # values that aliases add once expanded
 
     def check_event(self, *choices: Any) -> bool:
         return bool(self._parser.check_event(*choices))
@@ -43,9 +48,15 @@ class LimitedComposer(yaml.composer.Composer, yaml.resolver.Resolver):
                 self._refuse(event, f"the document has more than {MAX_YAML_ALIASES} aliases")
             if any(anchor == event.anchor for anchor, _ in self._open):
                 self._refuse(event, f"the alias *{event.anchor} refers to a value that contains it")
-            self._add(event, self._sizes.get(event.anchor, 1))
+            size = self._sizes.get(event.anchor, 1)
+            self._alias_values += size
+            if self._alias_values > MAX_YAML_ALIAS_VALUES:
+                self._refuse(
+                    event, f"the document grows by more than {MAX_YAML_ALIAS_VALUES} values once aliases are expanded"
+                )
+            self._add(size)
         elif isinstance(event, yaml.events.ScalarEvent):
-            self._add(event, 1)
+            self._add(1)
             if event.anchor:
                 self._sizes[event.anchor] = 1
         elif isinstance(event, yaml.events.CollectionStartEvent):
@@ -56,17 +67,13 @@ class LimitedComposer(yaml.composer.Composer, yaml.resolver.Resolver):
             anchor, size = self._open.pop()
             if anchor:
                 self._sizes[anchor] = size
-            self._add(event, size)
+            self._add(size)
 
-    def _add(self, event: Any, size: int) -> None:
-        """Count `size` expanded nodes into the enclosing collection (or the document)."""
+    def _add(self, size: int) -> None:
+        """Count `size` expanded values into the enclosing collection, whose anchor an alias may name."""
         if self._open:
             anchor, open_size = self._open[-1]
             self._open[-1] = (anchor, open_size + size)
-        else:
-            self._nodes += size
-        if self._nodes + sum(open_size for _, open_size in self._open) > MAX_YAML_NODES:
-            self._refuse(event, f"the document has more than {MAX_YAML_NODES} values once aliases are expanded")
 
     def _refuse(self, event: Any, problem: str) -> None:
         raise LimitError(problem=problem, problem_mark=event.start_mark)

@@ -19,6 +19,7 @@ from support.commands import cli, cli_env, mklang
 from support.fakeserver import FakeServer, answer, error, refusal
 
 from mklang.limits import MAX_DEPTH, json_depth, text_depth
+from mklang.yaml_composer import LimitError, load_yaml
 
 JSON_MACHINE = """\
 mklang 0.4
@@ -164,6 +165,38 @@ def test_a_recursive_alias_is_refused(machine: Path, tmp_path: Path):
     loop = tmp_path / "loop.yaml"
     loop.write_text(script("      topic: &t [x, *t]\n"))
     one_line_error(cli("run", str(machine), "--script", str(loop)), "refers to a value that contains it")
+
+
+def test_aliases_are_refused_for_what_they_add_not_for_the_documents_own_values():
+    own = ", ".join(["v"] * 120_000)  # more plain values than aliases may add
+    anchor = "a: &a [" + ", ".join(["x"] * 999) + "]\n"  # 1,000 values with its list
+
+    def document(aliases: int) -> str:
+        return f"own: [{own}]\n{anchor}copies: [{', '.join(['*a'] * aliases)}]\n"
+
+    assert len(load_yaml(document(100))["copies"]) == 100  # the limit exactly: 100,000 values added
+    with pytest.raises(LimitError, match="grows by more than 100000 values once aliases are expanded"):
+        load_yaml(document(101))
+
+
+def five_thousand_states() -> str:
+    """An ordinary YAML machine of 5,000 states (about 1 MB), written out in full without aliases."""
+    lines = ["mklang: 0.4\nmachine: big\nentry: s0\nbudget: 10000\ncontext:\n  topic: x\nstates:"]
+    for i in range(5_000):
+        target = f"s{i + 1}" if i + 1 < 5_000 else "END"
+        lines.append(
+            f"  s{i}:\n    structure: One paragraph.\n    prompt: Write step {i} about {{{{topic}}}}.\n"
+            f"    output: out{i}\n    gates:\n      - when: the text is done\n        to: {target}\n"
+            f"      - when: otherwise\n        to: {target}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def test_a_five_thousand_state_yaml_machine_checks_clean(tmp_path: Path):
+    path = tmp_path / "big.yaml"
+    path.write_text(five_thousand_states())
+    done = mklang("check", str(path))
+    assert done.returncode == 0 and "0 errors, 0 warnings" in done.stdout + done.stderr, done.stderr[-500:]
 
 
 def test_a_script_larger_than_the_document_limit_is_refused(machine: Path, tmp_path: Path):
