@@ -13,6 +13,7 @@ import contextlib
 import email.utils
 import json
 import random
+import sys
 import threading
 import time
 import urllib.parse
@@ -20,11 +21,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from mklang.errors import ProviderError
 from mklang.host.config import ProviderConfig
 from mklang.providers.base import seconds_left
+
+
+def _import_httpx_without_its_command_line() -> None:
+    """`import httpx` also imports httpx's command-line client, which loads click, rich
+    and pygments when they are installed (tens of milliseconds of every `mklang run`
+    over HTTP). A None entry in `sys.modules` makes that one import fail, and httpx
+    then defines a stand-in `httpx.main`; the entry is removed again at once."""
+    if "httpx" in sys.modules or "httpx._main" in sys.modules:
+        return
+    sys.modules["httpx._main"] = None  # type: ignore[assignment]
+    try:
+        import httpx  # noqa: F401
+    finally:
+        del sys.modules["httpx._main"]
+
+
+_import_httpx_without_its_command_line()
+import httpx  # noqa: E402
 
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 REASON_LIMIT = 200

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from email.utils import formatdate
@@ -380,3 +382,14 @@ def test_providers_name_their_routes_and_close_each_client_once(tmp_path, server
         monkeypatch.setattr(target.client, "close", lambda client=target.client: closed.append(client))
     provider.close()
     assert len(closed) == 1  # both tiers share one client
+
+
+def test_the_http_client_loads_without_httpxs_command_line_client():
+    """httpx's own command line (click, rich, pygments) costs start-up time and is never used."""
+    probe = (
+        "import sys, mklang.providers.http as http, httpx; "
+        "print(sorted(m for m in sys.modules if m == 'httpx._main' or m.split('.')[0] in ('rich', 'pygments'))); "
+        "print(callable(httpx.main), http.httpx is httpx, 'httpx._main' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["[]", "True True False"]
