@@ -39,17 +39,32 @@ STEPS = 5
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 
-STATES = "\n".join(
-    f"""state s{n} {{
+
+def chain_machine(steps: int) -> str:
+    """A chain of `steps` generative states, one model call each, ending at END."""
+    states = "\n".join(
+        f"""state s{n} {{
   structure "One word."
   prompt "step {n} of {{{{topic}}}}"
   output a{n}
-  otherwise -> {f"s{n + 1}" if n + 1 < STEPS else "END"}
+  otherwise -> {f"s{n + 1}" if n + 1 < steps else "END"}
 }}
 """
-    for n in range(STEPS)
-)
-MACHINE = f"mklang 0.4\nmachine five\nentry s0\nbudget {STEPS + 1}\n\n{STATES}"
+        for n in range(steps)
+    )
+    return f"mklang 0.4\nmachine chain\nentry s0\nbudget {steps + 1}\n\n{states}"
+
+
+def batch_folder(folder: Path, openai_url: str, items: int, steps: int) -> None:
+    """The machine, config and inputs of a batch of `items` runs of `steps` calls against `openai_url`."""
+    (folder / "chain.mk").write_text(chain_machine(steps))
+    (folder / "mklang.toml").write_text(
+        '[tiers]\nfast = "local:m"\nbalanced = "local:m"\nreasoning = "local:m"\n\n'
+        f'[providers.local]\nkind = "openai"\nbase_url = "{openai_url}"\n'
+    )
+    (folder / "items.jsonl").write_text(
+        "".join(json.dumps({"id": f"i{n}", "topic": f"t{n}"}) + "\n" for n in range(items))
+    )
 
 
 def reachable(port: int) -> bool:
@@ -61,8 +76,9 @@ def reachable(port: int) -> bool:
 
 
 def env() -> dict[str, str]:
+    """No mklang settings or keys of the caller; the code first on PYTHONPATH, this checkout by default."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MKLANG_", "OPENAI_", "ANTHROPIC_"))}
-    clean["PYTHONPATH"] = str(ROOT)
+    clean["PYTHONPATH"] = os.environ.get("PYTHONPATH") or str(ROOT)
     return clean
 
 
@@ -87,7 +103,7 @@ def timed_batch(folder: Path, store: str, *options: str) -> tuple[float, float, 
     """Wall seconds, peak memory (MiB) and JSON summary of one `mklang batch`."""
     started = time.monotonic()
     process = mklang(
-        folder, "batch", "five.mk", "--inputs", "items.jsonl", "--store", store, "--config", "mklang.toml",
+        folder, "batch", "chain.mk", "--inputs", "items.jsonl", "--store", store, "--config", "mklang.toml",
         "--format", "json", *options,
     )  # fmt: skip
     stdout, stderr = process.communicate()
@@ -123,14 +139,7 @@ def batch_rows(items: int) -> None:
     with FakeServer() as server, tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as schemas:
         server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=2, delay=LATENCY)
         folder = Path(tmp)
-        (folder / "five.mk").write_text(MACHINE)
-        (folder / "mklang.toml").write_text(
-            '[tiers]\nfast = "local:m"\nbalanced = "local:m"\nreasoning = "local:m"\n\n'
-            f'[providers.local]\nkind = "openai"\nbase_url = "{server.openai_url}"\n'
-        )
-        (folder / "items.jsonl").write_text(
-            "".join(json.dumps({"id": f"i{n}", "topic": f"t{n}"}) + "\n" for n in range(items))
-        )
+        batch_folder(folder, server.openai_url, items, STEPS)
         print(f"{items} inputs x {STEPS} steps, {LATENCY * 1000:.0f} ms a call ({calls} calls)")
         ideal = calls * LATENCY / 32
         rows = [("local, SQLite, concurrency 32", f"sqlite:///{folder}/runs.db", ())]
@@ -166,7 +175,9 @@ def batch_rows(items: int) -> None:
             print("  (RabbitMQ or PostgreSQL not reachable: the Celery row is skipped)")
 
 
-def store_rows(steps: int = 300) -> None:
+def store_step_costs(steps: int = 300, gate: str = "otherwise -> s") -> tuple[float, dict[str, float]]:
+    """Seconds per step of a `steps`-step run with an instant scripted model without a
+    store, and of the same run made durable in each reachable store."""
     from mklang.engine import run
     from mklang.providers.scripted import ScriptedProvider
     from mklang.service import start
@@ -175,16 +186,16 @@ def store_rows(steps: int = 300) -> None:
 
     machine = parse(
         f"machine loop\nentry s\nbudget {steps}\n"
-        'state s {\n  structure "x"\n  prompt "again"\n  output o\n  otherwise -> s\n}\n'
+        f'state s {{\n  structure "x"\n  prompt "again"\n  output o\n  {gate}\n}}\n'
     )
 
     def provider() -> ScriptedProvider:
-        return ScriptedProvider({"produce": ["ok"] * steps})
+        return ScriptedProvider({"produce": ["ok"] * steps, "judge": [0]})
 
     began = time.perf_counter()
     run(machine, {}, provider=provider())
-    bare = time.perf_counter() - began
-    print(f"checkpoint cost per step, {steps}-step run (instant model):")
+    bare = (time.perf_counter() - began) / steps
+    durable = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as schemas:
         targets = [("file", f"{tmp}/cp.json"), ("SQLite", f"sqlite:///{tmp}/runs.db#r")]
         if reachable(5432):
@@ -192,8 +203,15 @@ def store_rows(steps: int = 300) -> None:
         for name, target in targets:
             began = time.perf_counter()
             result = start(machine, {}, Host(provider()), checkpoint=target)
-            elapsed = time.perf_counter() - began
-            print(f"  {name:<12} {(elapsed - bare) / len(result.trace) * 1e3:6.2f} ms/step")
+            durable[name] = (time.perf_counter() - began) / len(result.trace)
+    return bare, durable
+
+
+def store_rows(steps: int = 300) -> None:
+    bare, durable = store_step_costs(steps)
+    print(f"checkpoint cost per step, {steps}-step run (instant model):")
+    for name, per_step in durable.items():
+        print(f"  {name:<12} {(per_step - bare) * 1e3:6.2f} ms/step")
 
 
 def main() -> None:

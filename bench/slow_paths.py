@@ -64,44 +64,54 @@ def accumulate() -> None:
     print(f"  ratio 4k / 1k: {per_step[4_000] / per_step[1_000]:.2f}x (flat = 1.0)")
 
 
-def resume() -> None:
-    """Resume of a suspended run that then finishes: time per step of trace at 1k and 10k steps."""
+def resume_to_done(path: Path, output: str) -> Callable[[], None]:
+    """Suspends a run of the machine at `path` (its step budget spent, every output
+    `output`) and returns a function that resumes it to done, one more step: each
+    call starts again from the same suspended checkpoint. The machine's first gate
+    is a judged one that leads to END, its last `otherwise` leads back."""
     from mklang.providers.scripted import ScriptedProvider
     from mklang.service import open_run, proceed, start
     from mklang.session import Host
     from mklang.syntax import load_file
 
+    machine = load_file(path)
+    checkpoint = path.with_suffix(".checkpoint.json")
+    running = ScriptedProvider({"produce": [output], "judge": ["none"]})
+    suspended = start(machine, {}, Host(running), checkpoint=checkpoint)
+    assert suspended.status == "suspended", suspended.error
+    saved, steps = checkpoint.read_bytes(), len(suspended.trace)
+
+    def once() -> None:
+        checkpoint.write_bytes(saved)
+        finishing = ScriptedProvider({"produce": ["y"], "judge": [0]})
+        # The same suspended generation each time: a rollback, allowed as for `resume --allow-rollback`.
+        done = proceed(open_run(checkpoint, allow_rollback=True), Host(finishing), budget=steps + 1)
+        assert done.status == "done", done.error
+
+    return once
+
+
+def resume() -> None:
+    """Resume of a suspended run that then finishes: time per step of trace at 1k and 10k steps."""
     per_step = {}
     with tempfile.TemporaryDirectory() as folder:
         for steps in (1_000, 10_000):
             path = Path(folder) / f"m{steps}.mk"
             path.write_text(loop_machine(steps, 'when "finished" -> END\n  otherwise -> write', accumulate=False))
-            machine = load_file(path)
-            checkpoint = Path(folder) / f"cp{steps}.json"
-            running = ScriptedProvider({"produce": ["x" * 100], "judge": ["none"]})
-            suspended = start(machine, {}, Host(running), checkpoint=checkpoint)
-            assert suspended.status == "suspended", suspended.error
-            saved = checkpoint.read_bytes()
-
-            def once(checkpoint: Path = checkpoint, saved: bytes = saved, steps: int = steps) -> None:
-                checkpoint.write_bytes(saved)
-                finishing = ScriptedProvider({"produce": ["y"], "judge": [0]})
-                done = proceed(open_run(checkpoint), Host(finishing), budget=steps + 1)
-                assert done.status == "done", done.error
-
-            per_step[steps] = cpu(once) / steps * 1e6
+            per_step[steps] = cpu(resume_to_done(path, "x" * 100)) / steps * 1e6
             print(f"  resume -> done, {steps:>6} steps of trace: {per_step[steps]:6.1f} us per trace step")
     print(f"  ratio 10k / 1k: {per_step[10_000] / per_step[1_000]:.2f}x (flat = 1.0)")
 
 
 def yaml_states(states: int) -> str:
-    lines = [f"mklang: 0.4\nmachine: y{states}\nentry: s0\nbudget: {states * 2}\nstates:"]
+    """A chain of `states` generative states in mklang 1.x's YAML layout (1.x checks it too)."""
+    lines = [f'mklang: "0.4"\nmachine: y{states}\nentry: s0\nbudget: {states * 2}\ncontext:\n  topic: x\nstates:']
     for i in range(states):
         target = f"s{i + 1}" if i + 1 < states else "END"
         lines.append(
             f"  s{i}:\n    structure: One paragraph.\n    prompt: Write step {i} about {{{{topic}}}}.\n"
-            f"    output: out{i}\n    gates:\n      - when: the text is done\n        to: {target}\n"
-            f"      - when: otherwise\n        to: {target}"
+            f"    output: out{i}\n    gates:\n      - when: the text is done\n        then: ok\n        to: {target}\n"
+            f"      - when: otherwise\n        then: ok\n        to: {target}"
         )
     return "\n".join(lines) + "\n"
 

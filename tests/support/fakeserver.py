@@ -122,7 +122,7 @@ class FakeServer:
         self._queue: list[Reply] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+        self._httpd = _Server(("127.0.0.1", 0), _handler_class(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="fakeserver", daemon=True
@@ -216,6 +216,13 @@ def render(reply: Reply, path: str, model: str) -> dict[str, Any]:
             "total_tokens": reply.input_tokens + reply.output_tokens,
         },
     }
+
+
+class _Server(ThreadingHTTPServer):
+    # Hundreds of clients may connect at once (a batch at high concurrency); with the
+    # default listen backlog of 5 the kernel refuses or delays them, which looks like
+    # a slow client.
+    request_queue_size = 1024
 
 
 def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
