@@ -197,13 +197,15 @@ def store_step_costs(steps: int = 300, gate: str = "otherwise -> s") -> tuple[fl
     bare = (time.perf_counter() - began) / steps
     durable = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as schemas:
-        targets = [("file", f"{tmp}/cp.json"), ("SQLite", f"sqlite:///{tmp}/runs.db#r")]
+        targets = [("file", f"{tmp}/cp{{}}.json"), ("SQLite", f"sqlite:///{tmp}/runs.db#r{{}}")]
         if reachable(5432):
-            targets.append(("PostgreSQL", f"{postgres_schema(schemas)}#r"))
+            targets.append(("PostgreSQL", f"{postgres_schema(schemas)}#r{{}}"))
         for name, target in targets:
-            began = time.perf_counter()
-            result = start(machine, {}, Host(provider()), checkpoint=target)
-            durable[name] = (time.perf_counter() - began) / len(result.trace)
+            for attempt in range(3):  # the best of 3: other load only ever adds time
+                began = time.perf_counter()
+                result = start(machine, {}, Host(provider()), checkpoint=target.format(attempt))
+                per_step = (time.perf_counter() - began) / len(result.trace)
+                durable[name] = min(durable.get(name, per_step), per_step)
     return bare, durable
 
 
