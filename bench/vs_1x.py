@@ -45,6 +45,7 @@ from pathlib import Path
 from measure import print_load
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the fake model server: tests/support/fakeserver.py
 ORIGINAL = "mklang==1.4.0"
 TIERS = {"fast": "m", "balanced": "m", "reasoning": "m"}
 OUTPUT = "x" * 2048
@@ -295,7 +296,6 @@ def resume(folder: Path, args: argparse.Namespace) -> None:
 
 def durability(folder: Path, args: argparse.Namespace) -> None:
     """Wall time per judged step of a durable run, MKLANG_DURABILITY=step: PostgreSQL against the file store."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from scale import reachable
 
     if not reachable(5432):
@@ -311,9 +311,8 @@ def durability(folder: Path, args: argparse.Namespace) -> None:
 
 def batch(folder: Path, args: argparse.Namespace) -> None:
     """`mklang batch` of N items x 3 steps at 100 ms a call, concurrency 32 against 256 (SQLite)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fakeserver import FakeServer, answer
     from scale import batch_folder, children_cpu, figure, timed_batch
+    from support.fakeserver import FakeServer, answer
 
     steps, latency = 3, 0.1
     print(f"  {args.items} items x {steps} steps, {latency * 1000:.0f} ms a call")
@@ -393,8 +392,7 @@ def import_ms(importtime: str, module: str) -> float:
 
 def startup(folder: Path, args: argparse.Namespace) -> None:
     """`mklang run` of a one-state machine against an HTTP model server, as a process (median of 7)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fakeserver import FakeServer, answer
+    from support.fakeserver import FakeServer, answer
 
     machine = folder / "one.yaml"
     machine.write_text(loop_yaml(2, then="END"))
