@@ -52,7 +52,7 @@ def _cases() -> list[tuple[Path, Path, Any]]:
 
 def _host(scenario: Any) -> Host:
     scripted = ScriptedHost(scenario)
-    return Host(scripted.provider, scripted.tools.functions(), scripted.hooks.functions(), scripted=scripted)
+    return Host(scripted.provider, scripted.tools.functions(), scripted.hooks.functions(), state=scripted.state)
 
 
 def _reference(machine: Path, scenario: Any, folder: Path) -> tuple[dict[str, Any], int]:

@@ -213,7 +213,7 @@ def batch(
         return _hosted(provider, model, config, script, scenario, replay, None, plugins, tools, hooks, dollars)
 
     with ExitStack() as stack:
-        # A provider is shared by every run (it is thread-safe); a scripted host keeps a position per run.
+        # A provider is shared by every run (it is thread-safe); a scripted host keeps a state per run.
         shared = None if script is not None else stack.enter_context(host())
         opened = open_store(os.fspath(store))
         stack.callback(opened.close)
@@ -326,7 +326,9 @@ def _with_callables(
     host: Host, tools: Mapping[str, Callable[..., Any]] | None, hooks: Mapping[str, Callable[..., Any]] | None
 ) -> Host:
     """The caller's tools and hooks win over plugins; a scenario's scripted answers win over both."""
-    scripted = host.scripted
-    host.tools = {**host.tools, **(tools or {}), **(scripted.tools.functions() if scripted else {})}
-    host.hooks = {**host.hooks, **(hooks or {}), **(scripted.hooks.functions() if scripted else {})}
+    scenario = host.scenario
+    scripted_tools = {name: host.tools[name] for name in scenario.tools} if scenario else {}
+    scripted_hooks = {name: host.hooks[name] for name in scenario.hooks} if scenario else {}
+    host.tools = {**host.tools, **(tools or {}), **scripted_tools}
+    host.hooks = {**host.hooks, **(hooks or {}), **scripted_hooks}
     return host

@@ -353,7 +353,7 @@ class Worker:
 
     def host_for(self, max_cost: float | None, priced_for: str) -> AbstractContextManager[Host]:
         """A run's host; a dollar limit (`max_cost`, given as the option `priced_for`) needs every
-        model's price. A scripted host keeps a position per run, so each run gets its own; a real
+        model's price. A scripted host keeps a state per run, so each run gets its own; a real
         provider is thread-safe and built once, so runs share its HTTP client and connections (as
         `mklang batch` does) instead of paying a client, a TLS context and a connection each."""
         from mklang.session import Host

@@ -28,7 +28,7 @@ def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None
 
     A durable scenario runs with a real checkpoint in a temporary folder; each
     of its `resumes` continues that checkpoint through `resume`,
-    the code path of `mklang resume`, with a fresh scripted host whose position
+    the code path of `mklang resume`, with a fresh scripted host whose state
     comes from the checkpoint.
     """
     if not scenario.durable:

@@ -18,7 +18,7 @@ from mklang.effects import FLOW_POLICIES
 from mklang.errors import UsageError, did_you_mean
 from mklang.exitcodes import STATUSES
 from mklang.limits import read_text
-from mklang.providers.scripted import ScriptedCallables, ScriptedProvider
+from mklang.providers.scripted import ScriptedCallables, ScriptedProvider, ScriptState
 
 if TYPE_CHECKING:
     from mklang.engine import RunResult
@@ -113,28 +113,14 @@ class Scenario:
 
 
 class ScriptedHost:
-    """The scripted provider, tools and hooks of one scenario, with a saveable position."""
+    """The scripted provider, tools and hooks of one scenario, and the one state they share
+    (`state`: what a checkpoint saves, so a resumed run answers on from where it was)."""
 
     def __init__(self, scenario: Scenario):
-        self.provider = ScriptedProvider(scenario.llm)
-        self.tools = ScriptedCallables("tool", scenario.tools)
-        self.hooks = ScriptedCallables("hook", scenario.hooks)
-
-    def position(self) -> dict[str, Any]:
-        return {"llm": self.provider.position(), "tools": self.tools.position(), "hooks": self.hooks.position()}
-
-    def restore(self, position: dict[str, Any]) -> None:
-        self.provider.restore(position.get("llm", {}))
-        self.tools.restore(position.get("tools", {}))
-        self.hooks.restore(position.get("hooks", {}))
-
-    def skip(self, kind: str, name: str | None = None) -> None:
-        """Consume the answer of a call that a crash journal replays instead."""
-        if kind == "tool":
-            if name in self.tools.sources:
-                self.tools.skip(name)
-        else:
-            self.provider.skip(kind)
+        self.state = ScriptState()
+        self.provider = ScriptedProvider(scenario.llm, self.state)
+        self.tools = ScriptedCallables("tool", scenario.tools, self.state)
+        self.hooks = ScriptedCallables("hook", scenario.hooks, self.state)
 
 
 def _join(place: str, key: str) -> str:

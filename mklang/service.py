@@ -222,7 +222,7 @@ class Resumable:
     envelope: Envelope
     chain: list[Frame]
     replay: dict[str, dict[str, Any]] = field(default_factory=dict)
-    position: dict[str, Any] | None = None
+    host_state: dict[str, Any] | None = None  # the host's state the run continues with
     loader: MachineLoader = field(default_factory=MachineLoader)
     crashed: bool = False
     machines_note: str | None = None  # why the machines run from the texts the store keeps, when they do
@@ -385,7 +385,7 @@ def _rebuild(location: Location, envelope: Envelope, verified: _Verified) -> Res
         envelope,
         chain,
         dict(envelope.answers),
-        envelope.host.position,
+        envelope.host.state,
         loader,
         machines_note=verified.machines_note,
         trusted=verified.trusted,
@@ -430,7 +430,7 @@ def _frame_reader(
 
 def _recover(resumable: Resumable, paths: MachinePaths, trust: bool) -> None:
     """When the process died (the envelope says running, or a resume of it is journaled):
-    replay its journal into the frames, the paid answers and the scripted position."""
+    replay its journal into the frames, the paid answers and the host's state."""
     from mklang.checkpoint.journal import recover, resume_change
 
     location, envelope = resumable.location, resumable.envelope
@@ -442,10 +442,10 @@ def _recover(resumable: Resumable, paths: MachinePaths, trust: bool) -> None:
         if change is not None:  # it died resuming this envelope: redo what that resume changed
             resumable.envelope = _resumed(envelope, resumable.chain, change)
         entered = _frame_reader(location, envelope.machines, paths, resumable.loader, digests=resumable.trusted)
-        resumable.chain, resumable.replay, position = recover(resumable.chain, envelope.answers, records, entered)
+        resumable.chain, resumable.replay, host_state = recover(resumable.chain, envelope.answers, records, entered)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
         raise CheckpointError(f"{location}: malformed journal: {type(error).__name__}: {error}") from None
-    resumable.position = position or resumable.position
+    resumable.host_state = host_state or resumable.host_state
     resumable.crashed = True
 
 
@@ -603,14 +603,18 @@ def proceed(
         "hitl": settings["hitl"],
         "untrusted_flow": settings["untrusted_flow"],
         "concurrency": settings["concurrency"],
-        "host": host.recorded().model_copy(update={"position": envelope.host.position}).model_dump(mode="json"),
+        "host": host.recorded().model_copy(update={"state": envelope.host.state}).model_dump(mode="json"),
         "budget": budget,
         "set": dict(reply or {}),
     }
     chain = resumable.chain
     envelope = _resumed(envelope, chain, change)
-    if host.scripted is not None and resumable.position:
-        host.scripted.restore(resumable.position)
+    if host.state is not None and resumable.host_state:
+        try:
+            host.state.restore(resumable.host_state)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            problem = f"{type(error).__name__}: {error}"
+            raise CheckpointError(f"{resumable.location}: malformed host state: {problem}") from None
     target = locate(checkpoint) if checkpoint is not None else resumable.location
     in_place = target.key == resumable.location.key
     # A clean resume of a signed envelope continues it where it is instead of rewriting it.
@@ -704,13 +708,11 @@ def _drive(
     from mklang.checkpoint.journal import StoreJournal, durability_setting
 
     budgets = envelope.budgets
-    scripted = host.scripted
     journal = StoreJournal(
         location,
         envelope,
         hashes=loader.hashes,
-        position=scripted.position if scripted is not None else None,
-        skip=scripted.skip if scripted is not None else None,
+        host_state=host.state,
         replay=replay,
         durability=durability_setting(),
         paths=MachinePaths(chain[0].machine.path),

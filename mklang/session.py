@@ -21,6 +21,7 @@ from mklang.scenarios import Scenario, ScriptedHost
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import HostSettings
+    from mklang.checkpoint.journal import HostState
     from mklang.service import Resumable
 
 __all__ = ["Host", "preflight"]
@@ -33,7 +34,7 @@ class Host:
     provider: Any
     tools: dict[str, Any] = field(default_factory=dict)
     hooks: dict[str, Any] = field(default_factory=dict)
-    scripted: ScriptedHost | None = None  # lets a checkpoint save which scripted answers were used
+    state: HostState | None = None  # what the host remembers across calls, saved with a checkpoint
     scenario: Scenario | None = None
     # The `HostSettings` fields a checkpoint records, kept plain: pydantic is
     # imported only when a run is checkpointed.
@@ -50,7 +51,7 @@ class Host:
             provider=scripted.provider,
             tools=scripted.tools.functions(),
             hooks=scripted.hooks.functions(),
-            scripted=scripted,
+            state=scripted.state,
             scenario=scenario,
             settings=settings or {"scenario": scenario.name, "script": script},
         )

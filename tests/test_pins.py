@@ -1842,8 +1842,8 @@ def test_each_branch_of_a_fan_out_keys_its_calls_by_its_number():
         journal=journal,
     )
     assert result.status == "done", result.error
-    assert sorted(journal.keys) == [("produce", "r:1.1.1"), ("produce", "r:1.2.1"), ("produce", "r:1.3.1")]
-    assert sorted(journal.folded) == ["r:1.1", "r:1.2", "r:1.3"]  # each finished branch's answers fold into it
+    assert sorted(journal.keys) == [("produce", "r:1.1of3.1"), ("produce", "r:1.2of3.1"), ("produce", "r:1.3of3.1")]
+    assert sorted(journal.folded) == ["r:1.1of3", "r:1.2of3", "r:1.3of3"]  # each finished branch's answers fold into it
 
 
 def test_an_interrupt_inside_a_called_machine_ends_the_whole_run_with_every_levels_spend(tmp_path):

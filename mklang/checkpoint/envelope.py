@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, with_config
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator, with_config
 from typing_extensions import TypedDict
 
 from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
@@ -49,13 +49,23 @@ class HostSettings(BaseModel):
 
     script: str | None = None  # scenario script of a scripted run
     scenario: str | None = None
-    position: dict[str, Any] | None = None  # the scripted answers consumed so far
+    state: dict[str, Any] | None = None  # what the host remembers across calls (`journal.HostState`)
     provider: str | None = None
     model: str | None = None
     config: str | None = None
     replay: str | None = None
     record: str | None = None
     plugins: list[str] = Field(default_factory=list)  # --plugin modules or files
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_state(cls, data: Any) -> Any:
+        """Checkpoints written before host states call a scripted host's state `position`."""
+        if isinstance(data, dict) and "position" in data:
+            position = data["position"]
+            data = {key: value for key, value in data.items() if key != "position"}
+            data.setdefault("state", position)
+        return data
 
 
 class Signature(BaseModel):
@@ -145,8 +155,7 @@ class Envelope(BaseModel):
     generation: int = 0  # which journal generation continues this envelope
     # Paid answers of the step in flight not yet replayed (key -> {"kind", "v"}): kept
     # in the snapshot itself, so that no crash between snapshot and journal loses them,
-    # and in a suspended envelope for the fan-out branches a ceiling stopped mid-way
-    # (marked "consumed": true, the saved scripted position counts them already).
+    # and in a suspended envelope for the fan-out branches a ceiling stopped mid-way.
     answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     signature: Signature | None = None  # written by `dump`; checked by `load` into `seal`
 

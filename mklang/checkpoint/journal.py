@@ -9,6 +9,11 @@ followed by the journal lines of the same generation:
 - `call`: a provider or tool call of the step in flight completed (its
   answer), written and fsynced before the engine uses the answer.
 
+A host that remembers something across calls (a scripted host: which answers
+it gave) hands the journal a `HostState`; every line then carries that state
+as of the line (`s`), and every envelope too (`host.state`), so a recovered
+or resumed run gives the host back the state of the last call it knows of.
+
 A level's outcome (END, a halt, a pending human question) is part of the
 line that reaches it, so a recovered run completes it rather than running
 the state again. The paid answers not yet replayed travel in the snapshot
@@ -39,7 +44,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from mklang import faults
 from mklang.checkpoint import generations
@@ -50,7 +55,7 @@ from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
 from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
-from mklang.providers.base import Usage, decode_answer, encode_answer
+from mklang.providers.base import Usage, decode_answer, earlier_key, encode_answer
 from mklang.stores import Location, Store
 
 MIN_COMPACT_BYTES = 256 * 1024
@@ -68,6 +73,15 @@ def durability_setting() -> Durability:
     raise UsageError(f"{DURABILITY_VARIABLE} must be call or step, not {value!r}")
 
 
+class HostState(Protocol):
+    """What a host remembers across the calls of one run, as JSON data: saved with every
+    journal line and envelope, and restored into the host that continues the run."""
+
+    def save(self) -> dict[str, Any]: ...
+
+    def restore(self, saved: dict[str, Any]) -> None: ...
+
+
 class StoreJournal:
     """The engine's persistence port for runs started with `--checkpoint`; writes go to a store."""
 
@@ -76,8 +90,7 @@ class StoreJournal:
         location: Location,
         envelope: Envelope,
         *,
-        position: Callable[[], dict[str, Any]] | None = None,
-        skip: Callable[[str, str | None], None] | None = None,
+        host_state: HostState | None = None,
         replay: dict[str, dict[str, Any]] | None = None,
         hashes: dict[str, str] | None = None,
         durability: Durability = "call",
@@ -88,8 +101,7 @@ class StoreJournal:
         self.durability = durability
         self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
         self.envelope = envelope  # the template every snapshot is written from
-        self.position = position
-        self.skip = skip
+        self.host_state = host_state
         self.replay_set = dict(replay or {})
         self.in_flight: dict[str, dict[str, Any]] = {}  # answers used since the last step or halt
         self._lock = threading.Lock()
@@ -136,7 +148,7 @@ class StoreJournal:
         self._open_generation({"k": "gen", "g": self.envelope.generation, "resume": change}, envelope_bytes)
 
     def _host_update(self) -> dict[str, Any]:
-        """Fields that change as the run goes: machines loaded, scripted position.
+        """Fields that change as the run goes: machines loaded, the host's state.
 
         Machine files are named relative to the root's folder, the root and
         the host's files relative to the checkpoint's, so the files can move together.
@@ -145,7 +157,7 @@ class StoreJournal:
         if self.paths.root is not None:
             update["machine"] = self.envelope.machine.model_copy(update={"path": self.paths.root_from(self.anchor)})
         host = portable_host(self.envelope.host, self.anchor)
-        update["host"] = host.model_copy(update={"position": self.position()}) if self.position is not None else host
+        update["host"] = host if self.host_state is None else host.model_copy(update={"state": self.host_state.save()})
         return update
 
     def _open_generation(self, header: dict[str, Any], envelope_bytes: int) -> None:
@@ -155,9 +167,11 @@ class StoreJournal:
         self._threshold = max(MIN_COMPACT_BYTES, envelope_bytes)
 
     def _append(self, record: dict[str, Any], durable: bool) -> None:
-        """Append one line. Every line reaches the OS at once (it survives kill -9);
-        `durable` lines are also fsynced (they survive a power cut)."""
-        with self._lock:
+        """Append one line, with the host's state as of this line. Every line reaches the OS
+        at once (it survives kill -9); `durable` lines are also fsynced (they survive a power cut)."""
+        with self._lock:  # the state is read in line order: a later line never holds an older one
+            if self.host_state is not None:
+                record = {**record, "s": self.host_state.save()}
             data = self._signed(record)
             self.store.append(self.run, data, durable=durable)
             self._written += len(data)
@@ -177,8 +191,6 @@ class StoreJournal:
     def step(self, depth: int, record: StepRecord) -> None:
         self._settle()
         line = {"k": "step", "d": depth, "r": record}
-        if self.position is not None:
-            line["p"] = self.position()
         # Per call: a step lost to a power cut is re-executed from its durable calls.
         # Per step: this line commits the step and its calls together.
         self._append(line, durable=self.durability == "step")
@@ -187,13 +199,13 @@ class StoreJournal:
         self._settle()
         self._append({"k": "halt", "d": depth, "e": error, "u": usage.to_json()}, durable=self.durability == "step")
 
-    def replay(self, key: str, kind: str, name: str | None) -> Any:
+    def replay(self, key: str, kind: str) -> Any:
         """The answer of a call that an earlier process paid for, or None."""
-        entry = self.replay_set.pop(key, None) if self.replay_set else None
+        if not self.replay_set:
+            return None
+        entry = self.replay_set.pop(key, None) or self.replay_set.pop(earlier_key(key), None)
         if entry is None or entry["kind"] != kind:
             return None
-        if self.skip is not None and not entry.get("consumed"):
-            self.skip(kind, name)
         with self._lock:
             self.in_flight[key] = entry  # kept again should its branch stop again
         return decode_answer(kind, entry["v"])
@@ -229,11 +241,10 @@ class StoreJournal:
         """Record a terminal or suspended status as a full envelope; drop the journal.
 
         A suspended envelope keeps the paid answers a resume replays: those not yet
-        replayed, and those of the step in flight (fan-out branches stopped mid-way),
-        marked `consumed` because the scripted position saved with them counts them."""
+        replayed, and those of the step in flight (fan-out branches stopped mid-way)."""
         answers: dict[str, dict[str, Any]] = {}
         if fields.get("status") == "suspended":
-            answers = {**self.replay_set, **{key: {**a, "consumed": True} for key, a in self.in_flight.items()}}
+            answers = {**self.replay_set, **self.in_flight}
         envelope = self.envelope.model_copy(
             update=dict(
                 frames=[self._frame(frame) for frame in chain],
@@ -327,13 +338,15 @@ def recover(
     """Replay journal records onto the envelope's frames and its unreplayed paid `answers`.
 
     Returns the frame chain at the last durable loop-top, the completed calls
-    of the step in flight (by key), and the scripted position to restore.
+    of the step in flight (by key), and the host's state as of the last line
+    that holds one (`p` on the step lines of journals written before `s`).
     `machine_for(frame_json)` loads the machine a frame runs.
     """
     chain = list(chain)
     calls = dict(answers)
-    position = None
+    host_state = None
     for record in records:
+        host_state = record.get("s", record.get("p", host_state))
         kind = record.get("k")
         if kind == "enter":
             depth = record["d"]
@@ -344,7 +357,6 @@ def recover(
             frame = chain[depth]
             frame.apply(frame.machine.state(record["r"]["step"]["state"]), record["r"])
             calls = {}  # the calls of a completed step are folded into it
-            position = record.get("p", position)
         elif kind == "halt":
             depth = record["d"]
             chain = chain[: depth + 1]
@@ -352,4 +364,4 @@ def recover(
             calls = {}
         elif kind == "call":
             calls[record["key"]] = {"kind": record["kind"], "v": record["v"]}
-    return chain, calls, position
+    return chain, calls, host_state

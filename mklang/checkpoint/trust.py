@@ -21,8 +21,8 @@ ANSWER_SETTINGS = ("script", "provider", "model", "config", "replay")
 
 
 def recorded_host(settings: HostSettings) -> dict[str, Any]:
-    """The host settings a checkpoint records (not the scripted position), as `show` prints them."""
-    recorded = settings.model_dump(exclude={"position"})
+    """The host settings a checkpoint records (not the host's state), as `show` prints them."""
+    recorded = settings.model_dump(exclude={"state"})
     return {name: value for name, value in recorded.items() if value not in (None, [], {})}
 
 

@@ -108,7 +108,7 @@ def batch(
             host_settings = {}
         # Built before any run, so a bad host option (or a dollar limit on a model without a price) is a
         # usage error. A real provider is shared by every run (it is thread-safe); a scripted host keeps
-        # a position per run, so each gets its own.
+        # a state per run, so each gets its own.
         shared = (
             Host.build(**host_settings, **_dollar_limit(max_cost, batch_cost)) if executor == "local" else Host(None)
         )

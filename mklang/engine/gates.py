@@ -17,7 +17,7 @@ from mklang.engine.keys import Calls
 from mklang.engine.runtime import Runtime
 from mklang.engine.signals import Stop
 from mklang.model import Gate, State
-from mklang.providers.base import NONE, UNPARSEABLE, Usage, Verdict
+from mklang.providers.base import NONE, UNPARSEABLE, Usage, Verdict, calling
 
 
 @dataclass(kw_only=True)
@@ -62,7 +62,8 @@ def select_gate(
     calls: Calls,
 ) -> Choice:
     """Pick the first true eligible gate. `context` builds the post-deposit context lazily;
-    judge calls are keyed and tallied by `calls`."""
+    the step's `calls` key and tally the judge's batches (`.g.<n>`) and key the hooks (`.h.<gate>`)."""
+    judged = calls.sub("g")
     gates = state.gates
     eligible = [
         index
@@ -79,7 +80,7 @@ def select_gate(
         if gate.when is None:
             return Selected(index=index, gate=gate, usage=usage, none_batches=none_batches, parsed_by=parsed_by)
         if gate.hook is not None:
-            if _ask_hook(rt, state, gate.hook, context(), output):
+            if _ask_hook(rt, state, gate.hook, context(), output, f"{calls.prefix}.h.{index + 1}"):
                 return Selected(index=index, gate=gate, usage=usage, none_batches=none_batches, parsed_by=parsed_by)
             position += 1
             continue
@@ -89,7 +90,7 @@ def select_gate(
         batch = eligible[position:batch_end]
         tier = state.tier or frame.machine.tier
         conditions = [when for i in batch if (when := gates[i].when) is not None]
-        verdict: Verdict = rt.call(calls, "judge", _judge(rt, conditions, output, reasoning, context, tier))
+        verdict: Verdict = rt.call(judged, "judge", _judge(rt, conditions, output, reasoning, context, tier))
         usage = usage + verdict.usage
         parsed_by = verdict.parsed_by or parsed_by
         if verdict.choice == NONE:
@@ -125,11 +126,13 @@ def _judge(
     return lambda _key: rt.provider.judge(conditions, output, reasoning, context(), tier)
 
 
-def _ask_hook(rt: Runtime, state: State, name: str, context: dict[str, Any], output: Any) -> bool:
+def _ask_hook(rt: Runtime, state: State, name: str, context: dict[str, Any], output: Any, key: str) -> bool:
+    """A hook is asked again after a crash rather than journaled: its key names it only while it runs."""
     hook = rt.hooks.get(name)
     if hook is None:
         raise Stop("halted", f"state-error: hook: unknown hook '{name}'", state.name)
     try:
-        return bool(hook(context, output))
+        with calling(rt.idempotency_key(key)):
+            return bool(hook(context, output))
     except Exception as error:  # a host predicate failed: halt, do not crash
         raise Stop("halted", f"state-error: hook: {name}: {error}", state.name) from None

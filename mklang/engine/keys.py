@@ -1,4 +1,13 @@
-"""The calls of one step: idempotency keys stable across a crash and a resume, and their spend."""
+"""The calls of one step: idempotency keys stable across a crash and a resume, and their spend.
+
+A key is `<scope>:<step>.<part>.<n>`. The scope names the run level: `r` for
+the root, the key prefix of the calling state plus `/` below it. The step is
+the step's number in that level's trace. The part is `0` for the face's
+calls, `<i>of<count>` for branch i (from 1) of a fan-out of `count` branches
+(`providers.base.branch_part`), `g` for the judge's batches and `h` for the
+hooks, numbered by gate. `n` counts the calls of the part. So a key names
+the branch of every fan-out a call is made in.
+"""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ level that stops mid-step first records in its frame what the step had paid
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import re
 from concurrent.futures import Future
@@ -29,7 +28,7 @@ from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.limits import NestingError, load_json
 from mklang.model import Call, Gate, Produce, State, ToolUse
-from mklang.providers.base import BRANCH, Branch, Produced, Usage
+from mklang.providers.base import Produced, Usage, branch_part
 from mklang.vocabulary import END, lookup, root_key
 
 MAX_CALL_DEPTH = 8
@@ -196,7 +195,7 @@ def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: li
     # Hooks and the judge see the context with this output deposited.
     deposited = _DepositedView(frame, state, output)
     try:
-        choice = select_gate(rt, frame, state, output, reasoning, deposited, calls.sub("g"))
+        choice = select_gate(rt, frame, state, output, reasoning, deposited, calls)
     finally:
         deposited.take_back()
     if choice.usage.tokens or choice.usage.cost_usd:
@@ -377,11 +376,11 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
 
     def live(key: str) -> Any:
         if wants_idempotency_key(tool):
-            return tool(arguments, idempotency_key=f"{rt.run_id}/{key}")
+            return tool(arguments, idempotency_key=rt.idempotency_key(key))
         return tool(arguments)
 
     try:
-        observation = rt.call(calls, "tool", live, face.tool)
+        observation = rt.call(calls, "tool", live)
     except (Stop, ProviderError, CheckpointError):
         raise
     except Exception as error:  # a host tool failed: the run halts, it does not crash
@@ -434,9 +433,6 @@ def _call(
     return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
 
 
-_FAN_OUT_IDS = itertools.count()
-
-
 def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[list[Any], list[dict[str, Any]], Usage]:
     """Run the branches of `sample N` / `over path`; outputs keep input order.
 
@@ -446,7 +442,6 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
     answers of those stopped mid-way kept by the journal, or halts.
     """
     frame = level.frame
-    fan_out = next(_FAN_OUT_IDS)
     if state.over is not None:
         items = lookup(frame.context, state.over)
         if not isinstance(items, list):
@@ -459,13 +454,8 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
         locals_list = [{"index": i} for i in range(state.sample or 0)]
 
     def branch(i: int) -> dict[str, Any]:
-        # Numbered among the branches this fan-out launches: a resumed cut fan-out launches only the rest.
-        marker = BRANCH.set(Branch(fan_out, to_run[i], len(to_run)))
-        branch_calls = calls.sub(str(i + 1))
-        try:
-            record = run_branch(i, branch_calls)
-        finally:
-            BRANCH.reset(marker)
+        branch_calls = calls.sub(branch_part(i, count))
+        record = run_branch(i, branch_calls)
         rt.journal.fold(branch_calls.prefix)  # its paid answers are in its record now
         return record
 
@@ -491,7 +481,6 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
     kept = set(done)
     for i in kept:  # the step's spend so far includes the branches a suspension kept
         calls.pay(Usage.from_json(done[i]["usage"]))
-    to_run = {i: rank for rank, i in enumerate(i for i in range(count) if i not in kept)}
     running: dict[int, Future[Any]] = {}
     reason = None
     for i in range(count):

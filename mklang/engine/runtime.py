@@ -22,7 +22,7 @@ from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
-from mklang.providers.base import Provider, Usage, deadline
+from mklang.providers.base import Provider, Usage, calling, deadline
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 COST_SLACK = 1e-9  # USD
@@ -107,7 +107,7 @@ class Journal(Protocol):
 
     def step(self, depth: int, record: StepRecord) -> None: ...
 
-    def replay(self, key: str, kind: str, name: str | None) -> Any: ...
+    def replay(self, key: str, kind: str) -> Any: ...
 
     def record(self, key: str, kind: str, value: Any) -> None: ...
 
@@ -130,7 +130,7 @@ class NullJournal:
     def step(self, depth: int, record: StepRecord) -> None:
         pass
 
-    def replay(self, key: str, kind: str, name: str | None) -> Any:
+    def replay(self, key: str, kind: str) -> Any:
         return None
 
     def record(self, key: str, kind: str, value: Any) -> None:
@@ -164,7 +164,7 @@ class Runtime:
     control: Control = field(default_factory=Control)
     journal: Journal = field(default_factory=NullJournal)
     observer: Observer | None = None  # called at every loop-top, e.g. a live view
-    run_id: str = ""  # prefixes tool idempotency keys, so two runs never share one
+    run_id: str = ""  # prefixes the idempotency keys hosts see, so two runs never share one
     untrusted_flow: FlowPolicy = "report"  # what a tainted decision reaching an effectful tool does
     read_only_tools: frozenset[str] = frozenset()  # the host config's read-only tools
     live_calls: Counter[str] = field(default_factory=Counter)  # calls this process paid for, by kind
@@ -176,19 +176,20 @@ class Runtime:
     def __post_init__(self) -> None:
         self.workers = Workers(self.concurrency)
 
-    def call(self, calls: Calls, kind: str, live: Callable[[str], Any], name: str | None = None) -> Any:
+    def call(self, calls: Calls, kind: str, live: Callable[[str], Any]) -> Any:
         """Every model and tool call goes through here, under the next key of `calls`: the
-        journal answers it when an earlier process paid for it; otherwise `live(key)` runs,
-        is counted and is journaled. Either way its spend joins the run's live total, which
-        every budget check reads, and the tally of `calls`."""
+        journal answers it when an earlier process paid for it; otherwise `live(key)` runs
+        (the host sees its idempotency key, `providers.base.call_key`), is counted and is
+        journaled. Either way its spend joins the run's live total, which every budget check
+        reads, and the tally of `calls`."""
         key = calls.next()
-        value = self.journal.replay(key, kind, name)
+        value = self.journal.replay(key, kind)
         if value is None:
             with self._count_lock:
                 self.live_calls[kind] += 1
             faults.reach("call.before")
             try:
-                with deadline(self.control.deadline):
+                with deadline(self.control.deadline), calling(self.idempotency_key(key)):
                     value = live(key)
             except ProviderError as error:  # a failed call may still have been paid for
                 self._charge(calls, error.usage)
@@ -197,6 +198,10 @@ class Runtime:
             self.journal.record(key, kind, value)
         self._charge(calls, getattr(value, "usage", None))
         return value
+
+    def idempotency_key(self, key: str) -> str:
+        """What a host sees of a call's key (`engine.keys`): `<run id>/<key>`, unique across runs."""
+        return f"{self.run_id}/{key}"
 
     def _charge(self, calls: Calls, usage: Usage | None) -> None:
         """Add a call's spend to the run's live total and to the tally of its step."""

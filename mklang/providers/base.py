@@ -6,6 +6,7 @@ engine's hot loop.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -17,20 +18,6 @@ MAX_RECORDED_TOKENS = 10**15  # tokens in any spend a file records: far above an
 MAX_RECORDED_COST = 1e12  # dollars, likewise
 NONE: Final = "none"  # the judge's "none of the above"
 UNPARSEABLE: Final = "unparseable"  # the judge's answer could not be read
-
-
-@dataclass(frozen=True)
-class Branch:
-    """The fan-out branch a call is made from. The engine sets it (`BRANCH`) around each
-    branch so that a scripted host can answer branches by index, whatever order the
-    concurrent branches reach it in."""
-
-    fan_out: int  # the same for every branch of one fan-out, unique in the process
-    index: int
-    count: int
-
-
-BRANCH: ContextVar[Branch | None] = ContextVar("mklang_branch", default=None)
 
 
 @dataclass(frozen=True)
@@ -138,6 +125,51 @@ def seconds_left() -> float | None:
     """Seconds until the current deadline (negative once passed), or None without one."""
     when = _deadline.get()
     return None if when is None else when - time.monotonic()
+
+
+# The idempotency key of the model, tool or hook call in flight, `<run id>/<key>`
+# (`mklang.engine.keys`): the engine sets it around every call, in whichever thread makes
+# it, so a host can tell calls apart by it (a scripted host answers a fan-out's branches
+# by the branch the key names). A tool declaring `idempotency_key` is given the same key.
+_call_key: ContextVar[str | None] = ContextVar("mklang_call_key", default=None)
+# The branch part of a key: branch i (from 1) of a fan-out of n branches, `<i>of<n>`.
+_BRANCH = re.compile(r"\.(\d+)of(\d+)(?=[./]|$)")
+
+
+@contextmanager
+def calling(key: str) -> Iterator[None]:
+    """The calls inside are the one call whose idempotency key is `key`."""
+    token = _call_key.set(key)
+    try:
+        yield
+    finally:
+        _call_key.reset(token)
+
+
+def call_key() -> str | None:
+    """The idempotency key of the call in flight, or None outside a call."""
+    return _call_key.get()
+
+
+def branch_part(index: int, count: int) -> str:
+    """The part of a key that names branch `index` (from 0) of a fan-out of `count` branches:
+    a key names its branch and how many branches share it."""
+    return f"{index + 1}of{count}"
+
+
+def branch_of(key: str) -> tuple[str, int, int] | None:
+    """The innermost fan-out a call key lies in: (the fan-out's step prefix, the branch index
+    from 0, the number of branches), or None for a call made outside every fan-out."""
+    found = max(_BRANCH.finditer(key), key=lambda match: match.start(), default=None)
+    if found is None:
+        return None
+    return key[: found.start()], int(found.group(1)) - 1, int(found.group(2))
+
+
+def earlier_key(key: str) -> str:
+    """`key` as mklang wrote it before keys named a fan-out's branch count (`r:3.2.1` for
+    `r:3.2of4.1`): the journals and checkpoints of runs it left unfinished hold such keys."""
+    return _BRANCH.sub(lambda found: f".{found.group(1)}", key)
 
 
 def encode_answer(kind: str, value: Any) -> Any:

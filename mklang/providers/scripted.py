@@ -2,10 +2,12 @@
 
 Every scripted source (produce, judge, each hook, each tool) is an `Answers`:
 a list consumed in call order whose last entry repeats, or a map whose first
-key found in the request text wins. Its position can be saved and restored,
-so a suspended scripted run resumes answering exactly as the uninterrupted
-run would (`position()` / `restore()`), and `skip()` lets a crash-resume
-consume an answer it replays from the journal.
+key found in the request text wins. Which list entry a call gets depends on
+the calls before it and on the call's idempotency key (`call_key`), never on
+the engine: the sources of one scripted host keep all they remember in one
+`ScriptState`, the host state a checkpoint saves
+(`mklang.checkpoint.journal.HostState`), so a run resumed after a
+suspension or a crash answers as the uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -18,35 +20,106 @@ from collections.abc import Callable
 from typing import Any
 
 from mklang.errors import ProviderError, UsageError
-from mklang.providers.base import BRANCH, NONE, UNPARSEABLE, Produced, Usage, Verdict
+from mklang.providers.base import NONE, UNPARSEABLE, Produced, Usage, Verdict, branch_of, call_key
 
 # What the scripted model reasons when a `reason` state asks and the answer
 # names no reasoning: the scripted model of mklang 1.x said this, and its
 # scenario scripts expect it in the trace (ADR 0020).
 SCRIPTED_REASONING = "thought"
+GROUPS = ("llm", "tools", "hooks")  # how a saved state groups the sources: model, tools, hooks
+Source = tuple[str, str]  # (group, name): ("llm", "produce"), ("tools", "lookup"), ...
+
+
+class ScriptState:
+    """Where each list source of one scripted host stands, and the fan-outs in flight.
+
+    A call made outside every fan-out takes its source's next entry. Branches
+    of a fan-out run concurrently, so they reach a list in no fixed order;
+    they are answered by the branch their key names (`branch_of`): branch i
+    of a fan-out of n branches that reaches a source at entry p takes p + i,
+    and p + i + k*n for its k-th further call, what one-at-a-time branches
+    with one call each take. Until a call outside every fan-out shows that
+    none is in flight, the state keeps the entry each branch call took, by
+    key: a call made again after a crash gets the entry it had, and a fan-out
+    cut by a budget resumes with the entries that follow.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: dict[Source, int] = {}  # the next list entry of each source
+        self._starts: dict[Source, dict[str, int]] = {}  # fan-out (its step's key) -> its first entry
+        self._taken: dict[Source, dict[str, int]] = {}  # call key -> entry, for the fan-outs in flight
+
+    def add(self, source: Source) -> None:
+        self._next.setdefault(source, 0)
+
+    def take(self, source: Source) -> int:
+        """The list entry of the call in flight to `source`."""
+        key = call_key()
+        branch = branch_of(key) if key is not None else None
+        with self._lock:
+            if key is None or branch is None:
+                self._starts.clear()
+                self._taken.clear()
+                index = self._next[source]
+            else:
+                taken = self._taken.setdefault(source, {})
+                if key in taken:
+                    return taken[key]
+                fan_out, number, count = branch
+                start = self._starts.setdefault(source, {}).setdefault(fan_out, self._next[source])
+                earlier = sum(1 for other in taken if _same_branch(other, fan_out, number))
+                index = taken[key] = start + number + earlier * count
+            self._next[source] = max(self._next[source], index + 1)
+            return index
+
+    def save(self) -> dict[str, Any]:
+        """As JSON: each group's next entries, and the fan-outs in flight when there are any."""
+        with self._lock:
+            saved: dict[str, Any] = {group: {} for group in GROUPS}
+            for (group, name), position in self._next.items():
+                saved[group][name] = position
+            fan_outs: dict[str, dict[str, Any]] = {}
+            for (group, name), starts in self._starts.items():
+                taken = self._taken.get((group, name), {})
+                fan_outs.setdefault(group, {})[name] = {"starts": dict(starts), "taken": dict(taken)}
+            if fan_outs:
+                saved["fan_outs"] = fan_outs
+            return saved
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Continue from a saved state (also the `position` of checkpoints before states)."""
+        with self._lock:
+            for group, name in self._next:
+                self._next[group, name] = int(saved.get(group, {}).get(name, 0))
+            in_flight = saved.get("fan_outs", {})
+            self._starts = {}
+            self._taken = {}
+            for group, name in self._next:
+                if name in in_flight.get(group, {}):
+                    record = in_flight[group][name]
+                    self._starts[group, name] = {str(k): int(v) for k, v in record["starts"].items()}
+                    self._taken[group, name] = {str(k): int(v) for k, v in record["taken"].items()}
+
+
+def _same_branch(key: str, fan_out: str, number: int) -> bool:
+    branch = branch_of(key)
+    return branch is not None and branch[:2] == (fan_out, number)
 
 
 class Answers:
-    """One scripted source: a list (in order, last repeats) or a substring map.
+    """One scripted source: a list (in order, last repeats) or a substring map."""
 
-    Branches of a fan-out run concurrently, so they reach a list in no fixed
-    order; they are answered by branch index instead: branch i of a fan-out
-    that starts at position p takes p + i (and p + i + k*count for its k-th
-    further call), exactly what one-at-a-time branches with one call each take.
-    The position moves past the answers taken only, so a fan-out cut by a
-    budget and resumed gives its remaining branches the answers that follow.
-    """
-
-    def __init__(self, what: str, spec: Any):
+    def __init__(self, what: str, spec: Any, state: ScriptState, source: Source):
         if isinstance(spec, (str, int, bool)) or spec is None:
             spec = [spec]
         if not isinstance(spec, (list, dict)):
             raise UsageError(f"scripted {what}: expected a list or a map")
         self.what = what
         self.spec = spec
-        self.position = 0
-        self._fan_out_starts: dict[int, int] = {}  # fan-out id -> its position when it started
-        self._branch_calls: dict[tuple[int, int], int] = {}  # (fan-out id, branch) -> calls so far
+        self.state = state
+        self.source = source
+        state.add(source)
 
     def next(self, request: str) -> Any:
         """The answer for this call; `request` is searched by map keys."""
@@ -59,23 +132,7 @@ class Answers:
             raise ProviderError(f"scripted {self.what}: no scripted answer matches the request {shown!r}")
         if not self.spec:
             raise ProviderError(f"scripted {self.what}: the script lists no answers")
-        return self.spec[min(self._take(), len(self.spec) - 1)]
-
-    def skip(self) -> None:
-        self._take()
-
-    def _take(self) -> int:
-        """The list position of this call; callers hold the source's lock."""
-        branch = BRANCH.get()
-        if branch is None:
-            self.position += 1
-            return self.position - 1
-        start = self._fan_out_starts.setdefault(branch.fan_out, self.position)
-        calls = self._branch_calls.get((branch.fan_out, branch.index), 0)
-        self._branch_calls[(branch.fan_out, branch.index)] = calls + 1
-        index = start + branch.index + calls * branch.count
-        self.position = max(self.position, index + 1)
-        return index
+        return self.spec[min(self.state.take(self.source), len(self.spec) - 1)]
 
 
 def _as_text(answer: Any) -> str:
@@ -86,11 +143,12 @@ def _as_text(answer: Any) -> str:
 class ScriptedProvider:
     """A Provider whose answers come from a scenario's `llm` section."""
 
-    def __init__(self, llm: dict[str, Any] | None = None):
+    def __init__(self, llm: dict[str, Any] | None = None, state: ScriptState | None = None):
         llm = dict(llm or {})
+        state = state if state is not None else ScriptState()
         self._lock = threading.Lock()
-        self.produce_answers = Answers("produce", llm.pop("produce", [""]))
-        self.judge_answers = Answers("judge", llm.pop("judge", [0]))
+        self.produce_answers = Answers("produce", llm.pop("produce", [""]), state, ("llm", "produce"))
+        self.judge_answers = Answers("judge", llm.pop("judge", [0]), state, ("llm", "judge"))
         tokens = llm.pop("tokens", [0, 0])
         if not (isinstance(tokens, list) and len(tokens) == 2 and all(isinstance(t, int) for t in tokens)):
             raise UsageError("scripted llm.tokens: expected [input, output] integers")
@@ -127,28 +185,19 @@ class ScriptedProvider:
         # Out of range answers are never clamped (SPEC section 4).
         return Verdict(UNPARSEABLE, Usage())
 
-    def skip(self, kind: str) -> None:
-        """Consume one answer without answering (its reply comes from a journal)."""
-        with self._lock:
-            (self.produce_answers if kind == "produce" else self.judge_answers).skip()
-
-    def position(self) -> dict[str, int]:
-        return {"produce": self.produce_answers.position, "judge": self.judge_answers.position}
-
-    def restore(self, position: dict[str, int]) -> None:
-        self.produce_answers.position = int(position.get("produce", 0))
-        self.judge_answers.position = int(position.get("judge", 0))
-
 
 class ScriptedCallables:
     """Scripted hooks (`{name: [bool, ...]}`) or tools (`{name: [str, ...] | {substring: str}}`)."""
 
-    def __init__(self, kind: str, spec: dict[str, Any] | None):
+    def __init__(self, kind: str, spec: dict[str, Any] | None, state: ScriptState | None = None):
         if spec is not None and not isinstance(spec, dict):
             raise UsageError(f"scripted {kind}s: expected a map of name to answers")
         self.kind = kind
-        self._lock = threading.Lock()
-        self.sources = {name: Answers(f"{kind} {name}", answers) for name, answers in (spec or {}).items()}
+        state = state if state is not None else ScriptState()
+        group = f"{kind}s"
+        self.sources = {
+            name: Answers(f"{kind} {name}", spec, state, (group, name)) for name, spec in (spec or {}).items()
+        }
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         """Host callables answering from the script: tools take the input map,
@@ -160,19 +209,6 @@ class ScriptedCallables:
 
         def answer(*args: Any) -> Any:
             request = json.dumps(args[-1] if self.kind == "hook" else args[0], ensure_ascii=False, default=str)
-            with self._lock:
-                return source.next(request)
+            return source.next(request)
 
         return answer
-
-    def skip(self, name: str) -> None:
-        with self._lock:
-            self.sources[name].skip()
-
-    def position(self) -> dict[str, int]:
-        return {name: source.position for name, source in self.sources.items()}
-
-    def restore(self, position: dict[str, int]) -> None:
-        for name, value in position.items():
-            if name in self.sources:
-                self.sources[name].position = int(value)

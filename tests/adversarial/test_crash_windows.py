@@ -156,7 +156,7 @@ def test_a_reply_given_on_resume_is_fenced_as_untrusted_data(tmp_path):
                 return provider.judge(*args)
 
         tools, hooks = scripted.tools.functions(), scripted.hooks.functions()
-        return Host(Recording(), tools, hooks, scripted=scripted)
+        return Host(Recording(), tools, hooks, state=scripted.state)
 
     checkpoint = tmp_path / "cp.json"
     first = start(machine, dict(scenario.input), host(), checkpoint=checkpoint, hitl=True)

@@ -594,19 +594,46 @@ def test_each_line_of_a_run_is_journaled_with_its_level_and_chained_to_the_last(
     ]
 
 
-def test_a_step_line_carries_the_scripted_position_when_the_run_has_one(tmp_path):
-    journal, frame = _run_journal(tmp_path, position=lambda: {"produce": 1})
+class Counted:
+    """A host state that counts the times it was saved."""
+
+    def __init__(self) -> None:
+        self.saves = 0
+
+    def save(self) -> dict[str, Any]:
+        self.saves += 1
+        return {"saves": self.saves}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        self.saves = saved["saves"]
+
+
+def test_every_line_and_envelope_carries_the_host_state_as_of_it_when_the_run_has_one(tmp_path):
+    journal, frame = _run_journal(tmp_path, host_state=Counted())
     journal.snapshot([frame], status="running")
+    journal.record("r:1.0.1", "tool", "t")
     journal.step(0, _step("a", "b", "one"))
-    assert load(tmp_path / "cp.json").host.position == {"produce": 1}
-    [step] = _records(tmp_path)
-    assert step["p"] == {"produce": 1}
+    journal.halt(0, "gate-fail", Usage())
+    assert load(tmp_path / "cp.json").host.state == {"saves": 1}
+    assert [record["s"] for record in _records(tmp_path)] == [{"saves": 2}, {"saves": 3}, {"saves": 4}]
     (tmp_path / "plain").mkdir()
     plain, frame = _run_journal(tmp_path / "plain")
     plain.snapshot([frame], status="running")
     plain.step(0, _step("a", "b", "one"))
-    assert "p" not in _records(tmp_path / "plain")[0]
-    assert load(tmp_path / "plain" / "cp.json").host.position is None
+    assert "s" not in _records(tmp_path / "plain")[0]
+    assert load(tmp_path / "plain" / "cp.json").host.state is None
+
+
+def test_recovery_gives_back_the_host_state_of_the_last_line_that_holds_one(tmp_path):
+    machine = write_machines(tmp_path, TWO_STATES)
+    call = {"k": "call", "key": "r:1.0.1", "kind": "tool", "v": "t"}
+    step = {"k": "step", "d": 0, "r": _step("a", "b", "one")}
+    records = [{**call, "s": {"n": 1}}, {**step, "s": {"n": 2}}, {**call, "key": "r:2.0.1", "s": {"n": 3}}]
+    assert recover([Frame.start(machine)], {}, records, lambda _: machine)[2] == {"n": 3}
+    # Journals written before lines carried the state: the step lines carry it as `p`.
+    earlier = [{**step, "p": {"llm": {"produce": 1}}}, {**call, "key": "r:2.0.1"}]
+    assert recover([Frame.start(machine)], {}, earlier, lambda _: machine)[2] == {"llm": {"produce": 1}}
+    assert recover([Frame.start(machine)], {}, [], lambda _: machine)[2] is None
 
 
 class JournalFsyncs:
@@ -662,26 +689,28 @@ def _paid(text: str, tokens: int) -> dict[str, Any]:
     return {"kind": "produce", "v": {"text": text, "reasoning": None, "usage": Usage(tokens, 1).to_json()}}
 
 
-def test_a_replayed_answer_is_used_once_only_for_its_own_kind_and_is_skipped_in_the_script(tmp_path):
-    skipped: list[tuple[str, str | None]] = []
+def test_a_replayed_answer_is_used_once_and_only_for_its_own_kind(tmp_path):
     replay = {"k1": _paid("one", 2), "k2": {"kind": "tool", "v": "text"}, "k3": {**_paid("c", 1), "consumed": True}}
-    journal, _ = _run_journal(tmp_path, replay=replay, skip=lambda kind, name: skipped.append((kind, name)))
-    assert journal.replay("k1", "produce", None) == Produced("one", None, Usage(2, 1))
-    assert journal.replay("k1", "produce", None) is None  # used once
-    assert journal.replay("k2", "produce", None) is None  # recorded for another kind of call
-    assert journal.replay("k2", "tool", "t") is None  # ... and not used by another call either
+    journal, _ = _run_journal(tmp_path, replay=replay)
+    assert journal.replay("k1", "produce") == Produced("one", None, Usage(2, 1))
+    assert journal.replay("k1", "produce") is None  # used once
+    assert journal.replay("k2", "produce") is None  # recorded for another kind of call
+    assert journal.replay("k2", "tool") is None  # ... and not used by another call either
     journal.replay_set["k4"] = {"kind": "tool", "v": "text"}
-    assert journal.replay("k4", "tool", "lookup") == "text"
-    assert journal.replay("missing", "tool", "t") is None
-    assert journal.replay("k3", "produce", None) == Produced("c", None, Usage(1, 1))
-    assert skipped == [("produce", None), ("tool", "lookup")]  # a consumed answer is already counted by the position
-
-
-def test_a_replay_without_a_script_uses_the_answer_without_skipping_anything(tmp_path):
-    journal, _ = _run_journal(tmp_path, replay={"k1": {"kind": "tool", "v": "text"}})
-    assert journal.replay("k1", "tool", "t") == "text"
+    assert journal.replay("k4", "tool") == "text"
+    assert journal.replay("missing", "tool") is None
+    assert journal.replay("k3", "produce") == Produced("c", None, Usage(1, 1))  # marked by an earlier version
     empty, _ = _run_journal(tmp_path)
-    assert empty.replay("k1", "tool", "t") is None
+    assert empty.replay("k1", "tool") is None
+
+
+def test_an_answer_kept_under_a_key_of_an_earlier_version_answers_the_same_call(tmp_path):
+    """Keys did not name a fan-out's branch count before: `r:3.2.1` is now `r:3.2of4.1`."""
+    replay = {"r:3.2.1": {"kind": "tool", "v": "kept"}, "r:3.1/:1.0.1": _paid("below", 1)}
+    journal, _ = _run_journal(tmp_path, replay=replay)
+    assert journal.replay("r:3.2of4.1", "tool") == "kept"
+    assert journal.replay("r:3.1of4/:1.0.1", "produce") == Produced("below", None, Usage(1, 1))
+    assert journal.replay_set == {}
 
 
 def test_a_snapshot_keeps_the_unreplayed_answers_and_counts_their_spend(tmp_path):
@@ -693,14 +722,14 @@ def test_a_snapshot_keeps_the_unreplayed_answers_and_counts_their_spend(tmp_path
     envelope = load(tmp_path / "cp.json")
     assert envelope.answers == replay
     assert envelope.usage == {"input_tokens": 17, "output_tokens": 12, "cost_usd": 1.0}
-    journal.replay("k3", "produce", None)
+    journal.replay("k3", "produce")
     assert journal.unreplayed() == Usage(2, 1)
 
 
 def test_a_step_or_halt_folds_the_answers_of_its_step_so_they_are_not_kept_again(tmp_path):
     journal, frame = _run_journal(tmp_path, replay={"k1": _paid("one", 2), "k2": _paid("two", 3)})
     journal.snapshot([frame], status="running")
-    journal.replay("k1", "produce", None)
+    journal.replay("k1", "produce")
     journal.record("k4", "tool", "t")
     journal.step(0, _step("a", "b", "one"))
     assert journal.unreplayed() == Usage()
@@ -714,18 +743,18 @@ def test_a_step_or_halt_folds_the_answers_of_its_step_so_they_are_not_kept_again
     assert (load(tmp_path / "cp.json").answers, journal.unreplayed()) == ({}, Usage())
 
 
-def test_a_suspended_envelope_keeps_the_answers_of_the_step_in_flight_marked_consumed(tmp_path):
+def test_a_suspended_envelope_keeps_the_answers_of_the_step_in_flight(tmp_path):
     replay = {"old": _paid("old", 1), "used": _paid("used", 2)}
     journal, frame = _run_journal(tmp_path, replay=replay)
     journal.snapshot([frame], status="running")
-    journal.replay("used", "produce", None)
+    journal.replay("used", "produce")
     journal.record("r:1.0#0/x", "tool", "paid")
     journal.finish([frame], status="suspended", reason="budget-exhausted")
     envelope = load(tmp_path / "cp.json")
     assert envelope.answers == {
         "old": _paid("old", 1),
-        "used": {**_paid("used", 2), "consumed": True},
-        "r:1.0#0/x": {"kind": "tool", "v": "paid", "consumed": True},
+        "used": _paid("used", 2),
+        "r:1.0#0/x": {"kind": "tool", "v": "paid"},
     }
     assert (envelope.status, envelope.reason, envelope.generation, envelope.seal) == (
         "suspended",
@@ -985,25 +1014,25 @@ def test_recovery_replays_steps_entered_levels_halts_and_the_calls_of_the_step_i
         {"k": "call", "key": "r:2.0", "kind": "produce", "v": {"text": "t"}, "h": "mac"},
         {"k": "future kind"},
     ]
-    chain, calls, position = recover([top], answers, records, machine_for)
+    chain, calls, host_state = recover([top], answers, records, machine_for)
     assert answers == {"old": {"kind": "tool", "v": "kept"}}  # the envelope's own record is not touched
     assert [(f.state, f.steps, f.usage.input_tokens) for f in chain] == [("b", 1, 2), ("b", 1, 3)]
     assert (chain[0].context["x"], chain[1].context["x"], chain[1].context["from"]) == ("x1", "y1", "journal")
     assert loaded == [child.to_json()]
     assert calls == {"r:2.0": {"kind": "produce", "v": {"text": "t"}}}
-    assert position == {"llm": 1}  # a step without a position keeps the last one
+    assert host_state == {"llm": 1}  # a step without a state keeps the last one
 
 
-def test_recovery_keeps_the_unreplayed_answers_until_a_step_and_no_position_without_one(tmp_path):
+def test_recovery_keeps_the_unreplayed_answers_until_a_step_and_no_host_state_without_one(tmp_path):
     machine = write_machines(tmp_path, TWO_STATES)
     answers = {"old": {"kind": "tool", "v": "kept"}}
     records = [{"k": "call", "key": "r:1.0", "kind": "tool", "v": "one"}]
-    chain, calls, position = recover([Frame.start(machine)], answers, records, lambda f: machine)
+    chain, calls, host_state = recover([Frame.start(machine)], answers, records, lambda f: machine)
     assert calls == {"old": {"kind": "tool", "v": "kept"}, "r:1.0": {"kind": "tool", "v": "one"}}
-    assert (position, chain[0].state) == (None, "a")
+    assert (host_state, chain[0].state) == (None, "a")
     steps = [{"k": "step", "d": 0, "r": _step("a", "b", 1)}]
-    _, calls, position = recover([Frame.start(machine)], answers, steps, lambda f: machine)
-    assert (calls, position) == ({}, None)
+    _, calls, host_state = recover([Frame.start(machine)], answers, steps, lambda f: machine)
+    assert (calls, host_state) == ({}, None)
 
 
 def test_a_level_entered_at_a_depth_replaces_the_levels_from_that_depth_on(tmp_path):
@@ -1033,7 +1062,7 @@ def test_a_step_or_halt_at_a_level_drops_the_levels_below_it(tmp_path):
 def test_the_callers_replay_map_is_not_used_up_by_the_run(tmp_path):
     replay = {"k1": {"kind": "tool", "v": "text"}}
     journal, _ = _run_journal(tmp_path, replay=replay)
-    assert journal.replay("k1", "tool", "t") == "text"
+    assert journal.replay("k1", "tool") == "text"
     assert replay == {"k1": {"kind": "tool", "v": "text"}}
 
 

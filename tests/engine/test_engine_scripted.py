@@ -8,7 +8,7 @@ import pytest
 
 from mklang.errors import ProviderError
 from mklang.providers.base import NONE, UNPARSEABLE
-from mklang.providers.scripted import ScriptedCallables, ScriptedProvider
+from mklang.providers.scripted import ScriptedCallables, ScriptedProvider, ScriptState
 
 
 def produce(provider: ScriptedProvider, user: str = "prompt") -> str:
@@ -87,11 +87,25 @@ def test_scripted_tools_answer_by_a_substring_of_their_input():
         tools["kb"]({"query": "weather"})
 
 
-def test_a_skipped_answer_is_consumed_for_its_kind_only():
-    provider = ScriptedProvider({"produce": ["a", "b", "c"], "judge": [0, 1]})
-    provider.skip("produce")
-    provider.skip("produce")
-    assert provider.produce("s", "u", "fast", False).text == "c"
+def test_the_sources_of_one_scripted_host_share_one_state_and_each_keeps_its_place():
+    state = ScriptState()
+    provider = ScriptedProvider({"produce": ["a", "b", "c"], "judge": [0, 1]}, state)
+    hooks = ScriptedCallables("hook", {"ok": [True, False]}, state).functions()
+    assert provider.produce("s", "u", "fast", False).text == "a"
+    assert hooks["ok"]({}, "out") is True
     assert provider.judge(["x", "y"], "o", None, {}, "fast").choice == 0
-    provider.skip("judge")
-    assert provider.position() == {"produce": 3, "judge": 2}
+    assert state.save() == {"llm": {"produce": 1, "judge": 1}, "tools": {}, "hooks": {"ok": 1}}
+
+
+def test_one_scripted_provider_running_two_fan_outs_of_the_same_step_answers_each_run_afresh():
+    """The key a host sees names the run: the second run's branches are not the first run's."""
+    from mklang.engine import run
+    from mklang.syntax import parse
+
+    machine = parse(
+        'machine m\nentry a\nbudget 5\n\nstate a {\n  sample 2\n  structure "s"\n  prompt "p"\n'
+        "  output xs\n  otherwise -> END\n}\n",
+        "m.mk",
+    )
+    provider = ScriptedProvider({"produce": ["a0", "a1", "a2", "a3"]})
+    assert [run(machine, {}, provider=provider).context["xs"] for _ in range(2)] == [["a0", "a1"], ["a2", "a3"]]

@@ -20,15 +20,18 @@ from mklang.host.config import HostConfig, Price, ProviderConfig, Route
 from mklang.providers import http, judge, scratchpad, scripted
 from mklang.providers.anthropic import AnthropicClient
 from mklang.providers.base import (
-    BRANCH,
     NONE,
     UNPARSEABLE,
-    Branch,
     Produced,
     Usage,
     Verdict,
+    branch_of,
+    branch_part,
+    call_key,
+    calling,
     deadline,
     decode_answer,
+    earlier_key,
     encode_answer,
     seconds_left,
 )
@@ -36,7 +39,7 @@ from mklang.providers.cassette import RecordingProvider, ReplayProvider
 from mklang.providers.factory import build_routed, make_client, make_provider
 from mklang.providers.http import HttpTransport, redact, retry_after
 from mklang.providers.openai import OpenAIClient
-from mklang.providers.scripted import Answers, ScriptedCallables, ScriptedProvider
+from mklang.providers.scripted import Answers, ScriptedCallables, ScriptedProvider, ScriptState
 
 KEY = "sk-pin-SECRET-0123456789"
 
@@ -561,82 +564,125 @@ def test_anthropic_a_refusal_is_an_error(server):
 # --- scripted: one source of answers --------------------------------------------
 
 
+def test_a_call_key_names_the_branch_of_the_innermost_fan_out_it_is_made_in():
+    assert branch_part(1, 4) == "2of4"
+    assert branch_of("r:3.2of4.1") == ("r:3", 1, 4)
+    assert branch_of("r:3.2of4/:5.1of12.1") == ("r:3.2of4/:5", 0, 12)
+    assert branch_of("r:3.2of4/:5.g.1") == ("r:3", 1, 4)  # the judge of a sub-machine in a branch
+    assert branch_of("r:3.0/:1.h.2") is None
+    assert earlier_key("r:3.2of4/:5.10of12.1") == "r:3.2/:5.10.1"
+    assert earlier_key("r:3.0.1") == "r:3.0.1"
+
+
+def test_the_call_key_is_set_only_inside_a_call():
+    assert call_key() is None
+    with calling("r:1.0.1"):
+        assert call_key() == "r:1.0.1"
+    assert call_key() is None
+
+
+def _answers(spec: Any, what: str = "produce") -> tuple[Answers, ScriptState]:
+    state = ScriptState()
+    return Answers(what, spec, state, ("llm", "produce")), state
+
+
+def _ask(answers: Answers, key: str | None) -> Any:
+    """An answer to the call whose idempotency key is `key` (None: a call outside any run)."""
+    if key is None:
+        return answers.next("")
+    with calling(key):
+        return answers.next("")
+
+
 def test_a_scripted_list_answers_in_order_and_its_last_answer_repeats():
-    answers = Answers("produce", ["a", "b"])
+    answers, state = _answers(["a", "b"])
     assert [answers.next("") for _ in range(4)] == ["a", "b", "b", "b"]
-    assert answers.position == 4
+    assert state.save() == {"llm": {"produce": 4}, "tools": {}, "hooks": {}}
 
 
 @pytest.mark.parametrize("single", ["a", 3, True, False, None])
 def test_a_single_scripted_answer_is_a_list_of_one(single):
-    answers = Answers("produce", single)
+    answers, _ = _answers(single)
     assert [answers.next(""), answers.next("")] == [single, single]
 
 
 @pytest.mark.parametrize("spec", [1.5, ("a",), {"a"}])
 def test_a_script_that_is_neither_a_list_nor_a_map_is_refused(spec):
     with pytest.raises(UsageError) as caught:
-        Answers("tool t", spec)
+        _answers(spec, "tool t")
     assert str(caught.value) == "scripted tool t: expected a list or a map"
 
 
 def test_an_empty_scripted_list_fails_the_call():
-    message = _fails(Answers("judge", []).next, "")
+    message = _fails(_answers([], "judge")[0].next, "")
     assert message == "scripted judge: the script lists no answers"
 
 
 def test_a_scripted_map_answers_with_the_first_key_found_in_the_request():
-    answers = Answers("produce", {"apple": "fruit", "pie": "dish", 7: "seven"})
+    answers, state = _answers({"apple": "fruit", "pie": "dish", 7: "seven"})
     assert answers.next("apple pie") == "fruit"
     assert answers.next("a pie") == "dish"
     assert answers.next("room 17") == "seven"
-    assert answers.position == 0
+    assert state.save()["llm"] == {"produce": 0}
 
 
 def test_a_request_no_scripted_key_matches_is_quoted_with_its_nonces_hidden_and_cut_to_80():
-    answers = Answers("produce", {"zzz": "never"})
+    answers, _ = _answers({"zzz": "never"})
     request = "<data-0a1b>x</data-0a1b> <data-cafe> " + "w" * 100
     shown = ("<data-NONCE>x</data-NONCE> <data-NONCE> " + "w" * 100)[:80]
     assert _fails(answers.next, request) == f"scripted produce: no scripted answer matches the request {shown!r}"
 
 
-def test_skipping_a_scripted_answer_moves_past_it():
-    answers = Answers("produce", ["a", "b", "c"])
-    answers.skip()
-    assert answers.next("") == "b"
-    answers.skip()
-    assert answers.position == 3
-
-
 def test_fan_out_branches_take_the_answers_at_their_index_whatever_order_they_call_in():
-    answers = Answers("produce", ["x", "b0", "b1", "b2", "b0 again", "b1 again", "b2 again", "after"])
-    assert answers.next("") == "x"
+    answers, state = _answers(["x", "b0", "b1", "b2", "b0 again", "b1 again", "b2 again", "after"])
+    assert _ask(answers, "r:1.0.1") == "x"
     taken = {}
-    for index in (2, 0, 1, 0, 2):
-        token = BRANCH.set(Branch(fan_out=41, index=index, count=3))
-        try:
-            taken.setdefault(index, []).append(answers.next(""))
-        finally:
-            BRANCH.reset(token)
+    for index, step in ((2, 1), (0, 1), (1, 1), (0, 2), (2, 2)):  # each branch runs a sub-machine
+        taken.setdefault(index, []).append(_ask(answers, f"r:2.{index + 1}of3/:{step}.0.1"))
     assert taken == {0: ["b0", "b0 again"], 1: ["b1"], 2: ["b2", "b2 again"]}
-    assert answers.position == 7  # past the furthest answer taken
-    assert answers.next("") == "after"
+    assert state.save()["llm"] == {"produce": 7}  # past the furthest answer taken
+    assert _ask(answers, "r:3.0.1") == "after"
+
+
+def test_a_fan_out_nested_in_a_branch_answers_by_its_own_branches():
+    answers, _ = _answers([f"a{i}" for i in range(6)])
+    assert _ask(answers, "r:1.1of2/:1.2of2.1") == "a1"
+    assert _ask(answers, "r:1.1of2/:1.1of2.1") == "a0"
 
 
 def test_a_second_fan_out_starts_where_the_first_left_off():
-    answers = Answers("produce", [f"a{i}" for i in range(6)])
-    for fan_out, index in ((1, 0), (1, 1), (2, 1), (2, 0)):
-        token = BRANCH.set(Branch(fan_out=fan_out, index=index, count=2))
-        try:
-            answers.next("")
-        finally:
-            BRANCH.reset(token)
-    assert answers.position == 4
-    token = BRANCH.set(Branch(fan_out=3, index=1, count=2))
-    try:
-        assert answers.next("") == "a5"
-    finally:
-        BRANCH.reset(token)
+    answers, state = _answers([f"a{i}" for i in range(6)])
+    for key in ("r:1.1of2.1", "r:1.2of2.1", "r:2.2of2.1", "r:2.1of2.1"):
+        _ask(answers, key)
+    assert state.save()["llm"] == {"produce": 4}
+    assert _ask(answers, "r:3.2of2.1") == "a5"
+
+
+def test_a_branch_call_made_again_gets_the_answer_it_had_until_a_call_outside_every_fan_out():
+    """After a crash a call whose answer was never journaled is made again under the same key."""
+    answers, _ = _answers(["b0", "b1", "b0 again", "next", "last"])
+    assert [_ask(answers, "r:1.1of2/:1.0.1"), _ask(answers, "r:1.1of2/:1.0.1")] == ["b0", "b0"]
+    assert _ask(answers, "r:1.1of2/:2.0.1") == "b0 again"
+    assert _ask(answers, "r:2.0.1") == "next"
+    assert _ask(answers, "r:1.1of2/:1.0.1") == "last"  # the fan-out is over: a new call
+
+
+def test_a_saved_state_continues_the_fan_out_in_flight_in_another_host():
+    """A fan-out cut by a budget resumes in a new process with the answers that follow."""
+    spec = [f"a{i}" for i in range(9)]
+    answers, state = _answers(spec)
+    _ask(answers, "r:1.0.1")
+    _ask(answers, "r:2.1of3/:1.0.1")
+    _ask(answers, "r:2.2of3/:1.0.1")
+    saved = json.loads(json.dumps(state.save()))
+    assert saved["fan_outs"] == {
+        "llm": {"produce": {"starts": {"r:2": 1}, "taken": {"r:2.1of3/:1.0.1": 1, "r:2.2of3/:1.0.1": 2}}}
+    }
+    again, resumed = _answers(spec)
+    resumed.restore(saved)
+    assert [_ask(again, "r:2.3of3/:1.0.1"), _ask(again, "r:2.1of3/:2.0.1")] == ["a3", "a4"]
+    assert _ask(again, "r:3.0.1") == "a5"
+    assert "fan_outs" not in resumed.save()
 
 
 # --- scripted: the provider --------------------------------------------------------
@@ -736,19 +782,17 @@ def test_a_scripted_provider_names_the_source_a_call_found_no_answer_in():
     )
 
 
-def test_a_scripted_provider_skips_restores_and_reports_each_source_apart():
-    provider = ScriptedProvider({"produce": ["a", "b", "c"], "judge": [0, 1, 0]})
-    provider.skip("produce")
-    provider.skip("judge")
-    provider.skip("judge")
-    assert provider.position() == {"produce": 1, "judge": 2}
+def test_a_scripted_provider_restores_and_reports_each_source_apart():
+    state = ScriptState()
+    provider = ScriptedProvider({"produce": ["a", "b", "c"], "judge": [0, 1, 0]}, state)
+    state.restore({"llm": {"produce": 1, "judge": 2}})
     assert provider.produce("", "", "fast", False).text == "b"
     assert provider.calls == {"produce": 1, "judge": 0}
-    provider.restore({"produce": "2"})
-    assert provider.position() == {"produce": 2, "judge": 0}
+    state.restore({"llm": {"produce": "2"}})  # as a checkpoint's `position` may hold it
+    assert state.save()["llm"] == {"produce": 2, "judge": 0}
     assert provider.produce("", "", "fast", False).text == "c"
-    provider.restore({"judge": 1})
-    assert provider.position() == {"produce": 0, "judge": 1}
+    state.restore({"llm": {"judge": 1}})
+    assert state.save()["llm"] == {"produce": 0, "judge": 1}
     assert provider.judge(["x", "y"], "o", None, {}, "fast").choice == 1
 
 
@@ -767,12 +811,15 @@ def test_no_scripted_callables_is_no_functions():
 
 
 def test_a_scripted_tool_is_matched_against_its_input_as_json():
-    tools = ScriptedCallables("tool", {"lookup": {'"city": "Zürich"': "cold", "x": "other"}, "echo": ["e1", "e2"]})
+    state = ScriptState()
+    tools = ScriptedCallables(
+        "tool", {"lookup": {'"city": "Zürich"': "cold", "x": "other"}, "echo": ["e1", "e2"]}, state
+    )
     functions = tools.functions()
     assert sorted(functions) == ["echo", "lookup"]
     assert functions["lookup"]({"city": "Zürich"}) == "cold"
     assert functions["echo"]({}) == "e1"
-    assert tools.position() == {"lookup": 0, "echo": 1}
+    assert state.save()["tools"] == {"lookup": 0, "echo": 1}
     message = _fails(functions["lookup"], {"town": 1})
     assert message == "scripted tool lookup: no scripted answer matches the request '{\"town\": 1}'"
 
@@ -787,12 +834,11 @@ def test_a_scripted_hook_is_matched_against_the_output_not_the_context():
     assert hooks.functions()["ok"]({"ctx": 1}, "good output") is True
 
 
-def test_scripted_callables_skip_and_restore_by_name():
-    tools = ScriptedCallables("tool", {"a": ["a0", "a1", "a2"], "b": ["b0", "b1"]})
-    tools.skip("a")
-    assert tools.position() == {"a": 1, "b": 0}
-    tools.restore({"b": "1", "gone": 5})
-    assert tools.position() == {"a": 1, "b": 1}
+def test_scripted_callables_restore_by_name():
+    state = ScriptState()
+    tools = ScriptedCallables("tool", {"a": ["a0", "a1", "a2"], "b": ["b0", "b1"]}, state)
+    state.restore({"tools": {"a": 1, "b": "1", "gone": 5}, "hooks": {"a": 2}})
+    assert state.save() == {"llm": {}, "tools": {"a": 1, "b": 1}, "hooks": {}}
     functions = tools.functions()
     assert (functions["a"]({}), functions["b"]({})) == ("a1", "b1")
 

@@ -658,25 +658,71 @@ def test_a_resume_runs_with_the_hooks_and_the_control_it_is_given(tmp_path):
     assert (done.status, done.result, seen) == ("done", "last", ["last"])
 
 
-def test_a_scripted_run_saves_its_position_and_a_resume_restores_it_or_runs_without_it(tmp_path):
+def test_a_scripted_run_saves_its_state_and_a_resume_restores_it_or_runs_without_it(tmp_path):
     machine = project(tmp_path / "project")
     scenario = Scenario("s", llm={"produce": ["one", "two", "three"]})
     first = ScriptedHost(scenario)
     path = tmp_path / "cp.json"
-    start(machine, None, Host(first.provider, scripted=first), checkpoint=path)
-    recorded = load(path).host.position
-    assert recorded == first.position() and recorded != ScriptedHost(scenario).position()
+    start(machine, None, Host(first.provider, state=first.state), checkpoint=path)
+    recorded = load(path).host.state
+    assert recorded == first.state.save() and recorded != ScriptedHost(scenario).state.save()
     shutil.copy(path, tmp_path / "copy.json")
 
     again = ScriptedHost(scenario)
-    done = proceed(open_run(path), Host(again.provider, scripted=again), budget=5)
+    done = proceed(open_run(path), Host(again.provider, state=again.state), budget=5)
     assert (done.status, done.result) == ("done", "three")  # the answers after the one already used
-    assert load(path).host.position == again.position() != recorded
+    assert load(path).host.state == again.state.save() != recorded
 
     other = proceed(
         open_run(tmp_path / "copy.json", allow_rollback=True), Host(Recorder({"produce": ["a", "b"]})), budget=5
     )
     assert (other.status, other.result) == ("done", "b")
+
+
+def _suspended_scripted(tmp_path: Path, scenario: Scenario) -> Path:
+    """A checkpoint of a scripted run of the project suspended after one answer (step budget)."""
+    path = tmp_path / "cp.json"
+    first = ScriptedHost(scenario)
+    start(project(tmp_path / "project"), None, Host(first.provider, state=first.state), checkpoint=path)
+    return path
+
+
+def _rewritten(path: Path, host: dict[str, Any]) -> None:
+    """The checkpoint with its host record replaced, signed with this user's key."""
+    document = json.loads(path.read_text())
+    del document["signature"]
+    document["host"] = host
+    path.write_bytes(sign(document, checkpoint_key())[0])
+
+
+def test_a_checkpoint_that_saved_a_scripted_position_resumes_from_it_and_is_rewritten_with_a_state(tmp_path):
+    """Checkpoints written before host states call a scripted host's state `host.position`."""
+    scenario = Scenario("s", llm={"produce": ["one", "two", "three"]})
+    path = _suspended_scripted(tmp_path, scenario)
+    host = json.loads(path.read_text())["host"]
+    _rewritten(path, {**{k: v for k, v in host.items() if k != "state"}, "position": {"llm": {"produce": 1}}})
+    assert load(path).host.state == {"llm": {"produce": 1}}
+    again = ScriptedHost(scenario)
+    done = proceed(open_run(path), Host(again.provider, state=again.state), budget=5)
+    assert (done.status, done.result) == ("done", "three")
+    written = json.loads(path.read_text())["host"]
+    assert "position" not in written and written["state"] == {
+        "llm": {"produce": 3, "judge": 0},
+        "tools": {},
+        "hooks": {},
+    }
+
+
+def test_a_host_state_the_host_cannot_read_is_refused_in_one_line(tmp_path):
+    scenario = Scenario("s", llm={"produce": ["one", "two", "three"]})
+    path = _suspended_scripted(tmp_path, scenario)
+    _rewritten(path, {**json.loads(path.read_text())["host"], "state": {"llm": {"produce": "many"}}})
+    again = ScriptedHost(scenario)
+    with pytest.raises(CheckpointError) as caught:
+        proceed(open_run(path), Host(again.provider, state=again.state))
+    assert (
+        str(caught.value) == f"{path}: malformed host state: ValueError: invalid literal for int() with base 10: 'many'"
+    )
 
 
 class _Died(BaseException):
@@ -1021,9 +1067,9 @@ def test_a_scripted_tool_answer_replayed_after_a_crash_is_not_answered_again(tmp
     host.provider.judge = dies  # type: ignore[method-assign]
     path = tmp_path / "cp.json"
     with pytest.raises(_Died):
-        start(machine, None, Host(host.provider, tools=host.tools.functions(), scripted=host), checkpoint=path)
+        start(machine, None, Host(host.provider, tools=host.tools.functions(), state=host.state), checkpoint=path)
     again = ScriptedHost(scenario)
-    done = proceed(open_run(path), Host(again.provider, tools=again.tools.functions(), scripted=again))
+    done = proceed(open_run(path), Host(again.provider, tools=again.tools.functions(), state=again.state))
     assert (done.status, done.context) == ("done", {"first": "url-1", "second": "url-2"})
 
 
@@ -1087,12 +1133,12 @@ def test_a_call_is_made_under_the_runs_deadline():
     assert untimed.left == [None, None]
 
 
-def test_a_resume_given_a_host_record_keeps_the_scripted_position_the_checkpoint_saved(tmp_path):
+def test_a_resume_given_a_host_record_keeps_the_host_state_the_checkpoint_saved(tmp_path):
     machine = project(tmp_path / "project")
     host = ScriptedHost(Scenario("s", llm={"produce": ["one", "two", "three"]}))
     path = tmp_path / "cp.json"
-    start(machine, None, Host(host.provider, scripted=host), checkpoint=path)
-    recorded = load(path).host.position
+    start(machine, None, Host(host.provider, state=host.state), checkpoint=path)
+    recorded = load(path).host.state
     again = proceed(open_run(path), Host(Recorder(), settings={"model": "m2"}))
     assert (again.status, again.reason) == ("suspended", "budget-exhausted")
-    assert (load(path).host.model, load(path).host.position) == ("m2", recorded)
+    assert (load(path).host.model, load(path).host.state) == ("m2", recorded)

@@ -194,15 +194,14 @@ def test_scripted_fan_out_runs_branches_concurrently_by_default(tmp_path):
 
 def test_branch_answers_do_not_depend_on_which_branch_asks_first():
     """Item 5, without timing: branches that reach a list in reverse order get their own answers."""
-    from mklang.providers.base import BRANCH, Branch
+    from mklang.providers.base import branch_part, calling
     from mklang.providers.scripted import ScriptedProvider
 
     provider = ScriptedProvider({"produce": ["zero", "one", "two", "three", "after"]})
     answers = {}
     for index in (2, 0, 1):  # the order concurrent branches happened to arrive in
-        marker = BRANCH.set(Branch(fan_out=7, index=index, count=3))
-        answers[index] = provider.produce("", "p", "fast", False).text
-        BRANCH.reset(marker)
+        with calling(f"r:4.{branch_part(index, 3)}.1"):
+            answers[index] = provider.produce("", "p", "fast", False).text
     assert answers == {0: "zero", 1: "one", 2: "two"}
     assert provider.produce("", "p", "fast", False).text == "three"  # the next call after the fan-out
 

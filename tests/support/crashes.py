@@ -61,7 +61,11 @@ class CountedHost:
 
     def host(self) -> Host:
         return Host(
-            self.provider, self.tools, self.scripted.hooks.functions(), scripted=self.scripted, scenario=self.scenario
+            self.provider,
+            self.tools,
+            self.scripted.hooks.functions(),
+            state=self.scripted.state,
+            scenario=self.scenario,
         )
 
 
