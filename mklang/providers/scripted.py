@@ -89,17 +89,15 @@ class ScriptState:
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a saved state (also the `position` of checkpoints before states)."""
+        in_flight = saved.get("fan_outs", {})
         with self._lock:
+            self._starts, self._taken = {}, {}
             for group, name in self._next:
                 self._next[group, name] = int(saved.get(group, {}).get(name, 0))
-            in_flight = saved.get("fan_outs", {})
-            self._starts = {}
-            self._taken = {}
-            for group, name in self._next:
-                if name in in_flight.get(group, {}):
-                    record = in_flight[group][name]
-                    self._starts[group, name] = {str(k): int(v) for k, v in record["starts"].items()}
-                    self._taken[group, name] = {str(k): int(v) for k, v in record["taken"].items()}
+                record = in_flight.get(group, {}).get(name)
+                if record is not None:
+                    self._starts[group, name] = {str(key): int(entry) for key, entry in record["starts"].items()}
+                    self._taken[group, name] = {str(key): int(entry) for key, entry in record["taken"].items()}
 
 
 def _same_branch(key: str, fan_out: str, number: int) -> bool:
