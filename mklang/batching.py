@@ -160,6 +160,18 @@ def location(store: Store, uri: str, run: str) -> Location:
     return Location(store, run, str(path), str(path.resolve()), path)
 
 
+def described(store: Store, uri: str, run: str, last: int = 0) -> dict[str, Any]:
+    """What `mklang show` tells of a run of the store opened from `uri` (its `last` steps); a run that
+    cannot be read or verified is `failed` with why, so one bad run does not hide the others."""
+    from mklang.inspection import describe, unverified
+
+    where = location(store, uri, run)
+    try:
+        return describe(where, last=last)
+    except MklangError as error:
+        return unverified(str(where), first_line(error))
+
+
 class Batch:
     """Runs items with one machine, up to `concurrency` at a time, under batch-wide ceilings.
 

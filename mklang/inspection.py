@@ -8,10 +8,12 @@ from typing import Any
 
 from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal, resume_change
-from mklang.checkpoint.paths import located_host
+from mklang.checkpoint.paths import located_host, root_file
 from mklang.checkpoint.signing import SEAL_TEXT
+from mklang.checkpoint.texts import machine_root
 from mklang.checkpoint.trust import recorded_host
-from mklang.errors import MklangError, redacted
+from mklang.errors import CheckpointError, MklangError, redacted
+from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.service import open_run
 from mklang.stores import Location, locate, run_name
@@ -106,6 +108,19 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
             )
         summary["resumable"] = pid is None
     return summary
+
+
+def machine_of(location: Location) -> Machine:
+    """The root machine a stored run signed for: its file when unchanged, else the text its store keeps
+    (so a diagram shows what ran). A checkpoint not signed with this user's key names no file to read."""
+    from mklang.syntax import load_file
+
+    envelope = load(location)
+    if envelope.seal != "signed" or not envelope.machine.path:
+        raise CheckpointError(f"{location}: no verified machine file to draw ({SEAL_TEXT[envelope.seal]})")
+    root = root_file(envelope.machine.path, location.anchor)
+    path, _ = machine_root(location.store, root, {**envelope.texts, **envelope.machines}, changed=True)
+    return load_file(path)
 
 
 def unverified(path: str, reason: str, seal: str | None = None) -> dict[str, Any]:

@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("api", ("mklang",)),
-    ("tools", ("mklang.cli", "mklang.lsp", "mklang.__main__")),
+    ("tools", ("mklang.cli", "mklang.console", "mklang.lsp", "mklang.__main__")),
 ]
 
 # What the static checker (`mklang check`, the editor's diagnostics) must never load.

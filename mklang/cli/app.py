@@ -161,6 +161,7 @@ COMMAND_MODULES = {
     "runs": "scale_cmds",
     "batch": "scale_cmds",
     "worker": "scale_cmds",
+    "serve": "console_cmds",
 }
 
 

@@ -62,14 +62,24 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         if not sep or not re.fullmatch(PATH, key):
             raise fail(f"--set expects K.PATH=VALUE, got {item!r}")
         try:
-            values[key] = load_json(raw)
+            values[key] = parse_value(raw)
         except NestingError as error:
             raise fail(f"--set {key}: the value is {error}") from None
-        except ValueError:
-            values[key] = raw
-        if isinstance(values[key], float) and not math.isfinite(values[key]):  # NaN, Infinity, 1e400: not JSON
-            values[key] = raw
     return values
+
+
+def parse_value(raw: str) -> Any:
+    """A `--set` value (and an inbox reply): JSON when it parses to JSON, else the text itself.
+    Raises NestingError for JSON nested too deep."""
+    try:
+        value = load_json(raw)
+    except NestingError:
+        raise
+    except ValueError:
+        return raw
+    if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity, 1e400: not JSON
+        return raw
+    return value
 
 
 def policy(value: str | None) -> str | None:

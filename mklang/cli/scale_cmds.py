@@ -25,10 +25,8 @@ def runs(
 ) -> None:
     """Every run of a store: status, reason, spend against budgets, position and pending ask."""
     with handle_errors(wants_json(format)):
-        from mklang.batching import location
+        from mklang.batching import described
         from mklang.cli.render import render_runs
-        from mklang.errors import MklangError, first_line
-        from mklang.inspection import describe, unverified
         from mklang.stores import open_store
 
         unknown = sorted(set(status or []) - set(STATUSES))
@@ -38,11 +36,7 @@ def runs(
         try:
             listed = []
             for run in opened.runs():
-                where = location(opened, store, run)
-                try:
-                    summary = describe(where, last=0)
-                except MklangError as error:  # one unreadable run is reported, the others listed
-                    summary = unverified(str(where), first_line(error))
+                summary = described(opened, store, run)
                 if not status or summary["status"] in status:
                     listed.append(summary)
         finally:

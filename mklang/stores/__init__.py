@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mklang.errors import UsageError, first_line, redacted
+from mklang.stores.stamps import Stamp
 
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
@@ -76,6 +77,9 @@ class RunStore(Protocol):
 
     def runs(self) -> list[str]:
         """The ids of every run the store holds."""
+
+    def listing(self, offset: int, limit: int) -> tuple[int, list[Stamp]]:
+        """How many runs the store holds, and `limit` of them from `offset`, the last written first."""
 
     def close(self) -> None:
         """Release connections and open files (held locks are released by `RunLock.release`)."""

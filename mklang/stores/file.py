@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from mklang.stores.stamps import Stamp
 from mklang.errors import CheckpointError, RunBusy
 from mklang.files import write_atomic
 
@@ -117,6 +118,15 @@ class FileStore:
                 if handle.read(11).startswith(ENVELOPE_STARTS):
                     found.append(path.name)
         return found
+
+    def listing(self, offset: int, limit: int) -> tuple[int, list[Stamp]]:
+        """Runs by their file's modification time; a file keeps no time of its first write."""
+        stamps = []
+        for run in self.runs():
+            with contextlib.suppress(OSError):  # removed meanwhile
+                stamps.append(Stamp(run, None, self._path(run).stat().st_mtime))
+        stamps.sort(key=lambda stamp: (-stamp.updated, stamp.run))
+        return len(stamps), stamps[offset : offset + limit]
 
     def _note(self, key: str) -> Path:
         # Keys are user text (run ids): the file is named by their hash.

@@ -40,6 +40,9 @@ from mklang.stores.sql import SqlStore
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);
 ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS started DOUBLE PRECISION;
+ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS updated DOUBLE PRECISION;
+CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated);
 CREATE TABLE IF NOT EXISTS mklang_journal (run TEXT NOT NULL, seq BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL);
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
 CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BYTEA NOT NULL);

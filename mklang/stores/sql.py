@@ -8,8 +8,10 @@ in one transaction, and locks.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from mklang.stores.stamps import Stamp
 from mklang.errors import CheckpointError
 
 
@@ -32,14 +34,18 @@ class SqlStore:
         return self._blob("SELECT envelope FROM mklang_runs WHERE run = ?", run, run=run)
 
     def write(self, run: str, payload: bytes, *, generation: int) -> None:
-        """The row keeps the generation written last and refuses an older one (ADR 0022)."""
+        """The row keeps the generation written last and refuses an older one (ADR 0022), and when
+        the run was first and last written."""
+        now = time.time()
         written = self._rows(
-            "INSERT INTO mklang_runs (run, envelope, generation) VALUES (?, ?, ?) "
-            "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope, generation = excluded.generation "
-            "WHERE mklang_runs.generation <= excluded.generation RETURNING generation",
+            "INSERT INTO mklang_runs (run, envelope, generation, started, updated) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope, generation = excluded.generation, "
+            "updated = excluded.updated WHERE mklang_runs.generation <= excluded.generation RETURNING generation",
             run,
             payload,
             generation,
+            now,
+            now,
             run=run,
         )
         if not written:
@@ -64,6 +70,16 @@ class SqlStore:
 
     def runs(self) -> list[str]:
         return [str(row[0]) for row in self._rows("SELECT run FROM mklang_runs ORDER BY run")]
+
+    def listing(self, offset: int, limit: int) -> tuple[int, list[Stamp]]:
+        """One page of runs by the indexed time of their last write (a row from before it counts as 0)."""
+        total = int(self._rows("SELECT COUNT(*) FROM mklang_runs")[0][0])
+        rows = self._rows(
+            "SELECT run, started, updated FROM mklang_runs ORDER BY updated DESC NULLS LAST, run LIMIT ? OFFSET ?",
+            limit,
+            offset,
+        )
+        return total, [Stamp(str(run), started, updated or 0.0) for run, started, updated in rows]
 
     def read_note(self, key: str) -> bytes | None:
         return self._blob("SELECT value FROM mklang_notes WHERE key = ?", key)

@@ -7,7 +7,7 @@ durable journal lines are also synced (`synchronous=FULL`: they survive a
 power cut), other journal lines are not (`NORMAL`), so the durability
 setting decides the fsyncs of a step as in the file store. A synced commit
 syncs the ones before it too: the WAL is one file, written in order. Runs
-are rows: `mklang_runs(run, envelope, generation)` and `mklang_journal(run, seq, line)`;
+are rows: `mklang_runs(run, envelope, generation, started, updated)` and `mklang_journal(run, seq, line)`;
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
 
 SQLite has no lock that dies with its process, so a run's lock is the file
@@ -32,7 +32,7 @@ from mklang.stores.sql import SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (
-    run TEXT PRIMARY KEY, envelope BLOB NOT NULL, generation INTEGER NOT NULL DEFAULT 0
+    run TEXT PRIMARY KEY, envelope BLOB NOT NULL, generation INTEGER NOT NULL DEFAULT 0, started REAL, updated REAL
 );
 CREATE TABLE IF NOT EXISTS mklang_journal (
     run TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, line BLOB NOT NULL
@@ -66,6 +66,10 @@ class SqliteStore(SqlStore):
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(mklang_runs)")}
             if "generation" not in columns:  # a database written before runs kept their generation
                 self._db.execute("ALTER TABLE mklang_runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+            for column in ("started", "updated"):  # or before they kept their times
+                if column not in columns:
+                    self._db.execute(f"ALTER TABLE mklang_runs ADD COLUMN {column} REAL")
+            self._db.execute("CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated)")
         except (sqlite3.Error, OSError) as error:
             why = error.strerror if isinstance(error, OSError) else error
             raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {why}") from None

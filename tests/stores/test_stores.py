@@ -9,6 +9,7 @@ store must resume to the uninterrupted result.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -95,6 +96,26 @@ def test_runs_lists_every_run_with_an_envelope(store):
         store.write(run, ENVELOPE, generation=1)
     store.start_journal("a", b"gen\n")
     assert sorted(store.runs()) == ["a", "b", "c"]
+
+
+def test_a_listing_pages_runs_by_their_last_write_newest_first(store, monkeypatch):
+    clock = iter(range(1_000, 2_000))
+    monkeypatch.setattr(time, "time", lambda: float(next(clock)))
+    for run in ("b", "a", "c"):
+        store.write(run, ENVELOPE, generation=1)
+        if isinstance(store, FileStore):  # a file's time is its modification time
+            os.utime(store.folder / run, (time.time(), time.time()))
+    store.write("b", ENVELOPE, generation=2)  # written again: the newest now
+    if isinstance(store, FileStore):
+        os.utime(store.folder / "b", (time.time(), time.time()))
+    total, page = store.listing(0, 2)
+    assert total == 3 and [stamp.run for stamp in page] == ["b", "c"]
+    assert [stamp.run for stamp in store.listing(2, 2)[1]] == ["a"]
+    assert store.listing(0, 0) == (3, [])
+    newest = page[0]
+    assert newest.updated > page[1].updated
+    if not isinstance(store, FileStore):  # a row keeps when it was first written
+        assert newest.started is not None and newest.started < newest.updated
 
 
 def test_notes_are_replaced_whole_and_listed_as_no_run(store):

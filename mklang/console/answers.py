@@ -1,0 +1,61 @@
+"""Replies from the inbox: each resumes its run as `mklang resume STORE#RUN --set PATH=REPLY` does.
+
+The reply is parsed as `--set` parses a value and goes through the same session API, so the run
+takes it as untrusted data. The host that answers the resumed run is the one `mklang serve` was
+started with (its --script, --provider, --plugin ...), filled in from the run's own record as a
+resume fills it in. The run goes on in a thread of the console; the run page follows it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from mklang.batching import location
+from mklang.errors import first_line
+from mklang.checkpoint.store import Store
+from mklang.cli.hosting import Hosting
+
+
+class Replies:
+    """Delivers replies and remembers, per run, why the last one could not resume it."""
+
+    def __init__(self, store: Store, uri: str, hosting: Hosting, on_change: Callable[[str], None]):
+        self.store = store
+        self.uri = uri
+        self.hosting = hosting
+        self.on_change = on_change
+        self.failures: dict[str, str] = {}
+        self._threads: list[threading.Thread] = []
+
+    def deliver(self, run: str, reply_to: str, reply: str) -> None:
+        """Resume `run` with `reply` set at `reply_to`, in the background; JSON nested too deep to be
+        a value raises NestingError here."""
+        from mklang.cli.run_cmds import parse_value
+
+        values = {reply_to: parse_value(reply)}
+        self.failures.pop(run, None)
+        thread = threading.Thread(target=self._resume, args=(run, values), name=f"mklang-reply-{run}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _resume(self, run: str, values: dict[str, object]) -> None:
+        from mklang import session
+        from mklang.cli.run_cmds import _resumed_host
+        from mklang.errors import MklangError
+
+        try:
+            with (
+                session.opened(location(self.store, self.uri, run)) as resumable,
+                _resumed_host(resumable, self.hosting, resumable.envelope.budgets.max_cost) as host,
+            ):
+                session.proceed(resumable, host, set_values=values)
+        except MklangError as error:
+            self.failures[run] = first_line(error)
+        finally:
+            self.on_change(run)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Let the runs in flight reach their end (or their next stop) before the console exits."""
+        for thread in self._threads:
+            thread.join(timeout)

@@ -1,0 +1,96 @@
+"""Where the console hears that runs changed, for its pages' live updates (server-sent events).
+
+Pages subscribe to a `RunChanges` source and are told which runs changed. Today's source polls the
+store: the runs it wrote since the last look come first in its listing, so one short query per
+interval finds them in any store. A source fed by the engine's run events can take its place
+without the pages knowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from mklang.checkpoint.store import Store
+from mklang.errors import MklangError
+
+WATCHED = 200  # the most recently written runs compared at each look; more changes at once: "everything"
+
+
+@dataclass(frozen=True)
+class Change:
+    """Runs that changed; `everything` when the source cannot say which (many, or a run removed)."""
+
+    runs: frozenset[str] = frozenset()
+    everything: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"runs": sorted(self.runs), "everything": self.everything})
+
+
+class RunChanges(Protocol):
+    """A source of changes that any number of pages follow."""
+
+    def follow(self, quiet: float) -> AsyncIterator[Change | None]:
+        """The changes from now on, until the follower stops; None after `quiet` seconds without one
+        (a stream sends something now and then, or a proxy closes it)."""
+        ...
+
+
+class StorePoller:
+    """A `RunChanges` source that looks at the store's listing every `interval` seconds."""
+
+    def __init__(self, store: Store, interval: float):
+        self.store = store
+        self.interval = interval
+        self._followers: set[asyncio.Queue[Change]] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def follow(self, quiet: float) -> AsyncIterator[Change | None]:
+        queue: asyncio.Queue[Change] = asyncio.Queue()
+        self._followers.add(queue)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._poll())
+        try:
+            while True:
+                try:
+                    yield await asyncio.wait_for(queue.get(), quiet)
+                except TimeoutError:
+                    yield None
+        finally:
+            self._followers.discard(queue)
+
+    def tell(self, change: Change) -> None:
+        """Pass on a change known without looking (a reply the console itself delivered)."""
+        for queue in self._followers:
+            queue.put_nowait(change)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _poll(self) -> None:
+        """Look while anyone follows; a store that cannot be read now is looked at again next time."""
+        last: dict[str, float] | None = None
+        count = 0
+        while self._followers:
+            try:
+                total, stamps = await asyncio.to_thread(self.store.listing, 0, WATCHED)
+            except MklangError:
+                await asyncio.sleep(self.interval)
+                continue
+            now = {stamp.run: stamp.updated for stamp in stamps}
+            if last is not None:
+                changed = frozenset(run for run, updated in now.items() if last.get(run) != updated)
+                if total != count or len(changed) >= WATCHED:
+                    self.tell(Change(everything=True))
+                elif changed:
+                    self.tell(Change(changed))
+            last, count = now, total
+            await asyncio.sleep(self.interval)

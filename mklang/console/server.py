@@ -1,0 +1,57 @@
+"""`mklang serve`: the console on a socket, its token printed as a URL to open (as Jupyter does)."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import sys
+
+import uvicorn
+
+from mklang.checkpoint.store import open_store
+from mklang.cli.hosting import Hosting
+from mklang.console.web import Console, create_app
+from mklang.errors import UsageError, redacted
+
+EVERYWHERE = ("0.0.0.0", "::", "")
+
+
+def serve(uri: str, *, host: str, port: int, hosting: Hosting) -> None:
+    """Serve the console of the store `uri` until interrupted."""
+    store = open_store(uri, create=False)
+    listening = _bind(host, port)
+    token = secrets.token_urlsafe(32)
+    console = Console(store, uri, token, hosting)
+    bound = listening.getsockname()[1]
+    shown = "127.0.0.1" if host in EVERYWHERE else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"mklang: warning: listening on {host or '0.0.0.0'}:{bound}: anyone who can reach this machine on that "
+            f"port and has the token can read every run of {redacted(uri)} (outputs, context, questions) and answer "
+            "its questions, which resumes runs with this console's host",
+            file=sys.stderr,
+        )
+    print(f"mklang console of {redacted(uri)}: http://{shown}:{bound}/?token={token}", flush=True)
+    config = uvicorn.Config(create_app(console), log_level="warning", access_log=False, lifespan="on")
+    try:
+        uvicorn.Server(config).run(sockets=[listening])
+    finally:
+        console.replies.wait(timeout=5)
+        store.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on `host:port` (port 0: a free one), or a one-line error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+    except OSError as error:
+        listening.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    listening.listen(128)
+    listening.set_inheritable(True)
+    return listening

@@ -1,0 +1,229 @@
+"""The console's web application: pages, the event stream and the inbox's replies, behind a token.
+
+Safe by default (ADR 0031): every request carries the token `mklang serve` printed, first in the
+URL, then in an HttpOnly, SameSite=Strict cookie; a form carries the server's CSRF token; every
+text is escaped by Jinja2; the Content-Security-Policy allows no inline script or style.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, parse_qsl, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import URL, MutableHeaders
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mklang.checkpoint.store import Store, run_name
+from mklang.cli.hosting import Hosting
+from mklang.console import reading
+from mklang.console.answers import Replies
+from mklang.console.events import Change, StorePoller
+from mklang.errors import MklangError, redacted
+from mklang.limits import NestingError
+
+HERE = Path(__file__).parent
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+MAX_FORM = 64 * 1024  # bytes of a reply form
+HEARTBEAT = 15.0  # seconds between keep-alive comments of the event stream
+UNAUTHORIZED = "401: open the console with the URL `mklang serve` printed (it carries the token)\n"
+
+
+@dataclass
+class Console:
+    """What every request of one console shares."""
+
+    store: Store
+    uri: str
+    token: str
+    hosting: Hosting = field(default_factory=Hosting)
+    interval: float = 0.5  # seconds between looks at the store
+    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+
+    def __post_init__(self) -> None:
+        self.changes = StorePoller(self.store, self.interval)
+        self.replies = Replies(
+            self.store, self.uri, self.hosting, lambda run: self.changes.tell(Change(frozenset({run})))
+        )
+        self.inbox = reading.Inbox()
+        self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+        self.templates.globals.update(csrf=self.csrf, store=redacted(self.uri))
+        self.templates.filters["shown"] = shown
+        # One console's cookie does not replace another's on the same host (cookies ignore ports).
+        self.cookie = "mklang-" + hashlib.sha256(self.token.encode()).hexdigest()[:12]
+
+    def page(self, name: str, code: int = 200, **values: Any) -> HTMLResponse:
+        return HTMLResponse(self.templates.get_template(name).render(**values), code)
+
+
+def shown(value: Any) -> str:
+    """A value of a run as text: itself when it is text, else its JSON (escaped by the template)."""
+    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+class Guard:
+    """Lets through requests that carry the token; adds the security headers to every response."""
+
+    def __init__(self, app: ASGIApp, console: Console):
+        self.app = app
+        self.console = console
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        request = Request(scope)
+        given = request.query_params.get("token")
+        response: Response | None = None
+        if given is not None and _same(given, self.console.token):
+            # The token moves into a cookie and out of the address bar (and of history).
+            response = RedirectResponse(str(_without_token(request.url)), 303)
+            response.set_cookie(self.console.cookie, self.console.token, httponly=True, samesite="strict", path="/")
+        elif not _same(request.cookies.get(self.console.cookie, ""), self.console.token):
+            response = PlainTextResponse(UNAUTHORIZED, 401)
+        if response is not None:
+            await response(scope, receive, secured)
+        else:
+            await self.app(scope, receive, secured)
+
+
+def _same(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def _without_token(url: URL) -> URL:
+    kept = [(key, value) for key, value in parse_qsl(url.query, keep_blank_values=True) if key != "token"]
+    return url.replace(query=urlencode(kept))
+
+
+def create_app(console: Console) -> ASGIApp:
+    """The console as an ASGI application."""
+
+    def runs_page(request: Request) -> Response:
+        number = _page_number(request)
+        page = reading.runs_page(console.store, console.uri, number)
+        name = "runs_table.html" if "fragment" in request.query_params else "runs.html"
+        return console.page(name, page=page, here="runs")
+
+    def run_page(request: Request) -> Response:
+        run = _run(request, console)
+        view = reading.run_view(console.store, console.uri, run)
+        drawn = reading.drawing(console.store, console.uri, run, view.get("last_steps") or [])
+        values = dict(view=view, failure=console.replies.failures.get(run), drawn=drawn, svg=reading.can_draw_svg())
+        name = "run_body.html" if "fragment" in request.query_params else "run.html"
+        return console.page(name, here="runs", **values)
+
+    def graph_svg(request: Request) -> Response:
+        run = _run(request, console)
+        view = reading.run_view(console.store, console.uri, run)
+        drawn = reading.drawing(console.store, console.uri, run, view.get("last_steps") or [])
+        if isinstance(drawn, str) or not reading.can_draw_svg():
+            return PlainTextResponse("404: no diagram of this run\n", 404)
+        from mklang.graph import dot_to_svg, to_dot
+
+        return Response(dot_to_svg(to_dot(drawn)), media_type="image/svg+xml")
+
+    def inbox_page(request: Request) -> Response:
+        entries = console.inbox.entries(console.store, console.uri)
+        name = "inbox_list.html" if "fragment" in request.query_params else "inbox.html"
+        return console.page(name, entries=entries, here="inbox")
+
+    async def answer(request: Request) -> Response:
+        run = await run_in_threadpool(_run, request, console)
+        body = await request.body()
+        if len(body) > MAX_FORM:
+            return PlainTextResponse("413: the reply is too long\n", 413)
+        form = {key: values[0] for key, values in parse_qs(body.decode("utf-8", "replace")).items()}
+        if not _same(form.get("csrf", ""), console.csrf):
+            return PlainTextResponse("403: the form's CSRF token is missing or wrong: reload the page\n", 403)
+        summary = await run_in_threadpool(reading.run_view, console.store, console.uri, run)
+        if not summary["waiting"]:
+            return console.page("answered.html", 409, run=run, status=summary["status"], here="inbox")
+        try:
+            console.replies.deliver(run, summary["reply_to"], form.get("reply", ""))
+        except NestingError as error:
+            return PlainTextResponse(f"400: the reply is {error}\n", 400)
+        return RedirectResponse(f"/runs/{run}", 303)
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            async for change in console.changes.follow(HEARTBEAT):
+                yield ": ping\n\n" if change is None else f"event: runs\ndata: {change.to_json()}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await console.changes.stop()
+
+    routes = [
+        Route("/", runs_page),
+        Route("/runs/{run}", run_page),
+        Route("/runs/{run}/graph.svg", graph_svg),
+        Route("/inbox", inbox_page),
+        Route("/inbox/{run}", answer, methods=["POST"]),
+        Route("/events", events),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={MklangError: _store_error(console)})
+    return Guard(app, console)
+
+
+def _store_error(console: Console) -> Any:
+    async def handle(request: Request, error: Exception) -> Response:
+        status = 404 if isinstance(error, NoSuchRun) else 503  # else the store could not be read
+        return console.page("error.html", status, message=redacted(str(error).splitlines()[0]), here="")
+
+    return handle
+
+
+def _page_number(request: Request) -> int:
+    text = request.query_params.get("page", "1")
+    return int(text) if text.isdigit() and 0 < int(text) < 10**9 else 1
+
+
+class NoSuchRun(MklangError):
+    """A page asked for a run the store does not hold."""
+
+
+def _run(request: Request, console: Console) -> str:
+    """The run a path names; a name no run can have, or no run of the store has, is a 404 page."""
+    text = request.path_params["run"]
+    try:
+        run = run_name(text)
+    except MklangError:
+        raise NoSuchRun(f"no run named {text!r} in this store") from None
+    if console.store.read(run) is None:
+        raise NoSuchRun(f"no run named {text!r} in this store")
+    return run

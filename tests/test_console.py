@@ -1,0 +1,209 @@
+"""The web console (`mklang serve`) in process: its token, CSRF and escaping, its pages, and an
+inbox reply that resumes a parked run to its end (the real browser: test_console_browser.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, cli
+
+pytest.importorskip("starlette", reason="the console extra is not installed")
+from starlette.testclient import TestClient
+
+from mklang.checkpoint.envelope import load
+from mklang.checkpoint.store import locate, open_store
+from mklang.console import reading
+from mklang.console.events import Change, StorePoller
+from mklang.console.web import Console, create_app
+
+TOKEN = "the-token"
+SCRIPT_OUTPUT = "<script>alert('owned')</script>"
+ECHO = """\
+mklang 0.4
+machine echo
+entry say
+budget 3
+state say {
+  structure "Any text."
+  prompt "Say something."
+  output said
+  otherwise -> END
+}
+"""
+# The reply must reach the model fenced as untrusted data: only a fenced prompt gets an answer.
+FENCED_APPROVAL = {
+    "scenarios": [
+        {
+            "name": "fenced",
+            "llm": {"produce": {"Write a status-page": "Maintenance on Saturday", "<data-": "approve"}, "judge": [0]},
+            "tools": {"publish": ["https://status.example.com/posts/118"]},
+        }
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with a SQLite store holding a parked approval run `ask` and a finished run `echo`
+    whose output is a script (made once; each test gets a copy)."""
+    tmp_path = tmp_path_factory.mktemp("console")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+        make_runs(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def store(stored: Path, tmp_path: Path) -> str:
+    shutil.copytree(stored, tmp_path, dirs_exist_ok=True)
+    return f"sqlite:///{tmp_path}/runs.db"
+
+
+def make_runs(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    (tmp_path / "approval" / "fenced.yaml").write_text(json.dumps(FENCED_APPROVAL), encoding="utf-8")
+    (tmp_path / "echo.mk").write_text(ECHO, encoding="utf-8")
+    script = {"scenarios": [{"name": "s", "llm": {"produce": [SCRIPT_OUTPUT]}}]}
+    (tmp_path / "echo.yaml").write_text(json.dumps(script), encoding="utf-8")
+    uri = f"sqlite:///{tmp_path}/runs.db"
+    asked = cli(
+        "run", "approval/approval.mk", "--script", "approval/fenced.yaml", "--scenario", "fenced",
+        "--hitl", "--checkpoint", f"{uri}#ask", "--format", "json", cwd=tmp_path,
+    )  # fmt: skip
+    assert asked.returncode == 3, asked.stderr
+    echoed = cli("run", "echo.mk", "--script", "echo.yaml", "--checkpoint", f"{uri}#echo", cwd=tmp_path)
+    assert echoed.returncode == 0, echoed.stderr
+
+
+@pytest.fixture
+def console(store: str):
+    opened = open_store(store, create=False)
+    yield Console(opened, store, TOKEN, interval=0.05)
+    opened.close()
+
+
+@pytest.fixture
+def client(console: Console):
+    with TestClient(create_app(console), follow_redirects=False) as browser:
+        yield browser
+
+
+def signed_in(client: TestClient) -> TestClient:
+    assert client.get(f"/?token={TOKEN}").status_code == 303
+    return client
+
+
+@pytest.mark.parametrize("path", ["/", "/inbox", "/runs/ask", "/events", "/static/console.js", "/?token=wrong"])
+def test_every_request_without_the_token_is_refused(client, path):
+    answer = client.get(path)
+    assert answer.status_code == 401
+    assert "token" in answer.text and "ask" not in answer.text
+
+
+def test_the_token_moves_into_a_strict_http_only_cookie(client):
+    answer = client.get(f"/inbox?token={TOKEN}")
+    assert answer.status_code == 303 and answer.headers["location"].endswith("/inbox")  # out of the address bar
+    cookie = answer.headers["set-cookie"].lower()
+    assert TOKEN in answer.headers["set-cookie"] and "httponly" in cookie and "samesite=strict" in cookie
+    assert client.get("/inbox").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/", "/runs/echo", "/nothing-here"])
+def test_every_answer_carries_the_security_headers(client, path):
+    for answer in (client.get(path), signed_in(client).get(path)):
+        policy = answer.headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "unsafe-inline" not in policy
+        assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_model_output_holding_a_script_shows_as_text(client):
+    page = signed_in(client).get("/runs/echo")
+    assert page.status_code == 200
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in page.text
+    assert SCRIPT_OUTPUT not in page.text
+    assert "<script" not in page.text.replace('<script src="/static/console.js" defer></script>', "")
+
+
+def test_the_runs_list_shows_every_run_newest_first(client, monkeypatch):
+    page = signed_in(client).get("/").text
+    assert page.index('href="/runs/echo"') < page.index('href="/runs/ask"')
+    assert "Publish this announcement?" in page and "approval" in page and "suspended" in page
+    monkeypatch.setattr(reading, "PAGE", 1)
+    second = client.get("/?page=2&fragment=1").text
+    assert 'href="/runs/ask"' in second and 'href="/runs/echo"' not in second and "<html" not in second
+
+
+def test_a_run_page_shows_budgets_the_trace_and_the_graph(client):
+    page = signed_in(client).get("/runs/ask").text
+    assert "Publish this announcement?" in page and "approval.answer" in page
+    assert "steps of approval" in page and "draft" in page and "escalate" in page
+    assert "graph.svg" in page if shutil.which("dot") else "visited 1×" in page
+    assert client.get("/runs/no-such-run").status_code == 404
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_the_graph_is_an_svg_image(client):
+    answer = signed_in(client).get("/runs/ask/graph.svg")
+    assert answer.headers["content-type"] == "image/svg+xml" and "<svg" in answer.text
+
+
+def test_a_reply_without_the_forms_csrf_token_is_refused(client, console, store):
+    signed_in(client)
+    for form in ({"reply": "yes"}, {"reply": "yes", "csrf": "forged"}):
+        assert client.post("/inbox/ask", data=form).status_code == 403
+    assert load(locate(f"{store}#ask")).status == "suspended"
+
+
+def test_an_inbox_reply_resumes_the_run_to_its_end(client, console, store):
+    inbox = signed_in(client).get("/inbox").text
+    assert "Publish this announcement?" in inbox and "Maintenance on Saturday" in inbox  # the ask and its context
+    assert 'name="csrf" value="' + console.csrf in inbox and "/inbox/echo" not in inbox
+    answer = client.post("/inbox/ask", data={"reply": "yes, ship it", "csrf": console.csrf})
+    assert answer.status_code == 303 and answer.headers["location"] == "/runs/ask"
+    console.replies.wait(timeout=30)
+    assert console.replies.failures == {}
+    done = load(locate(f"{store}#ask"))
+    assert (done.status, done.result) == ("done", "https://status.example.com/posts/118")
+    assert done.frames[0]["context"]["approval"]["answer"] == "yes, ship it"
+    assert "approval" in done.frames[0]["tainted"]  # the reply is untrusted data, as with --set
+    page = client.get("/runs/ask").text
+    assert "https://status.example.com/posts/118" in page and "status-done" in page
+    assert "Nothing waits for a reply." in client.get("/inbox").text
+    again = client.post("/inbox/ask", data={"reply": "yes", "csrf": console.csrf})
+    assert again.status_code == 409
+
+
+def test_the_store_poller_tells_followers_which_runs_changed(store):
+    opened = open_store(store, create=False)
+    poller = StorePoller(opened, 0.02)
+
+    async def follow() -> Change:
+        changes = poller.follow(quiet=5)
+        first = asyncio.ensure_future(anext(changes))
+        await asyncio.sleep(0.1)  # the poller has looked once
+        opened.write("echo", opened.read("echo") or b"", generation=9)
+        change = await asyncio.wait_for(first, 5)
+        await changes.aclose()
+        await poller.stop()
+        return change
+
+    try:
+        assert asyncio.run(follow()) == Change(frozenset({"echo"}))
+    finally:
+        opened.close()
+
+
+def test_serve_without_the_console_extra_says_how_to_install_it(tmp_path, monkeypatch):
+    for name in [name for name in sys.modules if name.startswith(("mklang.console", "starlette"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    done = cli("serve", "--store", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "mklang: error: mklang serve needs the console extra (starlette is missing): pip install 'mklang[console]'"
+    ]

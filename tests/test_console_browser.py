@@ -1,0 +1,118 @@
+"""The web console in a real browser: `mklang serve` as a process, the system's Chromium driven by
+Playwright. Opened with its token, the console shows a parked run in the inbox; a reply resumes it
+and the page sees it finish; a model output holding `<script>` shows as text; the runs list follows
+a new run live; a request without the token gets 401."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import cli, cli_env
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def missing(what: str) -> None:
+    """Skip outside CI, with one line naming what is missing; under CI=true it must be there."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} (CI must run the browser test: .ci/run installs it)")
+    pytest.skip(what)
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not CHROMIUM.exists():
+        missing("no browser: /usr/bin/chromium is not installed (apt-get install chromium chromium-driver)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("no playwright: pip install playwright (the dev extra has it)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def console_url(tmp_path: Path) -> Iterator[str]:
+    """`mklang serve` on a free port of 127.0.0.1 over a store with a parked and a finished run."""
+    pytest.importorskip("starlette", reason="the console extra is not installed")
+    from test_console import make_runs
+
+    make_runs(tmp_path)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mklang", "serve", "--store", f"sqlite:///{tmp_path}/runs.db", "--port", "0"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", first)
+        assert found, (first, server.stderr.read() if server.poll() is not None else "")
+        yield found.group(0)
+    finally:
+        server.terminate()
+        _, errors = server.communicate(timeout=10)
+        assert "Traceback" not in errors, errors
+
+
+def test_the_console_in_a_browser(browser, console_url, tmp_path):
+    from playwright.sync_api import expect
+
+    base = console_url.split("/?", 1)[0]
+    context = browser.new_context()
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    page.goto(console_url)
+    assert "token" not in page.url  # moved into the cookie
+    expect(page.locator("table.runs")).to_contain_text("Publish this announcement?")
+
+    page.goto(f"{base}/runs/echo")
+    expect(page.locator("ol.trace pre.value").first).to_have_text("<script>alert('owned')</script>")
+    assert dialogs == []
+
+    page.goto(f"{base}/inbox")
+    card = page.locator("article.question-card")
+    expect(card).to_contain_text("Publish this announcement? Answer yes, or say what to change.")
+    card.locator("textarea").fill("yes, ship it")
+    card.locator("button[type=submit]").click()
+    page.wait_for_url(f"{base}/runs/ask")
+    expect(page.locator(".summary .status")).to_have_text("done", timeout=20_000)
+    expect(page.locator(".summary")).to_contain_text("https://status.example.com/posts/118")
+
+    page.goto(base + "/")  # the list follows the store: a run written now appears without a reload
+    later = cli(
+        "run", "echo.mk", "--script", "echo.yaml", "--checkpoint", f"sqlite:///{tmp_path}/runs.db#later", cwd=tmp_path
+    )
+    assert later.returncode == 0, later.stderr
+    expect(page.locator("table.runs")).to_contain_text("later", timeout=10_000)
+
+    stranger = browser.new_context().new_page()
+    answer = stranger.goto(base + "/inbox")
+    assert answer is not None and answer.status == 401
+    assert "Publish" not in stranger.content()
+    context.close()
