@@ -8,6 +8,7 @@ store must resume to the uninterrupted result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -116,6 +117,24 @@ def test_a_listing_pages_runs_by_their_last_write_newest_first(store, monkeypatc
     assert newest.updated > page[1].updated
     if not isinstance(store, FileStore):  # a row keeps when it was first written
         assert newest.started is not None and newest.started < newest.updated
+
+
+def test_a_sqlite_store_from_before_run_times_lists_its_old_runs_last(tmp_path):
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(tmp_path / "old.db")) as db, db:
+        db.execute("CREATE TABLE mklang_runs (run TEXT PRIMARY KEY, envelope BLOB NOT NULL)")
+        db.execute("INSERT INTO mklang_runs (run, envelope) VALUES ('old', ?)", (ENVELOPE,))
+    store = open_store(f"sqlite:///{tmp_path}/old.db")
+    try:
+        store.write("new", ENVELOPE, generation=1)
+        total, stamps = store.listing(0, 10)
+        assert total == 2 and [(stamp.run, stamp.started is None, stamp.updated == 0) for stamp in stamps] == [
+            ("new", False, False),
+            ("old", True, True),
+        ]
+    finally:
+        store.close()
 
 
 def test_notes_are_replaced_whole_and_listed_as_no_run(store):

@@ -1,0 +1,88 @@
+"""The console's runs list of a large store: a SQLite store of 10,000 runs, the first and the last
+page of the list (50 runs each, newest first) rendered through the whole web stack in process.
+
+The store is filled with copies of two real runs' envelopes (one parked on a question, one done),
+written under 10,000 names. Prints the best of a few renders of each page against the 300 ms
+target, and the store's listing alone. Needs the console extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from measure import print_load  # noqa: E402
+
+TARGET = 0.300  # seconds for one page of the runs list
+
+
+def fill(folder: Path, runs: int) -> str:
+    """A SQLite store of `runs` runs, alternately parked and done."""
+    from test_console import make_runs
+
+    from mklang.checkpoint.store import open_store
+
+    make_runs(folder)
+    uri = f"sqlite:///{folder}/runs.db"
+    store = open_store(uri)
+    try:
+        envelopes = [store.read("ask"), store.read("echo")]
+        for number in range(runs - 2):
+            store.write(f"run-{number:05d}", envelopes[number % 2] or b"", generation=0)
+    finally:
+        store.close()
+    return uri
+
+
+def best(render, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        render()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    options = parser.parse_args()
+    print_load()
+    from starlette.testclient import TestClient
+
+    from mklang.checkpoint.store import open_store
+    from mklang.console.reading import PAGE
+    from mklang.console.web import Console, create_app
+
+    with tempfile.TemporaryDirectory(prefix="mklang-bench-console-") as folder:
+        os.environ["XDG_STATE_HOME"] = folder
+        uri = fill(Path(folder), options.runs)
+        store = open_store(uri, create=False)
+        try:
+            with TestClient(create_app(Console(store, uri, "bench"))) as client:
+                client.get("/?token=bench")
+                last = -(-options.runs // PAGE)
+                for name, path in (("first page", "/"), (f"last page ({last})", f"/?page={last}")):
+                    assert client.get(path).status_code == 200
+                    seconds = best(lambda path=path: client.get(path), options.rounds)
+                    print(
+                        f"runs list of {options.runs:,} runs, {name}: {seconds * 1000:.0f} ms "
+                        f"({seconds / TARGET:.2f} of the {TARGET * 1000:.0f} ms target)"
+                    )
+            listing = best(lambda: store.listing(0, PAGE), options.rounds)
+            print(f"the store's listing of one page alone: {listing * 1000:.1f} ms")
+        finally:
+            store.close()
+
+
+if __name__ == "__main__":
+    main()
