@@ -101,7 +101,10 @@ def test_the_console_in_a_browser(browser, console_url, tmp_path):
     card.locator("textarea").fill("yes, ship it")
     card.locator("button[type=submit]").click()
     page.wait_for_url(f"{base}/runs/ask")
-    expect(page.locator(".summary .status")).to_have_text("done", timeout=20_000)
+    try:
+        expect(page.locator(".summary .status")).to_have_text("done", timeout=20_000)
+    except AssertionError as error:  # say what the page said instead (a reply that could not resume the run)
+        raise AssertionError(page.locator(".summary").inner_text()) from error
     expect(page.locator(".summary")).to_contain_text("https://status.example.com/posts/118")
 
     page.goto(base + "/")  # the list follows the store: a run written now appears without a reload

@@ -47,20 +47,24 @@ class StorePoller:
     def __init__(self, store: Store, interval: float):
         self.store = store
         self.interval = interval
-        self._followers: set[asyncio.Queue[Change]] = set()
+        self._followers: set[asyncio.Queue[Change | None]] = set()  # None: the stream ends
         self._task: asyncio.Task[None] | None = None
 
     async def follow(self, quiet: float) -> AsyncIterator[Change | None]:
-        queue: asyncio.Queue[Change] = asyncio.Queue()
+        queue: asyncio.Queue[Change | None] = asyncio.Queue()
         self._followers.add(queue)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._poll())
         try:
             while True:
                 try:
-                    yield await asyncio.wait_for(queue.get(), quiet)
+                    change = await asyncio.wait_for(queue.get(), quiet)
                 except TimeoutError:
                     yield None
+                    continue
+                if change is None:
+                    return
+                yield change
         finally:
             self._followers.discard(queue)
 
@@ -68,6 +72,12 @@ class StorePoller:
         """Pass on a change known without looking (a reply the console itself delivered)."""
         for queue in self._followers:
             queue.put_nowait(change)
+
+    def close(self) -> None:
+        """End every follower's stream, so a stopping server has no open request to wait for
+        (called on the event loop's thread)."""
+        for queue in self._followers:
+            queue.put_nowait(None)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import socket
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -36,10 +37,22 @@ def serve(uri: str, *, host: str, port: int, hosting: Hosting) -> None:
     print(f"mklang console of {redacted(uri)}: http://{shown}:{bound}/?token={token}", flush=True)
     config = uvicorn.Config(create_app(console), log_level="warning", access_log=False, lifespan="on")
     try:
-        uvicorn.Server(config).run(sockets=[listening])
+        Server(config, console).run(sockets=[listening])
     finally:
         console.replies.wait(timeout=5)
         store.close()
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, which ends the console's event streams as it starts to stop (Ctrl-C)."""
+
+    def __init__(self, config: uvicorn.Config, console: Console):
+        super().__init__(config)
+        self.console = console
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.console.changes.close()
+        super().handle_exit(sig, frame)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -45,6 +45,8 @@
   }
 
   const source = new EventSource("/events");
+  // What changed between the page's rendering and the stream's (re)opening is caught up at once.
+  source.addEventListener("open", refresh);
   source.addEventListener("runs", (event) => {
     const change = JSON.parse(event.data);
     if (follows === "*" || change.everything || change.runs.includes(follows)) {
