@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 
 from mklang.checkpoint.envelope import load
 from mklang.checkpoint.store import locate, open_store
+from mklang.cli.hosting import Hosting
 from mklang.console import reading
 from mklang.console.events import Change, StorePoller
 from mklang.console.web import Console, create_app
@@ -207,3 +208,33 @@ def test_serve_without_the_console_extra_says_how_to_install_it(tmp_path, monkey
     assert done.stderr.strip().splitlines() == [
         "mklang: error: mklang serve needs the console extra (starlette is missing): pip install 'mklang[console]'"
     ]
+
+
+@pytest.mark.parametrize("kind", ["file", "postgresql"])
+def test_the_pages_read_a_folder_and_a_postgresql_store_too(kind, tmp_path, request):
+    make_runs(tmp_path)
+    (tmp_path / "runs").mkdir()
+    uri = str(tmp_path / "runs") if kind == "file" else request.getfixturevalue("postgres_uri")
+    where = f"{uri}/ask" if kind == "file" else f"{uri}#ask"
+    parked = cli(
+        "run", "approval/approval.mk", "--script", "approval/fenced.yaml", "--scenario", "fenced",
+        "--hitl", "--checkpoint", where, cwd=tmp_path,
+    )  # fmt: skip
+    assert parked.returncode == 3, parked.stderr
+    opened = open_store(uri, create=False)
+    try:
+        # The host the console was started with answers the resumed run (a PostgreSQL run's relative
+        # host files are relative to the folder the console runs in, not where the run started).
+        hosting = Hosting(script=tmp_path / "approval" / "fenced.yaml", scenario="fenced")
+        console = Console(opened, uri, TOKEN, hosting)
+        with TestClient(create_app(console), follow_redirects=False) as client:
+            signed_in(client)
+            assert 'href="/runs/ask"' in client.get("/").text
+            assert "steps of approval" in client.get("/runs/ask").text
+            assert "Publish this announcement?" in client.get("/inbox").text
+            assert client.post("/inbox/ask", data={"reply": "yes", "csrf": console.csrf}).status_code == 303
+            console.replies.wait(timeout=30)
+            assert console.replies.failures == {}
+            assert "status-done" in client.get("/runs/ask").text
+    finally:
+        opened.close()
