@@ -26,9 +26,9 @@ TARGET = 0.300  # seconds for one page of the runs list
 
 def fill(folder: Path, runs: int) -> str:
     """A SQLite store of `runs` runs, alternately parked and done."""
-    from test_console import make_runs
+    from support.console import make_runs
 
-    from mklang.checkpoint.store import open_store
+    from mklang.stores import open_store
 
     make_runs(folder)
     uri = f"sqlite:///{folder}/runs.db"
@@ -59,9 +59,9 @@ def main() -> None:
     print_load()
     from starlette.testclient import TestClient
 
-    from mklang.checkpoint.store import open_store
     from mklang.console.reading import PAGE
     from mklang.console.web import Console, create_app
+    from mklang.stores import open_store
 
     with tempfile.TemporaryDirectory(prefix="mklang-bench-console-") as folder:
         os.environ["XDG_STATE_HOME"] = folder

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from mklang.batching import location
 from mklang.errors import first_line
-from mklang.checkpoint.store import Store
 from mklang.cli.hosting import Hosting
+from mklang.stores import Store
 
 
 class Replies:
@@ -41,13 +41,12 @@ class Replies:
 
     def _resume(self, run: str, values: dict[str, object]) -> None:
         from mklang import session
-        from mklang.cli.run_cmds import _resumed_host
         from mklang.errors import MklangError
 
         try:
             with (
                 session.opened(location(self.store, self.uri, run)) as resumable,
-                _resumed_host(resumable, self.hosting, resumable.envelope.budgets.max_cost) as host,
+                session.Host.resumed(resumable, self.hosting.settings(), self.hosting.record, None) as host,
             ):
                 session.proceed(resumable, host, set_values=values)
         except MklangError as error:

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from mklang.checkpoint.store import Store
 from mklang.errors import MklangError
+from mklang.stores import Store
 
 WATCHED = 200  # the most recently written runs compared at each look; more changes at once: "everything"
 

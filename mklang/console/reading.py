@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mklang.batching import described, location
-from mklang.stores.stamps import Stamp
-from mklang.checkpoint.store import Store
 from mklang.errors import MklangError
+from mklang.stores import Store
+from mklang.stores.stamps import Stamp
 
 PAGE = 50  # runs on one page of the list
 WHOLE_TRACE = 1_000_000  # `describe`'s `last`: every step

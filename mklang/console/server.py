@@ -9,10 +9,10 @@ from types import FrameType
 
 import uvicorn
 
-from mklang.checkpoint.store import open_store
 from mklang.cli.hosting import Hosting
 from mklang.console.web import Console, create_app
 from mklang.errors import UsageError, redacted
+from mklang.stores import open_store
 
 EVERYWHERE = ("0.0.0.0", "::", "")
 

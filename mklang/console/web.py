@@ -28,13 +28,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mklang.checkpoint.store import Store, run_name
 from mklang.cli.hosting import Hosting
 from mklang.console import reading
 from mklang.console.answers import Replies
 from mklang.console.events import Change, StorePoller
 from mklang.errors import MklangError, redacted
 from mklang.limits import NestingError
+from mklang.stores import Store, run_name
 
 HERE = Path(__file__).parent
 HEADERS = {

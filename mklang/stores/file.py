@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import IO
 
-from mklang.stores.stamps import Stamp
 from mklang.errors import CheckpointError, RunBusy
 from mklang.files import write_atomic
+from mklang.stores.stamps import Stamp
 
 SUFFIXES = (".journal", ".lock", ".tmp")
 # How an envelope file begins: signed (canonical JSON, keys sorted), or as format 1 and hand-written ones do.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mklang.stores.stamps import Stamp
 from mklang.errors import CheckpointError
+from mklang.stores.stamps import Stamp
 
 
 class SqlStore:

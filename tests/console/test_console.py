@@ -4,48 +4,25 @@ inbox reply that resumes a parked run to its end (the real browser: test_console
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli
+from support.commands import cli
+from support.console import SCRIPT_OUTPUT, make_runs
 
 pytest.importorskip("starlette", reason="the console extra is not installed")
 from starlette.testclient import TestClient
 
 from mklang.checkpoint.envelope import load
-from mklang.checkpoint.store import locate, open_store
 from mklang.cli.hosting import Hosting
 from mklang.console import reading
 from mklang.console.events import Change, StorePoller
 from mklang.console.web import Console, create_app
+from mklang.stores import locate, open_store
 
 TOKEN = "the-token"
-SCRIPT_OUTPUT = "<script>alert('owned')</script>"
-ECHO = """\
-mklang 0.4
-machine echo
-entry say
-budget 3
-state say {
-  structure "Any text."
-  prompt "Say something."
-  output said
-  otherwise -> END
-}
-"""
-# The reply must reach the model fenced as untrusted data: only a fenced prompt gets an answer.
-FENCED_APPROVAL = {
-    "scenarios": [
-        {
-            "name": "fenced",
-            "llm": {"produce": {"Write a status-page": "Maintenance on Saturday", "<data-": "approve"}, "judge": [0]},
-            "tools": {"publish": ["https://status.example.com/posts/118"]},
-        }
-    ]
-}
 
 
 @pytest.fixture(scope="module")
@@ -63,22 +40,6 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def store(stored: Path, tmp_path: Path) -> str:
     shutil.copytree(stored, tmp_path, dirs_exist_ok=True)
     return f"sqlite:///{tmp_path}/runs.db"
-
-
-def make_runs(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
-    (tmp_path / "approval" / "fenced.yaml").write_text(json.dumps(FENCED_APPROVAL), encoding="utf-8")
-    (tmp_path / "echo.mk").write_text(ECHO, encoding="utf-8")
-    script = {"scenarios": [{"name": "s", "llm": {"produce": [SCRIPT_OUTPUT]}}]}
-    (tmp_path / "echo.yaml").write_text(json.dumps(script), encoding="utf-8")
-    uri = f"sqlite:///{tmp_path}/runs.db"
-    asked = cli(
-        "run", "approval/approval.mk", "--script", "approval/fenced.yaml", "--scenario", "fenced",
-        "--hitl", "--checkpoint", f"{uri}#ask", "--format", "json", cwd=tmp_path,
-    )  # fmt: skip
-    assert asked.returncode == 3, asked.stderr
-    echoed = cli("run", "echo.mk", "--script", "echo.yaml", "--checkpoint", f"{uri}#echo", cwd=tmp_path)
-    assert echoed.returncode == 0, echoed.stderr
 
 
 @pytest.fixture

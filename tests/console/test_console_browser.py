@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import cli, cli_env
+from support.commands import cli, cli_env
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,7 +55,7 @@ def browser() -> Iterator[object]:
 def console_url(tmp_path: Path) -> Iterator[str]:
     """`mklang serve` on a free port of 127.0.0.1 over a store with a parked and a finished run."""
     pytest.importorskip("starlette", reason="the console extra is not installed")
-    from test_console import make_runs
+    from support.console import make_runs
 
     make_runs(tmp_path)
     server = subprocess.Popen(
