@@ -1,6 +1,6 @@
 """Replies from the inbox: each resumes its run as `mklang resume STORE#RUN --set PATH=REPLY` does.
 
-The reply is parsed as `--set` parses a value and goes through the same session API, so the run
+The reply is parsed as `--set` parses a value and goes through the same run service, so the run
 takes it as untrusted data. The host that answers the resumed run is the one `mklang serve` was
 started with (its --script, --provider, --plugin ...), filled in from the run's own record as a
 resume fills it in. The run goes on in a thread of the console; the run page follows it.
@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 
 from mklang.batching import location
-from mklang.errors import first_line
 from mklang.cli.hosting import Hosting
+from mklang.errors import first_line
 from mklang.stores import Store
 
 
@@ -40,15 +40,16 @@ class Replies:
         thread.start()
 
     def _resume(self, run: str, values: dict[str, object]) -> None:
-        from mklang import session
+        from mklang import service
         from mklang.errors import MklangError
+        from mklang.session import Host
 
         try:
             with (
-                session.opened(location(self.store, self.uri, run)) as resumable,
-                session.Host.resumed(resumable, self.hosting.settings(), self.hosting.record, None) as host,
+                service.opened(location(self.store, self.uri, run)) as resumable,
+                Host.resumed(resumable, self.hosting.settings(), self.hosting.record, None) as host,
             ):
-                session.proceed(resumable, host, set_values=values)
+                service.proceed(resumable, host, set_values=values)
         except MklangError as error:
             self.failures[run] = first_line(error)
         finally:

@@ -117,8 +117,8 @@ def run_view(store: Store, uri: str, run: str) -> dict[str, Any]:
 
 def drawing(store: Store, uri: str, run: str, trace: list[dict[str, Any]]) -> Any:
     """The run's machine as a graph with the path it took (`mklang.graph.build`), or why there is none."""
-    from mklang.inspection import machine_of
     from mklang.graph import build
+    from mklang.inspection import machine_of
 
     try:
         return build(machine_of(location(store, uri, run)), trace)
