@@ -49,7 +49,7 @@ class Replies:
                 service.opened(location(self.store, self.uri, run)) as resumable,
                 Host.resumed(resumable, self.hosting.settings(), self.hosting.record, None) as host,
             ):
-                service.proceed(resumable, host, set_values=values)
+                service.proceed(resumable, host, reply=values)
         except MklangError as error:
             self.failures[run] = first_line(error)
         finally:
