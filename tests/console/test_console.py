@@ -4,6 +4,7 @@ inbox reply that resumes a parked run to its end (the real browser: test_console
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -199,3 +200,36 @@ def test_the_pages_read_a_folder_and_a_postgresql_store_too(kind, tmp_path, requ
             assert "status-done" in client.get("/runs/ask").text
     finally:
         opened.close()
+
+
+@pytest.mark.parametrize(("host", "warned"), [("127.0.0.1", False), ("0.0.0.0", True)])
+def test_serve_prints_the_url_with_its_token_and_warns_when_it_listens_beyond_this_machine(
+    host, warned, tmp_path, monkeypatch
+):
+    from mklang.console import server
+
+    monkeypatch.setattr(server.Server, "run", lambda self, sockets: None)  # bound, then stops at once
+    done = cli("serve", "--store", str(tmp_path), "--host", host, "--port", "0")
+    assert done.returncode == 0, done.stderr
+    url = re.fullmatch(
+        rf"mklang console of {re.escape(str(tmp_path))}: http://127\.0\.0\.1:(\d+)/\?token=(\S+)\n", done.stdout
+    )
+    assert url and int(url.group(1)) > 0 and len(url.group(2)) >= 40
+    if warned:
+        assert done.stderr.startswith(f"mklang: warning: listening on 0.0.0.0:{url.group(1)}: anyone who can reach")
+    else:
+        assert done.stderr == ""
+
+
+def test_serve_on_a_port_in_use_is_a_one_line_usage_error(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli("serve", "--store", str(tmp_path), "--port", str(port))
+    assert done.returncode == 2
+    assert (
+        done.stderr.startswith(f"mklang: error: cannot listen on 127.0.0.1:{port}: ") and done.stderr.count("\n") == 1
+    )
