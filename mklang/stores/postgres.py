@@ -6,6 +6,14 @@
 keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
 tables are created on first use; every write is one committed transaction.
 
+A committed transaction is on the server, so it survives the client's
+death. Envelopes and durable journal lines also wait until the server has
+flushed them (`synchronous_commit`: they survive a crash of the server or
+its host); other journal lines are asynchronous commits, as they reach the
+OS without an fsync in the file store, so the durability setting decides
+the flushes of a step (`MKLANG_DURABILITY`). A flushed commit flushes the
+ones before it too: the server's write-ahead log is written in order.
+
 A run's lock is a session advisory lock held on a connection of its own,
 so it is released when the lock is, or when the process holding it dies
 or loses its connection: a worker killed by SIGKILL never blocks its run.
@@ -138,10 +146,16 @@ class PostgresStore(SqlStore):
             raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
 
     def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
-        # A committed row is durable (synchronous_commit): durable either way.
+        # Every statement here waits for its commit's flush; `append` is where lines need not.
         with self._connection(run) as db:
             cursor = db.execute(sql.replace("?", "%s"), args or None)
             return cursor.fetchall() if cursor.description else []
+
+    def append(self, run: str, payload: bytes, *, durable: bool) -> None:
+        if durable:
+            super().append(run, payload, durable=True)
+        else:
+            self._rows(UNFLUSHED_APPEND, run, payload, run=run)
 
     def start_journal(self, run: str, payload: bytes) -> None:
         with self._connection(run) as db, db.transaction():  # the old generation or the new one, never a mix
@@ -202,6 +216,12 @@ class PostgresStore(SqlStore):
             self._db.close()
 
 
+# A journal line whose commit does not wait for the flush: the setting is local to the statement's
+# own transaction, so it costs no extra statement or round trip.
+UNFLUSHED_APPEND = (
+    "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+    "INSERT INTO mklang_journal (run, line) SELECT ?, ? FROM unflushed"
+)
 SCHEMA_LOCK_KEY = 0x6D6B6C616E67  # "mklang": serializes creating the tables
 
 

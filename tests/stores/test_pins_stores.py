@@ -5,12 +5,14 @@ Each test fails when the rule it names is dropped (docs/mutation.md).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psycopg
 import pytest
@@ -244,3 +246,60 @@ def test_a_lock_whose_session_ended_releases_quietly(postgres, postgres_uri):
     lock.release()
     assert postgres.holder("r") is None
     postgres.lock("r").release()
+
+
+# --- PostgreSQL: durable lines wait for the flush, the others do not ----------
+
+
+class CountedConnection(psycopg.Connection):  # type: ignore[type-arg]
+    """A connection that records each write it commits and whether that commit waits for the flush."""
+
+    commits: ClassVar[list[bool]] = []  # one per committed write: True when it waits
+
+    def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
+        text = str(query)
+        if self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and "INSERT" in text:
+            CountedConnection.commits.append("set_config('synchronous_commit', 'off', true)" not in text)
+        return super().execute(query, params, **kwargs)
+
+    @contextlib.contextmanager
+    def transaction(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        with super().transaction(*args, **kwargs) as block:
+            yield block
+        CountedConnection.commits.append(True)
+
+
+@pytest.mark.parametrize(("durability", "flushes_per_step"), [("step", 1), ("call", 2)])
+def test_postgres_flushes_one_commit_per_judged_step_with_step_durability(
+    postgres_uri, monkeypatch, durability, flushes_per_step
+):
+    from mklang.providers.scripted import ScriptedProvider
+    from mklang.service import start
+    from mklang.session import Host
+    from mklang.syntax import parse
+
+    steps = 20
+    machine = parse(
+        f'machine loop\nentry s\nbudget {steps}\nstate s {{\n  structure "x"\n  prompt "again"\n  output o\n'
+        '  when "again" -> s\n  otherwise -> s\n}\n'
+    )
+    monkeypatch.setenv("MKLANG_DURABILITY", durability)
+    monkeypatch.setattr(psycopg, "connect", CountedConnection.connect)
+    monkeypatch.setattr(CountedConnection, "commits", [])
+    host = Host(ScriptedProvider({"produce": ["ok"] * steps, "judge": [0]}))
+    result = start(machine, {}, host, checkpoint=f"{postgres_uri}#run")
+    assert len(result.trace) == steps
+    commits = CountedConnection.commits
+    assert len(commits) >= 3 * steps  # a produce line, a judge line and a step line per step
+    # Besides the steps: the tables, the first envelope and journal, the last envelope.
+    assert sum(commits) == flushes_per_step * steps + 4
+
+
+def test_postgres_turns_off_the_flush_wait_for_one_line_only(postgres):
+    postgres.start_journal("a", b"gen\n")
+    lock = postgres.lock("a")
+    postgres.append("a", b"step\n", durable=False)
+    for db in (postgres._db, postgres._held["a"]):
+        assert db.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    assert PostgresStore(postgres.conninfo).read_journal("a") == b"gen\nstep\n"  # committed: on the server
+    lock.release()
