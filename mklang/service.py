@@ -221,7 +221,7 @@ class Resumable:
     location: Location
     envelope: Envelope
     chain: list[Frame]
-    replay: dict[str, dict[str, Any]] = field(default_factory=dict)
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # paid answers to replay
     host_state: dict[str, Any] | None = None  # the host's state the run continues with
     loader: MachineLoader = field(default_factory=MachineLoader)
     crashed: bool = False
@@ -442,7 +442,7 @@ def _recover(resumable: Resumable, paths: MachinePaths, trust: bool) -> None:
         if change is not None:  # it died resuming this envelope: redo what that resume changed
             resumable.envelope = _resumed(envelope, resumable.chain, change)
         entered = _frame_reader(location, envelope.machines, paths, resumable.loader, digests=resumable.trusted)
-        resumable.chain, resumable.replay, host_state = recover(resumable.chain, envelope.answers, records, entered)
+        resumable.chain, resumable.answers, host_state = recover(resumable.chain, envelope.answers, records, entered)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
         raise CheckpointError(f"{location}: malformed journal: {type(error).__name__}: {error}") from None
     resumable.host_state = host_state or resumable.host_state
@@ -501,7 +501,7 @@ def _check_spend(location: Location, resumable: Resumable) -> None:
         Usage.from_json(resumable.envelope.usage)
         for frame in resumable.chain:
             _ = frame.spent
-        for entry in resumable.replay.values():
+        for entry in resumable.answers.values():
             decode_answer(entry["kind"], entry["v"])
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CheckpointError(f"{location}: malformed spend: {type(error).__name__}: {error}") from None
@@ -626,7 +626,7 @@ def proceed(
             return _drive(
                 envelope,
                 chain,
-                resumable.replay,
+                resumable.answers,
                 resumable.loader,
                 target,
                 host,
@@ -688,7 +688,7 @@ def _resumed(envelope: Envelope, chain: list[Frame], change: dict[str, Any]) -> 
 def _drive(
     envelope: Envelope,
     chain: list[Frame],
-    replay: dict[str, dict[str, Any]],
+    answers: dict[str, dict[str, Any]],
     loader: MachineLoader,
     location: Location,
     host: Host,
@@ -713,7 +713,7 @@ def _drive(
         envelope,
         hashes=loader.hashes,
         host_state=host.state,
-        replay=replay,
+        answers=answers,
         durability=durability_setting(),
         paths=MachinePaths(chain[0].machine.path),
     )

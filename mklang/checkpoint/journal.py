@@ -91,7 +91,7 @@ class StoreJournal:
         envelope: Envelope,
         *,
         host_state: HostState | None = None,
-        replay: dict[str, dict[str, Any]] | None = None,
+        answers: dict[str, dict[str, Any]] | None = None,
         hashes: dict[str, str] | None = None,
         durability: Durability = "call",
         paths: MachinePaths | None = None,
@@ -102,7 +102,7 @@ class StoreJournal:
         self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
         self.envelope = envelope  # the template every snapshot is written from
         self.host_state = host_state
-        self.replay_set = dict(replay or {})
+        self.answers = dict(answers or {})  # the paid answers not yet replayed, by key
         self.in_flight: dict[str, dict[str, Any]] = {}  # answers used since the last step or halt
         self._lock = threading.Lock()
         self._written = 0
@@ -120,7 +120,7 @@ class StoreJournal:
                 frames=[self._frame(frame) for frame in chain],
                 usage=sum((frame.spent for frame in chain), self.unreplayed()).to_json(),
                 generation=generation,
-                answers=dict(self.replay_set),
+                answers=dict(self.answers),
                 **self._host_update(),
                 **fields,
             )
@@ -201,9 +201,9 @@ class StoreJournal:
 
     def replay(self, key: str, kind: str) -> Any:
         """The answer of a call that an earlier process paid for, or None."""
-        if not self.replay_set:
+        if not self.answers:
             return None
-        entry = self.replay_set.pop(key, None) or self.replay_set.pop(earlier_key(key), None)
+        entry = self.answers.pop(key, None) or self.answers.pop(earlier_key(key), None)
         if entry is None or entry["kind"] != kind:
             return None
         with self._lock:
@@ -227,14 +227,14 @@ class StoreJournal:
         """The spend of the answers an earlier process paid for that no frame counts
         and this one has not replayed yet (part of the run's spend so far)."""
         with self._lock:
-            entries = list(self.replay_set.values())
+            entries = list(self.answers.values())
         usages = (getattr(decode_answer(entry["kind"], entry["v"]), "usage", None) for entry in entries)
         return sum((usage for usage in usages if usage is not None), Usage())
 
     def _settle(self) -> None:
         """A level made a step or halted: the calls of the step in flight are folded into it."""
         with self._lock:
-            self.replay_set.clear()
+            self.answers.clear()
             self.in_flight.clear()
 
     def finish(self, chain: list[Frame], **fields: Any) -> None:
@@ -244,7 +244,7 @@ class StoreJournal:
         replayed, and those of the step in flight (fan-out branches stopped mid-way)."""
         answers: dict[str, dict[str, Any]] = {}
         if fields.get("status") == "suspended":
-            answers = {**self.replay_set, **self.in_flight}
+            answers = {**self.answers, **self.in_flight}
         envelope = self.envelope.model_copy(
             update=dict(
                 frames=[self._frame(frame) for frame in chain],
@@ -337,13 +337,13 @@ def recover(
 ) -> tuple[list[Frame], dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Replay journal records onto the envelope's frames and its unreplayed paid `answers`.
 
-    Returns the frame chain at the last durable loop-top, the completed calls
-    of the step in flight (by key), and the host's state as of the last line
+    Returns the frame chain at the last durable loop-top, the paid answers
+    still to replay (the calls of the step in flight, by key), and the host's state as of the last line
     that holds one (`p` on the step lines of journals written before `s`).
     `machine_for(frame_json)` loads the machine a frame runs.
     """
     chain = list(chain)
-    calls = dict(answers)
+    answers = dict(answers)
     host_state = None
     for record in records:
         host_state = record.get("s", record.get("p", host_state))
@@ -356,12 +356,12 @@ def recover(
             chain = chain[: depth + 1]
             frame = chain[depth]
             frame.apply(frame.machine.state(record["r"]["step"]["state"]), record["r"])
-            calls = {}  # the calls of a completed step are folded into it
+            answers = {}  # the calls of a completed step are folded into it
         elif kind == "halt":
             depth = record["d"]
             chain = chain[: depth + 1]
             chain[depth].stop(record["e"], Usage.from_json(record["u"]))
-            calls = {}
+            answers = {}
         elif kind == "call":
-            calls[record["key"]] = {"kind": record["kind"], "v": record["v"]}
-    return chain, calls, host_state
+            answers[record["key"]] = {"kind": record["kind"], "v": record["v"]}
+    return chain, answers, host_state

@@ -691,12 +691,12 @@ def _paid(text: str, tokens: int) -> dict[str, Any]:
 
 def test_a_replayed_answer_is_used_once_and_only_for_its_own_kind(tmp_path):
     replay = {"k1": _paid("one", 2), "k2": {"kind": "tool", "v": "text"}, "k3": {**_paid("c", 1), "consumed": True}}
-    journal, _ = _run_journal(tmp_path, replay=replay)
+    journal, _ = _run_journal(tmp_path, answers=replay)
     assert journal.replay("k1", "produce") == Produced("one", None, Usage(2, 1))
     assert journal.replay("k1", "produce") is None  # used once
     assert journal.replay("k2", "produce") is None  # recorded for another kind of call
     assert journal.replay("k2", "tool") is None  # ... and not used by another call either
-    journal.replay_set["k4"] = {"kind": "tool", "v": "text"}
+    journal.answers["k4"] = {"kind": "tool", "v": "text"}
     assert journal.replay("k4", "tool") == "text"
     assert journal.replay("missing", "tool") is None
     assert journal.replay("k3", "produce") == Produced("c", None, Usage(1, 1))  # marked by an earlier version
@@ -707,15 +707,15 @@ def test_a_replayed_answer_is_used_once_and_only_for_its_own_kind(tmp_path):
 def test_an_answer_kept_under_a_key_of_an_earlier_version_answers_the_same_call(tmp_path):
     """Keys did not name a fan-out's branch count before: `r:3.2.1` is now `r:3.2of4.1`."""
     replay = {"r:3.2.1": {"kind": "tool", "v": "kept"}, "r:3.1/:1.0.1": _paid("below", 1)}
-    journal, _ = _run_journal(tmp_path, replay=replay)
+    journal, _ = _run_journal(tmp_path, answers=replay)
     assert journal.replay("r:3.2of4.1", "tool") == "kept"
     assert journal.replay("r:3.1of4/:1.0.1", "produce") == Produced("below", None, Usage(1, 1))
-    assert journal.replay_set == {}
+    assert journal.answers == {}
 
 
 def test_a_snapshot_keeps_the_unreplayed_answers_and_counts_their_spend(tmp_path):
     replay = {"k1": _paid("one", 2), "k2": {"kind": "tool", "v": "text"}, "k3": _paid("three", 5)}
-    journal, frame = _run_journal(tmp_path, replay=replay)
+    journal, frame = _run_journal(tmp_path, answers=replay)
     frame.usage = Usage(10, 10, 1.0)
     assert journal.unreplayed() == Usage(7, 2)
     journal.snapshot([frame], status="running")
@@ -727,7 +727,7 @@ def test_a_snapshot_keeps_the_unreplayed_answers_and_counts_their_spend(tmp_path
 
 
 def test_a_step_or_halt_folds_the_answers_of_its_step_so_they_are_not_kept_again(tmp_path):
-    journal, frame = _run_journal(tmp_path, replay={"k1": _paid("one", 2), "k2": _paid("two", 3)})
+    journal, frame = _run_journal(tmp_path, answers={"k1": _paid("one", 2), "k2": _paid("two", 3)})
     journal.snapshot([frame], status="running")
     journal.replay("k1", "produce")
     journal.record("k4", "tool", "t")
@@ -735,7 +735,7 @@ def test_a_step_or_halt_folds_the_answers_of_its_step_so_they_are_not_kept_again
     assert journal.unreplayed() == Usage()
     journal.finish([frame], status="suspended")
     assert load(tmp_path / "cp.json").answers == {}
-    journal, frame = _run_journal(tmp_path, replay={"k1": _paid("one", 2)})
+    journal, frame = _run_journal(tmp_path, answers={"k1": _paid("one", 2)})
     journal.snapshot([frame], status="running")
     journal.record("k4", "tool", "t")
     journal.halt(0, "gate-fail", Usage())
@@ -745,7 +745,7 @@ def test_a_step_or_halt_folds_the_answers_of_its_step_so_they_are_not_kept_again
 
 def test_a_suspended_envelope_keeps_the_answers_of_the_step_in_flight(tmp_path):
     replay = {"old": _paid("old", 1), "used": _paid("used", 2)}
-    journal, frame = _run_journal(tmp_path, replay=replay)
+    journal, frame = _run_journal(tmp_path, answers=replay)
     journal.snapshot([frame], status="running")
     journal.replay("used", "produce")
     journal.record("r:1.0#0/x", "tool", "paid")
@@ -767,7 +767,7 @@ def test_a_suspended_envelope_keeps_the_answers_of_the_step_in_flight(tmp_path):
 
 @pytest.mark.parametrize("status", ["done", "halted"])
 def test_a_finished_envelope_keeps_no_answers_and_no_journal(tmp_path, status):
-    journal, frame = _run_journal(tmp_path, replay={"old": _paid("old", 1)})
+    journal, frame = _run_journal(tmp_path, answers={"old": _paid("old", 1)})
     journal.snapshot([frame], status="running")
     journal.record("r:1.0", "tool", "paid")
     journal.finish([frame], status=status)
@@ -1061,7 +1061,7 @@ def test_a_step_or_halt_at_a_level_drops_the_levels_below_it(tmp_path):
 
 def test_the_callers_replay_map_is_not_used_up_by_the_run(tmp_path):
     replay = {"k1": {"kind": "tool", "v": "text"}}
-    journal, _ = _run_journal(tmp_path, replay=replay)
+    journal, _ = _run_journal(tmp_path, answers=replay)
     assert journal.replay("k1", "tool") == "text"
     assert replay == {"k1": {"kind": "tool", "v": "text"}}
 

@@ -740,7 +740,7 @@ def test_a_resumed_dead_run_replays_the_calls_its_step_in_flight_had_paid_for(tm
         start(machine, None, Host(DiesAtTheJudge({"produce": ["paid", "b-one"]}), hooks=UNUSED_STOP), checkpoint=path)
     opened = open_run(path)
     assert opened.crashed and [(f.state, f.context) for f in opened.chain] == [("b", {"x": "paid"})]
-    assert len(opened.replay) == 1  # b's answer, paid for before the judge call died
+    assert len(opened.answers) == 1  # b's answer, paid for before the judge call died
     provider = Recorder({"produce": ["never"], "judge": [0]})
     done = proceed(opened, Host(provider, hooks=UNUSED_STOP))
     assert (done.status, done.context, provider.produced) == ("done", {"x": "paid", "y": "b-one"}, [])
