@@ -312,7 +312,14 @@ def _hosted(
         ) as host:
             yield _with_callables(host, tools, hooks)
         return
-    named = {"model": model, "config": config, "script": script, "replay": replay, "record": record}
+    named = {
+        "model": model,
+        "config": config,
+        "script": script,
+        "scenario": scenario,
+        "replay": replay,
+        "record": record,
+    }
     clash = [name for name, value in named.items() if value is not None]
     if clash:
         raise UsageError(f"{clash[0]}= builds a provider: it cannot be combined with a provider object")

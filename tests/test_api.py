@@ -166,9 +166,11 @@ def test_a_provider_object_answers_with_the_callers_tools_and_stays_open(tmp_pat
     assert provider.closed is False  # the caller's provider is the caller's to close
 
 
-def test_a_provider_object_cannot_be_combined_with_what_builds_one():
-    with pytest.raises(mklang.UsageError, match=r"script= builds a provider"):
-        mklang.run(APPROVAL, provider=Echo("x"), script=APPROVALS)
+@pytest.mark.parametrize("keyword", ["script", "scenario"])
+def test_a_provider_object_cannot_be_combined_with_what_builds_one(keyword):
+    given = {"script": APPROVALS, "scenario": "approved"}
+    with pytest.raises(mklang.UsageError, match=rf"{keyword}= builds a provider"):
+        mklang.run(APPROVAL, provider=Echo("x"), **{keyword: given[keyword]})
 
 
 def test_the_embedding_example_runs_offline_and_says_what_happened():
