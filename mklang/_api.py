@@ -16,7 +16,7 @@ from mklang.errors import Diagnostic, UsageError
 if TYPE_CHECKING:
     from mklang.effects import ToolFunction
     from mklang.engine import RunResult
-    from mklang.engine.runtime import Observer
+    from mklang.engine.events import EventSink
     from mklang.model import Machine
     from mklang.providers.base import Provider
     from mklang.service import Outcome, Resumable
@@ -71,7 +71,7 @@ def run(
     max_cost: float | None = None,
     max_time: float | None = None,
     concurrency: int | None = None,
-    observer: Observer | None = None,
+    observer: EventSink | None = None,
 ) -> RunResult:
     """Run `machine` (a `Machine` or a file) from its entry with `context` and return how it ended.
 
@@ -125,7 +125,7 @@ def resume(
     max_time: float | None = None,
     budget: int | None = None,
     concurrency: int | None = None,
-    observer: Observer | None = None,
+    observer: EventSink | None = None,
 ) -> RunResult:
     """Continue a suspended, interrupted or crashed run from its checkpoint (a file or `STORE-URI#RUN`).
 
@@ -185,6 +185,7 @@ def batch(
     batch_max_tokens: int | None = None,
     batch_max_cost: float | None = None,
     concurrency: int | None = None,
+    observer: EventSink | None = None,
 ) -> list[Outcome]:
     """Run `machine` once per input, each a durable run in `store`; one `Outcome` per input, in order.
 
@@ -192,6 +193,7 @@ def batch(
     else the hash of the input); `store` a folder or a store URI. Calling it
     again with the same inputs resumes the batch. `max_*` bound each run,
     `batch_max_*` the whole batch; `concurrency` runs are in flight at once (default 32).
+    `observer` is told of every run's events, each carrying the run's name.
     The keywords are those of `mklang batch`.
     """
     from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -228,6 +230,7 @@ def batch(
             untrusted_flow=untrusted_flow,
             ceilings=batching.Ceilings(batch_max_tokens, batch_max_cost),
             hitl=hitl,
+            observer=observer,
         )
         outcomes = runner.run(items, DEFAULT_BATCH_CONCURRENCY if concurrency is None else concurrency)
     if out is not None:

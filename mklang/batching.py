@@ -26,6 +26,7 @@ from typing import Any
 from mklang import exitcodes
 from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
+from mklang.engine.events import EventSink
 from mklang.engine.runtime import COST_SLACK
 from mklang.errors import MklangError, RunBusy, UsageError, first_line
 from mklang.limits import load_json_object
@@ -199,6 +200,7 @@ class Batch:
         hitl: bool = False,
         kept_texts: bool = False,
         texts: dict[str, str] | None = None,
+        observer: EventSink | None = None,
     ):
         self.machine = machine
         self.store = store
@@ -217,6 +219,7 @@ class Batch:
         self.ledger = ledger
         self.on_outcome = on_outcome
         self.stop = stop or threading.Event()  # set: every run suspends at its next loop-top
+        self.observer = observer  # told of every run's events, each with the run's name
 
     def run_item(self, item: Item) -> Outcome:
         """Start, resume or skip one run; its outcome is read back from the store.
@@ -260,6 +263,7 @@ class Batch:
                     kept_texts=self.kept_texts,
                     hitl=self.hitl or None,  # else the scenario's `run:` setting, if any
                     control=control,
+                    observer=self.observer,
                     **self.budgets,
                 )
         except MklangError as error:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from mklang.batching import Batch, Ceilings, Item, StoreLedger, batch_id
 from mklang.checkpoint.texts import keep_texts, machine_root
+from mklang.engine.events import EventSink
 from mklang.errors import CheckpointError, MklangError, UsageError, first_line, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
@@ -241,8 +242,9 @@ def enqueue_and_follow(
 class Worker:
     """What a worker process shares between its runs: the store, the host settings, a stop flag."""
 
-    def __init__(self, uri: str, host_settings: dict[str, Any]):
+    def __init__(self, uri: str, host_settings: dict[str, Any], observer: EventSink | None = None):
         self.uri = uri
+        self.observer = observer  # told of every run's events, each with the run's name
         self.store = open_store(uri)
         self.identity = store_identity(self.store)
         self.host_settings = host_settings
@@ -312,6 +314,7 @@ class Worker:
                 hitl=bool(record["hitl"]),
                 kept_texts=True,
                 texts=dict(record["texts"]),
+                observer=self.observer,
             )
             item = Item(run, dict(record["context"]))
             deadline = time.monotonic() + BUSY_SECONDS
@@ -398,13 +401,16 @@ def _say_malformed_messages(**_: Any) -> None:
     warnings.showwarning = show
 
 
-def start_worker(broker: str, uri: str, *, concurrency: int, host_settings: dict[str, Any]) -> None:
-    """Run a Celery worker (threads: one process, so SIGKILL loses exactly its runs in flight)."""
+def start_worker(
+    broker: str, uri: str, *, concurrency: int, host_settings: dict[str, Any], observer: EventSink | None = None
+) -> None:
+    """Run a Celery worker (threads: one process, so SIGKILL loses exactly its runs in flight);
+    `observer` is told of the events of every run it takes."""
     from celery.exceptions import Reject
     from celery.signals import worker_ready, worker_shutting_down
 
     app = celery_app(broker)
-    worker = Worker(uri, host_settings)
+    worker = Worker(uri, host_settings, observer)
 
     @app.task(name=TASK, bind=True)
     def run_item(task: Any, *args: Any, **kwargs: Any) -> None:

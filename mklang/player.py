@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mklang.engine import RunResult
+from mklang.engine.events import EventSink, Named
 from mklang.model import Machine
 from mklang.scenarios import Scenario, compare
 from mklang.service import resume, start
@@ -22,23 +23,27 @@ class Part:
     problems: list[str]
 
 
-def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None) -> list[Part]:
+def play(
+    machine: Machine, scenario: Scenario, untrusted_flow: str | None = None, observer: EventSink | None = None
+) -> list[Part]:
     """Run a scenario as `mklang run` and `mklang resume` would, and compare every part;
-    `untrusted_flow` overrides the scenario's `run.on_untrusted_flow`.
+    `untrusted_flow` overrides the scenario's `run.on_untrusted_flow`; `observer` is told of
+    the events of every part, each carrying the scenario's name.
 
     A durable scenario runs with a real checkpoint in a temporary folder; each
     of its `resumes` continues that checkpoint through `resume`,
     the code path of `mklang resume`, with a fresh scripted host whose state
     comes from the checkpoint.
     """
+    observer = None if observer is None else Named(observer, scenario.name)
     if not scenario.durable:
         with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host, untrusted_flow=untrusted_flow)
+            result = start(machine, {}, host, untrusted_flow=untrusted_flow, observer=observer)
         return [Part("run", result, compare(scenario.expect, result))]
     with tempfile.TemporaryDirectory(prefix="mklang-test-") as folder:
         checkpoint = Path(folder) / "checkpoint.json"
         with Host.for_scenario(scenario) as host:
-            result = start(machine, {}, host, checkpoint=checkpoint, untrusted_flow=untrusted_flow)
+            result = start(machine, {}, host, checkpoint=checkpoint, untrusted_flow=untrusted_flow, observer=observer)
         parts = [Part("run", result, compare(scenario.expect, result))]
         for number, step in enumerate(scenario.resumes, 1):
             label = f"resumes[{number}]"
@@ -54,6 +59,7 @@ def play(machine: Machine, scenario: Scenario, untrusted_flow: str | None = None
                     budget=step.budget,
                     hitl=step.hitl,
                     untrusted_flow=untrusted_flow,
+                    observer=observer,
                 )
             parts.append(Part(label, result, compare(step.expect, result)))
     return parts

@@ -42,8 +42,9 @@ from mklang.checkpoint.signing import SEAL_TEXT, checkpoint_key, seal_of, sign
 from mklang.checkpoint.texts import keep_texts, machine_root
 from mklang.effects import check_policy
 from mklang.engine import Control, RunResult, continue_run, make_runtime, run
+from mklang.engine.events import EventSink, Named
 from mklang.engine.frame import Frame
-from mklang.engine.runtime import Caps, Observer
+from mklang.engine.runtime import Caps
 from mklang.errors import CheckpointError, LoadError, MklangError, UsageError, did_you_mean, first_line
 from mklang.limits import load_json
 from mklang.model import Machine
@@ -95,7 +96,7 @@ def start(
     untrusted_flow: str | None = None,
     suspendable: bool = False,
     control: Control | None = None,
-    observer: Observer | None = None,
+    observer: EventSink | None = None,
     replace: bool = False,
     held: RunLock | None = None,
     texts: dict[str, str] | None = None,
@@ -558,7 +559,7 @@ def proceed(
     concurrency: int | None = None,
     checkpoint: str | Path | Location | None = None,
     control: Control | None = None,
-    observer: Observer | None = None,
+    observer: EventSink | None = None,
     replace: bool = False,
 ) -> RunResult:
     """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
@@ -632,6 +633,7 @@ def proceed(
                 host,
                 change=change if continues else None,
                 resumed=not resumable.crashed,
+                recovered=resumable.crashed,
                 control=control,
                 observer=observer,
             )
@@ -695,8 +697,9 @@ def _drive(
     *,
     change: dict[str, Any] | None = None,
     resumed: bool = False,
+    recovered: bool = False,
     control: Control | None,
-    observer: Observer | None,
+    observer: EventSink | None,
 ) -> RunResult:
     """Run `chain` persisting to `location`, whose lock the caller holds (`_claimed`).
 
@@ -736,7 +739,8 @@ def _drive(
         untrusted_flow=envelope.untrusted_flow,
         max_time=budgets.max_time,
     )
-    result = continue_run(rt, chain, Caps(budgets.max_tokens, budgets.max_cost), suspendable=True, resumed=resumed)
+    caps = Caps(budgets.max_tokens, budgets.max_cost)
+    result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
     usage = result.usage.to_json()
     if result.status == "suspended":
         journal.finish(
@@ -871,14 +875,18 @@ class Claim:
         kept_texts: bool,
         hitl: bool | None,
         control: Control,
+        observer: EventSink | None = None,
         **budgets: Any,
     ) -> RunResult:
         """Start the run with `context` when the store holds none, else continue it (its own context).
 
         A run started here keeps `texts()` as its machine texts and `hitl`; a run continued here
         runs the texts the store keeps in place of edited files with `kept_texts`. `budgets`:
-        `max_tokens`, `max_cost`, `max_time` and the `untrusted_flow` policy, for either."""
+        `max_tokens`, `max_cost`, `max_time` and the `untrusted_flow` policy, for either. The
+        run's events go to `observer` with the run's name."""
         store, run = self.location.store, self.location.run
+        if observer is not None:
+            observer = Named(observer, run)
         if store.read(run) is None:
             return start(
                 machine,
@@ -889,10 +897,11 @@ class Claim:
                 hitl=hitl,
                 held=self.lock,
                 texts=texts(),
+                observer=observer,
                 **budgets,
             )
         with opened(self.location, kept_texts=kept_texts, held=self.lock) as resumable:
-            return proceed(resumable, host, control=control, **budgets)
+            return proceed(resumable, host, control=control, observer=observer, **budgets)
 
     def release(self) -> None:
         self.lock.release()

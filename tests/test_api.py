@@ -154,15 +154,21 @@ class Echo:
 def test_a_provider_object_answers_with_the_callers_tools_and_stays_open(tmp_path):
     provider = Echo("Quiet night")
     seen: list[list[str]] = []
+
+    class States:
+        def emit(self, event: mklang.Event) -> None:
+            if isinstance(event, mklang.StateEntered):
+                seen.append([level.state for level in event.path])
+
     done = mklang.run(
         APPROVAL,
         {"approval": {"answer": "yes"}},
         provider=provider,
         tools={"publish": lambda args: f"posted: {args['text']}"},
-        observer=lambda frames: seen.append([frame.state for frame in frames]),
+        observer=States(),
     )
     assert (done.status, done.result) == ("done", "posted: Quiet night")
-    assert seen == [["draft"], ["decide"], ["publish"]]  # the frame chain at every loop-top
+    assert seen == [["draft"], ["decide"], ["publish"]]  # the path of every state entered
     assert provider.closed is False  # the caller's provider is the caller's to close
 
 

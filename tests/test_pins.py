@@ -22,7 +22,7 @@ from conformance.harness import Recorder, mk, run_mk, write_machines
 from support.commands import mklang
 from support.fakeserver import FakeServer, answer, error, raw
 from support.files import FsyncSpy, journal_path
-from support.runs import TWO_STATES
+from support.runs import TWO_STATES, LoopTops
 
 from mklang.checker import check
 from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save
@@ -1077,13 +1077,15 @@ def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
     scenario = load_script(ROOT / "examples" / "nested" / "scenarios.yaml")[0]
     tops = iter(range(4))
 
-    def crash_at_the_fifth_loop_top(chain: Any) -> None:
+    def crash_at_the_fifth_loop_top(event: Any) -> None:
         if next(tops, None) is None:
             raise _Crash
 
     path = tmp_path / "cp.json"
     with pytest.raises(_Crash):
-        start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, observer=crash_at_the_fifth_loop_top)
+        start_run(
+            machine, None, Host.for_scenario(scenario), checkpoint=path, observer=LoopTops(crash_at_the_fifth_loop_top)
+        )
     assert [(f["machine"], f["steps"]) for f in load(path).frames] == [("brief", 0)]  # the snapshot lags behind
     summary = describe(path)
     assert [(f["machine"], f["state"], f["steps"], f["remaining"]) for f in summary["frames"]] == [
@@ -1717,13 +1719,13 @@ def _dead_run(folder: Path, example: str, main: str, crash_at: int) -> Path:
     scenario = load_script(folder / example / "scenarios.yaml")[0]
     tops = iter(range(crash_at - 1))
 
-    def crash(chain: Any) -> None:
+    def crash(event: Any) -> None:
         if next(tops, None) is None:
             raise _Crash
 
     path = folder / "cp.json"
     with pytest.raises(_Crash):
-        start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, observer=crash)
+        start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, observer=LoopTops(crash))
     return path
 
 
@@ -2328,12 +2330,12 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
     start_run(machine, None, Host.for_scenario(scenario), checkpoint=path)
     tops = iter(range(9))
 
-    def crash(chain: Any) -> None:
+    def crash(event: Any) -> None:
         if next(tops) == crash_at:
             raise _Crash
 
     with pytest.raises(_Crash):
-        resume_run(path, Host.for_scenario(scenario), reply=reply, observer=crash, **settings)
+        resume_run(path, Host.for_scenario(scenario), reply=reply, observer=LoopTops(crash), **settings)
     reopened = open_run(path, lock=False)
     envelope, innermost = reopened.envelope, reopened.chain[-1]
     assert (envelope.status, envelope.reason, envelope.ask, envelope.reply_to) == ("running", None, None, None)
@@ -2456,7 +2458,7 @@ def test_a_checkpointed_run_records_its_settings_and_how_it_ended(tmp_path):
         max_time=60,
         concurrency=3,
         hitl=True,
-        observer=lambda chain: snapshots.append(load(path)),
+        observer=LoopTops(lambda event: snapshots.append(load(path))),
     )
     assert result.status == "done"
     first = snapshots[0]

@@ -8,7 +8,7 @@ no escape sequence reaches the terminal; JSON output is the exact data.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from rich.console import Console
 from rich.live import Live
@@ -17,6 +17,9 @@ from rich.tree import Tree
 
 from mklang.syntax.diagnostics import color_allowed
 from mklang.terminal import printable
+
+if TYPE_CHECKING:
+    from mklang.engine.events import Event
 
 # Rich drops colours under NO_COLOR but keeps bold: without a colour system it prints plain text.
 _COLOR_SYSTEM: Literal["auto"] | None = "auto" if color_allowed() else None
@@ -103,19 +106,23 @@ class Display:
 
 
 class LiveView(Display):
-    """The current state, steps and tokens against their budgets, on a terminal."""
+    """The current state, steps and tokens against their budgets, on a terminal: an event sink
+    that shows each state entered outside fan-out branches."""
 
     def __init__(self, max_tokens: int | None):
         self.max_tokens = max_tokens
         self.live = Live(Text(""), console=stderr, transient=True, refresh_per_second=8)
         super().__init__(self.live)
 
-    def __call__(self, chain: list) -> None:
-        frame = chain[-1]
-        path = printable(" › ".join(f"{f.machine.name}:{f.state}" for f in chain))
-        tokens = sum(f.usage.tokens for f in chain)
+    def emit(self, event: Event) -> None:
+        from mklang.engine.events import StateEntered
+
+        if not isinstance(event, StateEntered) or event.in_branch:
+            return
+        path = printable(" › ".join(f"{level.machine}:{level.state}" for level in event.path))
         budget = f"/{self.max_tokens}" if self.max_tokens else ""
-        self.live.update(Text(f"▶ {path}   steps {frame.steps}/{frame.budget}   tokens {tokens}{budget}"))
+        steps = f"steps {event.steps}/{event.budget}"
+        self.live.update(Text(f"▶ {path}   {steps}   tokens {event.spent.tokens}{budget}"))
 
 
 def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> None:

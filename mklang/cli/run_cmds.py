@@ -17,6 +17,7 @@ import typer
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import HOST_OPTIONS, Hosting, hosted
+from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
 from mklang.effects import FLOW_POLICIES
 from mklang.limits import NestingError, load_json, load_json_object, read_text
 from mklang.terminal import printable
@@ -120,15 +121,19 @@ def interrupts(control) -> Iterator[None]:
 
 
 @contextmanager
-def live_view(as_json: bool, max_tokens: int | None) -> Iterator[Any]:
-    """A live line of state and spend on a terminal; nothing otherwise."""
-    if as_json or not sys.stderr.isatty():
-        yield None
-        return
-    from mklang.cli.render import LiveView
+def observed(as_json: bool, max_tokens: int | None, events: str | None, trace_content: bool) -> Iterator[Any]:
+    """What watches a run: the `--events` stream, and a live line of state and spend on a
+    terminal (not when the events go to stderr); None when nothing does."""
+    from mklang.engine.events import joined
 
-    with LiveView(max_tokens) as view:
-        yield view
+    with event_stream(events, trace_content) as stream:
+        if as_json or events == "-" or not sys.stderr.isatty():
+            yield stream
+            return
+        from mklang.cli.render import LiveView
+
+        with LiveView(max_tokens) as view:
+            yield joined(view, stream)
 
 
 def report(result, as_json: bool, checkpoint: str | None = None) -> None:
@@ -179,6 +184,8 @@ def run(
     hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the machine's check warnings."),
+    events: str | None = EventsOpt,
+    trace_content: bool = TraceContentOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Run a machine."""
@@ -206,7 +213,7 @@ def run(
         with (
             host,
             interrupts(control),
-            live_view(as_json, host.run_setting("max_tokens", max_tokens)) as view,
+            observed(as_json, host.run_setting("max_tokens", max_tokens), events, trace_content) as observer,
         ):
             result = service.start(
                 loaded,
@@ -221,7 +228,7 @@ def run(
                 hitl=hitl,
                 untrusted_flow=policy(untrusted_flow),
                 control=control,
-                observer=view,
+                observer=observer,
             )
         report(result, as_json, checkpoint)
 
@@ -285,6 +292,8 @@ def resume(
     untrusted_flow: str | None = UntrustedFlowOpt,
     hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
+    events: str | None = EventsOpt,
+    trace_content: bool = TraceContentOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
@@ -317,7 +326,7 @@ def resume(
             with (
                 Host.resumed(resumable, hosting.settings(), hosting.record, max_cost) as host,
                 interrupts(control),
-                live_view(as_json, max_tokens or budgets.max_tokens) as view,
+                observed(as_json, max_tokens or budgets.max_tokens, events, trace_content) as observer,
             ):
                 result = service.proceed(
                     resumable,
@@ -333,7 +342,7 @@ def resume(
                     untrusted_flow=policy(untrusted_flow),
                     concurrency=concurrency,
                     control=control,
-                    observer=view,
+                    observer=observer,
                 )
         report(result, as_json, out or checkpoint)
 
@@ -372,6 +381,8 @@ def test(
     script: Path = typer.Option(..., "--script", help="The scenario script (YAML)."),
     scenario: list[str] | None = typer.Option(None, "--scenario", help="Only these scenarios."),
     untrusted_flow: str | None = UntrustedFlowOpt,
+    events: str | None = EventsOpt,
+    trace_content: bool = TraceContentOpt,
     format: OutputFormat = typer.Option(OutputFormat.text, "--format"),
 ) -> None:
     """Run the named scenarios of a script (resumes included) and compare them with their expectations."""
@@ -390,7 +401,8 @@ def test(
                 raise fail(f"{script}: no scenarios named {missing}")
             scenarios = [s for s in scenarios if s.name in scenario]
         chosen = policy(untrusted_flow)
-        outcomes = [(item, play(loaded, item, chosen)) for item in scenarios]
+        with event_stream(events, trace_content) as observer:
+            outcomes = [(item, play(loaded, item, chosen, observer)) for item in scenarios]
         if wants_json(format):
             print_json([_outcome_json(item.name, parts) for item, parts in outcomes])
         else:

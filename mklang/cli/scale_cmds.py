@@ -10,6 +10,7 @@ import typer
 
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import Hosting, hosted
+from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
 from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, interrupts, parse_duration, policy
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY, DEFAULT_WORKER_CONCURRENCY
 
@@ -73,6 +74,8 @@ def batch(
     ),
     untrusted_flow: str | None = UntrustedFlowOpt,
     hosting: Hosting = Hosting(),
+    events: str | None = EventsOpt,
+    trace_content: bool = TraceContentOpt,
     format: OutputFormat = FormatOpt,
 ) -> None:
     """Run a machine once per input line, each run durable in the store; re-run to resume."""
@@ -87,6 +90,8 @@ def batch(
             raise fail(f"--executor expects local or celery, got {executor!r}")
         if executor == "celery" and broker is None:
             raise fail("--executor celery needs --broker URL")
+        if executor == "celery" and events is not None:
+            raise fail("--events with --executor celery: the workers run the runs, give it to mklang worker")
         stall = parse_duration(stall_timeout, "--stall-timeout")
         if stall is not None and executor != "celery":
             raise fail("--stall-timeout follows workers: it needs --executor celery")
@@ -114,7 +119,7 @@ def batch(
         )
         opened = open_store(store)
         try:
-            with _progress(as_json, len(items)) as progress:
+            with event_stream(events, trace_content) as observer, _progress(as_json, len(items)) as progress:
                 if executor == "local":
                     from mklang.engine import Control
 
@@ -131,6 +136,7 @@ def batch(
                         on_outcome=progress,
                         hitl=hitl,
                         stop=control.interrupted,
+                        observer=observer,
                     )
                     with interrupts(control):
                         outcomes = runner.run(items, concurrency)
@@ -224,14 +230,12 @@ def worker(
         DEFAULT_WORKER_CONCURRENCY, "--concurrency", min=1, help="Runs this worker runs at once (its threads)."
     ),
     hosting: Hosting = Hosting(),
+    events: str | None = EventsOpt,
+    trace_content: bool = TraceContentOpt,
 ) -> None:
     """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""
     with handle_errors():
         from mklang.distributed import start_worker
 
-        start_worker(
-            broker,
-            store,
-            concurrency=concurrency,
-            host_settings=hosting.settings(),
-        )
+        with event_stream(events, trace_content) as observer:
+            start_worker(broker, store, concurrency=concurrency, host_settings=hosting.settings(), observer=observer)

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 from mklang.effects import check_policy
+from mklang.engine import events
+from mklang.engine.events import EventSink
 from mklang.engine.frame import Frame
 from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
-from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Observer, Runtime
+from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Runtime
 from mklang.engine.signals import Stop
 from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
@@ -70,9 +72,10 @@ class RunOptions(TypedDict, total=False):
     """What every way of starting a run takes beside its provider (`run`,
     `mklang.service.start`): host tools and hooks, the token, dollar and
     time budgets, calls in flight (default `DEFAULT_RUN_CONCURRENCY`), whether escalations wait for a
-    human, the interrupt flag, a loop-top observer, and what a tainted decision
-    reaching an effectful tool does (`untrusted_flow`: report, the default, or halt)
-    and which tools the host classifies read-only besides its callables' own mark."""
+    human, the interrupt flag, the observer told of the run's events, what a
+    tainted decision reaching an effectful tool does (`untrusted_flow`: report,
+    the default, or halt) and which tools the host classifies read-only besides
+    its callables' own mark."""
 
     tools: HostCallables
     hooks: HostCallables
@@ -82,7 +85,7 @@ class RunOptions(TypedDict, total=False):
     concurrency: int
     hitl: bool
     control: Control | None
-    observer: Observer | None
+    observer: EventSink | None
     untrusted_flow: str
     read_only_tools: frozenset[str]
 
@@ -113,6 +116,7 @@ def make_runtime(
         control=control,
         journal=journal or NullJournal(),
         observer=options.get("observer"),
+        trace_content=events.traces_content(options.get("observer")),
         run_id=run_id or uuid.uuid4().hex,
         untrusted_flow=check_policy(options.get("untrusted_flow") or "report"),
         read_only_tools=frozenset(options.get("read_only_tools") or ()),
@@ -138,17 +142,48 @@ def run(
 
 
 def continue_run(
-    rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool, *, resumed: bool = False
+    rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool, *, resumed: bool = False, recovered: bool = False
 ) -> RunResult:
     """Run (or resume) the chain `frames`, root first, and report the outcome.
 
     A `resumed` suspension whose spend, the answers earlier processes paid for
     included, already meets a token or dollar cap launches nothing and suspends
     again as it was, so resuming it again and again spends nothing (ADR 0012).
+    A run `recovered` after a crash continues like a resumed one, as its events say.
     """
-    root = frames[0]
     rt.caps = caps
     rt.spent = sum((frame.spent for frame in frames), Usage())
+    machine = frames[0].machine.name
+    if resumed or recovered:
+        rt.emit(
+            events.RunResumed(
+                machine=machine,
+                max_tokens=caps.tokens,
+                max_cost=caps.cost,
+                concurrency=rt.concurrency,
+                hitl=rt.hitl,
+                recovered=recovered,
+                spent=rt.spent_so_far(),
+            )
+        )
+    else:
+        rt.emit(
+            events.RunStarted(
+                machine=machine, max_tokens=caps.tokens, max_cost=caps.cost, concurrency=rt.concurrency, hitl=rt.hitl
+            )
+        )
+    result = _outcome(rt, frames, caps, suspendable, resumed)
+    if result.status == "suspended":
+        rt.emit(events.RunSuspended(reason=str(result.error), at=result.at, ask=result.ask, reply_to=result.reply_to))
+    elif result.status == "halted":
+        rt.emit(events.RunHalted(error=str(result.error), at=result.at))
+    rt.emit(events.RunFinished(status=result.status, usage=result.usage, calls=result.calls))
+    return result
+
+
+def _outcome(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool, resumed: bool) -> RunResult:
+    """How the chain `frames` ends (`continue_run`)."""
+    root = frames[0]
     if resumed and suspendable and caps.reached(rt.spent_so_far()):
         innermost = frames[-1]
         # The reason its loop-top gives, so the checkpoint stays as it was: steps are checked first.

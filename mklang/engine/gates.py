@@ -8,10 +8,12 @@ model call with a "none of the above" option.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mklang.engine import events
 from mklang.engine.frame import Frame
 from mklang.engine.keys import Calls
 from mklang.engine.runtime import Runtime
@@ -90,7 +92,8 @@ def select_gate(
         batch = eligible[position:batch_end]
         tier = state.tier or frame.machine.tier
         conditions = [when for i in batch if (when := gates[i].when) is not None]
-        verdict: Verdict = rt.call(judged, "judge", _judge(rt, conditions, output, reasoning, context, tier))
+        about = events.ModelAbout("judge", tier, *rt.route(tier), {"conditions": conditions})
+        verdict: Verdict = rt.call(judged, "judge", _judge(rt, conditions, output, reasoning, context, tier), about)
         usage = usage + verdict.usage
         parsed_by = verdict.parsed_by or parsed_by
         if verdict.choice == NONE:
@@ -131,8 +134,14 @@ def _ask_hook(rt: Runtime, state: State, name: str, context: dict[str, Any], out
     hook = rt.hooks.get(name)
     if hook is None:
         raise Stop("halted", f"state-error: hook: unknown hook '{name}'", state.name)
+    began = time.monotonic()
     try:
         with calling(rt.idempotency_key(key)):
-            return bool(hook(context, output))
+            said = bool(hook(context, output))
     except Exception as error:  # a host predicate failed: halt, do not crash
+        rt.emit(
+            events.HookCalled(hook=name, result=None, duration_ms=events.ms(time.monotonic() - began), error=str(error))
+        )
         raise Stop("halted", f"state-error: hook: {name}: {error}", state.name) from None
+    rt.emit(events.HookCalled(hook=name, result=said, duration_ms=events.ms(time.monotonic() - began), error=None))
+    return said

@@ -11,12 +11,14 @@ level that stops mid-step first records in its frame what the step had paid
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
 from concurrent.futures import Future
 from typing import Any
 
+from mklang.engine import events
 from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
 from mklang.engine.interpolate import Scope, input_taint, render_prompt, resolve_input, uses_taint
@@ -49,6 +51,17 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
     it, and acted on here at the loop-top: a frame recovered after a crash
     completes its outcome instead of running its last state again.
     """
+    outer = events.PATH.get()
+    entered = events.PATH.set(outer)
+    try:
+        return _loop(rt, level, outer, resume)
+    finally:
+        events.PATH.reset(entered)
+
+
+def _loop(rt: Runtime, level: Level, outer: tuple[events.Segment, ...], resume: list[Frame] | None) -> Frame:
+    """The loop of `run_frame`: each state runs with its segment ending the event path (`outer`
+    is the path of the state that called this level)."""
     frame = level.frame
     states = rt.states(frame.machine)
     while True:
@@ -63,17 +76,27 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
         # A level resuming into its suspended call is not at a loop-top but inside
         # the call state: the innermost level checks the budgets, so a resume that
         # cannot take a step re-suspends with every frame as it was (idempotent).
+        step_no = len(frame.trace) + 1
+        events.PATH.set((*outer, events.Segment(frame.machine.name, frame.state, step_no)))
         if not resume:
             if not level.branch:
                 rt.journal.loop_top(level.chain)
-                if rt.observer is not None:
-                    rt.observer(level.chain)
+            rt.emit(
+                events.StateEntered(
+                    machine=frame.machine.name,
+                    state=frame.state,
+                    step=step_no,
+                    steps=frame.steps,
+                    budget=frame.budget,
+                    spent=rt.spent_so_far(),
+                )
+            )
             reason = exhausted(rt, level)
             if reason:
                 _end(rt, level, reason, Usage())
                 continue
         state = states[frame.state]
-        calls = Calls(f"{level.scope}:{len(frame.trace) + 1}")
+        calls = Calls(f"{level.scope}:{step_no}")
         try:
             record = _run_state(rt, level, state, calls, resume)
         except ProviderError as error:
@@ -211,6 +234,7 @@ def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: li
         details["decision_tainted"] = True
     if untrusted:
         details["untrusted_control_flow"] = True
+    _decided(rt, frame, state, choice, bool(details.get("decision_tainted")))
     if isinstance(choice, NoGate):
         step = _step(step_no, state, choice.halt, None, None, details, usage)
         return {"charge": charge, "feedback": feedback, "gate": None, "halt": choice.halt, "step": step}
@@ -230,6 +254,42 @@ def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: li
         record["repair"] = choice.index
         record["feedback"] = f"The previous attempt does not satisfy: '{gate.label}'. Fix it."
     return record
+
+
+_DECIDED_BY: dict[str, events.DecidedBy] = {"llm": "judge", "hook": "host", "otherwise": "catch-all"}
+
+
+def _decided(rt: Runtime, frame: Frame, state: State, choice: Selected | NoGate, tainted: bool) -> None:
+    """The `gate.decided` event of a step."""
+    if isinstance(choice, NoGate):
+        rt.emit(
+            events.GateDecided(
+                machine=frame.machine.name,
+                state=state.name,
+                gate=None,
+                label=None,
+                decided_by=None,
+                policy=choice.halt,
+                to=None,
+                judge_fallback=False,
+                decision_tainted=tainted,
+            )
+        )
+        return
+    gate = choice.gate
+    rt.emit(
+        events.GateDecided(
+            machine=frame.machine.name,
+            state=state.name,
+            gate=choice.index,
+            label=gate.label,
+            decided_by=_DECIDED_BY[gate.via],
+            policy=gate.policy,
+            to=None if gate.policy == "fail" else gate.target,
+            judge_fallback=choice.fallback,
+            decision_tainted=tainted,
+        )
+    )
 
 
 def _untrusted_flow(rt: Runtime, frame: Frame, state: State) -> bool:
@@ -328,7 +388,7 @@ def _run_face(
     if isinstance(face, Produce):
         return (*_produce(rt, level, state, face, scope, calls), {})
     if isinstance(face, ToolUse):
-        return _tool(rt, state, face, scope, calls), None, Usage(), {}
+        return _tool(rt, level, state, face, scope, calls), None, Usage(), {}
     return _call(rt, level, state, face, scope, resume if not branch else None, branch, calls)
 
 
@@ -345,7 +405,10 @@ def _produce(
     if fenced:
         system = f"{system}\n\n{FENCE_NOTICE}"
     tier = state.tier or frame.machine.tier
-    produced: Produced = rt.call(calls, "produce", lambda _key: rt.provider.produce(system, user, tier, face.reason))
+    about = events.ModelAbout("produce", tier, *rt.route(tier), {"system": system, "user": user})
+    produced: Produced = rt.call(
+        calls, "produce", lambda _key: rt.provider.produce(system, user, tier, face.reason), about
+    )
     return _parse(face, produced.text, state.name), produced.reasoning, produced.usage
 
 
@@ -368,7 +431,7 @@ def _parse(face: Produce, text: str, at: str) -> Any:
     return value
 
 
-def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) -> str:
+def _tool(rt: Runtime, level: Level, state: State, face: ToolUse, scope: Scope, calls: Calls) -> str:
     tool = rt.tools.get(face.tool)
     if tool is None:
         raise Stop("halted", f"state-error: tool: unknown tool '{face.tool}'", state.name)
@@ -380,7 +443,8 @@ def _tool(rt: Runtime, state: State, face: ToolUse, scope: Scope, calls: Calls) 
         return tool(arguments)
 
     try:
-        observation = rt.call(calls, "tool", live)
+        about = events.ToolAbout(face.tool, not rt.effectful(level.frame.machine, face.tool), arguments)
+        observation = rt.call(calls, "tool", live, about)
     except (Stop, ProviderError, CheckpointError):
         raise
     except Exception as error:  # a host tool failed: the run halts, it does not crash
@@ -422,14 +486,22 @@ def _call(
         if not (level.branch or branch):
             rt.journal.enter(level.depth + 1, child_frame)
     child = Level(child_frame, level.depth + 1, level.suspendable, level.branch or branch, child_scope, level.chain)
+    called = child_frame.machine.name
+    rt.emit(events.CallStarted(machine=called, resumed=bool(resume)))
+    ended: events.CallStatus = "stopped"
     try:
         run_frame(rt, child, below)
+        ended = "done"
     except Stop as stop:
+        if stop.kind == "suspended":
+            ended = "suspended"
         if stop.kind != "halted":
             raise
+        ended = "halted"
         raise Stop("call-failed", f"call-failed: {stop.reason}", state.name, trace=child_frame.trace) from None
     finally:  # the sub-run's frame holds what it paid, however it ended
         calls.pay(child_frame.usage)
+        rt.emit(events.CallFinished(machine=called, status=ended, usage=child_frame.usage))
     return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
 
 
@@ -455,11 +527,19 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
 
     def branch(i: int) -> dict[str, Any]:
         branch_calls = calls.sub(branch_part(i, count))
-        record = run_branch(i, branch_calls)
+        rt.emit(events.BranchStarted(index=i, count=count))
+        *above, here = events.PATH.get()
+        inside = events.PATH.set((*above, dataclasses.replace(here, branch=i)))
+        status: events.BranchStatus = "stopped"  # unless it returns
+        try:
+            record, status = run_branch(i, branch_calls)
+        finally:
+            events.PATH.reset(inside)
+            rt.emit(events.BranchFinished(index=i, count=count, status=status, usage=branch_calls.paid))
         rt.journal.fold(branch_calls.prefix)  # its paid answers are in its record now
         return record
 
-    def run_branch(i: int, branch_calls: Calls) -> dict[str, Any]:
+    def run_branch(i: int, branch_calls: Calls) -> tuple[dict[str, Any], events.BranchStatus]:
         scope = Scope(frame.context, frame.tainted, locals_list[i], item_tainted)
         try:
             output, reasoning, usage, extra = _run_face(rt, level, state, scope, branch_calls, None, branch=True)
@@ -467,14 +547,17 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
             if stop.kind == "stopped":  # a run-wide ceiling stopped the branch mid-way: it is not done
                 raise
             failed = {"output": f"[branch-error: {stop.reason}]", "usage": branch_calls.paid.to_json()}
-            return {**failed, "sub_trace": stop.trace} if stop.kind == "call-failed" else failed
+            return ({**failed, "sub_trace": stop.trace} if stop.kind == "call-failed" else failed), "failed"
         except ProviderError as error:
-            return {"output": f"[branch-error: provider-error: {error}]", "usage": branch_calls.paid.to_json()}
+            return {
+                "output": f"[branch-error: provider-error: {error}]",
+                "usage": branch_calls.paid.to_json(),
+            }, "failed"
         record = {"output": output, "usage": usage.to_json()}
         if reasoning is not None:
             record["reasoning"] = reasoning
         record.update(extra)
-        return record
+        return record, "done"
 
     count = len(locals_list)
     done = {i: record for i, record in frame.branches.items() if i < count}

@@ -6,6 +6,8 @@ both depend on these types without depending on each other.
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -16,6 +18,8 @@ from typing import Any, Protocol
 
 from mklang import faults
 from mklang.effects import FlowPolicy, declared_read_only, host_read_only, reaches_tool
+from mklang.engine import events
+from mklang.engine.events import Event, EventSink
 from mklang.engine.frame import Frame
 from mklang.engine.keys import Calls
 from mklang.engine.records import StepRecord
@@ -72,7 +76,8 @@ class Workers:
 
     def submit(self, task: Callable[[], Any]) -> Future[Any]:
         """Run `task` on a thread of its own while a slot is free, else on this one (the
-        returned future is then already done)."""
+        returned future is then already done). The thread runs in a copy of the caller's
+        context, so a branch's events keep the path of the state that fanned out."""
         future: Future[Any] = Future()
         if not self._spare.acquire(blocking=False):
             _settle(future, task)
@@ -84,7 +89,8 @@ class Workers:
             finally:
                 self._spare.release()
 
-        threading.Thread(target=work, name="mklang-branch", daemon=True).start()
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(work,), name="mklang-branch", daemon=True).start()
         return future
 
 
@@ -146,9 +152,6 @@ class NullJournal:
         pass
 
 
-Observer = Callable[[list[Frame]], None]
-
-
 @dataclass
 class Runtime:
     """Everything shared by all levels of one run."""
@@ -163,7 +166,8 @@ class Runtime:
     hitl: bool = False
     control: Control = field(default_factory=Control)
     journal: Journal = field(default_factory=NullJournal)
-    observer: Observer | None = None  # called at every loop-top, e.g. a live view
+    observer: EventSink | None = None  # told of every event of the run (`emit`), e.g. a live view
+    trace_content: bool = False  # events carry prompts, outputs and tool arguments (ADR 0032)
     run_id: str = ""  # prefixes the idempotency keys hosts see, so two runs never share one
     untrusted_flow: FlowPolicy = "report"  # what a tainted decision reaching an effectful tool does
     read_only_tools: frozenset[str] = frozenset()  # the host config's read-only tools
@@ -171,37 +175,64 @@ class Runtime:
     _states: dict[int, dict[str, State]] = field(default_factory=dict)
     _touches_tools: dict[int, bool] = field(default_factory=dict)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    _emit_lock: threading.Lock = field(default_factory=threading.Lock)
+    _emitted: int = 0
     workers: Workers = field(init=False)
 
     def __post_init__(self) -> None:
         self.workers = Workers(self.concurrency)
 
-    def call(self, calls: Calls, kind: str, live: Callable[[str], Any]) -> Any:
+    def emit(self, event: Event) -> None:
+        """Tell the observer of `event`, its envelope filled in: the run id, the next sequence
+        number, the time and the path of the code emitting it. Events are emitted one at a
+        time, so the observer sees them in sequence order."""
+        if self.observer is None:
+            return
+        with self._emit_lock:
+            self._emitted += 1
+            stamped = dataclasses.replace(
+                event, run_id=self.run_id, seq=self._emitted, time=time.time(), path=events.PATH.get()
+            )
+            self.observer.emit(stamped)
+
+    def call(self, calls: Calls, kind: str, live: Callable[[str], Any], about: events.CallAbout) -> Any:
         """Every model and tool call goes through here, under the next key of `calls`: the
         journal answers it when an earlier process paid for it; otherwise `live(key)` runs
         (the host sees its idempotency key, `providers.base.call_key`), is counted and is
         journaled. Either way its spend joins the run's live total, which every budget check
-        reads, and the tally of `calls`."""
+        reads, and the tally of `calls`; `about` says what the call's events tell of it."""
         key = calls.next()
+        self.emit(about.started(key, self.trace_content))
+        began = time.monotonic()
         value = self.journal.replay(key, kind)
-        if value is None:
+        replayed = value is not None
+        if not replayed:
             with self._count_lock:
                 self.live_calls[kind] += 1
             faults.reach("call.before")
             try:
                 with deadline(self.control.deadline), calling(self.idempotency_key(key)):
                     value = live(key)
-            except ProviderError as error:  # a failed call may still have been paid for
-                self._charge(calls, error.usage)
+            except Exception as error:
+                usage = error.usage if isinstance(error, ProviderError) else None
+                self.emit(about.failed(key, error, usage, time.monotonic() - began))
+                if isinstance(error, ProviderError):  # a failed call may still have been paid for
+                    self._charge(calls, error.usage)
                 raise
             faults.reach("call.returned")
             self.journal.record(key, kind, value)
+        self.emit(about.finished(key, value, replayed, time.monotonic() - began, self.trace_content))
         self._charge(calls, getattr(value, "usage", None))
         return value
 
     def idempotency_key(self, key: str) -> str:
         """What a host sees of a call's key (`engine.keys`): `<run id>/<key>`, unique across runs."""
         return f"{self.run_id}/{key}"
+
+    def route(self, tier: str) -> tuple[str | None, str | None]:
+        """The provider and model a tier's calls go to, when the provider can say (`route_of`)."""
+        route_of = getattr(self.provider, "route_of", None)
+        return route_of(tier) if route_of is not None else (None, None)
 
     def _charge(self, calls: Calls, usage: Usage | None) -> None:
         """Add a call's spend to the run's live total and to the tally of its step."""

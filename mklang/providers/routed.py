@@ -50,6 +50,11 @@ class RoutedProvider:
         choice, parsed_by = judge_protocol.parse_choice(reply.text, len(conditions))
         return Verdict(choice, usage, parsed_by)
 
+    def route_of(self, tier: str) -> tuple[str | None, str | None]:
+        """The provider and model of `tier`, for the run's events (None, None: no route)."""
+        target = self._targets.get(tier)
+        return (target.route.provider, target.route.model) if target is not None else (None, None)
+
     def close(self) -> None:
         for client in {id(t.client): t.client for t in self._targets.values()}.values():
             client.close()

@@ -1,6 +1,6 @@
 """The crash journal in process: a run that dies at any loop-top, across compactions.
 
-`Crash` is raised from a loop-top observer: like SIGKILL, it stops the run
+`Crash` is raised from an event sink at a loop-top: like SIGKILL, it stops the run
 with the checkpoint `running` and its journal as the process left them.
 The journal's compaction threshold is lowered so that these short runs
 rewrite their envelope many times.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.examples import EXAMPLES
-from support.runs import outcome
+from support.runs import LoopTops, outcome
 
 import mklang.checkpoint.journal as journal_module
 from mklang.checkpoint.envelope import load
@@ -26,11 +26,12 @@ class Crash(BaseException):
     """Not an Exception: nothing in the engine may catch it, as nothing catches SIGKILL."""
 
 
-class CrashAt:
+class CrashAt(LoopTops):
     def __init__(self, n: int):
+        super().__init__(self.count)
         self.n, self.seen = n, 0
 
-    def __call__(self, chain):
+    def count(self, event):
         self.seen += 1
         if self.seen == self.n:
             raise Crash
@@ -74,10 +75,10 @@ def test_long_runs_compact_their_journal_into_new_envelope_generations(tmp_path)
     checkpoint = tmp_path / "cp.json"
     generations = []
 
-    def watch(chain):
+    def watch(event):
         generations.append(load(checkpoint).generation)
 
-    start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, observer=watch)
+    start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, observer=LoopTops(watch))
     assert generations[-1] > generations[0] + 2, generations  # rewritten several times along the way
     assert load(checkpoint).status == "done"
     assert not Path(f"{checkpoint}.journal").exists()  # a finished run leaves no journal

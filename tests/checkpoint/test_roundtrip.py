@@ -14,7 +14,7 @@ import json
 
 import pytest
 from support.examples import EXAMPLES, scripted_machines
-from support.runs import InterruptAt, compared
+from support.runs import InterruptAt, LoopTops, compared
 from typer.testing import CliRunner
 
 import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
@@ -62,17 +62,18 @@ def test_suspending_at_every_loop_top_and_resuming_changes_nothing(machine_path,
         assert compared(resumed) == reference, f"resumed from loop-top {n} of {loop_tops}"
 
 
-class Spend:
-    """An observer that records, at each loop-top, the root's steps and the run's tokens."""
+class Spend(LoopTops):
+    """An event sink that records, at each loop-top, the root's steps and the run's tokens."""
 
     def __init__(self):
+        super().__init__(self.record)
         self.root_steps: list[int] = []
         self.tokens: list[int] = []
 
-    def __call__(self, chain):
-        if len(chain) == 1:
-            self.root_steps.append(chain[0].steps)
-        self.tokens.append(sum(frame.usage.tokens for frame in chain))
+    def record(self, event):
+        if len(event.path) == 1:
+            self.root_steps.append(event.steps)
+        self.tokens.append(event.spent.tokens)
 
 
 @pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))

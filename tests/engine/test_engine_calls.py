@@ -6,6 +6,7 @@ import pytest
 from conformance.harness import Recorder, run_mk, write_machines
 
 from mklang.engine import run
+from mklang.engine.runtime import NullJournal
 
 PARENT = """
     machine parent
@@ -81,8 +82,12 @@ def test_a_failed_call_is_a_halting_step_with_the_child_trace(tmp_path):
 def test_the_parent_total_grows_by_the_child_spend_only_when_it_completes(tmp_path):
     machine = write_machines(tmp_path, PARENT, CHILD)
     seen = []
-    observer = lambda chain, *_: seen.append((len(chain), chain[0].usage.tokens, chain[-1].usage.tokens))  # noqa: E731
-    result = run(machine, provider=Recorder({"tokens": [3, 2]}), observer=observer)
+
+    class Tops(NullJournal):
+        def loop_top(self, chain):
+            seen.append((len(chain), chain[0].usage.tokens, chain[-1].usage.tokens))
+
+    result = run(machine, provider=Recorder({"tokens": [3, 2]}), journal=Tops())
     assert result.status == "done"
     # (levels, root total, innermost total) at each loop-top
     assert seen == [(1, 0, 0), (1, 5, 5), (2, 5, 0), (2, 5, 5)]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, mk, run_mk, write_machines
-from support.runs import TWO_STATES
+from support.runs import TWO_STATES, LoopTops
 
 from mklang import faults
 from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
@@ -96,11 +96,11 @@ def inside_sub(tmp_path: Path) -> Path:
     """The project's run suspended at sub.mk's second state, interrupted there."""
     control = Control()
 
-    def interrupt_at_s2(chain: list[Frame]) -> None:
-        if chain[-1].state == "s2":
+    def interrupt_at_s2(event: Any) -> None:
+        if event.state == "s2":
             control.interrupted.set()
 
-    return suspended(tmp_path, root_budget=2, control=control, observer=interrupt_at_s2)
+    return suspended(tmp_path, root_budget=2, control=control, observer=LoopTops(interrupt_at_s2))
 
 
 def refusal(path: Path, **options: Any) -> str:
@@ -131,7 +131,7 @@ def test_a_checkpointed_run_starts_running_with_default_settings_and_a_fresh_run
             None,
             Host(Recorder({"produce": ["x", "y", "z"]})),
             checkpoint=path,
-            observer=lambda chain, path=path, seen=seen: seen.append(load(path)),
+            observer=LoopTops(lambda event, path=path, seen=seen: seen.append(load(path))),
         )
         assert result.status == "done"
         firsts.append(seen[0])
@@ -264,7 +264,7 @@ def dead(tmp_path: Path, at_top: int = 3, **options: Any) -> Path:
     path = tmp_path / "cp.json"
     tops = iter(range(100))
 
-    def crash(chain: Any) -> None:
+    def crash(event: Any) -> None:
         if next(tops) == at_top:
             raise _Crash
 
@@ -274,7 +274,7 @@ def dead(tmp_path: Path, at_top: int = 3, **options: Any) -> Path:
             None,
             Host(Recorder({"produce": ["one", "two", "three"]})),
             checkpoint=path,
-            observer=crash,
+            observer=LoopTops(crash),
             **options,
         )
     return path
@@ -403,7 +403,7 @@ def test_a_clean_resume_continues_the_envelope_in_place_and_its_journal_records_
         budget=4,
         max_cost=2.0,
         reply={"topic": "moons"},
-        observer=lambda chain: seen.append((path.read_bytes(), journal_lines(path)[0])),
+        observer=LoopTops(lambda event: seen.append((path.read_bytes(), journal_lines(path)[0]))),
     )
     stored, header = seen[0]
     assert stored == before  # not rewritten: continued in place
@@ -425,7 +425,7 @@ def test_a_resume_of_a_dead_run_or_to_another_file_starts_from_a_fresh_snapshot(
     proceed(
         open_run(path),
         Host(Recorder({"produce": ["two", "three"]})),
-        observer=lambda chain: seen.append((load(path), journal_lines(path)[0])),
+        observer=LoopTops(lambda event: seen.append((load(path), journal_lines(path)[0]))),
     )
     envelope, header = seen[0]
     assert (envelope.status, envelope.frames[0]["state"], header) == (
@@ -439,14 +439,18 @@ def test_a_resume_of_a_dead_run_or_to_another_file_starts_from_a_fresh_snapshot(
     other = tmp_path / "other.json"
     busy: list[str] = []
 
-    def try_to_open(chain: Any) -> None:
+    def try_to_open(event: Any) -> None:
         with pytest.raises(CheckpointError) as caught:
             open_run(other)
         busy.append(str(caught.value))
 
     before = path.read_bytes()
     done = proceed(
-        open_run(path), Host(Recorder({"produce": ["two", "three"]})), budget=5, checkpoint=other, observer=try_to_open
+        open_run(path),
+        Host(Recorder({"produce": ["two", "three"]})),
+        budget=5,
+        checkpoint=other,
+        observer=LoopTops(try_to_open),
     )
     assert done.status == "done" and load(other).status == "done"
     assert busy and all("the run is still going in process" in line for line in busy)  # the new file is locked
@@ -786,8 +790,7 @@ def test_a_runtime_defaults_to_eight_calls_in_flight_no_hitl_and_a_run_id_of_its
 def test_a_runtime_takes_what_it_is_given_and_at_least_one_call_in_flight():
     control, loader, journal = Control(), MachineLoader(), NullJournal()
 
-    def observer(chain: Any) -> None:
-        pass
+    observer = LoopTops(print)
 
     before = time.monotonic()
     runtime = make_runtime(
@@ -1029,11 +1032,11 @@ def test_a_run_suspended_inside_a_called_machine_reports_the_innermost_state_and
 def test_an_interrupted_run_that_cannot_suspend_reports_the_context_and_trace_it_reached():
     control = Control()
 
-    def interrupt_at_b(chain: Any) -> None:
-        if chain[-1].state == "b":
+    def interrupt_at_b(event: Any) -> None:
+        if event.state == "b":
             control.interrupted.set()
 
-    result = run_mk(TWO_STATES, llm={"produce": ["one"]}, control=control, observer=interrupt_at_b)
+    result = run_mk(TWO_STATES, llm={"produce": ["one"]}, control=control, observer=LoopTops(interrupt_at_b))
     assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
     assert (result.context, [step["state"] for step in result.trace]) == ({"x": "one"}, ["a"])
 

@@ -21,7 +21,7 @@ import pytest
 from support import ROOT
 from support.commands import cli_env
 from support.examples import EXAMPLES
-from support.runs import outcome
+from support.runs import LoopTops, outcome
 from support.services import postgres_schema
 
 from mklang.checkpoint.envelope import load
@@ -255,19 +255,25 @@ def test_a_run_crashed_at_any_loop_top_resumes_from_the_store(store, store_uri, 
     scenario = load_script(EXAMPLES / "nested" / "scenarios.yaml")[0]
     seen = []
     reference = outcome(
-        start(machine, None, Host.for_scenario(scenario), checkpoint=_location(store_uri, "ref"), observer=seen.append)
+        start(
+            machine,
+            None,
+            Host.for_scenario(scenario),
+            checkpoint=_location(store_uri, "ref"),
+            observer=LoopTops(seen.append),
+        )
     )
     assert reference["status"] == "done"
     for n in range(2, len(seen) + 1, 3):
         where = _location(store_uri, f"crash-{n}")
         count = iter(range(1, n + 1))
 
-        def crash_at_n(chain, count=count, n=n):
+        def crash_at_n(event, count=count, n=n):
             if next(count, n) == n:
                 raise Crash
 
         with pytest.raises(Crash):
-            start(machine, None, Host.for_scenario(scenario), checkpoint=where, observer=crash_at_n)
+            start(machine, None, Host.for_scenario(scenario), checkpoint=where, observer=LoopTops(crash_at_n))
         assert load(where).status == "running"
         assert outcome(resume(where, Host.for_scenario(scenario))) == reference, f"crashed at loop-top {n}"
 
@@ -292,12 +298,12 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
     suspended = store.read("approval-2")
     loop_tops = iter(range(3))
 
-    def crash_at_the_second_loop_top(chain):
+    def crash_at_the_second_loop_top(event):
         if next(loop_tops) == 1:
             raise Crash
 
     with pytest.raises(Crash):
-        resume(where, host, reply=reply, max_tokens=10**6, observer=crash_at_the_second_loop_top)
+        resume(where, host, reply=reply, max_tokens=10**6, observer=LoopTops(crash_at_the_second_loop_top))
     assert store.read("approval-2") == suspended  # continued in place, not rewritten
     summary = describe(where)
     assert (summary["status"], summary["tokens"]["budget"]) == ("running", 10**6)

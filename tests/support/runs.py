@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
+
+from mklang.engine.events import Event, StateEntered
 
 # Two generative states in a row: a then b then END.
 TWO_STATES = """
@@ -40,13 +43,27 @@ def compared(result: Any) -> dict[str, Any]:
     return outcome(result, RESUMED_LIKE)
 
 
-class InterruptAt:
-    """An observer that requests an interrupt at the n-th loop-top it sees."""
+class LoopTops:
+    """An event sink that calls `act(event)` at each loop-top outside fan-out branches: each
+    `state.entered` there, emitted just after the journal recorded the loop-top (a crash
+    raised from `act` leaves the checkpoint as a crash at that loop-top would)."""
+
+    def __init__(self, act: Callable[[StateEntered], Any]):
+        self.act = act
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, StateEntered) and not event.in_branch:
+            self.act(event)
+
+
+class InterruptAt(LoopTops):
+    """An event sink that requests an interrupt at the n-th loop-top it sees."""
 
     def __init__(self, control: Any, n: int):
+        super().__init__(self.count)
         self.control, self.n, self.seen = control, n, 0
 
-    def __call__(self, chain: Any) -> None:
+    def count(self, event: StateEntered) -> None:
         self.seen += 1
         if self.seen == self.n:
             self.control.interrupted.set()

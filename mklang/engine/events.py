@@ -1,0 +1,458 @@
+"""What a run tells its observers as it goes: typed events, and the sink they are emitted to.
+
+The engine emits an event at each boundary of a run (it started or resumed, a
+state was entered, a model, tool or hook was called, a gate decided, a fan-out
+branch or a called machine started and finished, the run suspended, halted or
+finished) through `Runtime.emit`, the one way anything watches a run: the live
+view, `--events` files, tracing and the web console all consume these. Their
+JSON form is `docs/events.schema.json`, described in docs/events.md.
+
+Every event carries an envelope: the schema version, the run id (the same
+across resumes), a sequence number, the time, and its `path`: the levels it
+happened in, root first, each the state (and fan-out branch) it was running,
+so a consumer can nest events as the run nested them.
+
+Model and tool output text is not in an event, only its length; prompts and
+outputs are added when the run is asked to trace content (ADR 0032).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+from mklang.providers.base import Usage
+
+SCHEMA_VERSION = 1  # raised when an event's meaning or a field changes; new kinds or fields keep it (docs/events.md)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One level of a run in an event's path: its machine, the state it runs (the
+    state's step number) and, inside a fan-out of that state, the branch's index."""
+
+    machine: str
+    state: str
+    step: int
+    branch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"machine": self.machine, "state": self.state, "step": self.step, "branch": self.branch}
+
+
+# The path of the code running now: set by the engine as it enters a state or a branch, and
+# carried into a fan-out branch's thread with the rest of its caller's context.
+PATH: ContextVar[tuple[Segment, ...]] = ContextVar("mklang_path", default=())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """The envelope every event has; `Runtime.emit` fills it in. `run` is the run's name in a
+    store, given in batches and workers (`named`)."""
+
+    kind: ClassVar[str]
+    run_id: str = ""
+    seq: int = 0  # 1, 2, ... in the order this process emitted the run's events
+    time: float = 0.0  # seconds since the epoch
+    path: tuple[Segment, ...] = ()
+    run: str | None = None
+
+    @property
+    def in_branch(self) -> bool:
+        """Whether the event happened inside a fan-out branch."""
+        return any(segment.branch is not None for segment in self.path)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as one line of `--events` (docs/events.schema.json)."""
+        data: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "event": self.kind,
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "time": datetime.datetime.fromtimestamp(self.time, datetime.UTC).isoformat().replace("+00:00", "Z"),
+            "path": [segment.to_json() for segment in self.path],
+        }
+        if self.run is not None:
+            data["run"] = self.run
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if item.name in _ENVELOPE or (item.name in CONTENT and value is None):
+                continue
+            data[item.name] = value.to_json() if isinstance(value, Usage) else value
+        return data
+
+
+_ENVELOPE = frozenset(item.name for item in dataclasses.fields(Event))
+CONTENT = frozenset({"prompt", "output", "arguments"})  # the fields only traced content fills in (ADR 0032)
+
+CallOutcome = Literal["paid", "replayed", "failed"]
+DecidedBy = Literal["judge", "host", "catch-all"]
+BranchStatus = Literal["done", "failed", "stopped"]
+CallStatus = Literal["done", "halted", "suspended", "stopped"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Begun(Event):
+    machine: str
+    max_tokens: int | None
+    max_cost: float | None
+    concurrency: int
+    hitl: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStarted(_Begun):
+    """A run starts from its entry state, under these budgets (None: none)."""
+
+    kind = "run.started"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResumed(_Begun):
+    """A run continues from its checkpoint: a suspension, or (`recovered`) a crash; `spent` is
+    what earlier processes paid."""
+
+    kind = "run.resumed"
+    recovered: bool
+    spent: Usage
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateEntered(Event):
+    """A level is at its loop-top before running `state` as its step `step` (the last segment of
+    the path); its budgets are checked next. `spent` is the whole run's so far."""
+
+    kind = "state.entered"
+    machine: str
+    state: str
+    step: int
+    steps: int  # the level's steps taken
+    budget: int  # the level's step budget
+    spent: Usage
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ModelCall(Event):
+    call: Literal["produce", "judge"]
+    key: str
+    tier: str
+    provider: str | None
+    model: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelStarted(_ModelCall):
+    """A model call is about to be answered: `call` is produce or judge, `key` its idempotency
+    key in the run. `provider` and `model` are known when the provider routes by tier."""
+
+    kind = "model.started"
+    prompt: dict[str, Any] | None = None  # with trace content: the system and user prompts, or the judged conditions
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFinished(_ModelCall):
+    """A model call ended: `paid` by this process, `replayed` from the checkpoint (paid by an
+    earlier process), or `failed` (`error` says why; what it cost is still in `usage`)."""
+
+    kind = "model.finished"
+    outcome: CallOutcome
+    usage: Usage
+    duration_ms: float
+    output_chars: int | None  # the length of the answer (produce) or None (judge)
+    choice: int | str | None  # the judge's answer: a gate's index in its batch, none or unparseable
+    error: str | None
+    output: str | None = None  # with trace content: the answer
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ToolCall(Event):
+    tool: str
+    key: str
+    read_only: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolStarted(_ToolCall):
+    """A host tool is about to run; `read_only` is the host's (or the machine's) word on it."""
+
+    kind = "tool.started"
+    arguments: Any = None  # with trace content: what the tool is given
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolFinished(_ToolCall):
+    """A host tool ended: `paid` (ran in this process), `replayed` or `failed`."""
+
+    kind = "tool.finished"
+    outcome: CallOutcome
+    duration_ms: float
+    output_chars: int | None
+    error: str | None
+    output: str | None = None  # with trace content: the observation
+
+
+@dataclass(frozen=True, kw_only=True)
+class HookCalled(Event):
+    """A hook gate asked its host predicate (hooks are never journaled: they run every time)."""
+
+    kind = "hook.called"
+    hook: str
+    result: bool | None  # None when it failed
+    duration_ms: float
+    error: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateDecided(Event):
+    """Where a state goes: the gate that fired (its index and label, None when none did), by
+    whom (`judge`, `host` or `catch-all`), its policy (or the halt), and whether a judge reading
+    outside data chose it (`decision_tainted`)."""
+
+    kind = "gate.decided"
+    machine: str
+    state: str
+    gate: int | None
+    label: str | None
+    decided_by: DecidedBy | None
+    policy: str
+    to: str | None
+    judge_fallback: bool  # the judge's answer was unreadable and `otherwise` caught it
+    decision_tainted: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class BranchStarted(Event):
+    """A fan-out branch starts (its path is the fan-out state's; inside it, the segment gets `branch`)."""
+
+    kind = "branch.started"
+    index: int
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BranchFinished(Event):
+    """A fan-out branch ended: `done`, `failed` (its output is a branch error) or `stopped`
+    (a run-wide ceiling stopped it; a resume runs it again)."""
+
+    kind = "branch.finished"
+    index: int
+    count: int
+    status: BranchStatus
+    usage: Usage
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallStarted(Event):
+    """A `call` state starts (or, `resumed`, continues) a machine one level deeper."""
+
+    kind = "call.started"
+    machine: str
+    resumed: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallFinished(Event):
+    """A called machine ended: done, halted, suspended (the run parks inside it) or stopped."""
+
+    kind = "call.finished"
+    machine: str
+    status: CallStatus
+    usage: Usage
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSuspended(Event):
+    """The run parks: why, where, and the human question it waits on (if any)."""
+
+    kind = "run.suspended"
+    reason: str
+    at: str | None
+    ask: str | None
+    reply_to: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunHalted(Event):
+    """The run ends for good with `error` at its state `at`."""
+
+    kind = "run.halted"
+    error: str
+    at: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFinished(Event):
+    """The last event of a run in this process: how it ended, its spend (earlier processes'
+    included) and the calls this process paid for, by kind."""
+
+    kind = "run.finished"
+    status: str  # done, halted or suspended
+    usage: Usage
+    calls: dict[str, int] = field(default_factory=dict)
+
+
+KINDS: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        RunStarted,
+        RunResumed,
+        StateEntered,
+        ModelStarted,
+        ModelFinished,
+        ToolStarted,
+        ToolFinished,
+        HookCalled,
+        GateDecided,
+        BranchStarted,
+        BranchFinished,
+        CallStarted,
+        CallFinished,
+        RunSuspended,
+        RunHalted,
+        RunFinished,
+    )
+}
+
+
+class EventSink(Protocol):
+    """What observes runs. `emit` is called for each event of a run in `seq` order, one call at a
+    time for a run (events of its fan-out branches are serialized; a batch's runs are not), on
+    the thread that reached the boundary.
+    An exception it raises ends the run as a crash would: a sink that must never stop a run
+    catches its own errors. A sink with an attribute `trace_content = True` asks for prompts,
+    outputs and tool arguments in the events (`traces_content`)."""
+
+    def emit(self, event: Event) -> None: ...
+
+
+def traces_content(sink: EventSink | None) -> bool:
+    """Whether `sink` asks for the content of calls (prompts, outputs) in the events."""
+    return bool(getattr(sink, "trace_content", False))
+
+
+class Tee:
+    """Several sinks as one, each given every event in turn."""
+
+    def __init__(self, sinks: Iterable[EventSink | None]):
+        self.sinks = [sink for sink in sinks if sink is not None]
+        self.trace_content = any(traces_content(sink) for sink in self.sinks)
+
+    def emit(self, event: Event) -> None:
+        for sink in self.sinks:
+            sink.emit(event)
+
+
+class Named:
+    """A sink whose events carry the run's name in its store (a batch's, a worker's runs)."""
+
+    def __init__(self, sink: EventSink, run: str):
+        self.sink, self.run = sink, run
+        self.trace_content = traces_content(sink)
+
+    def emit(self, event: Event) -> None:
+        self.sink.emit(dataclasses.replace(event, run=self.run))
+
+
+def joined(*sinks: EventSink | None) -> EventSink | None:
+    """The sinks given as one (None when there are none)."""
+    present = [sink for sink in sinks if sink is not None]
+    return None if not present else present[0] if len(present) == 1 else Tee(present)
+
+
+class CallAbout(Protocol):
+    """What the events of one model or tool call say of it, built by the engine before the call."""
+
+    def started(self, key: str, content: bool) -> Event: ...
+
+    def finished(self, key: str, value: Any, replayed: bool, seconds: float, content: bool) -> Event: ...
+
+    def failed(self, key: str, error: BaseException, usage: Usage | None, seconds: float) -> Event: ...
+
+
+@dataclass(frozen=True)
+class ModelAbout:
+    """A produce or judge call, with its prompt (the system and user prompts, or the conditions judged)."""
+
+    call: Literal["produce", "judge"]
+    tier: str
+    provider: str | None
+    model: str | None
+    prompt: dict[str, Any]
+
+    def _common(self, key: str) -> dict[str, Any]:
+        return {"call": self.call, "key": key, "tier": self.tier, "provider": self.provider, "model": self.model}
+
+    def started(self, key: str, content: bool) -> Event:
+        return ModelStarted(**self._common(key), prompt=self.prompt if content else None)
+
+    def finished(self, key: str, value: Any, replayed: bool, seconds: float, content: bool) -> Event:
+        text = getattr(value, "text", None)
+        return ModelFinished(
+            **self._common(key),
+            outcome="replayed" if replayed else "paid",
+            usage=value.usage,
+            duration_ms=ms(seconds),
+            output_chars=None if text is None else len(text),
+            choice=getattr(value, "choice", None),
+            error=None,
+            output=text if content else None,
+        )
+
+    def failed(self, key: str, error: BaseException, usage: Usage | None, seconds: float) -> Event:
+        return ModelFinished(
+            **self._common(key),
+            outcome="failed",
+            usage=usage or Usage(),
+            duration_ms=ms(seconds),
+            output_chars=None,
+            choice=None,
+            error=str(error),
+        )
+
+
+@dataclass(frozen=True)
+class ToolAbout:
+    """A host tool call, with the arguments it is given."""
+
+    tool: str
+    read_only: bool
+    arguments: Any
+
+    def started(self, key: str, content: bool) -> Event:
+        return ToolStarted(
+            tool=self.tool, key=key, read_only=self.read_only, arguments=self.arguments if content else None
+        )
+
+    def finished(self, key: str, value: Any, replayed: bool, seconds: float, content: bool) -> Event:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        return ToolFinished(
+            tool=self.tool,
+            key=key,
+            read_only=self.read_only,
+            outcome="replayed" if replayed else "paid",
+            duration_ms=ms(seconds),
+            output_chars=len(text),
+            error=None,
+            output=text if content else None,
+        )
+
+    def failed(self, key: str, error: BaseException, usage: Usage | None, seconds: float) -> Event:
+        return ToolFinished(
+            tool=self.tool,
+            key=key,
+            read_only=self.read_only,
+            outcome="failed",
+            duration_ms=ms(seconds),
+            output_chars=None,
+            error=str(error),
+        )
+
+
+def ms(seconds: float) -> float:
+    """A duration as events give it: milliseconds, to the microsecond."""
+    return round(seconds * 1000, 3)
