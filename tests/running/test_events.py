@@ -1,0 +1,382 @@
+"""The run events (docs/events.md): what the engine emits at each boundary, in which order and
+nesting, what they say of spend and replays, and the `--events` JSON Lines against the schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from conformance.harness import write_machines
+from support import ROOT
+from support.commands import cli, mklang
+from support.crashes import Crash, crash
+from support.examples import EXAMPLES
+
+import mklang as api
+from mklang import faults
+from mklang.engine import events
+from mklang.providers.base import Produced, Usage, Verdict
+from mklang.scenarios import load_script
+
+SCHEMA = json.loads((ROOT / "docs" / "events.schema.json").read_text(encoding="utf-8"))
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
+
+
+class Sink:
+    """Every event, in the order the sink was told of it."""
+
+    def __init__(self, trace_content: bool = False):
+        self.trace_content = trace_content
+        self.events: list[events.Event] = []
+
+    def emit(self, event: events.Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[events.Event]) -> list[Any]:
+        return [event for event in self.events if isinstance(event, kind)]
+
+
+class Slow:
+    """A provider answering each produce with its prompt after a delay that makes concurrent
+    branches finish out of order; every call costs 3 + 2 tokens."""
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
+        time.sleep(0.05 if "item 0" in user else 0.001)
+        return Produced(user, None, Usage(3, 2, 0.25))
+
+    def judge(self, conditions: list[str], output: Any, reasoning: Any, context: Any, tier: str) -> Verdict:
+        return Verdict(0, Usage(1, 1, 0.125))
+
+
+FAN = """
+    machine fan
+    entry each
+    budget 10
+    context { items: [] }
+    state each {
+      over items
+      call item { it: "{{item}}", at: "{{index}}" }
+      output outs
+      otherwise -> check
+    }
+    state check {
+      structure "s"
+      prompt "all done"
+      output verdict
+      when "it is fine" -> END
+      otherwise fail
+    }
+"""
+ITEM = """
+    machine item
+    entry say
+    budget 3
+    context { it: "", at: "" }
+    state say {
+      structure "s"
+      prompt "item {{at}}: {{it}}"
+      output said
+      otherwise -> END
+    }
+"""
+
+
+def test_events_of_concurrent_branches_nest_under_the_branch_they_ran_in(tmp_path):
+    machine = write_machines(tmp_path, FAN, ITEM)
+    sink = Sink(trace_content=True)
+    result = api.run(machine, {"items": ["a", "b", "c", "d"]}, provider=Slow(), concurrency=4, observer=sink)
+    assert result.status == "done"
+    seen = sink.events
+    assert [event.seq for event in seen] == list(range(1, len(seen) + 1))
+    assert len({event.run_id for event in seen}) == 1
+    assert isinstance(seen[0], events.RunStarted) and isinstance(seen[-1], events.RunFinished)
+    started = [event.index for event in sink.of(events.BranchStarted)]
+    finished = [event.index for event in sink.of(events.BranchFinished)]
+    assert sorted(started) == sorted(finished) == [0, 1, 2, 3]
+    assert finished[-1] == 0  # the slow first branch ended last: the branches overlapped
+    fan_state = events.Segment("fan", "each", 1)
+    for event in sink.of(events.BranchStarted) + sink.of(events.BranchFinished):
+        assert event.path == (fan_state,)
+    for event in sink.of(events.ModelStarted):
+        if event.path[0].state == "check":
+            assert event.path == (events.Segment("fan", "check", 2),)
+            continue
+        index = int(event.prompt["user"].split(":")[0].removeprefix("item "))
+        # The branch that made the call, then the called machine's state.
+        assert event.path == (events.Segment("fan", "each", 1, index), events.Segment("item", "say", 1))
+    for event in sink.of(events.CallStarted):
+        assert event.machine == "item" and event.path[0].branch is not None
+    entered = [(len(event.path), event.machine, event.state) for event in sink.of(events.StateEntered)]
+    assert entered.count((2, "item", "say")) == 4
+    assert [e for e in entered if e[0] == 1] == [(1, "fan", "each"), (1, "fan", "check")]
+
+
+def test_the_calls_events_add_up_to_the_runs_usage(tmp_path):
+    machine = write_machines(tmp_path, FAN, ITEM)
+    sink = Sink()
+    result = api.run(machine, {"items": ["a", "b", "c"]}, provider=Slow(), concurrency=3, observer=sink)
+    finished = sink.of(events.ModelFinished)
+    assert Counter(event.call for event in finished) == {"produce": 4, "judge": 1}
+    assert {event.outcome for event in finished} == {"paid"}
+    assert sum((event.usage for event in finished), Usage()) == result.usage
+    assert sink.events[-1].usage == result.usage and sink.events[-1].calls == {"judge": 1, "produce": 4}
+    branches = sum((event.usage for event in sink.of(events.BranchFinished)), Usage())
+    assert branches == Usage(9, 6, 0.75)
+    answers = [event.output_chars for event in finished if event.path[0].branch is not None]
+    assert sorted(answers) == sorted(len(branch["output"]) for branch in result.trace[0]["branches"])
+    assert all(event.output is None for event in finished)  # no content unless the sink asks for it
+    assert all(event.prompt is None for event in sink.of(events.ModelStarted))
+
+
+TWO = """
+    machine two
+    entry a
+    budget 5
+    state a {
+      structure "s"
+      prompt "first"
+      output x
+      otherwise -> b
+    }
+    state b {
+      structure "s"
+      prompt "second"
+      output y
+      otherwise -> END
+    }
+"""
+
+
+class Answers:
+    """A provider paying 10 + 1 tokens per answer, counting the answers it gave."""
+
+    def __init__(self):
+        self.given = 0
+        self._lock = threading.Lock()
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
+        with self._lock:
+            self.given += 1
+        return Produced(f"answer to {user}", None, Usage(10, 1))
+
+    def judge(self, *args: Any) -> Verdict:
+        raise AssertionError("no gate is judged")
+
+
+def test_a_run_resumed_after_a_crash_keeps_its_run_id_and_marks_the_replayed_calls(tmp_path):
+    machine = write_machines(tmp_path, TWO)
+    checkpoint = tmp_path / "cp.json"
+    first, provider = Sink(), Answers()
+    faults.arm("journal.call", 1, crash)  # the first answer is journaled, its step is not
+    try:
+        with pytest.raises(Crash):
+            api.run(machine, provider=provider, checkpoint=checkpoint, observer=first)
+    finally:
+        faults.disarm()
+    assert [event.kind for event in first.events] == ["run.started", "state.entered", "model.started"]
+    second = Sink()
+    result = api.resume(checkpoint, provider=provider, observer=second)
+    assert result.status == "done" and provider.given == 2  # the first answer was not bought again
+    assert {event.run_id for event in second.events} == {first.events[0].run_id}
+    resumed = second.events[0]
+    assert isinstance(resumed, events.RunResumed) and resumed.recovered and resumed.spent == Usage(10, 1)
+    calls = [(event.path[-1].state, event.outcome, event.usage) for event in second.of(events.ModelFinished)]
+    assert calls == [("a", "replayed", Usage(10, 1)), ("b", "paid", Usage(10, 1))]
+    assert sum((event.usage for event in second.of(events.ModelFinished)), Usage()) == result.usage
+    assert second.events[-1].calls == {"produce": 1}  # what this process paid for
+
+
+def test_an_escalation_suspends_and_its_resume_continues_the_run_id(tmp_path):
+    machine = api.load(EXAMPLES / "approval" / "approval.mk")
+    script = EXAMPLES / "approval" / "scenarios.yaml"
+    checkpoint = tmp_path / "cp.json"
+    first, second = Sink(), Sink()
+    parked = api.run(
+        machine, script=script, scenario="ask-then-publish", checkpoint=checkpoint, hitl=True, observer=first
+    )
+    assert parked.status == "suspended"
+    suspended = first.of(events.RunSuspended)
+    assert [(s.reason, s.at, s.reply_to) for s in suspended] == [("escalated", "decide", "approval.answer")]
+    assert suspended[0].ask == parked.ask
+    assert [(e.policy, e.to, e.decided_by) for e in first.of(events.GateDecided)] == [
+        ("escalate", "decide", "catch-all")
+    ]
+    done = api.resume(checkpoint, reply={"approval.answer": "yes"}, observer=second)
+    assert done.status == "done"
+    assert {event.run_id for event in second.events} == {first.events[0].run_id}
+    assert not second.of(events.RunResumed)[0].recovered
+    tools = second.of(events.ToolFinished)
+    assert [(t.tool, t.read_only, t.outcome, t.output_chars) for t in tools] == [
+        ("publish", False, "paid", len(done.result))
+    ]
+    decided = second.of(events.GateDecided)
+    assert [(d.state, d.decided_by, d.decision_tainted) for d in decided] == [
+        ("decide", "judge", True),  # it read the reviewer's answer: outside data
+        ("publish", "catch-all", False),
+    ]
+
+
+def test_a_hook_gate_says_what_the_host_answered(tmp_path):
+    machine = api.load(EXAMPLES / "triage" / "triage.mk")
+    sink = Sink()
+    api.run(
+        machine,
+        script=EXAMPLES / "triage" / "scenarios.yaml",
+        scenario="small-refund-answered-directly",
+        observer=sink,
+    )
+    hooks = sink.of(events.HookCalled)
+    assert hooks and all(hook.hook == "amount_ok" and hook.error is None for hook in hooks)
+    assert any(d.decided_by == "host" for d in sink.of(events.GateDecided))
+
+
+def test_an_event_sink_that_raises_stops_the_run_as_a_crash_would(tmp_path):
+    machine = write_machines(tmp_path, TWO)
+
+    class Broken:
+        def emit(self, event: events.Event) -> None:
+            if isinstance(event, events.ModelFinished):
+                raise Crash
+
+    with pytest.raises(Crash):
+        api.run(machine, provider=Answers(), observer=Broken())
+
+
+# --- --events: JSON Lines against docs/events.schema.json ---------------------------------------
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def valid(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for document in documents:
+        errors = sorted(VALIDATOR.iter_errors(document), key=str)
+        assert not errors, (document, [error.message for error in errors[:3]])
+    return documents
+
+
+def test_the_events_of_real_runs_validate_against_the_published_schema(tmp_path):
+    """A fan-out of calls, tools, an escalation that suspends and its resume, all in one file."""
+    out = tmp_path / "events.jsonl"
+    digest = EXAMPLES / "map-reduce"
+    done = cli(
+        "run", str(digest / "digest.mk"), "--script", str(digest / "scenarios.yaml"),
+        "--scenario", "three-sections", "--events", str(out), "--trace-content", "-q", "--format", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    approval = EXAMPLES / "approval"
+    checkpoint = tmp_path / "cp.json"
+    parked = cli(
+        "run", str(approval / "approval.mk"), "--script", str(approval / "scenarios.yaml"),
+        "--scenario", "ask-then-publish", "--checkpoint", str(checkpoint), "--hitl", "--events", str(out),
+        "--format", "json",
+    )  # fmt: skip
+    assert parked.returncode == 3, parked.stderr
+    resumed = cli("resume", str(checkpoint), "--set", "approval.answer=yes", "--events", str(out), "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr
+    documents = valid(lines(out))
+    kinds = {document["event"] for document in documents}
+    assert kinds == set(events.KINDS) - {"hook.called", "run.halted"}, kinds
+    runs = [document["run_id"] for document in documents if document["event"] in ("run.started", "run.resumed")]
+    assert len(runs) == 3 and runs[1] == runs[2]  # the resume continues the suspended run
+    traced = {document["run_id"] for document in documents if "output" in document or "prompt" in document}
+    assert traced == {runs[0]}  # content only with --trace-content
+    produced = [d for d in documents if d["event"] == "model.finished" and d["call"] == "produce"]
+    assert all(len(d["output"]) == d["output_chars"] for d in produced if d["run_id"] == runs[0])
+
+
+def test_hooks_halts_and_scenarios_of_mklang_test_validate_and_carry_the_scenario_name(tmp_path):
+    out = tmp_path / "events.jsonl"
+    triage = EXAMPLES / "triage"
+    done = cli("test", str(triage / "triage.mk"), "--script", str(triage / "scenarios.yaml"), "--events", str(out))
+    assert done.returncode == 0, done.stdout
+    documents = valid(lines(out))
+    assert {"hook.called", "run.halted", "run.suspended"} <= {document["event"] for document in documents}
+    assert {document["run"] for document in documents} == {s.name for s in load_script(triage / "scenarios.yaml")}
+
+
+def test_a_batchs_events_carry_each_runs_name(tmp_path):
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('{"id": "one", "document": "x"}\n{"id": "two", "document": "y"}\n', encoding="utf-8")
+    out = tmp_path / "events.jsonl"
+    digest = EXAMPLES / "map-reduce"
+    done = cli(
+        "batch", str(digest / "digest.mk"), "--inputs", str(inputs), "--store", str(tmp_path / "store"),
+        "--script", str(digest / "scenarios.yaml"), "--scenario", "three-sections", "--events", str(out),
+        "--format", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    documents = valid(lines(out))
+    by_run = {name: [d for d in documents if d["run"] == name] for name in ("one", "two")}
+    assert {document["run"] for document in documents} == {"one", "two"}
+    for name, own in by_run.items():
+        assert [d["seq"] for d in own] == list(range(1, len(own) + 1)), name
+        assert own[-1]["event"] == "run.finished" and own[-1]["status"] == "done"
+
+
+def test_events_on_stderr_leave_the_json_result_on_stdout_alone(tmp_path):
+    digest = EXAMPLES / "map-reduce"
+    done = mklang(
+        "run", str(digest / "digest.mk"), "--script", str(digest / "scenarios.yaml"),
+        "--scenario", "three-sections", "--events", "-", "-q", "--format", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "done"
+    documents = valid([json.loads(line) for line in done.stderr.splitlines()])
+    assert documents[-1]["event"] == "run.finished" and documents[-1]["usage"] == json.loads(done.stdout)["usage"]
+
+
+@pytest.mark.parametrize("where", ["missing-folder/events.jsonl", "."])
+def test_an_events_path_that_cannot_be_written_is_a_one_line_usage_error(tmp_path, where):
+    digest = EXAMPLES / "map-reduce"
+    done = cli(
+        "run", str(digest / "digest.mk"), "--script", str(digest / "scenarios.yaml"),
+        "--scenario", "three-sections", "--events", str(tmp_path / where), "-q", "--format", "text",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"mklang: error: --events {tmp_path / where}: ")
+    assert done.stdout == ""
+
+
+def test_trace_content_needs_events():
+    digest = EXAMPLES / "map-reduce"
+    done = cli(
+        "run", str(digest / "digest.mk"), "--script", str(digest / "scenarios.yaml"),
+        "--scenario", "three-sections", "--trace-content", "-q",
+    )  # fmt: skip
+    message = "mklang: error: --trace-content adds content to the events: it needs --events PATH\n"
+    assert (done.returncode, done.stderr) == (2, message)
+
+
+# --- the schema and the event classes agree ---------------------------------------------------
+
+
+def test_every_kind_has_a_schema_definition_with_the_classes_fields():
+    envelope = {"schema", "event", "run_id", "run", "seq", "time", "path"}
+    defined = {
+        definition["properties"]["event"]["const"]: definition
+        for name, definition in SCHEMA["$defs"].items()
+        if "event" in definition.get("properties", {})
+    }
+    assert set(defined) == set(events.KINDS)
+    assert len(SCHEMA["oneOf"]) == len(events.KINDS)
+    for kind, cls in events.KINDS.items():
+        fields = {field.name for field in dataclasses.fields(cls)} - {"run_id", "seq", "time", "path", "run"}
+        assert set(defined[kind]["properties"]) == envelope | fields, kind
+        assert set(defined[kind]["required"]) == (envelope - {"run"}) | (fields - events.CONTENT), kind
+
+
+def test_the_documented_kinds_are_the_emitted_kinds_and_its_example_lines_are_valid():
+    reference = (ROOT / "docs" / "events.md").read_text(encoding="utf-8")
+    for kind in events.KINDS:
+        assert f"`{kind}`" in reference, kind
+    example = reference.split("```json\n")[1].split("```")[0]
+    assert len(valid([json.loads(line) for line in example.splitlines()])) == 5
