@@ -5,7 +5,7 @@ so re-running the same batch is how it resumes: finished runs are skipped,
 runs that crashed or stopped on a budget resume (with the budgets given
 now), and runs parked on a human question stay parked until someone answers
 them with `mklang resume STORE#RUN --set ...`. The store, not this process,
-is the source of truth: `collect` reads every run's outcome from it, whichever
+is the source of truth: `service.outcome` reads a run's outcome from it, whichever
 process or worker ran it.
 """
 
@@ -291,11 +291,6 @@ class Batch:
                 self.ledger.record(item.run, Usage.from_json(outcome(self.store, item.run).usage))
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mklang-batch") as pool:
             return list(pool.map(self.run_item, items))
-
-
-def collect(store: Store, items: Iterable[Item]) -> list[Outcome]:
-    """Every item's outcome, from the store."""
-    return [outcome(store, item.run) for item in items]
 
 
 def summary(outcomes: list[Outcome]) -> dict[str, Any]:
