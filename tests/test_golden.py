@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support.commands import cli
 from support.examples import EXAMPLE_MAIN, EXAMPLES, STDLIB, scripted_machines
 
 from mklang.scenarios import compare, load_script, run_scenario
@@ -77,10 +75,6 @@ def test_every_example_folder_has_a_scripted_main_machine():
         assert (EXAMPLES / folder / "README.md").is_file()
 
 
-def _mklang(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mklang", *args], capture_output=True, text=True, cwd=ROOT)
-
-
 def test_machines_check_clean():
     """No errors and no warnings either: these machines are what users copy first.
 
@@ -90,7 +84,7 @@ def test_machines_check_clean():
     human's free-text answer chooses to publish (control-flow taint, ADR 0021).
     """
     files = [str(path) for path in _all_machine_files()]
-    done = _mklang("check", "--format", "json", *files)
+    done = cli("check", "--format", "json", *files)
     assert done.returncode == 0, done.stdout + done.stderr
     findings = {(Path(finding["file"]).name, finding["code"]) for finding in json.loads(done.stdout)}
     assert {code for name, code in findings if (name, code) != ("approval.mk", "untrusted-control-flow")} <= {
@@ -101,5 +95,5 @@ def test_machines_check_clean():
 
 def test_machines_are_canonically_formatted():
     files = [str(path) for path in _all_machine_files()]
-    done = _mklang("fmt", "--check", *files)
+    done = cli("fmt", "--check", *files)
     assert done.returncode == 0, done.stdout + done.stderr

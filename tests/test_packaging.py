@@ -77,9 +77,10 @@ def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(t
 
     (wheel,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"), versions=["standard"])
     env = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(env)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(env)], check=True)
     python = env / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], check=True)
+    install = ["install", "-q", "--no-deps", "--no-index", wheel]  # this pip, into the new environment
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), *install], check=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "uses_stdlib.mk").write_text(

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, mk, run_mk, write_machines
-from support.commands import mklang
+from support.commands import cli
 from support.fakeserver import FakeServer, answer, error, raw
 from support.files import FsyncSpy, journal_path
 from support.runs import TWO_STATES, LoopTops
@@ -490,7 +490,7 @@ def test_negative_budget_repair_and_max_visits_are_load_errors(tmp_path, name, t
 
 @pytest.mark.parametrize("option", ["--budget", "--max-tokens"])
 def test_resume_refuses_a_negative_budget_before_reading_the_checkpoint(tmp_path, option):
-    done = mklang("resume", str(tmp_path / "missing.json"), option, "-1", cwd=tmp_path)
+    done = cli("resume", str(tmp_path / "missing.json"), option, "-1", cwd=tmp_path)
     assert done.returncode == 2
     assert option in done.stderr and "missing.json" not in done.stderr
 

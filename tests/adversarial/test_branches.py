@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.commands import mklang
+from support.commands import cli
 from support.fakeserver import FakeServer, Reply, Request, answer
 from support.runs import outcome
 
@@ -108,14 +108,14 @@ def server():
         yield running
 
 
-def cli(folder: Path, server: FakeServer, *options: str) -> tuple[int, dict[str, Any]]:
+def run_items(folder: Path, server: FakeServer, *options: str) -> tuple[int, dict[str, Any]]:
     machine = machines(folder)
     (folder / "items.json").write_text(json.dumps({"items": ITEMS}), encoding="utf-8")
     (folder / "mklang.toml").write_text(
         f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\n',
         encoding="utf-8",
     )
-    done = mklang(
+    done = cli(
         "run",
         str(machine),
         "--input",
@@ -133,7 +133,7 @@ def cli(folder: Path, server: FakeServer, *options: str) -> tuple[int, dict[str,
 def test_a_branch_cut_mid_sub_machine_pays_no_call_twice_through_the_cli(tmp_path, server, concurrency):
     first = tmp_path / "first"
     checkpoint = first / "cp.json"
-    code, data = cli(
+    code, data = run_items(
         first, server, "--max-tokens", "110", "--concurrency", str(concurrency), "--checkpoint", str(checkpoint)
     )
     assert (code, data["status"], data["reason"], data["at"]) == (3, "suspended", "cost-exhausted", "each")
@@ -143,7 +143,7 @@ def test_a_branch_cut_mid_sub_machine_pays_no_call_twice_through_the_cli(tmp_pat
         assert paid == 11
     assert data["usage"]["input_tokens"] + data["usage"]["output_tokens"] == paid * 10  # spend so far, all of it
 
-    done = mklang(
+    done = cli(
         "resume", str(checkpoint), "--max-tokens", "100000", "--config", str(first / "mklang.toml"), "--format", "json"
     )
     resumed = json.loads(done.stdout)
@@ -153,7 +153,7 @@ def test_a_branch_cut_mid_sub_machine_pays_no_call_twice_through_the_cli(tmp_pat
     assert resumed["calls"] == {"produce": 60 - paid}
     assert resumed["result"] == expected_result()
 
-    code, whole = cli(tmp_path / "whole", server)
+    code, whole = run_items(tmp_path / "whole", server)
     assert code == 0
     for key in ("result", "context", "trace", "usage"):
         assert resumed[key] == whole[key], key

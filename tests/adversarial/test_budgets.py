@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.commands import mklang
+from support.commands import cli
 from support.fakeserver import FakeServer, Reply, Request, answer
 from support.runs import outcome
 
@@ -119,7 +119,7 @@ def cli_run(
     folder: Path, server: FakeServer, *options: str, budget: int = 400, count: int = 300
 ) -> tuple[int, dict[str, Any]]:
     items = write(folder, "items.json", json.dumps({"items": ITEMS[:count]}))
-    done = mklang(
+    done = cli(
         "run",
         str(wide(folder, budget)),
         "--input",
@@ -206,7 +206,7 @@ def test_a_token_cut_fan_out_resumes_only_the_branches_not_done_through_the_cli(
     assert 10 <= paid <= 10 + 3
     assert data["usage"]["input_tokens"] + data["usage"]["output_tokens"] == paid * TOKENS_PER_CALL
 
-    done = mklang(
+    done = cli(
         "resume", str(checkpoint), "--max-tokens", "100000", "--config", str(first / "mklang.toml"), "--format", "json"
     )
     resumed = json.loads(done.stdout)
@@ -353,7 +353,7 @@ def test_concurrency_50_reaches_50_requests_in_flight_over_http(tmp_path, server
 
     server.handler = hold_until_50
     items = write(tmp_path, "items.json", json.dumps({"items": ITEMS[:50]}))
-    done = mklang(
+    done = cli(
         "run",
         str(wide(tmp_path)),
         "--input",

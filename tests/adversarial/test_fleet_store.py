@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from support.batches import CALLS, MACHINE
-from support.commands import cli_env, mklang, model_config, run_cli, wait_for
+from support.commands import cli, cli_env, model_config, run_cli, wait_for
 from support.fakeserver import FakeServer, answer
 from support.services import require_server
 
@@ -200,7 +200,7 @@ def test_two_batches_over_one_postgresql_store_pay_each_run_once(postgres_uri, t
         failed = [line for line in (tmp_path / f"out{n}.jsonl").read_text().splitlines() if '"failed"' in line]
         assert failed == [], failed
     assert server.count == RACE_ITEMS * CALLS  # every run paid once, whichever batch ran it
-    done = mklang(
+    done = cli(
         "batch",
         "m.mk",
         "--inputs",
@@ -446,7 +446,7 @@ def test_ctrl_c_suspends_a_local_batch_at_the_next_loop_top_writes_out_and_exits
     results = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
     assert [line["status"] for line in results] == ["pending"] * 6
     assert server.count == 2  # the calls in flight ended; no run went on to its next call, none started
-    again = mklang(*command[3:], cwd=project)
+    again = cli(*command[3:], cwd=project)
     assert again.returncode == 0 and server.count == 6 * CALLS  # the paid calls were not paid again
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from support import ROOT
 from support.batches import CALLS, MACHINE, reply, results, write_items
-from support.commands import mklang, model_config, run_cli, wait_for
+from support.commands import cli, model_config, run_cli, wait_for
 from support.fakeserver import FakeServer
 from support.fleet import FLEET_KEY, RABBITMQ, Lines, batch, drop_queue, queue_of, start, stop, worker
 from support.services import require_server
@@ -271,7 +271,7 @@ def test_a_worker_in_another_folder_without_the_machine_files_runs_the_texts_the
 def test_resume_store_run_from_another_folder_runs_the_kept_machine_text(project, server, postgres_uri):
     """A run suspended by a batch is resumed from a folder holding no machine file: said on stderr."""
     write_items(project, 1)
-    first = mklang(
+    first = cli(
         "batch", "twostep.mk", "--inputs", "items.jsonl", "--config", "mklang.toml", "--store", postgres_uri,
         "--max-tokens", "1", "--format", "json", cwd=project,
     )  # fmt: skip
@@ -279,7 +279,7 @@ def test_resume_store_run_from_another_folder_runs_the_kept_machine_text(project
     elsewhere = project / "elsewhere"
     elsewhere.mkdir()
     shutil.copy(project / "mklang.toml", elsewhere / "mklang.toml")
-    done = mklang(
+    done = cli(
         "resume", f"{postgres_uri}#item-0", "--max-tokens", "100", "--config", "mklang.toml", "--format", "json",
         cwd=elsewhere,
     )  # fmt: skip

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from support.commands import cli_env, mklang, model_config
+from support.commands import cli, cli_env, model_config
 from support.fakeserver import FakeServer, answer
 
 MACHINE = """\
@@ -59,7 +59,7 @@ def suspended(tmp_path_factory):
         server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=5, delay=0.02)
         config = model_config(server.openai_url, folder / "mklang.toml")
         (folder / "race.mk").write_text(MACHINE, encoding="utf-8")
-        done = mklang(
+        done = cli(
             "run", "race.mk", "--config", str(config), "--checkpoint", "cp.json", "--max-tokens", "1", cwd=folder
         )
         assert done.returncode == 3, done.stderr
@@ -137,7 +137,7 @@ def test_the_lock_file_is_not_followed_through_a_symlink(suspended, tmp_path):
     victim.write_text("precious\n")
     os.symlink(victim, tmp_path / "cp.json.lock")
     before = server.count
-    refused = mklang("resume", "cp.json", "--config", str(config), "--max-tokens", "1000", cwd=tmp_path)
+    refused = cli("resume", "cp.json", "--config", str(config), "--max-tokens", "1000", cwd=tmp_path)
     assert refused.returncode == 2
     assert "cannot lock the checkpoint" in refused.stderr
     assert victim.read_text() == "precious\n"  # neither truncated nor written through the link

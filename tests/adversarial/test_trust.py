@@ -4,19 +4,18 @@ A checkpoint is data. Whoever edits one may not make `mklang resume` import
 code, send the resuming user's API key to a server the file names, run a
 machine other than the hashed ones, or strip the data fences; and no
 edited field ends in an internal error. Every test is one attack, run
-against real `mklang` processes and real files.
+through the CLI's entry function on real files.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.commands import cli, cli_env
 from support.examples import EXAMPLES
 from support.fakeserver import FakeServer, answer
 
@@ -27,13 +26,9 @@ SCRIPT = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish
 
 
 def mklang(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the CLI as the resuming user: no MKLANG_ variables unless given; never a traceback."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MKLANG_", "OPENAI_", "ANTHROPIC_"))}
-    environment.update(env or {})
-    done = subprocess.run(
-        [sys.executable, "-m", "mklang", *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=60
-    )
-    assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+    """Run the CLI in this process as the resuming user: no MKLANG_ variables unless given; never a traceback."""
+    done = cli(*args, cwd=cwd, env=cli_env(**(env or {})))
+    assert "internal error" not in done.stderr, done.stderr
     return done
 
 

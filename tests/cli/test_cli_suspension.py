@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from support import ROOT
-from support.commands import mklang
+from support.commands import cli
 
 TWO_STEPS = """\
 machine two
@@ -41,9 +41,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def suspend(folder: Path, *args: str) -> dict:
-    done = mklang(
-        "run", "two.mk", "--script", "s.yaml", "--checkpoint", "cp.json", *args, "--format", "json", cwd=folder
-    )
+    done = cli("run", "two.mk", "--script", "s.yaml", "--checkpoint", "cp.json", *args, "--format", "json", cwd=folder)
     assert done.returncode == 3, done.stderr
     return json.loads(done.stdout)
 
@@ -51,7 +49,7 @@ def suspend(folder: Path, *args: str) -> dict:
 def continue_as_told(folder: Path, command: str) -> dict:
     program, *args = shlex.split(command)
     assert program == "mklang"
-    done = mklang(*args, "--format", "json", cwd=folder)
+    done = cli(*args, "--format", "json", cwd=folder)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -62,9 +60,9 @@ def test_a_token_budget_suspension_names_the_budget_the_spend_and_the_command(tm
     assert (result["status"], result["error"], result["reason"]) == ("suspended", None, "cost-exhausted")
     assert result["ran_out"] == "the token budget of 10 ran out: 50 tokens spent"
     assert result["continue_with"] == "mklang resume cp.json --max-tokens 100"
-    shown = json.loads(mklang("show", "cp.json", "--format", "json", cwd=folder).stdout)
+    shown = json.loads(cli("show", "cp.json", "--format", "json", cwd=folder).stdout)
     assert (shown["ran_out"], shown["continue_with"]) == (result["ran_out"], result["continue_with"])
-    text = mklang("show", "cp.json", "--format", "text", cwd=folder).stdout
+    text = cli("show", "cp.json", "--format", "text", cwd=folder).stdout
     assert "the token budget of 10 ran out: 50 tokens spent" in text
     assert "continue with: mklang resume cp.json --max-tokens 100" in text
     assert continue_as_told(folder, result["continue_with"])["context"]["farewell"] == "bye"
@@ -73,7 +71,7 @@ def test_a_token_budget_suspension_names_the_budget_the_spend_and_the_command(tm
 def test_a_step_budget_suspension_says_so_on_stderr_too(tmp_path):
     folder = project(tmp_path)
     (folder / "s.yaml").write_text(SCRIPT + "    run: {budget: 1}\n", encoding="utf-8")
-    done = mklang("run", "two.mk", "--script", "s.yaml", "--checkpoint", "cp.json", "--format", "text", cwd=folder)
+    done = cli("run", "two.mk", "--script", "s.yaml", "--checkpoint", "cp.json", "--format", "text", cwd=folder)
     assert done.returncode == 3
     assert "the step budget of 1 (machine two) ran out: 1 step taken" in done.stderr
     assert "continue with: mklang resume cp.json --budget 2" in done.stderr
@@ -82,7 +80,7 @@ def test_a_step_budget_suspension_says_so_on_stderr_too(tmp_path):
 
 def test_a_human_question_says_how_to_reply(tmp_path):
     approval = ROOT / "examples" / "approval"
-    done = mklang(
+    done = cli(
         "run",
         str(approval / "approval.mk"),
         "--script",

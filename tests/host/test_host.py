@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from support.commands import cli
 
 from mklang.errors import UsageError
 from mklang.host.plugins import load_plugins
@@ -89,45 +88,22 @@ def test_run_uses_a_plugin_tool_from_the_command_line(tmp_path):
         }
         """)
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mklang",
-            "run",
-            str(machine),
-            "--plugin",
-            str(plugin),
-            "--set",
-            "word=stressed",
-            "--script",
-            "/dev/null",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    done = cli("run", str(machine), "--plugin", str(plugin), "--set", "word=stressed", "--script", "/dev/null")
     assert done.returncode == 2  # an empty script is a usage error, reported in one line
-    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert len(done.stderr.strip().splitlines()) == 1
     script = tmp_path / "s.yaml"
     script.write_text("scenarios:\n  - name: only\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mklang",
-            "run",
-            str(machine),
-            "--plugin",
-            str(plugin),
-            "--set",
-            "word=stressed",
-            "--script",
-            str(script),
-            "--format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
+    done = cli(
+        "run",
+        str(machine),
+        "--plugin",
+        str(plugin),
+        "--set",
+        "word=stressed",
+        "--script",
+        str(script),
+        "--format",
+        "json",
     )
     assert done.returncode == 0, done.stderr
     assert '"result": "desserts"' in done.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.batches import CALLS, MACHINE, reply, results, write_items
-from support.commands import cli_env, mklang, model_config, wait_for
+from support.commands import cli, cli_env, model_config, wait_for
 from support.fakeserver import FakeServer
 
 import mklang as api
@@ -38,9 +38,7 @@ def project(tmp_path: Path, server: FakeServer) -> Path:
 
 
 def batch(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return mklang(
-        "batch", "twostep.mk", "--inputs", "items.jsonl", "--config", "mklang.toml", *options, cwd=project, timeout=300
-    )
+    return cli("batch", "twostep.mk", "--inputs", "items.jsonl", "--config", "mklang.toml", *options, cwd=project)
 
 
 def test_a_batch_runs_every_item_once_and_a_rerun_skips_the_finished(project, server):
@@ -61,11 +59,11 @@ def test_a_batch_runs_every_item_once_and_a_rerun_skips_the_finished(project, se
 def test_runs_lists_a_stores_runs_with_their_status_and_filters_them(project):
     write_items(project, 3)
     assert batch(project, "--store", "sqlite:///runs.db", "--format", "json").returncode == 0
-    listed = json.loads(mklang("runs", "--store", "sqlite:///runs.db", cwd=project).stdout)  # piped: JSON
+    listed = json.loads(cli("runs", "--store", "sqlite:///runs.db", cwd=project).stdout)  # piped: JSON
     assert sorted(run["path"] for run in listed) == [f"sqlite:///runs.db#item-{n}" for n in range(3)]
     assert {run["status"] for run in listed} == {"done"}
-    assert json.loads(mklang("runs", "--store", "sqlite:///runs.db", "--status", "suspended", cwd=project).stdout) == []
-    bad = mklang("runs", "--store", "sqlite:///runs.db", "--status", "lost", cwd=project)
+    assert json.loads(cli("runs", "--store", "sqlite:///runs.db", "--status", "suspended", cwd=project).stdout) == []
+    bad = cli("runs", "--store", "sqlite:///runs.db", "--status", "lost", cwd=project)
     assert bad.returncode == 2 and "--status expects one of" in bad.stderr
 
 

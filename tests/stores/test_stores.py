@@ -314,27 +314,27 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
 
 
 def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(postgres_uri, tmp_path):
-    from support.commands import mklang
+    from support.commands import cli
 
     example = EXAMPLES / "approval"
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
     here.mkdir()
     elsewhere.mkdir()
     target = f"{postgres_uri}#approval-7"
-    first = mklang(
+    first = cli(
         "run", str(example / "approval.mk"), "--script", str(example / "scenarios.yaml"), "--scenario",
         "ask-then-publish", "--hitl", "--checkpoint", target, "--format", "json", cwd=here,
     )  # fmt: skip
     assert first.returncode == 3, first.stderr
-    listed = json.loads(mklang("runs", "--store", postgres_uri, "--status", "suspended", cwd=elsewhere).stdout)
+    listed = json.loads(cli("runs", "--store", postgres_uri, "--status", "suspended", cwd=elsewhere).stdout)
     assert [(run["path"], run["reason"], run["reply_to"]) for run in listed] == [
         (target, "escalated", "approval.answer")
     ]
     assert listed[0]["ask"]
-    done = mklang("resume", target, "--set", "approval.answer=yes", "--format", "json", cwd=elsewhere)
+    done = cli("resume", target, "--set", "approval.answer=yes", "--format", "json", cwd=elsewhere)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["context"]["approval"]["answer"] == "yes"
-    assert json.loads(mklang("runs", "--store", postgres_uri, cwd=elsewhere).stdout)[0]["status"] == "done"
+    assert json.loads(cli("runs", "--store", postgres_uri, cwd=elsewhere).stdout)[0]["status"] == "done"
 
 
 # --- The registry of store URI schemes: built-in ones, and packages' entry points ------------
