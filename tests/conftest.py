@@ -33,12 +33,17 @@ from mklang.checkpoint.envelope import FORMAT, Envelope, load
 from mklang.errors import MklangError
 
 _CONFIG_HOME = tempfile.mkdtemp(prefix="mklang-tests-xdg-")
+# Tests write and rename thousands of small files (checkpoints, journals, stores): on a
+# tmpfs that costs no disk I/O. A crash test kills processes, which no file system loses data to.
+MEMORY = "/dev/shm"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
     os.environ["XDG_CACHE_HOME"] = os.path.join(_CONFIG_HOME, "cache")  # machine texts run from a store
     os.environ.pop("MKLANG_CHECKPOINT_KEY", None)
+    if config.option.basetemp is None and os.access(MEMORY, os.W_OK):
+        os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", MEMORY)  # where pytest makes its tmp_path folders
 
 
 # What a test's code names that shows what it needs, for the markers of pyproject.toml.
@@ -94,6 +99,13 @@ def _left_checkpoints(folder: Path) -> Iterator[tuple[Path, Any]]:
         document = json.loads(path.read_bytes())
         if document.get("format") == FORMAT:  # older formats are migrated on load, not described
             yield path, document
+
+
+@pytest.fixture(autouse=True)
+def no_power_cuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests kill processes but never cut the power, so what fsync adds to a write is invisible to them:
+    in the test process it returns at once (a test that counts fsyncs still sees each call)."""
+    monkeypatch.setattr(os, "fsync", lambda descriptor: None)
 
 
 @pytest.fixture(autouse=True)

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import tempfile
 from collections import Counter
 from functools import partial
-from pathlib import Path
 
 import pydantic
 import pytest
@@ -49,28 +46,12 @@ def _cases():
 
 @pytest.fixture(autouse=True)
 def fast(monkeypatch):
-    """fsync only matters for power cuts, not for a crash inside the process; each
-    machine file is parsed once (thousands of resumes reload the same files); the
+    """Each machine file is parsed once (thousands of resumes reload the same files); the
     thousands of envelopes of the same shapes are not each held to the schema
     (conftest), which every other checkpoint test does."""
-    monkeypatch.setattr(os, "fsync", lambda descriptor: None)
     monkeypatch.setattr(envelope_module.Envelope, "model_dump", pydantic.BaseModel.model_dump)
     monkeypatch.setattr(mklang.syntax, "load_file", functools.cache(mklang.syntax.load_file))
     monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 2048)  # compactions happen too
-
-
-@pytest.fixture
-def memory_folder(tmp_path):
-    """Thousands of small checkpoint files: in memory when the system offers a tmpfs."""
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or not os.access(shm, os.W_OK):
-        yield tmp_path
-        return
-    folder = Path(tempfile.mkdtemp(prefix="mklang-crash-", dir=shm))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _without_delays(scenario: Scenario) -> Scenario:
@@ -80,9 +61,8 @@ def _without_delays(scenario: Scenario) -> Scenario:
 
 @pytest.mark.parametrize(("machine_path", "scenario"), list(_cases()))
 def test_a_crash_at_any_point_then_another_during_the_resume_gives_the_uninterrupted_run(
-    machine_path, scenario, memory_folder
+    machine_path, scenario, tmp_path
 ):
-    tmp_path = memory_folder
     machine = load_file(machine_path)
     scenario = _without_delays(scenario)
     phases = 2 if scenario.name in REPLIES else 1
@@ -132,14 +112,14 @@ def test_a_crash_at_any_point_then_another_during_the_resume_gives_the_uninterru
     assert attempts == sum(len(counts(total)) for seen in reached for total in seen.values())
 
 
-def test_the_golden_scenarios_reach_every_documented_crash_point(memory_folder):
+def test_the_golden_scenarios_reach_every_documented_crash_point(tmp_path):
     """A point that is renamed or no longer reached would silently drop out of the sweep."""
     reached: Counter = Counter()
     for machine_path, scenario in [case.values for case in _cases()]:
         if machine_path.stem in ("brief", "plan_execute"):  # nesting; a halt before any step
             faults.watch(lambda point: reached.update([point]))
             try:
-                Attempt(load_file(machine_path), scenario, memory_folder / scenario.name).phase(0)
+                Attempt(load_file(machine_path), scenario, tmp_path / scenario.name).phase(0)
             finally:
                 faults.disarm()
     documented = {"journal.gen", "journal.enter", "journal.step", "journal.halt", "journal.call", "envelope.temp"}
