@@ -1,11 +1,13 @@
 """Hostile input is refused with one line (exit 2) before any spend, or ends in a clean halt.
 
 One test per attack; the limits are in docs/limits.md.
-Runs are real `python -m mklang` subprocesses of this tree.
+Commands run in this process through the CLI's entry function; the inputs that
+could hang a run go to a real `python -m mklang` process with a timeout.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import subprocess
@@ -470,6 +472,7 @@ FIELD_NAMES = ["when", "hook", "then", "to", "repair", "fail", "escalate", "ask"
                "prompt", "structure", "tool", "call", "input", "over", "parse", "gates", "states", "context"]  # fmt: skip
 
 
+@functools.cache  # one strategy for every draw: building one is slower than drawing from it
 def junk():
     """Values a careless or hostile author might put anywhere: YAML timestamps and binary included."""
     from hypothesis import strategies as st

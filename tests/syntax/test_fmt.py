@@ -35,66 +35,77 @@ values = st.recursive(
 maps = st.dictionaries(st.one_of(names, prose), values, max_size=4)
 
 
+# Strategies are built once, here: a composite that builds them at each draw spends its time
+# analysing new strategy objects rather than drawing examples.
+maybe_prose = st.one_of(st.none(), prose)
+maybe_names = st.one_of(st.none(), names)
+maybe_paths = st.one_of(st.none(), paths)
+maybe_maps = st.one_of(st.none(), maps)
+digits = st.integers(0, 9)
+maybe_digits = st.one_of(st.none(), digits)
+faces = st.one_of(
+    st.builds(
+        Produce,
+        prompt=texts,
+        structure=texts,
+        execution=st.one_of(st.none(), texts),
+        reason=st.booleans(),
+        parse=st.sampled_from([None, "list", "json"]),
+    ),
+    st.builds(Call, machine=names, input=maybe_maps),
+    st.builds(ToolUse, tool=names, input=maybe_maps),
+)
+policies = st.sampled_from(["ok", "repair", "escalate", "fail"])
+tiers = st.sampled_from([None, *TIERS])
+tool_lists = st.lists(st.builds(ToolDeclaration, name=names, description=prose, read_only=st.booleans()), max_size=2)
+hook_lists = st.lists(st.builds(Declaration, name=names, description=prose), max_size=2)
+
+
 @st.composite
 def gates(draw, targets):
-    when = draw(st.one_of(st.none(), prose))
-    policy = draw(st.sampled_from(["ok", "repair", "escalate", "fail"]))
+    when = draw(maybe_prose)
+    policy = draw(policies)
     return Gate(
         when=when,
-        hook=draw(st.one_of(st.none(), names)) if when is not None else None,
+        hook=draw(maybe_names) if when is not None else None,
         policy=policy,
-        target=None if policy == "fail" else draw(st.sampled_from([*targets, "END"])),
-        repair=draw(st.integers(0, 9)) if policy == "repair" else None,
-        ask=draw(st.one_of(st.none(), prose)) if policy == "escalate" else None,
-        reply_to=draw(st.one_of(st.none(), paths)) if policy == "escalate" else None,
+        target=None if policy == "fail" else draw(targets),
+        repair=draw(digits) if policy == "repair" else None,
+        ask=draw(maybe_prose) if policy == "escalate" else None,
+        reply_to=draw(maybe_paths) if policy == "escalate" else None,
     )
 
 
 @st.composite
-def states(draw, name, targets):
-    face = draw(
-        st.one_of(
-            st.builds(
-                Produce,
-                prompt=texts,
-                structure=texts,
-                execution=st.one_of(st.none(), texts),
-                reason=st.booleans(),
-                parse=st.sampled_from([None, "list", "json"]),
-            ),
-            st.builds(Call, machine=names, input=st.one_of(st.none(), maps)),
-            st.builds(ToolUse, tool=names, input=st.one_of(st.none(), maps)),
-        )
-    )
+def states(draw, name, gate_lists):
     return State(
         name=name,
-        face=face,
-        tier=draw(st.sampled_from([None, *TIERS])),
+        face=draw(faces),
+        tier=draw(tiers),
         output=draw(names),
         accumulate=draw(st.booleans()),
-        sample=draw(st.one_of(st.none(), st.integers(0, 9))),
-        over=draw(st.one_of(st.none(), paths)),
-        max_visits=draw(st.one_of(st.none(), st.integers(0, 9))),
-        gates=draw(st.lists(gates(targets), max_size=4)),
+        sample=draw(maybe_digits),
+        over=draw(maybe_paths),
+        max_visits=draw(maybe_digits),
+        gates=draw(gate_lists),
     )
 
 
 @st.composite
 def machines(draw):
     state_names = draw(st.lists(names, min_size=1, max_size=4, unique=True))
-    tools = st.lists(st.builds(ToolDeclaration, name=names, description=prose, read_only=st.booleans()), max_size=2)
-    hooks = st.lists(st.builds(Declaration, name=names, description=prose), max_size=2)
+    gate_lists = st.lists(gates(st.sampled_from([*state_names, "END"])), max_size=4)
     return Machine(
         name=draw(names),
         version=draw(st.sampled_from([None, "0.4"])),
         entry=draw(st.sampled_from(state_names)),
         budget=draw(st.integers(0, 10**6)),
         tier=draw(st.sampled_from(TIERS)),
-        result=draw(st.one_of(st.none(), paths)),
+        result=draw(maybe_paths),
         context=draw(maps),
-        tools=draw(tools),
-        hooks=draw(hooks),
-        states=[draw(states(name, state_names)) for name in state_names],
+        tools=draw(tool_lists),
+        hooks=draw(hook_lists),
+        states=[draw(states(name, gate_lists)) for name in state_names],
     )
 
 
