@@ -367,7 +367,12 @@ def found_config(folder: Path, provider_table: str) -> Path:
     return path
 
 
-def test_a_found_config_that_redirects_a_builtin_provider_is_not_used_until_allowed(machine: Path, tmp_path: Path):
+def test_a_found_config_that_redirects_a_builtin_provider_is_not_used_until_allowed(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from mklang.providers.http import HttpTransport
+
+    monkeypatch.setattr(HttpTransport, "_delay", lambda self, attempt, retry_after: 0.0)  # retry the refusals at once
     with FakeServer() as server:
         server.fallback = answer('{"a": 1}')
         config = found_config(tmp_path, f'base_url = "{server.openai_url}"\n')
