@@ -22,7 +22,6 @@ from mklang.providers.scripted import ScriptedCallables, ScriptedProvider, Scrip
 
 if TYPE_CHECKING:
     from mklang.engine import RunResult
-    from mklang.model import Machine
 
 TRACE_KEYS = {
     "step",
@@ -268,30 +267,6 @@ def find_scenario(scenarios: list[Scenario], name: str | None, path: str) -> Sce
         f"{path}: no scenario named '{name}'{did_you_mean(name, [s.name for s in scenarios])} "
         f"({', '.join(s.name for s in scenarios)})"
     )
-
-
-def run_scenario(machine: Machine, scenario: Scenario, **options: Any) -> RunResult:
-    """Run the first part of a scenario in process, without a checkpoint file; `options`
-    override its `run:` settings (tests pass their own provider to count its calls)."""
-    from mklang.engine import run
-
-    host = ScriptedHost(scenario)
-    settings = scenario.run
-    if settings.get("budget") is not None:
-        machine = machine.replace(budget=int(settings["budget"]))
-    kwargs: dict[str, Any] = dict(
-        provider=host.provider,
-        tools=host.tools.functions(),
-        hooks=host.hooks.functions(),
-        max_tokens=settings.get("max_tokens"),
-        suspendable=scenario.durable,
-        hitl=bool(settings.get("hitl", False)),
-        untrusted_flow=settings.get("on_untrusted_flow"),
-    )
-    if settings.get("concurrency") is not None:
-        kwargs["concurrency"] = settings["concurrency"]
-    kwargs.update(options)
-    return run(machine, dict(scenario.input), **kwargs)
 
 
 def compare(expect: dict[str, Any], result: RunResult) -> list[str]:

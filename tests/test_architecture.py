@@ -220,6 +220,28 @@ def test_batches_and_workers_reach_stored_runs_only_through_the_service(module):
     assert "mklang.service" in GRAPH[module]
 
 
+STARTERS = {"run", "continue_run", "make_runtime"}  # what starts or continues a run in the engine
+
+
+def test_only_the_run_service_starts_or_continues_a_run():
+    """One door: the CLI, the API, batches, workers and the scenario player reach the engine's
+    `run`, `continue_run` and `make_runtime` through `mklang.service`, never directly."""
+    reached = {
+        module: sorted(
+            alias.name
+            for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) and node.module == "mklang.engine"
+            for alias in node.names
+            if alias.name in STARTERS
+        )
+        for module in GRAPH
+        if not module.startswith("mklang.engine")
+    }
+    assert {module: names for module, names in reached.items() if names} == {
+        "mklang.service": ["continue_run", "make_runtime", "run"]
+    }
+
+
 def test_no_import_cycles():
     assert cycles(GRAPH) == []
 

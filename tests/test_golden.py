@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from support.commands import cli
 from support.examples import EXAMPLE_MAIN, EXAMPLES, STDLIB, scripted_machines
+from support.runs import run_scenario
 
-from mklang.scenarios import compare, load_script, run_scenario
+from mklang.scenarios import compare, load_script
 from mklang.syntax import load_file
 
 

@@ -23,13 +23,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.runs import run_scenario
 from typer.testing import CliRunner
 
 import mklang.cli.run_cmds  # registers `test`
 import mklang.cli.syntax_cmds  # noqa: F401 - registers `check` and `fmt`
 from mklang.cli.app import app
 from mklang.effects import FLOW_POLICIES
-from mklang.scenarios import STATUS_1X, load_script, run_scenario
+from mklang.scenarios import STATUS_1X, load_script
+from mklang.session import Host
 from mklang.syntax import load_file, parse
 
 RELEASE = "mklang==1.4.0"
@@ -208,7 +210,9 @@ def test_a_1x_machine_takes_the_steps_the_1x_interpreter_takes(wheel_data, compa
     host_read_only = CONSOLE_READ_ONLY if name == "console/agent" else frozenset()
     for scenario in load_script(script):
         ran_1x = runs_1x[f"{script}:{scenario.name}"]
-        result = run_scenario(machine, scenario, read_only_tools=host_read_only)
+        host = Host.for_scenario(scenario)
+        host.read_only_tools = host_read_only
+        result = run_scenario(machine, scenario, host)
         assert result.status == STATUS_1X.get(ran_1x["status"], ran_1x["status"]), scenario.name
         steps_1x = [step for step in ran_1x["trace"] if step["policy"] != "state-error"]
         assert [step_keys(step) for step in result.trace] == [step_keys(step) for step in steps_1x], scenario.name

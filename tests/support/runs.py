@@ -6,7 +6,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from mklang.engine import RunResult
 from mklang.engine.events import Event, StateEntered
+from mklang.model import Machine
+from mklang.scenarios import Scenario
+from mklang.service import start
+from mklang.session import Host
 
 # Two generative states in a row: a then b then END.
 TWO_STATES = """
@@ -26,6 +31,13 @@ TWO_STATES = """
       otherwise -> END
     }
 """
+
+
+def run_scenario(machine: Machine, scenario: Scenario, host: Host | None = None, **options: Any) -> RunResult:
+    """The first part of a scenario, run in memory through the run service as `mklang.run` would;
+    `host` replaces the scenario's own (to count its calls), `options` go to `service.start`."""
+    with host or Host.for_scenario(scenario) as used:
+        return start(machine, {}, used, suspendable=scenario.durable, **options)
 
 
 def outcome(result: Any, fields: tuple[str, ...] = ("status", "result", "context", "trace", "usage")) -> dict[str, Any]:

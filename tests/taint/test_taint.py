@@ -358,9 +358,9 @@ def test_suspending_at_every_loop_top_and_resuming_keeps_the_taint(machine_path,
 
 def test_the_terminal_view_marks_tainted_decisions_and_the_effect_they_reach(machine_path):
     from rich.console import Console
+    from support.runs import run_scenario
 
     from mklang.cli.render import render_result
-    from mklang.scenarios import run_scenario
 
     result = run_scenario(load_file(machine_path), scenario("a-tainted-decision-into-an-effectful-tool-is-reported"))
     console = Console(record=True, width=200)
