@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
+import queue
 import threading
 import time
 from collections import Counter
@@ -65,33 +67,71 @@ class Caps:
 class Workers:
     """The run's one concurrency limit: at most `limit` threads work for it, the caller included.
 
-    A fan-out hands a branch to a new thread only while a slot is free and runs it
+    A fan-out hands a branch to a pooled thread only while a slot is free and runs it
     itself otherwise, so nested fan-outs (inside calls or branches) never wait for
-    each other's slots and never multiply threads. Each thread makes one model or
-    tool call at a time, so calls in flight never exceed `limit` either.
+    each other's slots or for the pool. Each thread makes one model or tool call at
+    a time, so calls in flight never exceed `limit` either.
     """
 
     def __init__(self, limit: int):
         self._spare = threading.Semaphore(limit - 1)
 
     def submit(self, task: Callable[[], Any]) -> Future[Any]:
-        """Run `task` on a thread of its own while a slot is free, else on this one (the
+        """Run `task` on a pooled thread while a slot is free, else on this one (the
         returned future is then already done). The thread runs in a copy of the caller's
         context, so a branch's events keep the path of the state that fanned out."""
         future: Future[Any] = Future()
         if not self._spare.acquire(blocking=False):
             _settle(future, task)
             return future
-
-        def work() -> None:
-            try:
-                _settle(future, task)
-            finally:
-                self._spare.release()
-
-        context = contextvars.copy_context()
-        threading.Thread(target=context.run, args=(work,), name="mklang-branch", daemon=True).start()
+        in_context = functools.partial(contextvars.copy_context().run, _settle, future, task)
+        BRANCH_THREADS.run(in_context, self._spare.release)
         return future
+
+
+class ThreadPool:
+    """Threads reused by the branches of every fan-out of the process.
+
+    It never refuses nor queues work behind busy threads: a task goes to an idle
+    thread, else to a new one, so it starts at once and a branch that fans out
+    again cannot wait on a full pool. `Workers` bounds the threads a run keeps
+    busy; a thread idle for `idle_seconds` ends.
+    """
+
+    def __init__(self, idle_seconds: float):
+        self._idle_seconds = idle_seconds
+        self._guard = threading.Lock()
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._idle = 0  # threads free to take a task queued from now on
+
+    def run(self, task: Callable[[], Any], then: Callable[[], Any]) -> None:
+        """Run `task`, then `then`, on a thread of the pool (`then` once the thread is free again)."""
+        with self._guard:
+            self._tasks.put((task, then))
+            if self._idle:
+                self._idle -= 1
+                return
+        threading.Thread(target=self._serve, name="mklang-branch", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                task, then = self._tasks.get(timeout=self._idle_seconds)
+            except queue.Empty:
+                with self._guard:  # no task was queued for this thread: it may end
+                    if self._tasks.empty():
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                task()
+            finally:
+                with self._guard:  # free before `then` frees its slot: the slot's next task finds it
+                    self._idle += 1
+                then()
+
+
+BRANCH_THREADS = ThreadPool(idle_seconds=5.0)
 
 
 def _settle(future: Future[Any], task: Callable[[], Any]) -> None:

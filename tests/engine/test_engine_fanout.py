@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
 
 from conformance.harness import Recorder, run_mk, write_machines
 
+from mklang.engine.runtime import ThreadPool
 from mklang.errors import ProviderError
 from mklang.providers.base import Produced, Usage
 
@@ -241,3 +243,84 @@ def test_at_most_8_branches_run_at_once_by_default():
     result = run_mk(over_items(xs), provider=provider)
     assert len(result.result) == 12
     assert provider.peak == 8
+
+
+class Threads(Recorder):
+    """Echoes the prompt, noting the thread of each call and the context it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.noted = threading.Lock()
+        self.calls = 0
+        self.threads: set[threading.Thread] = set()
+        self.seen: set[str | None] = set()
+
+    def produce(self, system, user, tier, reason):
+        with self.noted:
+            self.calls += 1
+            self.threads.add(threading.current_thread())
+            self.seen.add(MARK.get())
+        return Produced(user.upper(), None, Usage(1, 1))
+
+
+MARK: contextvars.ContextVar[str | None] = contextvars.ContextVar("test_mark", default=None)
+
+
+def test_branches_reuse_the_threads_of_a_pool_across_fan_outs_and_carry_the_context():
+    provider = Threads()
+    xs = [f"item{i}" for i in range(40)]
+    mark = MARK.set("the run's")
+    try:
+        for _ in range(2):
+            assert run_mk(over_items(xs, budget=50), provider=provider, concurrency=4).status == "done"
+    finally:
+        MARK.reset(mark)
+    assert len(provider.threads) <= 4  # the caller and at most 3 pooled threads, not one per branch
+    assert provider.seen == {"the run's"}
+
+
+def test_nested_fan_outs_finish_at_the_smallest_concurrency(tmp_path):
+    outer = """
+        machine outer
+        entry each
+        budget 20
+        context { xs: ["a", "b", "c", "d"] }
+        state each {
+          over xs
+          call inner { item: "{{item}}" }
+          output o
+          otherwise -> END
+        }
+    """
+    inner = """
+        machine inner
+        entry each
+        budget 20
+        state each {
+          sample 3
+          structure "s"
+          prompt "{{item}}"
+          output o
+          otherwise -> END
+        }
+    """
+    machine = write_machines(tmp_path, outer, inner)
+    provider = Threads()
+    result = run_mk(machine, provider=provider, concurrency=2)
+    assert result.status == "done", result.error
+    assert provider.calls == 12
+
+
+def test_a_pool_thread_idle_for_its_time_ends():
+    pool = ThreadPool(idle_seconds=0.05)
+    ran = []
+    finished = threading.Semaphore(0)
+    for i in range(3):
+        pool.run(lambda i=i: ran.append((i, threading.current_thread())), finished.release)
+    for _ in range(3):
+        assert finished.acquire(timeout=10)
+    threads = {thread for _, thread in ran}
+    for thread in threads:
+        thread.join(timeout=10)
+    assert sorted(i for i, _ in ran) == [0, 1, 2]
+    assert not any(thread.is_alive() for thread in threads)
