@@ -101,28 +101,36 @@ class ThreadPool:
     def __init__(self, idle_seconds: float):
         self._idle_seconds = idle_seconds
         self._guard = threading.Lock()
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[], Any], Any]] = queue.SimpleQueue()
         self._idle = 0  # threads free to take a task queued from now on
 
     def run(self, task: Callable[[], Any], then: Callable[[], Any]) -> None:
-        """Run `task`, then `then`, on a thread of the pool (`then` once the thread is free again)."""
+        """Run `task`, then `then`, on a thread of the pool (`then` once the thread is free again).
+
+        Returns once a thread has taken the task, as `Thread.start` returns once the
+        thread runs: a fan-out's branch has begun before it decides on the next launch."""
+        taken = threading.Lock()
+        taken.acquire()
         with self._guard:
-            self._tasks.put((task, then))
-            if self._idle:
+            self._tasks.put((task, then, taken))
+            idle = self._idle > 0
+            if idle:
                 self._idle -= 1
-                return
-        threading.Thread(target=self._serve, name="mklang-branch", daemon=True).start()
+        if not idle:
+            threading.Thread(target=self._serve, name="mklang-branch", daemon=True).start()
+        taken.acquire()
 
     def _serve(self) -> None:
         while True:
             try:
-                task, then = self._tasks.get(timeout=self._idle_seconds)
+                task, then, taken = self._tasks.get(timeout=self._idle_seconds)
             except queue.Empty:
                 with self._guard:  # no task was queued for this thread: it may end
                     if self._tasks.empty():
                         self._idle -= 1
                         return
                 continue
+            taken.release()
             try:
                 task()
             finally:

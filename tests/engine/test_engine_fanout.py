@@ -269,13 +269,14 @@ MARK: contextvars.ContextVar[str | None] = contextvars.ContextVar("test_mark", d
 def test_branches_reuse_the_threads_of_a_pool_across_fan_outs_and_carry_the_context():
     provider = Threads()
     xs = [f"item{i}" for i in range(40)]
+    pooled = sum(1 for thread in threading.enumerate() if thread.name == "mklang-branch")  # left by earlier runs
     mark = MARK.set("the run's")
     try:
         for _ in range(2):
             assert run_mk(over_items(xs, budget=50), provider=provider, concurrency=4).status == "done"
     finally:
         MARK.reset(mark)
-    assert len(provider.threads) <= 4  # the caller and at most 3 pooled threads, not one per branch
+    assert len(provider.threads) <= 1 + max(pooled, 3)  # the caller and the pool's threads, not one per branch
     assert provider.seen == {"the run's"}
 
 
