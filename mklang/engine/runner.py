@@ -81,16 +81,17 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.Segment, ...], resume: 
         if not resume:
             if not level.branch:
                 rt.journal.loop_top(level.chain)
-            rt.emit(
-                events.StateEntered(
-                    machine=frame.machine.name,
-                    state=frame.state,
-                    step=step_no,
-                    steps=frame.steps,
-                    budget=frame.budget,
-                    spent=rt.spent_so_far(),
+            if rt.observer is not None:  # the run's spend so far is read only for an observer
+                rt.emit(
+                    events.StateEntered(
+                        machine=frame.machine.name,
+                        state=frame.state,
+                        step=step_no,
+                        steps=frame.steps,
+                        budget=frame.budget,
+                        spent=rt.spent_so_far(),
+                    )
                 )
-            )
             reason = exhausted(rt, level)
             if reason:
                 _end(rt, level, reason, Usage())

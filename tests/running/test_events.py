@@ -380,3 +380,39 @@ def test_the_documented_kinds_are_the_emitted_kinds_and_its_example_lines_are_va
         assert f"`{kind}`" in reference, kind
     example = reference.split("```json\n")[1].split("```")[0]
     assert len(valid([json.loads(line) for line in example.splitlines()])) == 5
+
+
+def test_the_live_view_shows_each_state_entered_outside_branches():
+    from mklang.cli.render import LiveView
+
+    view = LiveView(max_tokens=100)
+    levels = (events.Segment("brief", "add_section", 1), events.Segment("section", "write", 2))
+    entered = events.StateEntered(
+        path=levels, machine="section", state="write", step=2, steps=1, budget=5, spent=Usage(30, 12)
+    )
+    view.emit(entered)
+    shown = str(view.live.renderable)
+    assert shown == "▶ brief:add_section › section:write   steps 1/5   tokens 42/100"
+    in_branch = (events.Segment("brief", "add_section", 1, 0), events.Segment("section", "write", 1))
+    view.emit(dataclasses.replace(entered, path=in_branch, steps=0))
+    view.emit(events.RunFinished(status="done", usage=Usage(50, 20)))
+    assert str(view.live.renderable) == shown  # branches and other kinds leave it as it was
+
+
+def test_a_routed_model_call_names_its_provider_and_model_and_no_event_holds_the_key(tmp_path, server, monkeypatch):
+    from providers.test_providers_http import KEY, write_config
+    from support.fakeserver import answer
+
+    from mklang.providers.factory import make_provider
+
+    monkeypatch.setenv("FAKE_KEY", KEY)
+    server.add(answer("one", input_tokens=100, output_tokens=10))
+    server.add(answer("two", input_tokens=100, output_tokens=10))
+    machine = write_machines(tmp_path, TWO)
+    sink = Sink(trace_content=True)
+    provider = make_provider(config_path=write_config(tmp_path, server, "openai", tiers={"balanced": "p:m1"}))
+    result = api.run(machine, provider=provider, observer=sink)
+    assert result.status == "done"
+    calls = [(e.provider, e.model, e.tier, e.usage) for e in sink.of(events.ModelFinished)]
+    assert calls == [("p", "m1", "balanced", Usage(100, 10, (250 + 100) / 1_000_000))] * 2
+    assert KEY not in json.dumps([event.to_json() for event in sink.events])
