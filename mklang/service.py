@@ -52,6 +52,7 @@ from mklang.providers.base import Usage, decode_answer
 from mklang.session import Host, preflight
 from mklang.stores import Location, NoteStore, RunLock, Store, locate, run_name
 from mklang.syntax.machines import MachineLoader, file_sha256
+from mklang.telemetry import traced
 from mklang.terminal import printable
 from mklang.version import __version__
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
@@ -128,23 +129,24 @@ def start(
     if checkpoint is None:
         if replace:
             raise UsageError("replace=True replaces the run at a checkpoint: it needs checkpoint=")
-        return run(
-            machine,
-            context,
-            provider=host.provider,
-            suspendable=suspendable,
-            tools=host.tools,
-            hooks=host.hooks,
-            max_tokens=max_tokens,
-            max_cost=max_cost,
-            max_time=max_time,
-            concurrency=concurrency,
-            hitl=hitl,
-            untrusted_flow=untrusted_flow,
-            read_only_tools=host.read_only_tools,
-            control=control,
-            observer=observer,
-        )
+        with traced(observer, None) as (observer, _):
+            return run(
+                machine,
+                context,
+                provider=host.provider,
+                suspendable=suspendable,
+                tools=host.tools,
+                hooks=host.hooks,
+                max_tokens=max_tokens,
+                max_cost=max_cost,
+                max_time=max_time,
+                concurrency=concurrency,
+                hitl=hitl,
+                untrusted_flow=untrusted_flow,
+                read_only_tools=host.read_only_tools,
+                control=control,
+                observer=observer,
+            )
     from mklang.checkpoint.envelope import Budgets, Envelope, MachineRef
 
     loader = MachineLoader()
@@ -688,6 +690,38 @@ def _resumed(envelope: Envelope, chain: list[Frame], change: dict[str, Any]) -> 
 
 
 def _drive(
+    envelope: Envelope,
+    chain: list[Frame],
+    answers: dict[str, dict[str, Any]],
+    loader: MachineLoader,
+    location: Location,
+    host: Host,
+    *,
+    change: dict[str, Any] | None = None,
+    resumed: bool = False,
+    recovered: bool = False,
+    control: Control | None,
+    observer: EventSink | None,
+) -> RunResult:
+    """Run `chain` persisting to `location` (`_persisted`), its spans continuing the trace its
+    envelope names, else naming the new one there (`telemetry.traced`)."""
+    with traced(observer, envelope.trace, location.run) as (observer, envelope.trace):
+        return _persisted(
+            envelope,
+            chain,
+            answers,
+            loader,
+            location,
+            host,
+            change=change,
+            resumed=resumed,
+            recovered=recovered,
+            control=control,
+            observer=observer,
+        )
+
+
+def _persisted(
     envelope: Envelope,
     chain: list[Frame],
     answers: dict[str, dict[str, Any]],

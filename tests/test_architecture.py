@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "mklang.inspection",
             "mklang.batching",
             "mklang.distributed",
+            "mklang.telemetry",
         ),
     ),
     ("api", ("mklang",)),

@@ -13,7 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator, with_config
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+    with_config,
+)
 from typing_extensions import TypedDict
 
 from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
@@ -157,10 +166,20 @@ class Envelope(BaseModel):
     # in the snapshot itself, so that no crash between snapshot and journal loses them,
     # and in a suspended envelope for the fan-out branches a ceiling stopped mid-way.
     answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # The W3C trace context (`traceparent`, ...) the run's spans continue under when it resumes
+    # (ADR 0034). Display data, left out of the signature: a malformed one reads as none.
+    trace: dict[str, str] | None = None
     signature: Signature | None = None  # written by `dump`; checked by `load` into `seal`
 
     _seal: Seal = PrivateAttr(default="unsigned")
     _stored_bytes: int = PrivateAttr(default=0)
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _display_only(cls, value: Any) -> Any:
+        """An edited trace context only changes where spans go: one that is not a map of texts is none."""
+        is_texts = isinstance(value, dict) and all(isinstance(item, str) for item in (*value, *value.values()))
+        return value if is_texts else None
 
     @property
     def seal(self) -> Seal:

@@ -6,7 +6,8 @@ the resuming user's key says this user (or their fleet, sharing one key via
 it choose host settings (ADR 0014).
 
 - The envelope carries `signature: {key_id, hmac}`, the HMAC of its
-  canonical JSON (sorted keys, no spaces) without the signature itself.
+  canonical JSON (sorted keys, no spaces) without the signature itself and
+  without its trace context (`UNSIGNED`).
 - Every journal line ends with `"h": <hmac>`, chained: the MAC of a line
   covers the MAC before it (the envelope's for the first line), so lines can
   be neither edited, reordered, dropped in the middle nor moved to another
@@ -109,21 +110,35 @@ def key_id(key: bytes) -> str:
     return hmac.new(key, b"mklang checkpoint key id", hashlib.sha256).hexdigest()[:16]
 
 
+# The top-level fields a signature leaves out: itself, and the trace context of an envelope,
+# which only says where the run's spans go (ADR 0034), so editing it changes nothing else.
+UNSIGNED = ("signature", "trace")
+
+
 def canonical(document: dict[str, Any]) -> bytes:
-    """The bytes an envelope signature covers: the document without its signature."""
-    unsigned = {name: value for name, value in document.items() if name != "signature"}
-    return json.dumps(unsigned, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """The bytes an envelope signature covers: the document without its `UNSIGNED` fields."""
+    signed = {name: value for name, value in document.items() if name not in UNSIGNED}
+    return _compact(signed)
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def sign(document: dict[str, Any], key: bytes) -> tuple[bytes, dict[str, str]]:
     """The bytes of an envelope document signed with `key`, and its `signature` field.
 
-    The bytes are the canonical JSON with the signature added last, so the
-    document is encoded once and a reader can check the bytes as they are.
+    The bytes are the canonical JSON, then the trace context (if any), then the
+    signature, so the document is encoded once and a reader can check the bytes as they are.
     """
-    unsigned = canonical(document)
-    signature = {"key_id": key_id(key), "hmac": hmac.new(key, unsigned, hashlib.sha256).hexdigest()}
-    return unsigned[:-1] + _signature_suffix(signature), signature
+    covered = canonical(document)
+    signature = {"key_id": key_id(key), "hmac": hmac.new(key, covered, hashlib.sha256).hexdigest()}
+    return covered[:-1] + _trace_member(document) + _signature_suffix(signature), signature
+
+
+def _trace_member(document: dict[str, Any]) -> bytes:
+    """The unsigned trace member as `sign` writes it (nothing without one)."""
+    return b"" if document.get("trace") is None else b',"trace":' + _compact(document["trace"])
 
 
 def _signature_suffix(signature: dict[str, str]) -> bytes:
@@ -141,7 +156,7 @@ def seal_of(document: dict[str, Any], key: bytes, raw: bytes = b"") -> Seal:
         return "unsigned"
     if signature.get("key_id") != key_id(key):
         return "foreign"
-    suffix = _signature_suffix({"key_id": signature["key_id"], "hmac": signature["hmac"]})
+    suffix = _trace_member(document) + _signature_suffix({"key_id": signature["key_id"], "hmac": signature["hmac"]})
     if raw.rstrip().endswith(suffix):
         written = raw.rstrip()[: -len(suffix)] + b"}"
         if _same_mac(hmac.new(key, written, hashlib.sha256).hexdigest(), signature["hmac"]):

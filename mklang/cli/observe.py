@@ -13,6 +13,7 @@ from typing import IO, TYPE_CHECKING
 import typer
 
 from mklang.cli.app import fail, finite
+from mklang.telemetry import exporting
 
 if TYPE_CHECKING:
     from mklang.engine.events import Event
@@ -24,7 +25,9 @@ EventsOpt = typer.Option(
     help="Append one JSON line per run event to PATH (- for stderr); schema: docs/events.schema.json.",
 )
 TraceContentOpt = typer.Option(
-    False, "--trace-content", help="With --events: include prompts, model outputs and tool arguments and results."
+    False,
+    "--trace-content",
+    help="Include prompts, model outputs and tool arguments and results in the events and spans.",
 )
 
 
@@ -44,14 +47,26 @@ class JsonLines:
             self._stream.flush()
 
 
+class AskContent:
+    """No sink of its own: `--trace-content` without `--events` asks the run's spans for content."""
+
+    trace_content = True
+
+    def emit(self, event: Event) -> None:
+        pass
+
+
 @contextmanager
-def event_stream(path: str | None, trace_content: bool) -> Iterator[JsonLines | None]:
+def event_stream(path: str | None, trace_content: bool) -> Iterator[JsonLines | AskContent | None]:
     """The sink of `--events PATH` (None without it), opened for appending before the run
     spends anything, so a path that cannot be written is a usage error (exit 2)."""
     if path is None:
-        if trace_content:
-            raise fail("--trace-content adds content to the events: it needs --events PATH")
-        yield None
+        if trace_content and not exporting():
+            raise fail(
+                "--trace-content adds content to the events or spans: it needs --events PATH, "
+                "or OpenTelemetry export (docs/observability.md)"
+            )
+        yield AskContent() if trace_content else None
         return
     if path == "-":
         yield JsonLines(sys.stderr, trace_content)

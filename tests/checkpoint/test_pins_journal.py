@@ -372,6 +372,39 @@ def test_a_signature_covers_the_canonical_json_without_the_signature_itself():
     assert json.loads(signed) == {**document, "signature": signature}
 
 
+def test_the_trace_context_is_written_before_the_signature_and_left_out_of_it():
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    document = {"status": "suspended", "trace": {"traceparent": traceparent}}
+    signed, signature = sign(document, KEY)
+    assert signature["hmac"] == hmac.new(KEY, b'{"status":"suspended"}', "sha256").hexdigest()
+    assert signed == (
+        b'{"status":"suspended","trace":{"traceparent":"'
+        + traceparent.encode()
+        + b'"},"signature":'
+        + json.dumps(signature, separators=(",", ":")).encode()
+        + b"}"
+    )
+    stored = json.loads(signed)
+    assert seal_of(stored, KEY, signed) == "signed"
+    assert seal_of(stored, KEY, json.dumps(stored, indent=2).encode()) == "signed"
+    moved = signed.replace(b"-01", b"-00")  # an edited trace context moves the spans, nothing else
+    assert seal_of(json.loads(moved), KEY, moved) == "signed"
+    assert seal_of({**stored, "trace": None}, KEY) == "signed"
+    assert seal_of({**stored, "status": "done"}, KEY) == "tampered"
+
+
+@pytest.mark.parametrize("trace", [5, "00-x", {"traceparent": 1}, [], None])
+def test_a_trace_context_that_is_not_a_map_of_texts_reads_as_none(trace):
+    document = Envelope(
+        mklang_version="t",
+        run_id="r",
+        status="running",
+        machine=MachineRef(name="m", path=None, sha256=None),
+        frames=[],
+    ).model_dump(mode="json")
+    assert Envelope.model_validate({**document, "trace": trace}).trace is None
+
+
 def _signed(document: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     raw, signature = sign(document, KEY)
     return {**document, "signature": signature}, raw
