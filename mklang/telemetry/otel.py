@@ -19,6 +19,7 @@ import atexit
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -58,6 +59,21 @@ def _chosen(variable: str) -> str:
     return name
 
 
+# `console` writes to stderr: stdout is the run's result (`--format json`).
+def _span_exporter() -> SpanExporter | None:
+    chosen = _chosen("OTEL_TRACES_EXPORTER")
+    if chosen == "otlp":
+        return OTLPSpanExporter()
+    return ConsoleSpanExporter(out=sys.stderr) if chosen == "console" else None
+
+
+def _metric_exporter() -> MetricExporter | None:
+    chosen = _chosen("OTEL_METRICS_EXPORTER")
+    if chosen == "otlp":
+        return OTLPMetricExporter()
+    return ConsoleMetricExporter(out=sys.stderr) if chosen == "console" else None
+
+
 class Exporter:
     """The process's tracer and meter, exporting over OTLP/HTTP as the OTEL_* variables say."""
 
@@ -66,14 +82,10 @@ class Exporter:
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
             resource = resource.merge(Resource({"service.name": "mklang"}))
         self.tracing = TracerProvider(resource=resource)
-        span_exporter: SpanExporter | None = {"otlp": OTLPSpanExporter, "console": ConsoleSpanExporter}.get(
-            _chosen("OTEL_TRACES_EXPORTER"), lambda: None
-        )()
+        span_exporter = _span_exporter()
         if span_exporter is not None:
             self.tracing.add_span_processor(BatchSpanProcessor(span_exporter))
-        metric_exporter: MetricExporter | None = {"otlp": OTLPMetricExporter, "console": ConsoleMetricExporter}.get(
-            _chosen("OTEL_METRICS_EXPORTER"), lambda: None
-        )()
+        metric_exporter = _metric_exporter()
         readers = [] if metric_exporter is None else [PeriodicExportingMetricReader(metric_exporter)]
         self.metering = MeterProvider(resource=resource, metric_readers=readers)
         self.tracer = self.tracing.get_tracer("mklang", __version__)
@@ -188,6 +200,8 @@ class RunSpans:
             propagator.inject(self.carrier, context=trace.set_span_in_context(self.root))
         self.open: dict[Key, Span] = {(): self.root}
         self.started: dict[str, Any] = {}  # a call's prompt or arguments, by key, until it finishes (content only)
+        self.now = 0  # the time of the event being recorded (ns), and the span its path is in
+        self.key: Key = ()
         self._lock = threading.Lock()
         self._ended = False
         self._handlers: dict[type[events.Event], Callable[[Any], None]] = {
@@ -243,10 +257,10 @@ class RunSpans:
             span = self._start(key, {})
         return span
 
-    def _start(self, key: Key, attributes: Attributes, kind: SpanKind = SpanKind.INTERNAL) -> Span:
+    def _start(self, key: Key, attributes: Attributes) -> Span:
         parent = trace.set_span_in_context(self._span(key[:-1]))
         span = self.exporter.tracer.start_span(
-            _span_name(key[-1]), context=parent, kind=kind, attributes=attributes, start_time=self.now
+            _span_name(key[-1]), context=parent, attributes=attributes, start_time=self.now
         )
         self.open[key] = span
         return span
@@ -287,8 +301,6 @@ class RunSpans:
             "mklang.run.concurrency": event.concurrency,
             "mklang.run.hitl": event.hitl,
         }
-        if event.run is not None:
-            attributes["mklang.run.name"] = event.run
         if event.max_tokens is not None:
             attributes["mklang.budget.max_tokens"] = event.max_tokens
         if event.max_cost is not None:
