@@ -346,13 +346,16 @@ def test_an_events_path_that_cannot_be_written_is_a_one_line_usage_error(tmp_pat
     assert done.stdout == ""
 
 
-def test_trace_content_needs_events():
+def test_trace_content_needs_events_or_spans():
     digest = EXAMPLES / "map-reduce"
     done = cli(
         "run", str(digest / "digest.mk"), "--script", str(digest / "scenarios.yaml"),
         "--scenario", "three-sections", "--trace-content", "-q",
     )  # fmt: skip
-    message = "mklang: error: --trace-content adds content to the events: it needs --events PATH\n"
+    message = (
+        "mklang: error: --trace-content adds content to the events or spans: it needs --events PATH, "
+        "or OpenTelemetry export (docs/observability.md)\n"
+    )
     assert (done.returncode, done.stderr) == (2, message)
 
 
