@@ -375,3 +375,34 @@ def test_each_run_of_a_batch_is_a_trace_of_its_own_named_by_its_run(project, rec
     roots = by_name(receiver.spans())["invoke_workflow approve"]
     assert sorted(root.attributes["mklang.run.name"] for root in roots) == ["first", "second"]
     assert len({root.trace_id for root in roots}) == 2
+
+
+HALTING = """\
+mklang 0.4
+machine gate
+entry one
+budget 3
+
+state one {
+  structure "One word."
+  prompt "Say it"
+  output word
+  when "the word is fine" hook approve -> END
+  otherwise fail
+}
+"""
+
+
+def test_a_halted_run_is_an_error_span_and_its_hooks_say_what_they_answered(project, receiver):
+    (project / "gate.mk").write_text(HALTING)
+    result = api.run(
+        project / "gate.mk", config=project / "mklang.toml", hooks={"approve": lambda context, output: False}
+    )
+    assert result.status == "halted"
+    named = by_name(receiver.spans())
+    (root,) = named["invoke_workflow gate"]
+    assert root.status == 2  # ERROR
+    assert (root.attributes["mklang.run.status"], root.attributes["error.type"]) == ("halted", "mklang.halted")
+    (hook,) = named["hook approve"]
+    assert hook.attributes == {"mklang.hook.name": "approve", "mklang.hook.result": False}
+    assert parent_of(hook, named["hook approve"] + named["state one"]).name == "state one"
