@@ -1,8 +1,9 @@
 """Start-up and load figures of the front end, against their targets.
 
 Prints the median wall time of `mklang --version`, of `mklang check` on a
-20-state machine and of `mklang run` on the triage example with its scripted
-scenario, each as a whole process, and of parsing plus checking a
+20-state machine, of `mklang run` on the triage example with its scripted
+scenario and of `mklang resume --check` of a suspended approval run, each as
+a whole process, and of parsing plus checking a
 generated 500-state machine in process; CPU time is shown beside wall time,
 since a busy machine inflates wall time. Child processes run with bytecode
 caching on (as after a normal install), after warm-up runs.
@@ -25,8 +26,10 @@ from pathlib import Path
 
 from measure import print_load
 
-TARGETS_MS = {"version": 120, "check": 160, "run": 250, "load500": 200}
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "triage"
+TARGETS_MS = {"version": 120, "check": 160, "run": 250, "resume": 250, "load500": 200}
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLE = EXAMPLES / "triage"
+APPROVAL = EXAMPLES / "approval"
 
 
 def machine_text(states: int) -> str:
@@ -65,6 +68,15 @@ def process_ms(args: list[str], runs: int) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(cpus)
 
 
+def suspended_run(checkpoint: Path) -> list[str]:
+    """Suspend the approval example at its question into `checkpoint`; the options its resume takes."""
+    script = ["--script", str(APPROVAL / "scenarios.yaml"), "--scenario", "ask-then-publish"]
+    run = [*command(), "run", str(APPROVAL / "approval.mk"), *script, "--checkpoint", str(checkpoint), "--hitl"]
+    done = subprocess.run([*run, "--format", "json"], capture_output=True, text=True, check=False)
+    assert '"suspended"' in done.stdout, done.stdout + done.stderr
+    return script
+
+
 def load_ms(text: str, runs: int) -> tuple[float, float]:
     """Median wall time and median CPU time of parsing and checking `text` in this process."""
     from mklang.checker import check
@@ -87,6 +99,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "chain20.mk"
         path.write_text(machine_text(20), encoding="utf-8")
+        checkpoint = Path(folder) / "approval.cp.json"
+        resume_options = suspended_run(checkpoint)
         bare_wall, bare_cpu = process_ms([sys.executable, "-c", "pass"], runs)
         figures = {
             "version": process_ms([*command(), "--version"], runs),
@@ -103,12 +117,14 @@ def main() -> None:
                 ],
                 runs,
             ),
+            "resume": process_ms([*command(), "resume", str(checkpoint), "--check", *resume_options], runs),
             "load500": load_ms(machine_text(500), max(5, runs // 3)),
         }
     labels = {
         "version": "mklang --version (process)",
         "check": "mklang check, 20 states (process)",
         "run": "mklang run, scripted triage (process)",
+        "resume": "mklang resume --check, approval (process)",
         "load500": "parse + check, 500 states (in process)",
     }
     print_load()

@@ -268,7 +268,7 @@ def loaded_by(module: str) -> set[str]:
     return set(seen)
 
 
-@pytest.mark.parametrize("entry", ["mklang.cli.check_fast", "mklang.checker", "mklang.lsp.analysis"])
+@pytest.mark.parametrize("entry", ["mklang.cli.syntax_cmds", "mklang.checker", "mklang.lsp.analysis"])
 def test_the_static_checker_loads_no_engine_provider_host_or_store(entry):
     assert sorted(m for m in loaded_by(entry) if m.startswith(RUNTIME)) == []
 

@@ -20,13 +20,10 @@ from contextvars import ContextVar
 from typing import Any
 
 import typer
-
-try:  # typer vendors click from 0.2x on
-    from typer._click import exceptions as click_errors
-except ImportError:  # pragma: no cover - older typer
-    from click import exceptions as click_errors  # type: ignore[no-redef]
+from typer._click import exceptions as click_errors
 
 from mklang import exitcodes
+from mklang.cli.coercion import convert_plainly
 from mklang.terminal import printable
 
 app = typer.Typer(
@@ -277,6 +274,7 @@ def run_app(args: list[str]) -> None:
     """Run a command; a command line that does not parse gets the one error shape too."""
     _completion_for_named_shell(args)
     _register_commands(args)
+    convert_plainly()
     try:
         code = app(args=args, prog_name="mklang", standalone_mode=False)
     except click_errors.NoArgsIsHelpError:

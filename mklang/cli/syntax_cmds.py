@@ -13,7 +13,33 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, wants_json
-from mklang.cli.check_fast import check_paths, expand
+from mklang.vocabulary import MK_SUFFIX
+
+
+def expand(paths: list[Path]) -> list[Path]:
+    """Files as given; directories searched for `*.mk`."""
+    files: list[Path] = []
+    for path in paths:
+        files += sorted(path.rglob(f"*{MK_SUFFIX}")) if path.is_dir() else [path]
+    return files
+
+
+def check_paths(paths: list[Path], as_json: bool) -> int:
+    """Check every file, print the diagnostics, and return the exit code."""
+    import json
+
+    from mklang.checker import check_file
+    from mklang.syntax.diagnostics import render_text, summary, wants_color
+
+    files = expand(paths)
+    found = [diagnostic for path in files for diagnostic in check_file(path)]
+    if as_json:
+        print(json.dumps([d.to_json() for d in found], indent=2))
+    else:
+        if found:
+            print(render_text(found, color=wants_color(sys.stderr)), file=sys.stderr)
+        print(summary(found, len(files)), file=sys.stderr)
+    return exitcodes.USAGE if any(d.severity == "error" for d in found) else exitcodes.OK
 
 
 @app.command("check")
@@ -37,7 +63,7 @@ def fmt_command(
     from mklang.errors import LoadError
     from mklang.syntax import format_machine, load_file
     from mklang.syntax.diagnostics import render_text, wants_color
-    from mklang.vocabulary import MK_SUFFIX, YAML_SUFFIXES
+    from mklang.vocabulary import YAML_SUFFIXES
 
     if check and write:
         raise fail("--check and --write cannot be combined")
