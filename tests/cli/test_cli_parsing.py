@@ -84,3 +84,25 @@ def test_check_and_run_start_without_pydantic(args):
     )
     done = subprocess.run([sys.executable, "-c", code, *args], env=cli_env(), capture_output=True, text=True)
     assert done.stderr.endswith("exit 0, pydantic loaded: False"), done.stderr
+
+
+def test_every_option_of_every_command_converts_without_pydantic():
+    import importlib
+
+    from typer.main import get_command
+
+    from mklang.cli import app
+    from mklang.cli.coercion import converter
+
+    for module in set(app.COMMAND_MODULES.values()):
+        importlib.import_module(f"mklang.cli.{module}")
+
+    def typer_converted(command, path):
+        for param in command.params:
+            descriptor = param.type_descriptor
+            if converter(descriptor.annotation, descriptor.parameter_info) is None:
+                yield f"{path} {param.opts[0] if param.opts else param.name}"
+        for name, subcommand in getattr(command, "commands", {}).items():
+            yield from typer_converted(subcommand, f"{path} {name}")
+
+    assert list(typer_converted(get_command(app.app), "mklang")) == []
