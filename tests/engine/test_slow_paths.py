@@ -139,33 +139,3 @@ def test_parsing_pauses_the_cycle_collector_only_while_it_runs():
         assert not gc.isenabled()  # a host that turned it off keeps it off
     finally:
         gc.enable()
-
-
-def test_a_plain_run_command_line_is_read_from_the_commands_own_declarations(tmp_path):
-    from mklang.cli import plain, run_cmds
-    from mklang.cli.app import OutputFormat
-
-    args = ["m.mk", "--set", "a=1", "--set=b=2", "--no-hitl", "--max-tokens", "5", "--format", "json"]
-    values = plain.read(run_cmds.run, args)
-    assert values["machine"] == Path("m.mk")
-    assert values["set_"] == ["a=1", "b=2"]
-    assert (values["hitl"], values["max_tokens"], values["format"]) == (False, 5, OutputFormat.json)
-    assert values["script"] is None and values["plugin"] is None  # typer's defaults for the rest
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--help"],
-        ["m.mk", "--max-tokens", "-1"],
-        ["m.mk", "--format", "xml"],
-        ["m.mk", "--nope"],
-        ["m.mk", "extra"],
-        [],
-    ],
-    ids=["help", "under-min", "bad-choice", "unknown-option", "extra-argument", "missing-argument"],
-)
-def test_anything_but_a_plain_command_line_is_left_to_typer(args):
-    from mklang.cli import plain
-
-    assert plain.main(["run", *args]) is None
