@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import textwrap
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,27 +19,24 @@ from typing import Any
 import pytest
 from conformance.harness import Recorder, mk, run_mk, write_machines
 from support.commands import cli
-from support.fakeserver import FakeServer, answer, error, raw
+from support.crashes import Crash, dead_run
+from support.fakeserver import FakeServer, answer
 from support.files import FsyncSpy, journal_path
 from support.runs import TWO_STATES, LoopTops
 
-from mklang.checker import check
 from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save
 from mklang.checkpoint.journal import StoreJournal
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import NullJournal
 from mklang.errors import CheckpointError, LoadError, ProviderError
-from mklang.host.config import ProviderConfig
-from mklang.providers import http
 from mklang.providers.base import Produced, Usage
 from mklang.providers.factory import make_provider
-from mklang.providers.http import HttpTransport
 from mklang.service import start
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.stores.file import FileLock, lock_holder
-from mklang.syntax import format_machine, load_file, parse
+from mklang.syntax import load_file
 
 # --- fsync: the temp file, the folder, the journal's call lines --------------
 
@@ -149,170 +145,6 @@ def test_every_call_of_a_checkpointed_run_is_durable_before_the_run_goes_on(tmp_
     assert len(durable) == sum(result.calls.values()) == 3  # two produce calls and one judge call
 
 
-# --- Anthropic prompt caching: cache tokens are input tokens ----------------
-
-
-def _anthropic_config(tmp_path: Path, server: FakeServer) -> str:
-    path = tmp_path / "mklang.toml"
-    path.write_text(
-        textwrap.dedent(f"""
-            [tiers]
-            default = "p:m1"
-            [providers.p]
-            kind = "anthropic"
-            base_url = "{server.anthropic_url}"
-            retries = 0
-            [prices."p:m1"]
-            input = 2.5
-            output = 10.0
-        """)
-    )
-    return str(path)
-
-
-def _anthropic_body(text: str, usage: dict[str, int]) -> str:
-    return json.dumps(
-        {
-            "id": "msg",
-            "type": "message",
-            "role": "assistant",
-            "model": "m1",
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
-            "usage": usage,
-        }
-    )
-
-
-def test_anthropic_cache_creation_and_cache_read_tokens_count_and_cost_as_input(tmp_path):
-    usage = {
-        "input_tokens": 11,
-        "cache_creation_input_tokens": 200,
-        "cache_read_input_tokens": 3000,
-        "output_tokens": 7,
-    }
-    with FakeServer() as server:
-        server.add(raw(_anthropic_body("hello", usage)), raw(_anthropic_body('{"choice": 1}', usage)))
-        provider = make_provider(config_path=_anthropic_config(tmp_path, server))
-        produced = provider.produce("", "hi", "fast", False)
-        verdict = provider.judge(["holds"], "hello", None, {}, "fast")
-    expected = Usage(3211, 7, (3211 * 2.5 + 7 * 10.0) / 1_000_000)
-    assert produced.usage == expected
-    assert verdict.usage == expected
-
-
-# --- retries: the Retry-After cap and the backoff jitter ---------------------
-
-
-def _transport(server: FakeServer, slept: list[float], **options: Any) -> HttpTransport:
-    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url, **options)
-    return HttpTransport(config, {}, sleep=slept.append)
-
-
-def test_retry_after_is_capped_at_max_backoff_and_never_jittered(monkeypatch):
-    monkeypatch.setattr(http.random, "uniform", lambda low, high: low)
-    slept: list[float] = []
-    with FakeServer() as server:
-        server.add(error(429, retry_after="100"), error(503, retry_after="2"), answer("ok"))
-        _transport(server, slept, retries=2, backoff=1, max_backoff=3).post("/chat/completions", {})
-    assert slept == [3.0, 2.0]
-
-
-@pytest.mark.parametrize(("draw", "expected"), [(0.5, [0.5, 1.0, 1.5, 1.5]), (1.0, [1.0, 2.0, 3.0, 3.0])])
-def test_backoff_doubles_to_its_cap_and_is_scaled_by_a_jitter_between_half_and_whole(monkeypatch, draw, expected):
-    bounds: list[tuple[float, float]] = []
-
-    def uniform(low: float, high: float) -> float:
-        bounds.append((low, high))
-        return draw
-
-    monkeypatch.setattr(http.random, "uniform", uniform)
-    slept: list[float] = []
-    with FakeServer() as server:
-        server.fallback = error(502)
-        with pytest.raises(Exception, match="after 5 attempts"):
-            _transport(server, slept, retries=4, backoff=1, max_backoff=3).post("/chat/completions", {})
-    assert slept == expected
-    assert bounds == [(0.5, 1.0)] * 4
-
-
-# --- the trace of real judge answers -----------------------------------------
-
-JUDGED = """
-    machine judged
-    entry a
-    budget 3
-    hook never "False."
-    state a {
-      structure "s"
-      prompt "p"
-      output o
-      when "first" -> END
-      when "second" hook never -> END
-      when "third" -> END
-      otherwise fail
-    }
-"""
-
-
-@pytest.mark.parametrize(
-    ("replies", "hook", "parse", "status"),
-    [
-        (['{"choice": 1}'], False, "strict", "done"),
-        (["1"], False, "bare", "done"),
-        (["I would say 1"], False, "last", "done"),
-        (["2", '{"choice": 1}'], False, "strict", "done"),  # the last batch's reading is the one kept
-        (['{"choice": 2}', "1"], False, "bare", "done"),
-        (["2", '{"choice": 2}'], False, "strict", "halted"),  # `otherwise fail` after two none batches
-        (["2"], True, "bare", "done"),  # the hook gate fires after a none batch
-    ],
-)
-def test_judge_parse_in_the_trace_says_how_the_last_judge_answer_was_read(tmp_path, replies, hook, parse, status):
-    path = tmp_path / "mklang.toml"
-    with FakeServer() as server:
-        server.add(answer("the output"), *[answer(reply) for reply in replies])
-        path.write_text(
-            f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nretries = 0\n'
-        )
-        provider = make_provider(config_path=str(path))
-        result = run_mk(JUDGED, provider=provider, hooks={"never": lambda c, o: hook})
-    assert result.status == status, result.error
-    assert result.trace[0]["judge_parse"] == parse
-    calls = 1 + len(replies)  # the produce call and each judge batch, 10 + 5 tokens each
-    assert result.trace[0]["usage"] == Usage(10 * calls, 5 * calls).to_json()
-
-
-def test_no_judge_call_leaves_no_judge_parse():
-    result = run_mk(JUDGED, llm={"judge": [0]}, hooks={"never": lambda c, o: False})
-    assert result.status == "done" and "judge_parse" not in result.trace[0]
-
-
-# --- spend before a hook fails ------------------------------------------------
-
-
-@pytest.mark.parametrize("hooks", [{"boom": lambda context, output: 1 / 0}, {}], ids=["raises", "unknown"])
-def test_judge_tokens_spent_before_a_failing_hook_are_charged_to_the_halted_run(hooks):
-    machine = """
-        machine m
-        entry a
-        budget 3
-        hook boom "x"
-        state a {
-          structure "s"
-          prompt "p"
-          output o
-          when "judged first" -> END
-          when "then the hook" hook boom -> END
-          otherwise -> END
-        }
-    """
-    provider = Recorder({"produce": ["out"], "judge": ["none"], "tokens": [10, 2]}, judge_usage=Usage(7, 1, 0.5))
-    result = run_mk(machine, provider=provider, hooks=hooks)
-    assert (result.status, result.at) == ("halted", "a")
-    assert result.error.startswith("state-error: hook:")
-    assert result.usage == Usage(17, 3, 0.5)
-
-
 # --- deposits: accumulate onto what is already there -------------------------
 
 
@@ -345,96 +177,6 @@ def test_accumulate_turns_an_existing_scalar_into_the_head_of_a_list(initial, ex
     result = run_mk(machine, provider=provider)
     assert result.context["notes"] == expected
     assert provider.judged[0].context["notes"] == expected  # the judge sees the deposit once, as it will be
-
-
-# --- placeholders: negative indices and a lone placeholder with spaces -------
-
-
-def test_negative_list_indices_count_from_the_end_and_out_of_range_is_empty():
-    machine = """
-        machine m
-        entry a
-        budget 3
-        context { xs: ["a", "b", "c"] }
-        state a {
-          structure "s"
-          prompt "{{xs.-1}} {{xs.-3}} [{{xs.-4}}] {{xs.1}} [{{xs.3}}] {{ xs.-2 }} [{{xs.X1}}] [{{xs.1-}}]"
-          output o
-          otherwise -> END
-        }
-    """
-    provider = Recorder({"produce": ["x"]})
-    run_mk(machine, provider=provider)
-    assert provider.produced[0].user == "c a [] b [] b [] []"
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ('"{{ xs }}"', ["a", "b"]),
-        ('"  {{xs}}  "', ["a", "b"]),
-        ('"{{ xs.-1 }}"', "b"),
-        ('"{{ n }}"', 3),
-        ('"{{ xs }}!"', "1. a\n2. b!"),
-        ('"{{n}}{{n}}"', "33"),
-        ('["{{ n }}", "x {{n}}", 5, { m: "{{xs}}" }]', [3, "x 3", 5, {"m": ["a", "b"]}]),
-    ],
-)
-def test_a_lone_placeholder_passes_the_raw_value_even_with_spaces(value, expected):
-    machine = f"""
-        machine m
-        entry a
-        budget 3
-        tool look "x"
-        context {{ xs: ["a", "b"], n: 3 }}
-        state a {{
-          tool look {{ q: {value} }}
-          output o
-          otherwise -> END
-        }}
-    """
-    received: list[Any] = []
-    result = run_mk(machine, tools={"look": lambda arguments: received.append(arguments["q"]) or "seen"})
-    assert result.status == "done"
-    assert received == [expected]
-
-
-# --- check: a budget exactly the shortest path --------------------------------
-
-
-def _chain(budget: int, first: str = "") -> str:
-    return f"""
-        machine m
-        entry a
-        budget {budget}
-        context {{ xs: [1] }}
-        state a {{
-          {first}
-          structure "s"
-          prompt "p"
-          output o
-          otherwise -> b
-        }}
-        state b {{
-          structure "s"
-          prompt "p"
-          output o
-          otherwise -> END
-        }}
-    """
-
-
-@pytest.mark.parametrize(("first", "shortest"), [("", 2), ("sample 3", 4), ("over xs", 2)])
-def test_a_budget_equal_to_the_shortest_path_is_feasible_and_one_less_is_not(first, shortest):
-    assert [d.code for d in check(mk(_chain(shortest, first)))] == []
-    [found] = check(mk(_chain(shortest - 1, first)))
-    assert found.code == "budget-infeasible"
-    assert found.message == f"budget {shortest - 1} is below the shortest path to END ({shortest} steps)"
-
-
-def test_a_run_at_a_budget_equal_to_the_shortest_path_finishes():
-    result = run_mk(_chain(4, "sample 3"), llm={"produce": ["x"]})
-    assert result.status == "done" and [step["state"] for step in result.trace] == ["a", "b"]
 
 
 # --- negative numbers: budget, repair, max_visits -----------------------------
@@ -495,24 +237,6 @@ def test_resume_refuses_a_negative_budget_before_reading_the_checkpoint(tmp_path
     assert option in done.stderr and "missing.json" not in done.stderr
 
 
-# --- fmt: the line-width boundary of input maps -------------------------------
-
-
-@pytest.mark.parametrize(("extra", "inline"), [(0, True), (1, False)])
-def test_fmt_keeps_an_input_map_inline_up_to_88_columns(extra, inline):
-    def machine(width: int) -> str:
-        return f'machine m\nentry a\nbudget 1\ntool t "x"\nstate a {{\n  tool t {{ q: "{"x" * width}" }}\n  output o\n  otherwise -> END\n}}\n'
-
-    # Find the value width whose inline line is exactly 88 columns.
-    line = next(line for line in format_machine(parse(machine(1), "m.mk")).splitlines() if "tool t {" in line)
-    width = 1 + 88 - len(line) + extra
-    text = format_machine(parse(machine(width), "m.mk"))
-    lines = [line for line in text.splitlines() if line.startswith("  tool t")]
-    assert len(lines) == 1
-    assert (len(lines[0]) == 88 + extra) if inline else lines[0] == "  tool t {"
-    assert parse(text, "m.mk") == parse(machine(width), "m.mk")
-
-
 # --- a running snapshot counts the spend of every level -----------------------
 
 
@@ -567,48 +291,6 @@ def test_a_held_lock_whose_file_names_no_pid_reports_an_unknown_holder(tmp_path)
         assert holder(checkpoint) == -1
     finally:
         lock.release()
-
-
-# --- taint of call inputs nested in maps and lists ----------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "fenced"),
-    [
-        ('{ inner: "{{topic}}" }', True),
-        ('["x", "{{topic}}"]', True),
-        ('{ inner: ["{{topic}}"] }', True),
-        ('{ inner: "literal", n: 1 }', False),
-        ('["x", 2, null]', False),
-    ],
-)
-def test_a_call_input_is_tainted_when_any_nested_value_interpolates_tainted_data(tmp_path, value, fenced):
-    parent = f"""
-        machine nest_parent
-        entry go
-        budget 5
-        state go {{
-          call nest_child {{ q: {value} }}
-          output r
-          otherwise -> END
-        }}
-    """
-    child = """
-        machine nest_child
-        entry c
-        budget 5
-        state c {
-          structure "s"
-          prompt "About {{q}}"
-          output o
-          otherwise -> END
-        }
-    """
-    provider = Recorder()
-    result = run_mk(write_machines(tmp_path, parent, child), {"topic": "tides"}, provider=provider)
-    assert result.status == "done", result.error
-    [request] = provider.produced
-    assert ("<data-" in request.user) is fenced
 
 
 # --- the envelope file: owner-only, compact UTF-8, strict JSON, no leftovers ---
@@ -940,278 +622,6 @@ def test_a_machine_file_given_as_a_checkpoint_says_how_to_make_one(tmp_path, nam
     )
 
 
-# --- what `mklang show` says about a checkpoint (`mklang.inspection`) ---------
-
-
-def _frame(machine: str, state: str, steps: int, budget: int, **fields: Any) -> dict[str, Any]:
-    return {
-        "machine": machine,
-        "path": None,
-        "state": state,
-        "context": {},
-        "tainted": [],
-        "steps": steps,
-        "budget": budget,
-        "usage": {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
-        "feedback": None,
-        "repair_left": [],
-        "visits": {},
-        "trace": [],
-        "last_output": None,
-        **fields,
-    }
-
-
-def _checkpoint(**fields: Any) -> Envelope:
-    defaults: dict[str, Any] = {"mklang_version": "test", "run_id": "r", "status": "suspended", "frames": []}
-    return Envelope(machine=MachineRef(name="m", path=None, sha256=None), **{**defaults, **fields})
-
-
-def _suspended(tmp_path: Path, **fields: Any) -> Path:
-    folder = tmp_path / "my runs"
-    folder.mkdir(exist_ok=True)
-    path = folder / "cp.json"
-    save(path, _checkpoint(**fields))
-    return path
-
-
-def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_steps(tmp_path):
-    from mklang.checkpoint.envelope import Budgets, HostSettings
-    from mklang.inspection import describe
-
-    trace = [{"state": f"s{n}"} for n in range(7)]
-    path = _suspended(
-        tmp_path,
-        reason="time-exhausted",
-        detail="the clock ran out",
-        at="child:work",
-        frames=[_frame("root", "call", 4, 10, trace=trace), _frame("child", "work", 5, 3)],
-        budgets=Budgets(max_tokens=100, max_cost=0.5, max_time=30),
-        usage={"input_tokens": 30, "output_tokens": 10, "cost_usd": 0.25},
-        ask="Go on?",
-        reply_to="answer",
-        host=HostSettings(script="s.yaml", scenario="a", position={"calls": 3}, model=None, plugins=[], extra={}),
-    )
-    summary = describe(path, last=3)
-    assert summary == {
-        "path": str(path),
-        "status": "suspended",
-        "reason": "time-exhausted",
-        "detail": "the clock ran out",
-        "error": None,
-        "at": "child:work",
-        "run_id": "r",
-        "machine": {"name": "m", "path": None, "sha256": None},
-        "frames": [
-            {"machine": "root", "state": "call", "steps": 4, "budget": 10, "remaining": 6},
-            {"machine": "child", "state": "work", "steps": 5, "budget": 3, "remaining": 0},
-        ],
-        "tokens": {"spent": 40, "budget": 100, "remaining": 60},
-        "cost_usd": {"spent": 0.25, "budget": 0.5, "remaining": 0.25},
-        "max_time": 30,
-        "last_steps": trace[-3:],
-        "ask": "Go on?",
-        "reply_to": "answer",
-        "resumable": True,
-        "signature": {"seal": "signed", "text": "signed with your checkpoint key"},
-        "host": {"script": str(path.parent / "s.yaml"), "scenario": "a"},  # recorded beside the checkpoint
-        "ran_out": "the time budget of 30s ran out",
-        "continue_with": f"mklang resume '{path}' --max-time 30s",
-    }
-    assert describe(path)["last_steps"] == trace[-5:]  # five by default
-    assert describe(path, last=0)["last_steps"] == []
-
-
-def test_show_counts_a_budget_overspent_as_nothing_remaining(tmp_path):
-    from mklang.checkpoint.envelope import Budgets
-    from mklang.inspection import describe
-
-    path = _suspended(
-        tmp_path,
-        reason="cost-exhausted",
-        frames=[_frame("m", "a", 0, 0)],
-        budgets=Budgets(max_tokens=5, max_cost=0.1),
-        usage={"input_tokens": 6, "output_tokens": 1, "cost_usd": 0.3},
-    )
-    summary = describe(path)
-    assert (summary["tokens"]["remaining"], summary["cost_usd"]["remaining"]) == (0, 0)
-    assert summary["frames"][0]["remaining"] == 0
-    assert summary["ran_out"] == "the token budget of 5 ran out: 7 tokens spent"
-
-
-def test_show_asks_the_question_of_the_innermost_level_and_a_halted_run_is_not_resumable(tmp_path):
-    from mklang.inspection import describe
-
-    asked = {"ask": "Which one?", "reply_to": "pick"}
-    path = _suspended(
-        tmp_path,
-        reason="escalated",
-        frames=[_frame("root", "a", 1, 5), _frame("child", "b", 1, 5, ask=asked)],
-        ask="an older question",
-        reply_to="pick",
-    )
-    summary = describe(path)
-    assert (summary["ask"], summary["reply_to"]) == ("Which one?", "pick")
-    assert (summary["ran_out"], summary["continue_with"]) == (None, f"mklang resume '{path}' --set pick=<reply>")
-    save(path, _checkpoint(status="halted", error="gate-fail", frames=[_frame("root", "a", 1, 5)]))
-    halted = describe(path)
-    assert (halted["resumable"], halted["error"], halted["ask"], halted["reply_to"]) == (False, "gate-fail", None, None)
-    assert "continue_with" not in halted and "interrupted" not in halted
-    save(path, _checkpoint(status="done"))
-    assert describe(path)["resumable"] is False
-
-
-class _Crash(BaseException):
-    """Raised at a loop-top like SIGKILL: nothing in the engine catches it."""
-
-
-def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
-    from support import ROOT
-
-    from mklang.inspection import describe
-    from mklang.scenarios import load_script
-    from mklang.service import start as start_run
-    from mklang.session import Host
-
-    machine = load_file(ROOT / "examples" / "nested" / "brief.mk")
-    scenario = load_script(ROOT / "examples" / "nested" / "scenarios.yaml")[0]
-    tops = iter(range(4))
-
-    def crash_at_the_fifth_loop_top(event: Any) -> None:
-        if next(tops, None) is None:
-            raise _Crash
-
-    path = tmp_path / "cp.json"
-    with pytest.raises(_Crash):
-        start_run(
-            machine, None, Host.for_scenario(scenario), checkpoint=path, observer=LoopTops(crash_at_the_fifth_loop_top)
-        )
-    assert [(f["machine"], f["steps"]) for f in load(path).frames] == [("brief", 0)]  # the snapshot lags behind
-    summary = describe(path)
-    assert [(f["machine"], f["state"], f["steps"], f["remaining"]) for f in summary["frames"]] == [
-        ("brief", "add_section", 0, 10),
-        ("section", "check", 1, 5),
-        ("fact_check", "review", 1, 3),
-    ]
-    assert summary["tokens"]["spent"] == 140  # what every level spent, from the journal
-    assert (summary["status"], summary["resumable"]) == ("running", True)
-    assert "running_pid" not in summary
-    assert summary["interrupted"] == (
-        "the run was interrupted at fact_check:review (2 journaled step(s) past the last snapshot); "
-        f"`mklang resume {path}` continues from there"
-    )
-    location = locate(path)
-    lock = location.store.lock(location.run)
-    try:
-        held = describe(path)
-    finally:
-        lock.release()
-    assert (held["running_pid"], held["resumable"]) == (os.getpid(), False)
-    assert held["interrupted"] == f"the run is still going in process {os.getpid()}, last durable at fact_check:review"
-
-
-_SPENT = Usage(100, 20, 0.6)
-
-
-@pytest.mark.parametrize(
-    ("reason", "innermost", "usage", "budgets", "reply_to", "expected"),
-    [
-        (
-            "budget-exhausted",
-            {"machine": "child", "steps": 3, "budget": 3},
-            _SPENT,
-            {},
-            None,
-            ("the step budget of 3 (machine child) ran out: 3 steps taken", "--budget 6"),
-        ),
-        (
-            "budget-exhausted",
-            {"steps": 2, "budget": 5},
-            _SPENT,
-            {},
-            None,
-            ("the step budget of 5 ran out: 2 steps taken", "--budget 7"),
-        ),
-        (
-            "budget-exhausted",
-            {"steps": 1, "budget": 1},
-            _SPENT,
-            {},
-            None,
-            ("the step budget of 1 ran out: 1 step taken", "--budget 2"),
-        ),
-        ("budget-exhausted", {}, _SPENT, {}, None, ("the step budget of 0 ran out: 0 steps taken", "--budget 1")),
-        (
-            "cost-exhausted",
-            {},
-            _SPENT,
-            {"max_tokens": 120, "max_cost": 0.5},
-            None,
-            ("the token budget of 120 ran out: 120 tokens spent", "--max-tokens 240"),
-        ),
-        (
-            "cost-exhausted",
-            {},
-            _SPENT,
-            {"max_tokens": 50},
-            None,
-            ("the token budget of 50 ran out: 120 tokens spent", "--max-tokens 240"),
-        ),
-        (
-            "cost-exhausted",
-            {},
-            Usage(),
-            {"max_tokens": 0},
-            None,
-            ("the token budget of 0 ran out: 0 tokens spent", "--max-tokens 1000"),
-        ),
-        (
-            "cost-exhausted",
-            {},
-            _SPENT,
-            {"max_tokens": 121, "max_cost": 0.5},
-            None,
-            ("the dollar budget of $0.5 ran out: $0.6000 spent", "--max-cost 1.2"),
-        ),
-        (
-            "cost-exhausted",
-            {},
-            Usage(1, 0, 0.2),
-            {"max_cost": 0.75},
-            None,
-            ("the dollar budget of $0.75 ran out: $0.2000 spent", "--max-cost 0.95"),
-        ),
-        (
-            "cost-exhausted",
-            {},
-            Usage(),
-            {"max_cost": 0.0},
-            None,
-            ("the dollar budget of $0 ran out: $0.0000 spent", "--max-cost 1"),
-        ),
-        ("cost-exhausted", {}, _SPENT, {"max_tokens": 121}, None, (None, "")),
-        ("time-exhausted", {}, _SPENT, {"max_time": 1.5}, None, ("the time budget of 1.5s ran out", "--max-time 1.5s")),
-        ("time-exhausted", {}, _SPENT, {}, None, (None, "")),
-        ("escalated", {}, _SPENT, {}, "a.b", (None, "--set a.b=<reply>")),
-        ("escalated", {}, _SPENT, {}, None, (None, "")),
-        ("interrupted", {}, _SPENT, {"max_tokens": 1, "max_cost": 0.1, "max_time": 1}, "a", (None, "")),
-        (None, {}, _SPENT, {}, None, (None, "")),
-    ],
-)
-def test_show_says_which_budget_ran_out_and_the_command_that_continues(
-    reason, innermost, usage, budgets, reply_to, expected
-):
-    from mklang.checkpoint.envelope import Budgets
-    from mklang.inspection import how_to_continue
-
-    ran_out, flags = expected
-    command = "mklang resume 'my runs/cp.json'" + (f" {flags}" if flags else "")
-    assert how_to_continue("my runs/cp.json", reason, innermost, usage, Budgets(**budgets), reply_to) == (
-        ran_out,
-        command,
-    )
-
-
 # --- stores at their edges: a lock taken twice in one process, errors, odd files ---
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -1428,73 +838,6 @@ def test_one_way_of_answering_given_keeps_every_recorded_one_out():
     assert host_choice(recorded, given, trusted=True) == (given, [])
 
 
-# --- format 1 -> 2: machine files named relative to the root machine's folder ---
-
-
-def test_a_format_1_checkpoint_names_its_machine_files_relative_to_the_root_on_load(tmp_path):
-    from mklang.checkpoint.envelope import migrate
-
-    project = tmp_path / "project"
-    root = str(project / "main.mk")
-    frame = _frame("main", "a", 0, 5)
-    document = {
-        "format": 1,
-        "machine": {"name": "main", "path": root, "sha256": None},
-        "machines": {root: "h1", str(project / "lib" / "sub.mk"): "h2", str(tmp_path / "other.mk"): "h3"},
-        "frames": [
-            {**frame, "path": str(project / "lib" / "sub.mk")},
-            {**frame, "path": None},
-            {**frame, "path": "already/relative.mk"},
-            "not a frame",
-        ],
-    }
-    migrated = migrate(json.loads(json.dumps(document)))
-    assert migrated == {
-        **document,
-        "format": 2,
-        "machines": {"main.mk": "h1", "lib/sub.mk": "h2", "../other.mk": "h3"},
-        "frames": [
-            {**frame, "path": "lib/sub.mk"},
-            {**frame, "path": None},
-            {**frame, "path": "already/relative.mk"},
-            "not a frame",
-        ],
-    }  # the root keeps its absolute path: a valid name relative to the checkpoint's folder too
-    path = tmp_path / "cp.json"
-    path.write_text(
-        json.dumps(
-            {**document, "frames": document["frames"][:3], "mklang_version": "0", "run_id": "r", "status": "done"}
-        )
-    )
-    loaded = load(path)
-    assert (loaded.format, loaded.machines, [f["path"] for f in loaded.frames]) == (
-        2,
-        {"main.mk": "h1", "lib/sub.mk": "h2", "../other.mk": "h3"},
-        ["lib/sub.mk", None, "already/relative.mk"],
-    )
-
-
-@pytest.mark.parametrize(
-    "machine", [{"name": "m", "path": "main.mk", "sha256": None}, {"name": "m", "path": None}, "not a map", None]
-)
-def test_a_format_1_checkpoint_without_an_absolute_root_only_changes_format(machine):
-    from mklang.checkpoint.envelope import migrate
-
-    document = {"format": 1, "machine": machine, "machines": {"/abs/x.mk": "h"}, "frames": [{"path": "/abs/x.mk"}]}
-    if machine is None:
-        del document["machine"]
-    assert migrate(dict(document)) == {**document, "format": 2}
-
-
-def test_a_format_1_checkpoint_with_odd_machines_or_frames_keeps_them(tmp_path):
-    from mklang.checkpoint.envelope import migrate
-
-    root = str(tmp_path / "main.mk")
-    for odd in ("text", None, 3):
-        document = {"format": 1, "machine": {"path": root}, "machines": odd, "frames": odd}
-        assert migrate(dict(document)) == {**document, "format": 2}
-
-
 # --- fan-out edges: what `over` is, a branch's reasoning and its failed call -----
 
 
@@ -1693,59 +1036,6 @@ def test_the_engine_stop_signal_reads_as_its_reason():
             Stop("interrupted", "interrupted", "a"),
         )
     ] == ["gate-fail", "escalated", "cost-exhausted", "interrupted"]
-
-
-def test_show_says_which_step_budget_ran_out_even_with_no_level_recorded(tmp_path):
-    from mklang.inspection import describe
-
-    path = _suspended(tmp_path, reason="budget-exhausted", frames=[_frame("m", "a", 1, 5), _frame("child", "b", 3, 3)])
-    assert describe(path)["ran_out"] == "the step budget of 3 (machine child) ran out: 3 steps taken"
-    save(path, _checkpoint(reason="budget-exhausted"))
-    assert describe(path)["ran_out"] == "the step budget of 0 ran out: 0 steps taken"
-
-
-def _dead_run(folder: Path, example: str, main: str, crash_at: int) -> Path:
-    """A copy of an example whose checkpointed run died at its `crash_at`-th loop-top."""
-    import shutil
-
-    from support import ROOT
-
-    from mklang.scenarios import load_script
-    from mklang.service import start as start_run
-    from mklang.session import Host
-
-    shutil.copytree(ROOT / "examples" / example, folder / example)
-    machine = load_file(folder / example / main)
-    scenario = load_script(folder / example / "scenarios.yaml")[0]
-    tops = iter(range(crash_at - 1))
-
-    def crash(event: Any) -> None:
-        if next(tops, None) is None:
-            raise _Crash
-
-    path = folder / "cp.json"
-    with pytest.raises(_Crash):
-        start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, observer=LoopTops(crash))
-    return path
-
-
-def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
-    from mklang.inspection import describe
-
-    path = _dead_run(tmp_path, "nested", "brief.mk", 5)
-    with open(tmp_path / "nested" / "brief.mk", "a", encoding="utf-8") as edited:
-        edited.write("# edited after the run died\n")
-    assert [f["machine"] for f in describe(path)["frames"]] == ["brief", "section", "fact_check"]
-
-
-def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_holds(tmp_path, monkeypatch):
-    from mklang.inspection import describe
-
-    path = _dead_run(tmp_path, "triage", "triage.mk", 2)
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
-    summary = describe(path)
-    assert (summary["status"], summary["signature"]["seal"], summary["frames"]) == ("failed", "foreign", [])
-    assert summary["reason"].startswith("the checkpoint is signed with another checkpoint key: `mklang resume --trust`")
 
 
 def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
@@ -2332,9 +1622,9 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
 
     def crash(event: Any) -> None:
         if next(tops) == crash_at:
-            raise _Crash
+            raise Crash
 
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         resume_run(path, Host.for_scenario(scenario), reply=reply, observer=LoopTops(crash), **settings)
     reopened = open_run(path, lock=False)
     envelope, innermost = reopened.envelope, reopened.chain[-1]
@@ -2507,7 +1797,7 @@ def test_a_checkpointed_run_records_the_halt_and_the_question_it_ended_on(tmp_pa
 def test_an_edited_journal_of_a_signed_run_is_refused_unless_trusted_then_read_as_untrusted(tmp_path):
     from mklang.service import open_run
 
-    path = _dead_run(tmp_path, "triage", "triage.mk", 2)
+    path = dead_run(tmp_path, "triage", "triage.mk", 2)
     journal = journal_path(path)
     lines = journal.read_bytes().splitlines(keepends=True)
     lines[1] = lines[1].replace(b'"billing"', b'"refunds"', 1)  # a paid answer, edited

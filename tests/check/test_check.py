@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from conformance.harness import mk, run_mk
 from support import ROOT
 from typer.testing import CliRunner
 
 from mklang.checker import CONSEQUENCES, check, check_file, shortest_steps
 from mklang.cli.app import app
 from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
+from mklang.errors import LoadError
 from mklang.syntax import load_file, parse
 from mklang.syntax.resolve import find_machine
 
@@ -295,7 +297,6 @@ def test_versions_results_placeholders_calls_and_replies_are_checked(text, expec
 
 def test_only_errors_keep_a_machine_from_running():
     from mklang.checker import require_runnable
-    from mklang.errors import LoadError
 
     warned = parse(machine_text(produce("a", '  when "w" -> END\n')), "m.mk")
     assert require_runnable(warned) is warned
@@ -303,3 +304,41 @@ def test_only_errors_keep_a_machine_from_running():
     with pytest.raises(LoadError) as caught:
         require_runnable(broken)
     assert [d.code for d in caught.value.diagnostics] == ["unknown-target", "no-path-to-end"]
+
+
+# --- check: a budget exactly the shortest path --------------------------------
+
+
+def _chain(budget: int, first: str = "") -> str:
+    return f"""
+        machine m
+        entry a
+        budget {budget}
+        context {{ xs: [1] }}
+        state a {{
+          {first}
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> b
+        }}
+        state b {{
+          structure "s"
+          prompt "p"
+          output o
+          otherwise -> END
+        }}
+    """
+
+
+@pytest.mark.parametrize(("first", "shortest"), [("", 2), ("sample 3", 4), ("over xs", 2)])
+def test_a_budget_equal_to_the_shortest_path_is_feasible_and_one_less_is_not(first, shortest):
+    assert [d.code for d in check(mk(_chain(shortest, first)))] == []
+    [found] = check(mk(_chain(shortest - 1, first)))
+    assert found.code == "budget-infeasible"
+    assert found.message == f"budget {shortest - 1} is below the shortest path to END ({shortest} steps)"
+
+
+def test_a_run_at_a_budget_equal_to_the_shortest_path_finishes():
+    result = run_mk(_chain(4, "sample 3"), llm={"produce": ["x"]})
+    assert result.status == "done" and [step["state"] for step in result.trace] == ["a", "b"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from support import ROOT
+from support.checkpoints import frame_record
 from support.files import journal_path
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load
@@ -249,3 +250,70 @@ def test_frames_are_typed_in_the_schema_and_on_load(tmp_path):
     checkpoint.write_text(json.dumps(document))
     with pytest.raises(CheckpointError, match=r"cp.json: not a valid mklang checkpoint: frames.0.surprise"):
         load(checkpoint)
+
+
+# --- format 1 -> 2: machine files named relative to the root machine's folder ---
+
+
+def test_a_format_1_checkpoint_names_its_machine_files_relative_to_the_root_on_load(tmp_path):
+    from mklang.checkpoint.envelope import migrate
+
+    project = tmp_path / "project"
+    root = str(project / "main.mk")
+    frame = frame_record("main", "a", 0, 5)
+    document = {
+        "format": 1,
+        "machine": {"name": "main", "path": root, "sha256": None},
+        "machines": {root: "h1", str(project / "lib" / "sub.mk"): "h2", str(tmp_path / "other.mk"): "h3"},
+        "frames": [
+            {**frame, "path": str(project / "lib" / "sub.mk")},
+            {**frame, "path": None},
+            {**frame, "path": "already/relative.mk"},
+            "not a frame",
+        ],
+    }
+    migrated = migrate(json.loads(json.dumps(document)))
+    assert migrated == {
+        **document,
+        "format": 2,
+        "machines": {"main.mk": "h1", "lib/sub.mk": "h2", "../other.mk": "h3"},
+        "frames": [
+            {**frame, "path": "lib/sub.mk"},
+            {**frame, "path": None},
+            {**frame, "path": "already/relative.mk"},
+            "not a frame",
+        ],
+    }  # the root keeps its absolute path: a valid name relative to the checkpoint's folder too
+    path = tmp_path / "cp.json"
+    path.write_text(
+        json.dumps(
+            {**document, "frames": document["frames"][:3], "mklang_version": "0", "run_id": "r", "status": "done"}
+        )
+    )
+    loaded = load(path)
+    assert (loaded.format, loaded.machines, [f["path"] for f in loaded.frames]) == (
+        2,
+        {"main.mk": "h1", "lib/sub.mk": "h2", "../other.mk": "h3"},
+        ["lib/sub.mk", None, "already/relative.mk"],
+    )
+
+
+@pytest.mark.parametrize(
+    "machine", [{"name": "m", "path": "main.mk", "sha256": None}, {"name": "m", "path": None}, "not a map", None]
+)
+def test_a_format_1_checkpoint_without_an_absolute_root_only_changes_format(machine):
+    from mklang.checkpoint.envelope import migrate
+
+    document = {"format": 1, "machine": machine, "machines": {"/abs/x.mk": "h"}, "frames": [{"path": "/abs/x.mk"}]}
+    if machine is None:
+        del document["machine"]
+    assert migrate(dict(document)) == {**document, "format": 2}
+
+
+def test_a_format_1_checkpoint_with_odd_machines_or_frames_keeps_them(tmp_path):
+    from mklang.checkpoint.envelope import migrate
+
+    root = str(tmp_path / "main.mk")
+    for odd in ("text", None, 3):
+        document = {"format": 1, "machine": {"path": root}, "machines": odd, "frames": odd}
+        assert migrate(dict(document)) == {**document, "format": 2}

@@ -9,18 +9,27 @@ resume options: raised budgets, unchanged budgets, `--set`, `--force`,
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import ROOT
+from support.checkpoints import frame_record
 from support.commands import cli
+from support.crashes import Crash, dead_run
+from support.runs import LoopTops
 
-from mklang.checkpoint.envelope import load
+from mklang.checkpoint.envelope import Envelope, MachineRef, load, save
 from mklang.checkpoint.signing import checkpoint_key, sign
+from mklang.providers.base import Usage
+from mklang.session import Host
+from mklang.stores import locate
+from mklang.syntax import load_file
 
 EXAMPLES = ROOT / "examples"
 
@@ -443,3 +452,281 @@ def test_the_checkpoint_file_is_owner_only_even_when_it_existed(loop):
     assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
     as_json("resume", "cp.json", "--checkpoint", "other.json", cwd=loop)
     assert stat.S_IMODE((loop / "other.json").stat().st_mode) == 0o600
+
+
+# --- what `mklang show` says about a checkpoint (`mklang.inspection`) ---------
+
+
+def _checkpoint(**fields: Any) -> Envelope:
+    defaults: dict[str, Any] = {"mklang_version": "test", "run_id": "r", "status": "suspended", "frames": []}
+    return Envelope(machine=MachineRef(name="m", path=None, sha256=None), **{**defaults, **fields})
+
+
+def _suspended(tmp_path: Path, **fields: Any) -> Path:
+    folder = tmp_path / "my runs"
+    folder.mkdir(exist_ok=True)
+    path = folder / "cp.json"
+    save(path, _checkpoint(**fields))
+    return path
+
+
+def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_steps(tmp_path):
+    from mklang.checkpoint.envelope import Budgets, HostSettings
+    from mklang.inspection import describe
+
+    trace = [{"state": f"s{n}"} for n in range(7)]
+    path = _suspended(
+        tmp_path,
+        reason="time-exhausted",
+        detail="the clock ran out",
+        at="child:work",
+        frames=[frame_record("root", "call", 4, 10, trace=trace), frame_record("child", "work", 5, 3)],
+        budgets=Budgets(max_tokens=100, max_cost=0.5, max_time=30),
+        usage={"input_tokens": 30, "output_tokens": 10, "cost_usd": 0.25},
+        ask="Go on?",
+        reply_to="answer",
+        host=HostSettings(script="s.yaml", scenario="a", position={"calls": 3}, model=None, plugins=[], extra={}),
+    )
+    summary = describe(path, last=3)
+    assert summary == {
+        "path": str(path),
+        "status": "suspended",
+        "reason": "time-exhausted",
+        "detail": "the clock ran out",
+        "error": None,
+        "at": "child:work",
+        "run_id": "r",
+        "machine": {"name": "m", "path": None, "sha256": None},
+        "frames": [
+            {"machine": "root", "state": "call", "steps": 4, "budget": 10, "remaining": 6},
+            {"machine": "child", "state": "work", "steps": 5, "budget": 3, "remaining": 0},
+        ],
+        "tokens": {"spent": 40, "budget": 100, "remaining": 60},
+        "cost_usd": {"spent": 0.25, "budget": 0.5, "remaining": 0.25},
+        "max_time": 30,
+        "last_steps": trace[-3:],
+        "ask": "Go on?",
+        "reply_to": "answer",
+        "resumable": True,
+        "signature": {"seal": "signed", "text": "signed with your checkpoint key"},
+        "host": {"script": str(path.parent / "s.yaml"), "scenario": "a"},  # recorded beside the checkpoint
+        "ran_out": "the time budget of 30s ran out",
+        "continue_with": f"mklang resume '{path}' --max-time 30s",
+    }
+    assert describe(path)["last_steps"] == trace[-5:]  # five by default
+    assert describe(path, last=0)["last_steps"] == []
+
+
+def test_show_counts_a_budget_overspent_as_nothing_remaining(tmp_path):
+    from mklang.checkpoint.envelope import Budgets
+    from mklang.inspection import describe
+
+    path = _suspended(
+        tmp_path,
+        reason="cost-exhausted",
+        frames=[frame_record("m", "a", 0, 0)],
+        budgets=Budgets(max_tokens=5, max_cost=0.1),
+        usage={"input_tokens": 6, "output_tokens": 1, "cost_usd": 0.3},
+    )
+    summary = describe(path)
+    assert (summary["tokens"]["remaining"], summary["cost_usd"]["remaining"]) == (0, 0)
+    assert summary["frames"][0]["remaining"] == 0
+    assert summary["ran_out"] == "the token budget of 5 ran out: 7 tokens spent"
+
+
+def test_show_asks_the_question_of_the_innermost_level_and_a_halted_run_is_not_resumable(tmp_path):
+    from mklang.inspection import describe
+
+    asked = {"ask": "Which one?", "reply_to": "pick"}
+    path = _suspended(
+        tmp_path,
+        reason="escalated",
+        frames=[frame_record("root", "a", 1, 5), frame_record("child", "b", 1, 5, ask=asked)],
+        ask="an older question",
+        reply_to="pick",
+    )
+    summary = describe(path)
+    assert (summary["ask"], summary["reply_to"]) == ("Which one?", "pick")
+    assert (summary["ran_out"], summary["continue_with"]) == (None, f"mklang resume '{path}' --set pick=<reply>")
+    save(path, _checkpoint(status="halted", error="gate-fail", frames=[frame_record("root", "a", 1, 5)]))
+    halted = describe(path)
+    assert (halted["resumable"], halted["error"], halted["ask"], halted["reply_to"]) == (False, "gate-fail", None, None)
+    assert "continue_with" not in halted and "interrupted" not in halted
+    save(path, _checkpoint(status="done"))
+    assert describe(path)["resumable"] is False
+
+
+def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
+    from support import ROOT
+
+    from mklang.inspection import describe
+    from mklang.scenarios import load_script
+    from mklang.service import start as start_run
+
+    machine = load_file(ROOT / "examples" / "nested" / "brief.mk")
+    scenario = load_script(ROOT / "examples" / "nested" / "scenarios.yaml")[0]
+    tops = iter(range(4))
+
+    def crash_at_the_fifth_loop_top(event: Any) -> None:
+        if next(tops, None) is None:
+            raise Crash
+
+    path = tmp_path / "cp.json"
+    with pytest.raises(Crash):
+        start_run(
+            machine, None, Host.for_scenario(scenario), checkpoint=path, observer=LoopTops(crash_at_the_fifth_loop_top)
+        )
+    assert [(f["machine"], f["steps"]) for f in load(path).frames] == [("brief", 0)]  # the snapshot lags behind
+    summary = describe(path)
+    assert [(f["machine"], f["state"], f["steps"], f["remaining"]) for f in summary["frames"]] == [
+        ("brief", "add_section", 0, 10),
+        ("section", "check", 1, 5),
+        ("fact_check", "review", 1, 3),
+    ]
+    assert summary["tokens"]["spent"] == 140  # what every level spent, from the journal
+    assert (summary["status"], summary["resumable"]) == ("running", True)
+    assert "running_pid" not in summary
+    assert summary["interrupted"] == (
+        "the run was interrupted at fact_check:review (2 journaled step(s) past the last snapshot); "
+        f"`mklang resume {path}` continues from there"
+    )
+    location = locate(path)
+    lock = location.store.lock(location.run)
+    try:
+        held = describe(path)
+    finally:
+        lock.release()
+    assert (held["running_pid"], held["resumable"]) == (os.getpid(), False)
+    assert held["interrupted"] == f"the run is still going in process {os.getpid()}, last durable at fact_check:review"
+
+
+_SPENT = Usage(100, 20, 0.6)
+
+
+@pytest.mark.parametrize(
+    ("reason", "innermost", "usage", "budgets", "reply_to", "expected"),
+    [
+        (
+            "budget-exhausted",
+            {"machine": "child", "steps": 3, "budget": 3},
+            _SPENT,
+            {},
+            None,
+            ("the step budget of 3 (machine child) ran out: 3 steps taken", "--budget 6"),
+        ),
+        (
+            "budget-exhausted",
+            {"steps": 2, "budget": 5},
+            _SPENT,
+            {},
+            None,
+            ("the step budget of 5 ran out: 2 steps taken", "--budget 7"),
+        ),
+        (
+            "budget-exhausted",
+            {"steps": 1, "budget": 1},
+            _SPENT,
+            {},
+            None,
+            ("the step budget of 1 ran out: 1 step taken", "--budget 2"),
+        ),
+        ("budget-exhausted", {}, _SPENT, {}, None, ("the step budget of 0 ran out: 0 steps taken", "--budget 1")),
+        (
+            "cost-exhausted",
+            {},
+            _SPENT,
+            {"max_tokens": 120, "max_cost": 0.5},
+            None,
+            ("the token budget of 120 ran out: 120 tokens spent", "--max-tokens 240"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            _SPENT,
+            {"max_tokens": 50},
+            None,
+            ("the token budget of 50 ran out: 120 tokens spent", "--max-tokens 240"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            Usage(),
+            {"max_tokens": 0},
+            None,
+            ("the token budget of 0 ran out: 0 tokens spent", "--max-tokens 1000"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            _SPENT,
+            {"max_tokens": 121, "max_cost": 0.5},
+            None,
+            ("the dollar budget of $0.5 ran out: $0.6000 spent", "--max-cost 1.2"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            Usage(1, 0, 0.2),
+            {"max_cost": 0.75},
+            None,
+            ("the dollar budget of $0.75 ran out: $0.2000 spent", "--max-cost 0.95"),
+        ),
+        (
+            "cost-exhausted",
+            {},
+            Usage(),
+            {"max_cost": 0.0},
+            None,
+            ("the dollar budget of $0 ran out: $0.0000 spent", "--max-cost 1"),
+        ),
+        ("cost-exhausted", {}, _SPENT, {"max_tokens": 121}, None, (None, "")),
+        ("time-exhausted", {}, _SPENT, {"max_time": 1.5}, None, ("the time budget of 1.5s ran out", "--max-time 1.5s")),
+        ("time-exhausted", {}, _SPENT, {}, None, (None, "")),
+        ("escalated", {}, _SPENT, {}, "a.b", (None, "--set a.b=<reply>")),
+        ("escalated", {}, _SPENT, {}, None, (None, "")),
+        ("interrupted", {}, _SPENT, {"max_tokens": 1, "max_cost": 0.1, "max_time": 1}, "a", (None, "")),
+        (None, {}, _SPENT, {}, None, (None, "")),
+    ],
+)
+def test_show_says_which_budget_ran_out_and_the_command_that_continues(
+    reason, innermost, usage, budgets, reply_to, expected
+):
+    from mklang.checkpoint.envelope import Budgets
+    from mklang.inspection import how_to_continue
+
+    ran_out, flags = expected
+    command = "mklang resume 'my runs/cp.json'" + (f" {flags}" if flags else "")
+    assert how_to_continue("my runs/cp.json", reason, innermost, usage, Budgets(**budgets), reply_to) == (
+        ran_out,
+        command,
+    )
+
+
+def test_show_says_which_step_budget_ran_out_even_with_no_level_recorded(tmp_path):
+    from mklang.inspection import describe
+
+    path = _suspended(
+        tmp_path, reason="budget-exhausted", frames=[frame_record("m", "a", 1, 5), frame_record("child", "b", 3, 3)]
+    )
+    assert describe(path)["ran_out"] == "the step budget of 3 (machine child) ran out: 3 steps taken"
+    save(path, _checkpoint(reason="budget-exhausted"))
+    assert describe(path)["ran_out"] == "the step budget of 0 ran out: 0 steps taken"
+
+
+def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
+    from mklang.inspection import describe
+
+    path = dead_run(tmp_path, "nested", "brief.mk", 5)
+    with open(tmp_path / "nested" / "brief.mk", "a", encoding="utf-8") as edited:
+        edited.write("# edited after the run died\n")
+    assert [f["machine"] for f in describe(path)["frames"]] == ["brief", "section", "fact_check"]
+
+
+def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_holds(tmp_path, monkeypatch):
+    from mklang.inspection import describe
+
+    path = dead_run(tmp_path, "triage", "triage.mk", 2)
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    summary = describe(path)
+    assert (summary["status"], summary["signature"]["seal"], summary["frames"]) == ("failed", "foreign", [])
+    assert summary["reason"].startswith("the checkpoint is signed with another checkpoint key: `mklang resume --trust`")

@@ -185,3 +185,29 @@ def test_prose_gates_around_a_spent_repair_gate_form_one_batch():
     result = run_mk(source, provider=provider)
     assert [j.conditions for j in provider.judged] == [["p1", "fixable", "p2"], ["p1", "p2"]]
     assert [s["gate"] for s in result.trace] == ["fixable", "p2"]
+
+
+# --- spend before a hook fails ------------------------------------------------
+
+
+@pytest.mark.parametrize("hooks", [{"boom": lambda context, output: 1 / 0}, {}], ids=["raises", "unknown"])
+def test_judge_tokens_spent_before_a_failing_hook_are_charged_to_the_halted_run(hooks):
+    machine = """
+        machine m
+        entry a
+        budget 3
+        hook boom "x"
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "judged first" -> END
+          when "then the hook" hook boom -> END
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["out"], "judge": ["none"], "tokens": [10, 2]}, judge_usage=Usage(7, 1, 0.5))
+    result = run_mk(machine, provider=provider, hooks=hooks)
+    assert (result.status, result.at) == ("halted", "a")
+    assert result.error.startswith("state-error: hook:")
+    assert result.usage == Usage(17, 3, 0.5)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from typing import Any
 
+import pytest
 from conformance.harness import Recorder, run_mk, write_machines
 
 from mklang.engine.runner import FENCE_NOTICE
@@ -255,3 +257,55 @@ def test_a_tainted_call_input_is_fenced_once_in_the_child_prompt(tmp_path):
     nonce = FENCE.search(request.user).group(1)
     assert request.user == f"About <data-{nonce}>\nthe tides story\n</data-{nonce}>"
     assert request.system.endswith(FENCE_NOTICE)
+
+
+# --- placeholders: negative indices and a lone placeholder with spaces -------
+
+
+def test_negative_list_indices_count_from_the_end_and_out_of_range_is_empty():
+    machine = """
+        machine m
+        entry a
+        budget 3
+        context { xs: ["a", "b", "c"] }
+        state a {
+          structure "s"
+          prompt "{{xs.-1}} {{xs.-3}} [{{xs.-4}}] {{xs.1}} [{{xs.3}}] {{ xs.-2 }} [{{xs.X1}}] [{{xs.1-}}]"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["x"]})
+    run_mk(machine, provider=provider)
+    assert provider.produced[0].user == "c a [] b [] b [] []"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('"{{ xs }}"', ["a", "b"]),
+        ('"  {{xs}}  "', ["a", "b"]),
+        ('"{{ xs.-1 }}"', "b"),
+        ('"{{ n }}"', 3),
+        ('"{{ xs }}!"', "1. a\n2. b!"),
+        ('"{{n}}{{n}}"', "33"),
+        ('["{{ n }}", "x {{n}}", 5, { m: "{{xs}}" }]', [3, "x 3", 5, {"m": ["a", "b"]}]),
+    ],
+)
+def test_a_lone_placeholder_passes_the_raw_value_even_with_spaces(value, expected):
+    machine = f"""
+        machine m
+        entry a
+        budget 3
+        tool look "x"
+        context {{ xs: ["a", "b"], n: 3 }}
+        state a {{
+          tool look {{ q: {value} }}
+          output o
+          otherwise -> END
+        }}
+    """
+    received: list[Any] = []
+    result = run_mk(machine, tools={"look": lambda arguments: received.append(arguments["q"]) or "seen"})
+    assert result.status == "done"
+    assert received == [expected]

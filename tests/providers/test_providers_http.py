@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from email.utils import formatdate
+from pathlib import Path
+from typing import Any
 
 import pytest
-from support.fakeserver import answer, error, raw, refusal
+from support.fakeserver import FakeServer, answer, error, raw, refusal
 
 from mklang.errors import ProviderError, UsageError
 from mklang.host.config import ProviderConfig, load_config
+from mklang.providers import http
 from mklang.providers.base import NONE, UNPARSEABLE, Usage
 from mklang.providers.factory import make_provider
 from mklang.providers.http import HttpTransport, retry_after
@@ -393,3 +398,90 @@ def test_the_http_client_loads_without_httpxs_command_line_client():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines() == ["[]", "True True False"]
+
+
+# --- retries: the Retry-After cap and the backoff jitter ---------------------
+
+
+def _transport(server: FakeServer, slept: list[float], **options: Any) -> HttpTransport:
+    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url, **options)
+    return HttpTransport(config, {}, sleep=slept.append)
+
+
+def test_retry_after_is_capped_at_max_backoff_and_never_jittered(monkeypatch):
+    monkeypatch.setattr(http.random, "uniform", lambda low, high: low)
+    slept: list[float] = []
+    with FakeServer() as server:
+        server.add(error(429, retry_after="100"), error(503, retry_after="2"), answer("ok"))
+        _transport(server, slept, retries=2, backoff=1, max_backoff=3).post("/chat/completions", {})
+    assert slept == [3.0, 2.0]
+
+
+@pytest.mark.parametrize(("draw", "expected"), [(0.5, [0.5, 1.0, 1.5, 1.5]), (1.0, [1.0, 2.0, 3.0, 3.0])])
+def test_backoff_doubles_to_its_cap_and_is_scaled_by_a_jitter_between_half_and_whole(monkeypatch, draw, expected):
+    bounds: list[tuple[float, float]] = []
+
+    def uniform(low: float, high: float) -> float:
+        bounds.append((low, high))
+        return draw
+
+    monkeypatch.setattr(http.random, "uniform", uniform)
+    slept: list[float] = []
+    with FakeServer() as server:
+        server.fallback = error(502)
+        with pytest.raises(Exception, match="after 5 attempts"):
+            _transport(server, slept, retries=4, backoff=1, max_backoff=3).post("/chat/completions", {})
+    assert slept == expected
+    assert bounds == [(0.5, 1.0)] * 4
+
+
+# --- Anthropic prompt caching: cache tokens are input tokens ----------------
+
+
+def _anthropic_config(tmp_path: Path, server: FakeServer) -> str:
+    path = tmp_path / "mklang.toml"
+    path.write_text(
+        textwrap.dedent(f"""
+            [tiers]
+            default = "p:m1"
+            [providers.p]
+            kind = "anthropic"
+            base_url = "{server.anthropic_url}"
+            retries = 0
+            [prices."p:m1"]
+            input = 2.5
+            output = 10.0
+        """)
+    )
+    return str(path)
+
+
+def _anthropic_body(text: str, usage: dict[str, int]) -> str:
+    return json.dumps(
+        {
+            "id": "msg",
+            "type": "message",
+            "role": "assistant",
+            "model": "m1",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "usage": usage,
+        }
+    )
+
+
+def test_anthropic_cache_creation_and_cache_read_tokens_count_and_cost_as_input(tmp_path):
+    usage = {
+        "input_tokens": 11,
+        "cache_creation_input_tokens": 200,
+        "cache_read_input_tokens": 3000,
+        "output_tokens": 7,
+    }
+    with FakeServer() as server:
+        server.add(raw(_anthropic_body("hello", usage)), raw(_anthropic_body('{"choice": 1}', usage)))
+        provider = make_provider(config_path=_anthropic_config(tmp_path, server))
+        produced = provider.produce("", "hi", "fast", False)
+        verdict = provider.judge(["holds"], "hello", None, {}, "fast")
+    expected = Usage(3211, 7, (3211 * 2.5 + 7 * 10.0) / 1_000_000)
+    assert produced.usage == expected
+    assert verdict.usage == expected

@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from support.fakeserver import answer, error, refusal
+from conformance.harness import run_mk
+from support.fakeserver import FakeServer, answer, error, refusal
 from support.models import PRICE_IN, PRICE_OUT, Model
 
 import mklang
 from mklang.model import Machine
+from mklang.providers.base import Usage
 from mklang.providers.factory import make_provider
 from mklang.service import start
 from mklang.session import Host
@@ -250,3 +252,54 @@ def test_fan_out_shares_the_providers_request_limit(tmp_path, server):
     assert result.context["votes"] == [f"VOTE NUMBER {i}." for i in range(5)]
     assert (peak, server.count) == (2, 5)
     assert result.usage.tokens == 15
+
+
+# --- the trace of real judge answers -----------------------------------------
+
+JUDGED = """
+    machine judged
+    entry a
+    budget 3
+    hook never "False."
+    state a {
+      structure "s"
+      prompt "p"
+      output o
+      when "first" -> END
+      when "second" hook never -> END
+      when "third" -> END
+      otherwise fail
+    }
+"""
+
+
+@pytest.mark.parametrize(
+    ("replies", "hook", "parse", "status"),
+    [
+        (['{"choice": 1}'], False, "strict", "done"),
+        (["1"], False, "bare", "done"),
+        (["I would say 1"], False, "last", "done"),
+        (["2", '{"choice": 1}'], False, "strict", "done"),  # the last batch's reading is the one kept
+        (['{"choice": 2}', "1"], False, "bare", "done"),
+        (["2", '{"choice": 2}'], False, "strict", "halted"),  # `otherwise fail` after two none batches
+        (["2"], True, "bare", "done"),  # the hook gate fires after a none batch
+    ],
+)
+def test_judge_parse_in_the_trace_says_how_the_last_judge_answer_was_read(tmp_path, replies, hook, parse, status):
+    path = tmp_path / "mklang.toml"
+    with FakeServer() as server:
+        server.add(answer("the output"), *[answer(reply) for reply in replies])
+        path.write_text(
+            f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nretries = 0\n'
+        )
+        provider = make_provider(config_path=str(path))
+        result = run_mk(JUDGED, provider=provider, hooks={"never": lambda c, o: hook})
+    assert result.status == status, result.error
+    assert result.trace[0]["judge_parse"] == parse
+    calls = 1 + len(replies)  # the produce call and each judge batch, 10 + 5 tokens each
+    assert result.trace[0]["usage"] == Usage(10 * calls, 5 * calls).to_json()
+
+
+def test_no_judge_call_leaves_no_judge_parse():
+    result = run_mk(JUDGED, llm={"judge": [0]}, hooks={"never": lambda c, o: False})
+    assert result.status == "done" and "judge_parse" not in result.trace[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from collections import Counter
 from pathlib import Path
@@ -12,10 +13,13 @@ from typing import Any
 from mklang import faults
 from mklang.checkpoint.envelope import load
 from mklang.providers.base import Usage
-from mklang.scenarios import Scenario, ScriptedHost
+from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.service import open_run, proceed, start
 from mklang.session import Host
+from mklang.syntax import load_file
 from mklang.vocabulary import lookup
+from support import ROOT
+from support.runs import LoopTops
 
 PER_POINT = 6  # occurrences of one point crashed at per scenario (all with MKLANG_CRASH_FULL=1)
 # The human's reply that continues a scenario which suspends on an ask.
@@ -193,3 +197,22 @@ def counts(total: int) -> list[int]:
     if total <= PER_POINT or os.environ.get("MKLANG_CRASH_FULL") == "1":
         return list(range(1, total + 1))
     return sorted({1 + round(i * (total - 1) / (PER_POINT - 1)) for i in range(PER_POINT)})
+
+
+def dead_run(folder: Path, example: str, main: str, crash_at: int) -> Path:
+    """A copy of an example whose checkpointed run died at its `crash_at`-th loop-top."""
+    shutil.copytree(ROOT / "examples" / example, folder / example)
+    machine = load_file(folder / example / main)
+    scenario = load_script(folder / example / "scenarios.yaml")[0]
+    tops = iter(range(crash_at - 1))
+
+    def die_at_loop_top(event: Any) -> None:
+        if next(tops, None) is None:
+            raise Crash
+
+    path = folder / "cp.json"
+    try:
+        start(machine, None, Host.for_scenario(scenario), checkpoint=path, observer=LoopTops(die_at_loop_top))
+    except Crash:
+        return path
+    raise AssertionError(f"the run of {example} ended before loop-top {crash_at}")

@@ -240,3 +240,21 @@ def test_comments_anywhere_survive_fmt(path, places):
         n for n in range(len(places)) if f"# note {n}" in formatted
     ]
     assert parse(formatted) == machine and format_machine(parse(formatted)) == formatted
+
+
+# --- fmt: the line-width boundary of input maps -------------------------------
+
+
+@pytest.mark.parametrize(("extra", "inline"), [(0, True), (1, False)])
+def test_fmt_keeps_an_input_map_inline_up_to_88_columns(extra, inline):
+    def machine(width: int) -> str:
+        return f'machine m\nentry a\nbudget 1\ntool t "x"\nstate a {{\n  tool t {{ q: "{"x" * width}" }}\n  output o\n  otherwise -> END\n}}\n'
+
+    # Find the value width whose inline line is exactly 88 columns.
+    line = next(line for line in format_machine(parse(machine(1), "m.mk")).splitlines() if "tool t {" in line)
+    width = 1 + 88 - len(line) + extra
+    text = format_machine(parse(machine(width), "m.mk"))
+    lines = [line for line in text.splitlines() if line.startswith("  tool t")]
+    assert len(lines) == 1
+    assert (len(lines[0]) == 88 + extra) if inline else lines[0] == "  tool t {"
+    assert parse(text, "m.mk") == parse(machine(width), "m.mk")

@@ -15,9 +15,11 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from conformance.harness import Recorder, run_mk, write_machines
 from typer.testing import CliRunner
 
 import mklang
+from mklang.checker import check
 from mklang.checkpoint.signing import checkpoint_key, sign
 from mklang.cli import run_cmds, syntax_cmds  # noqa: F401 - registers the commands
 from mklang.cli.app import app
@@ -111,7 +113,6 @@ state deliver {
 
 
 def test_check_is_quiet_when_every_way_to_an_effect_passes_a_hook_or_an_escalation(tmp_path):
-    from mklang.checker import check
 
     path = tmp_path / "confirmed.mk"
     path.write_text(CONFIRMED)
@@ -419,3 +420,45 @@ def test_a_crash_at_any_point_recovers_the_taint_from_the_journal(machine_path, 
             attempt = crashes.Attempt(machine, found, tmp_path / f"{point}-{count}")
             assert attempt.crashing(partial(attempt.phase, 0), point, count) is crashes.CRASHED
             assert crashes.outcome(attempt.recover()) == expected, f"crash at {point}:{count}"
+
+
+# --- taint of call inputs nested in maps and lists ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "fenced"),
+    [
+        ('{ inner: "{{topic}}" }', True),
+        ('["x", "{{topic}}"]', True),
+        ('{ inner: ["{{topic}}"] }', True),
+        ('{ inner: "literal", n: 1 }', False),
+        ('["x", 2, null]', False),
+    ],
+)
+def test_a_call_input_is_tainted_when_any_nested_value_interpolates_tainted_data(tmp_path, value, fenced):
+    parent = f"""
+        machine nest_parent
+        entry go
+        budget 5
+        state go {{
+          call nest_child {{ q: {value} }}
+          output r
+          otherwise -> END
+        }}
+    """
+    child = """
+        machine nest_child
+        entry c
+        budget 5
+        state c {
+          structure "s"
+          prompt "About {{q}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder()
+    result = run_mk(write_machines(tmp_path, parent, child), {"topic": "tides"}, provider=provider)
+    assert result.status == "done", result.error
+    [request] = provider.produced
+    assert ("<data-" in request.user) is fenced
