@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.commands import cli, cli_env
@@ -20,6 +21,7 @@ from support.examples import EXAMPLES
 from support.fakeserver import FakeServer, answer
 
 from mklang.checkpoint.signing import checkpoint_key, sign
+from mklang.stores import locate
 
 KEY = "sk-resuming-users-own-key"
 SCRIPT = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish"]
@@ -112,7 +114,6 @@ def test_an_edited_journal_line_of_a_crashed_run_is_refused(project):
     from mklang.checkpoint.journal import StoreJournal
     from mklang.checkpoint.paths import MachinePaths
     from mklang.service import open_run
-    from mklang.stores import locate
 
     resumable = open_run(checkpoint, lock=False)
     root = resumable.chain[0].machine.path
@@ -366,3 +367,57 @@ def test_every_field_tampered_with_any_type_is_refused_or_resumes_never_an_inter
                 assert done.exit_code == 2, label  # unsigned edits never run
             outcomes[done.exit_code] = outcomes.get(done.exit_code, 0) + 1
     assert outcomes[2] > 0 and outcomes.get(0, 0) > 0, outcomes
+
+
+# --- what a checkpoint may decide about the host that resumes it (ADR 0014) ---
+
+NOTHING_GIVEN = dict.fromkeys(("script", "scenario", "provider", "model", "config", "replay", "plugins"))
+
+
+def _recorded(**fields: Any) -> Any:
+    from mklang.checkpoint.envelope import HostSettings
+
+    return HostSettings(**fields)
+
+
+def test_a_trusted_checkpoint_answers_as_the_run_did_when_the_command_line_gives_no_way():
+    from mklang.checkpoint.trust import host_choice
+
+    recorded = _recorded(script="s.yaml", scenario="a", model="m", replay="c.yaml", record="new.yaml", plugins=["p"])
+    reused, ignored = host_choice(recorded, NOTHING_GIVEN, trusted=True)
+    assert ignored == []
+    assert reused == {
+        "script": "s.yaml",
+        "scenario": "a",
+        "provider": None,
+        "model": "m",
+        "config": None,
+        "replay": "c.yaml",
+        "plugins": ["p"],
+    }  # never re-recording
+    chosen, _ = host_choice(recorded, {**NOTHING_GIVEN, "scenario": "b"}, trusted=True)
+    assert (chosen["script"], chosen["scenario"]) == ("s.yaml", "b")
+
+
+def test_an_untrusted_checkpoint_decides_nothing_and_names_what_it_would_have():
+    from mklang.checkpoint.trust import host_choice
+
+    recorded = _recorded(script="s.yaml", scenario="a", model="m", replay="c.yaml", plugins=["p"])
+    assert host_choice(recorded, NOTHING_GIVEN, trusted=False) == (
+        NOTHING_GIVEN,
+        ["script", "scenario", "model", "replay", "plugins"],
+    )
+    assert host_choice(_recorded(), NOTHING_GIVEN, trusted=False) == (NOTHING_GIVEN, [])  # nothing recorded
+
+
+def test_one_way_of_answering_given_keeps_every_recorded_one_out():
+    from mklang.checkpoint.trust import host_choice
+
+    recorded = _recorded(script="s.yaml", scenario="a", plugins=["p"])
+    for name in ("script", "provider", "model", "config", "replay"):
+        given = {**NOTHING_GIVEN, name: "given"}
+        reused, _ = host_choice(recorded, given, trusted=True)
+        assert reused == {**given, "plugins": ["p"]}
+        assert host_choice(recorded, given, trusted=False) == (given, ["plugins"])
+    given = {**NOTHING_GIVEN, "provider": "given", "plugins": []}  # --plugin given: the recorded ones stay out
+    assert host_choice(recorded, given, trusted=True) == (given, [])

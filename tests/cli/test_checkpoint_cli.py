@@ -26,6 +26,7 @@ from support.runs import LoopTops
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load, save
 from mklang.checkpoint.signing import checkpoint_key, sign
+from mklang.errors import CheckpointError
 from mklang.providers.base import Usage
 from mklang.session import Host
 from mklang.stores import locate
@@ -730,3 +731,14 @@ def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_h
     summary = describe(path)
     assert (summary["status"], summary["signature"]["seal"], summary["frames"]) == ("failed", "foreign", [])
     assert summary["reason"].startswith("the checkpoint is signed with another checkpoint key: `mklang resume --trust`")
+
+
+@pytest.mark.parametrize("name", ["m.mk", "M.MK", "m.yaml"])
+def test_a_machine_file_given_as_a_checkpoint_says_how_to_make_one(tmp_path, name):
+    path = tmp_path / name
+    path.write_text("machine m\nentry a\n")
+    with pytest.raises(CheckpointError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path} is a machine file, not a checkpoint: `mklang run {path} --checkpoint cp.json` writes one"
+    )

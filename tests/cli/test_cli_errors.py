@@ -210,3 +210,10 @@ def test_shell_completion_completes_commands_and_options(folder):
     )
     env = cli_env(_MKLANG_COMPLETE="complete_bash", COMP_WORDS="mklang run hello.mk --max-t", COMP_CWORD="3")
     assert cli(cwd=folder, env=env).stdout.split() == ["--max-tokens", "--max-time"]
+
+
+@pytest.mark.parametrize("option", ["--budget", "--max-tokens"])
+def test_resume_refuses_a_negative_budget_before_reading_the_checkpoint(tmp_path, option):
+    done = cli("resume", str(tmp_path / "missing.json"), option, "-1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert option in done.stderr and "missing.json" not in done.stderr

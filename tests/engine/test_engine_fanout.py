@@ -7,7 +7,9 @@ import json
 import threading
 import time
 
+import pytest
 from conformance.harness import Recorder, run_mk, write_machines
+from support.runs import TWO_STATES
 
 from mklang.engine.runtime import ThreadPool
 from mklang.errors import ProviderError
@@ -325,3 +327,141 @@ def test_a_pool_thread_idle_for_its_time_ends():
         thread.join(timeout=10)
     assert sorted(i for i, _ in ran) == [0, 1, 2]
     assert not any(thread.is_alive() for thread in threads)
+
+
+# --- fan-out edges: what `over` is, a branch's reasoning and its failed call -----
+
+
+@pytest.mark.parametrize(
+    ("xs", "what"), [(None, "missing"), ('"text"', "a str, not a list"), ("{ a: 1 }", "a dict, not a list")]
+)
+def test_over_a_value_that_is_not_a_list_halts_at_the_state_saying_what_it_is(xs, what):
+    context = f"context {{ xs: {xs} }}" if xs is not None else ""
+    result = run_mk(f"""
+        machine fan
+        entry start
+        budget 5
+        {context}
+        state start {{
+          structure "s"
+          prompt "p"
+          output first
+          otherwise -> each
+        }}
+        state each {{
+          over xs
+          structure "s"
+          prompt "{{{{item}}}}"
+          output o
+          otherwise -> END
+        }}
+    """)
+    assert (result.status, result.error, result.at) == ("halted", f"state-error: over: 'xs' is {what}", "each")
+
+
+def test_a_branch_keeps_its_reasoning_only_when_it_has_some():
+    result = run_mk(
+        """
+        machine fan
+        entry each
+        budget 5
+        context { xs: ["a", "b"] }
+        state each {
+          over xs
+          reason
+          structure "s"
+          prompt "{{item}}"
+          output o
+          otherwise -> END
+        }
+        """,
+        llm={"produce": {"a": {"text": "A", "reasoning": "because"}, "b": {"text": "B", "reasoning": None}}},
+    )
+    assert result.status == "done", result.error
+    first, second = result.trace[0]["branches"]
+    assert (first["output"], first["reasoning"]) == ("A", "because")
+    assert (second["output"], "reasoning" in second) == ("B", False)
+
+
+def test_an_escalation_suspends_with_its_question_and_a_provider_error_with_its_detail():
+    result = run_mk(
+        """
+        machine ask
+        entry a
+        budget 5
+        state a {
+          structure "s"
+          prompt "p"
+          output x
+          otherwise escalate -> b ask "Publish?" reply_to answer
+        }
+        state b {
+          structure "s"
+          prompt "p"
+          output y
+          otherwise -> END
+        }
+        """,
+        suspendable=True,
+        hitl=True,
+    )
+    assert (result.status, result.reason, result.ask, result.reply_to) == (
+        "suspended",
+        "escalated",
+        "Publish?",
+        "answer",
+    )
+
+    class Down(Recorder):
+        def produce(self, system, user, tier, reason):
+            raise ProviderError("HTTP 503 from the model server")
+
+    parked = run_mk(
+        'machine m\nentry a\nbudget 5\nstate a {\n structure "s"\n prompt "p"\n output x\n otherwise -> END\n}\n',
+        provider=Down(),
+        suspendable=True,
+    )
+    assert (parked.status, parked.reason, parked.detail) == (
+        "suspended",
+        "provider-error",
+        "HTTP 503 from the model server",
+    )
+    assert parked.to_json()["detail"] == "HTTP 503 from the model server"
+
+
+def test_an_interrupt_ends_a_run_that_cannot_suspend_at_its_state_with_its_spend():
+    from mklang.engine.runtime import Control
+
+    control = Control()
+
+    class InterruptAfterOne(Recorder):
+        def produce(self, system, user, tier, reason):
+            control.interrupted.set()
+            return Produced("x", None, Usage(3, 4, 0.5))
+
+    result = run_mk(
+        TWO_STATES,
+        provider=InterruptAfterOne(),
+        control=control,
+    )
+    assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
+    assert result.usage == Usage(3, 4, 0.5)
+
+
+def test_branch_locals_are_read_by_path_and_shadow_context_keys():
+    machine = """
+        machine m
+        entry a
+        budget 5
+        context { item: "shadowed", people: [{ name: "Ada", langs: ["en", "fr"] }, { name: "Bo" }] }
+        state a {
+          over people
+          structure "s"
+          prompt "{{item.name}}|{{item.langs.-1}}|{{item.missing}}|{{index}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["x"]})
+    run_mk(machine, provider=provider, concurrency=1)
+    assert sorted(request.user for request in provider.produced) == ["Ada|fr||0", "Bo|||1"]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conformance.harness import Recorder, run_mk, steps
+from conformance.harness import Recorder, mk, run_mk, steps
+from support.fakeserver import FakeServer, answer
 
+from mklang.engine.frame import Frame
 from mklang.providers.base import Usage, Verdict
+from mklang.providers.factory import make_provider
 
 MIXED_GATES = """
     machine mixed
@@ -211,3 +214,95 @@ def test_judge_tokens_spent_before_a_failing_hook_are_charged_to_the_halted_run(
     assert (result.status, result.at) == ("halted", "a")
     assert result.error.startswith("state-error: hook:")
     assert result.usage == Usage(17, 3, 0.5)
+
+
+def test_a_reply_to_the_asked_path_or_a_map_above_it_answers_the_question():
+    machine = mk("machine m\nentry a\nbudget 1\nstate a {\n  tool t\n  output o\n  otherwise -> END\n}\n")
+    for reply, answered in [
+        ("approval.answer", True),
+        ("approval", True),
+        ("approv", False),
+        ("approval.answer.x", False),
+    ]:
+        frame = Frame.start(machine)
+        frame.ask = {"ask": "Publish?", "reply_to": "approval.answer"}
+        frame.decision_tainted = True
+        frame.inject(reply, "yes")
+        assert (frame.ask is None) is answered, reply
+        assert frame.decision_tainted is not answered, reply  # only the reply to the question confirms
+        assert {reply.split(".")[0]} <= frame.external & frame.tainted  # every injected value is outside data
+
+
+# --- an unreadable judge answer: fallback or halt, with the batches before it --
+
+
+@pytest.mark.parametrize(
+    ("catch_all", "second", "status", "fallback"),
+    [
+        ("otherwise -> END", '{"choice": 9}', "done", True),
+        ("", '{"choice": 9}', "judge-unparseable", None),
+        ("", '{"choice": 2}', "no-gate-matched", None),
+    ],
+)
+def test_an_unusable_second_batch_after_a_none_batch_keeps_what_the_batches_cost_and_said(
+    tmp_path, catch_all, second, status, fallback
+):
+    machine = f"""
+        machine m
+        entry a
+        budget 3
+        hook never "False."
+        state a {{
+          structure "s"
+          prompt "p"
+          output o
+          when "first" -> END
+          when "second" hook never -> END
+          when "third" -> END
+          {catch_all}
+        }}
+    """
+    path = tmp_path / "mklang.toml"
+    with FakeServer() as server:
+        server.add(
+            answer("out", input_tokens=10, output_tokens=5),
+            answer("2", input_tokens=100, output_tokens=1),
+            answer(second, input_tokens=1000, output_tokens=1),
+        )
+        path.write_text(
+            f'[tiers]\ndefault = "p:m"\n[providers.p]\nkind = "openai"\nbase_url = "{server.openai_url}"\nretries = 0\n'
+        )
+        result = run_mk(machine, provider=make_provider(config_path=str(path)), hooks={"never": lambda c, o: False})
+    assert status in (result.status, result.error)
+    [step] = result.trace
+    none_batches = 1 + (second == '{"choice": 2}')
+    assert (step.get("judge_none"), step.get("judge_fallback"), step.get("judge_parse")) == (
+        none_batches,
+        fallback,
+        "strict",
+    )
+    assert step["usage"] == Usage(1110, 7).to_json()
+    assert result.usage == Usage(1110, 7)
+
+
+def test_a_hook_gate_that_repairs_spends_its_own_repair_budget():
+    machine = """
+        machine m
+        entry a
+        budget 9
+        hook bad "True when the draft is bad."
+        state a {
+          structure "s"
+          prompt "p"
+          output o
+          when "the draft is bad" hook bad repair 2 -> a
+          otherwise -> END
+        }
+    """
+    result = run_mk(machine, llm={"produce": ["x"]}, hooks={"bad": lambda context, output: True})
+    assert result.status == "done", result.error
+    assert [(step["policy"], step["gate_via"]) for step in result.trace] == [
+        ("repair", "hook"),
+        ("repair", "hook"),
+        ("ok", "otherwise"),
+    ]

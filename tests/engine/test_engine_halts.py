@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conformance.harness import Recorder, run_mk
+from conformance.harness import Recorder, mk, run_mk
 
+from mklang.engine.frame import Frame
 from mklang.errors import ProviderError
 
 TWO_STATES = """
@@ -158,3 +159,18 @@ def test_a_parse_list_answer_that_is_json_but_no_array_names_what_it_got(answer,
     result = run_mk(source, llm={"produce": ["one", answer]})
     assert (result.status, result.at) == ("halted", "b")
     assert result.error == f"state-error: parse-list: expected a JSON array, got {kind}"
+
+
+def test_the_engine_stop_signal_reads_as_its_reason():
+    from mklang.engine.signals import Stop
+
+    frame = Frame.start(mk("machine m\nentry a\nbudget 1\nstate a {\n  tool t\n  output o\n  otherwise -> END\n}\n"))
+    assert [
+        str(signal)
+        for signal in (
+            Stop("halted", "gate-fail", "a"),
+            Stop("suspended", "escalated", "a", [frame]),
+            Stop("stopped", "cost-exhausted", "a"),
+            Stop("interrupted", "interrupted", "a"),
+        )
+    ] == ["gate-fail", "escalated", "cost-exhausted", "interrupted"]

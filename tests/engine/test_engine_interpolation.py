@@ -309,3 +309,21 @@ def test_a_lone_placeholder_passes_the_raw_value_even_with_spaces(value, expecte
     result = run_mk(machine, tools={"look": lambda arguments: received.append(arguments["q"]) or "seen"})
     assert result.status == "done"
     assert received == [expected]
+
+
+def test_a_map_renders_as_json_that_keeps_non_ascii_text():
+    machine = """
+        machine m
+        entry a
+        budget 3
+        context { m: { k: "café ✓" } }
+        state a {
+          structure "s"
+          prompt "{{m}}"
+          output o
+          otherwise -> END
+        }
+    """
+    provider = Recorder({"produce": ["x"]})
+    run_mk(machine, provider=provider)
+    assert provider.produced[0].user == '{"k": "café ✓"}'

@@ -303,3 +303,14 @@ def test_judge_parse_in_the_trace_says_how_the_last_judge_answer_was_read(tmp_pa
 def test_no_judge_call_leaves_no_judge_parse():
     result = run_mk(JUDGED, llm={"judge": [0]}, hooks={"never": lambda c, o: False})
     assert result.status == "done" and "judge_parse" not in result.trace[0]
+
+
+# --- the scratchpad and where a checkpoint lives --------------------------------
+
+
+def test_the_scratchpad_asks_alone_without_a_system_message_and_joins_every_block():
+    from mklang.providers.scratchpad import INSTRUCTION, split, with_instruction
+
+    assert with_instruction("") == INSTRUCTION
+    assert with_instruction("Be brief.") == f"Be brief.\n\n{INSTRUCTION}"
+    assert split("<think> a </think>x<reasoning>b</reasoning> y ") == ("x y", "a\n\nb")

@@ -12,25 +12,32 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import pytest
 from support import ROOT
-from support.commands import cli_env
+from support.checkpoints import blank_envelope
+from support.commands import cli, cli_env
+from support.crashes import Crash
 from support.examples import EXAMPLES
+from support.files import holder, lock_path, refuse_if_running
 from support.runs import LoopTops, outcome
 from support.services import postgres_schema
 
-from mklang.checkpoint.envelope import load
+from mklang.checkpoint.envelope import dump, load
 from mklang.errors import CheckpointError, RunBusy, UsageError
 from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
 from mklang.stores import Location, Store, locate, open_store
-from mklang.stores.file import FileStore
+from mklang.stores.file import FileLock, FileStore
 from mklang.syntax import load_file
 
 ENVELOPE = b'{"format":1,"whatever":"the store does not parse it"}'
@@ -243,10 +250,6 @@ def test_a_run_suspends_into_the_store_and_resumes_from_it(store, store_uri):
     assert "approval-1" in store.runs()
 
 
-class Crash(BaseException):
-    """Raised at a loop-top like SIGKILL: nothing in the engine catches it."""
-
-
 def test_a_run_crashed_at_any_loop_top_resumes_from_the_store(store, store_uri, monkeypatch):
     import mklang.checkpoint.journal as journal_module
 
@@ -314,7 +317,6 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
 
 
 def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(postgres_uri, tmp_path):
-    from support.commands import cli
 
     example = EXAMPLES / "approval"
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
@@ -425,3 +427,346 @@ def test_a_built_in_scheme_looks_up_no_installed_package(monkeypatch, tmp_path):
 
     monkeypatch.setattr(importlib.metadata, "entry_points", looked_up)
     open_store(f"sqlite:///{tmp_path}/runs.db").close()
+
+
+def test_a_sqlite_store_file_may_have_a_colon_in_its_name(tmp_path, monkeypatch):
+    from mklang.stores import open_store
+    from mklang.stores.sqlite import SqliteStore
+
+    monkeypatch.chdir(tmp_path)
+    store = open_store("sqlite:///a:b.db")
+    assert isinstance(store, SqliteStore) and (tmp_path / "a:b.db").is_file()
+    store.close()
+
+
+def test_a_runs_recorded_spend_keeps_the_most_of_tokens_and_of_dollars_apart(named_store):
+    store, _, _ = named_store
+    store.record_spend("b", "run ä/1", 100, 0.5)
+    store.record_spend("b", "run ä/1", 150, 0.25)  # more tokens, fewer dollars
+    assert store.spend("b") == (150, 0.5)
+    store.record_spend("b", "run ä/1", 10, 0.75)  # more dollars, fewer tokens
+    assert store.spend("b") == (150, 0.75)
+    store.record_spend("b", "run ä/1", 1, 0.1)  # less of both: nothing changes
+    store.record_spend("b", "run 2", 5, 0.25)
+    assert store.spend("b") == (155, 1.0)
+    assert (store.spend("other"), store.read_note("batch:b")) == ((0, 0.0), None)
+    store.record_spend("c", "r", 1, 0.0)  # a first record of one token and no dollars
+    assert store.spend("c") == (1, 0.0)
+    store.write_note("batch:b", b"\x00binary\xff")
+    assert store.read_note("batch:b") == b"\x00binary\xff"
+
+
+def test_file_store_notes_and_spend_are_private_and_their_damage_is_named(tmp_path):
+    from mklang.stores import open_store
+
+    store = open_store(tmp_path)
+    store.write_note("batch:b", b"n")
+    store.record_spend("b", "r", 1, 0.5)
+    (batch,) = (tmp_path / ".mklang-spend").iterdir()
+    for folder in (tmp_path / ".mklang-notes", batch):  # the folders that hold the files
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert store.runs() == []
+    (spent,) = (tmp_path / ".mklang-spend").glob("*/*")
+    spent.write_text("lots")
+    with pytest.raises(CheckpointError) as caught:
+        store.spend("b")
+    assert str(caught.value).startswith(f"{spent}: cannot read a run's recorded spend: ")
+    (note,) = (tmp_path / ".mklang-notes").iterdir()
+    note.unlink()
+    note.mkdir()
+    with pytest.raises(CheckpointError) as caught:
+        store.read_note("batch:b")
+    assert str(caught.value) == f"{note}: cannot read the batch note: Is a directory"
+    with pytest.raises(CheckpointError) as caught:
+        store.write_note("batch:b", b"n")
+    assert str(caught.value) == f"{note}: cannot write the batch note: Is a directory"
+
+
+# --- stores at their edges: a lock taken twice in one process, errors, odd files ---
+
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(params=["file", "sqlite", "postgresql"])
+def named_store(request, tmp_path) -> Any:
+    """A fresh store, how it names a run in its messages, and the holder it reports for this process."""
+    import socket
+
+    from mklang.stores import open_store
+
+    me = str(os.getpid())
+    if request.param == "file":
+        folder = tmp_path / "runs"
+        folder.mkdir()
+        store, name = open_store(folder), lambda run: str(folder / run)
+    elif request.param == "sqlite":
+        path = tmp_path / "runs.db"
+        store, name = open_store(f"sqlite:///{path}"), lambda run: f"sqlite:///{path}#{run}"
+    else:
+        store, name = open_store(request.getfixturevalue("postgres_uri")), lambda run: f"{POSTGRES}#{run}"
+        me = f"{me}@{socket.gethostname()}"
+    yield store, name, me
+    store.close()
+
+
+def test_a_run_locked_in_this_process_cannot_be_locked_again_but_another_run_can(named_store):
+    store, name, me = named_store
+    first = store.lock("run 1")
+    try:
+        assert store.holder("run 1") == me
+        assert store.holder("run 2") is None
+        with pytest.raises(CheckpointError) as caught:
+            store.lock("run 1")
+        assert str(caught.value) == (
+            f"{name('run 1')}: the run is still going in process {me}; "
+            "wait for it, or stop it (Ctrl-C suspends it) before resuming"
+        )
+        store.lock("run 2").release()
+    finally:
+        first.release()
+    assert store.holder("run 1") is None
+    store.lock("run 1").release()
+
+
+def test_a_closed_database_store_fails_with_one_line_naming_the_store(tmp_path, postgres_uri):
+    from mklang.stores import open_store
+
+    closed = {
+        f"{tmp_path}/runs.db: SQLite checkpoint store: Cannot operate on a closed database.": open_store(
+            f"sqlite:///{tmp_path}/runs.db"
+        ),
+        f"{POSTGRES}: PostgreSQL checkpoint store: the connection is closed": open_store(postgres_uri),
+    }
+    for message, store in closed.items():
+        store.close()
+        for use in (
+            partial(store.read, "a"),
+            partial(store.write, "a", b"{}", generation=1),
+            partial(store.read_journal, "a"),
+            partial(store.start_journal, "a", b"gen\n"),
+            partial(store.append, "a", b"step\n", durable=True),
+            partial(store.drop_journal, "a"),
+            store.runs,
+            partial(store.read_note, "batch:x"),
+            partial(store.write_note, "batch:x", b"note"),
+            partial(store.record_spend, "b", "a", 1, 0.5),
+            partial(store.spend, "b"),
+        ):
+            with pytest.raises(CheckpointError) as caught:
+                use()
+            assert str(caught.value) == message
+
+
+def test_a_sqlite_store_serves_every_thread_of_the_process(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mklang.stores import open_store
+
+    store = open_store(f"sqlite:///{tmp_path}/runs.db")
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(partial(store.write, "a", b"{}", generation=1)).result()
+        pool.submit(store.start_journal, "a", b"gen\n").result()
+    assert (store.read("a"), store.read_journal("a")) == (b"{}", b"gen\n")
+    assert stat.S_IMODE((tmp_path / "runs.db.locks").stat().st_mode) == 0o700  # the locks are the owner's
+    store.close()
+
+
+@pytest.mark.parametrize("uri", ["sqlite://host/runs.db", "sqlite:///", "sqlite://"])
+def test_a_sqlite_uri_without_a_local_path_is_a_usage_error(uri):
+    from mklang.errors import UsageError
+    from mklang.stores import open_store
+
+    with pytest.raises(UsageError) as caught:
+        open_store(uri)
+    assert str(caught.value) == f"{uri}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db"
+
+
+def test_a_sqlite_store_may_be_a_one_letter_file_and_not_a_folder(tmp_path, monkeypatch):
+    from mklang.stores import open_store
+
+    monkeypatch.chdir(tmp_path)
+    open_store("sqlite:///a").close()
+    assert (tmp_path / "a").is_file()
+    with pytest.raises(CheckpointError) as caught:
+        open_store(f"sqlite:///{tmp_path}")
+    assert str(caught.value) == f"{tmp_path}: cannot open the SQLite checkpoint store: unable to open database file"
+
+
+def test_postgresql_store_errors_are_the_first_line_of_the_servers_and_hide_the_uri_options(monkeypatch):
+    import sys
+
+    from mklang.errors import UsageError
+    from mklang.stores import open_store
+
+    with pytest.raises(CheckpointError) as caught:
+        open_store("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2&application_name=a?b")
+    assert str(caught.value).startswith(
+        "postgresql://postgres@127.0.0.1:1/test: cannot connect to the PostgreSQL checkpoint store: connection failed: "
+    )
+    assert "\n" not in str(caught.value) and str(caught.value).endswith(
+        "Connection refused (is the server up, and the URI's host, port, user and database right?)"
+    )
+    require_postgres()
+    with pytest.raises(UsageError) as caught:
+        open_store(f"{POSTGRES}?options=-csearch_path%3Dmk_no_such_schema")
+    assert str(caught.value).startswith(f"{POSTGRES}: the schema the URI's search_path names does not exist")
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(UsageError) as missing:
+        open_store(POSTGRES)
+    assert str(missing.value) == "the PostgreSQL store needs psycopg: pip install 'mklang[distributed]'"
+
+
+def require_postgres() -> None:
+    from support.services import require_server
+
+    require_server("PostgreSQL")
+
+
+def test_the_file_store_lists_only_checkpoint_files(tmp_path):
+    from mklang.stores import open_store
+
+    envelope = dump(blank_envelope())
+    for name in ("cp.json", ".hidden.json", "cp.json.tmp", "cp.json.journal", "cp.json.lock", "b.json"):
+        (tmp_path / name).write_bytes(envelope)
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / "folder").mkdir()
+    assert open_store(tmp_path).runs() == ["b.json", "cp.json"]
+
+
+def test_a_dropped_journal_takes_no_more_appends(tmp_path):
+    from mklang.stores import open_store
+
+    store = open_store(tmp_path)
+    store.start_journal("cp.json", b"gen\n")
+    store.drop_journal("cp.json")
+    with pytest.raises(CheckpointError, match="the journal was not started"):
+        store.append("cp.json", b"step\n", durable=False)
+    assert not (tmp_path / "cp.json.journal").exists()
+
+
+# --- a lock file that names a process that is gone ----------------------------
+
+
+def test_a_stale_lock_file_does_not_block_and_is_taken_over(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    lock_path(checkpoint).write_text(f"{os.getpid()}\n")  # a pid, but no process holds the lock
+    assert holder(checkpoint) is None
+    refuse_if_running(checkpoint)
+    lock = FileLock(lock_path(checkpoint), str(checkpoint))
+    try:
+        assert lock_path(checkpoint).read_text() == f"{os.getpid()}\n"
+        assert holder(checkpoint) == os.getpid()
+        with pytest.raises(CheckpointError, match=f"still going in process {os.getpid()}"):
+            refuse_if_running(checkpoint)
+        with pytest.raises(CheckpointError, match=f"still going in process {os.getpid()}"):
+            FileLock(lock_path(checkpoint), str(checkpoint))
+    finally:
+        lock.release()
+    assert holder(checkpoint) is None
+
+
+def test_a_longer_stale_pid_is_replaced_not_overwritten_in_place(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    lock_path(checkpoint).write_text("123456789012\n")
+    lock = FileLock(lock_path(checkpoint), str(checkpoint))
+    try:
+        assert lock_path(checkpoint).read_text() == f"{os.getpid()}\n"
+    finally:
+        lock.release()
+
+
+def test_a_held_lock_whose_file_names_no_pid_reports_an_unknown_holder(tmp_path):
+    checkpoint = tmp_path / "cp.json"
+    lock = FileLock(lock_path(checkpoint), str(checkpoint))
+    try:
+        lock_path(checkpoint).write_text("garbage\n")
+        assert holder(checkpoint) == -1
+    finally:
+        lock.release()
+
+
+def test_a_checkpoint_is_located_by_path_or_by_store_uri_and_run(tmp_path, monkeypatch):
+    from mklang.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    by_path = locate("cp.json")
+    assert (by_path.run, str(by_path), by_path.key, by_path.anchor) == (
+        "cp.json",
+        "cp.json",
+        str(tmp_path / "cp.json"),
+        Path("cp.json"),
+    )
+    assert locate(str(tmp_path / "cp.json")).key == by_path.key  # two names of one run
+    in_sqlite = locate("sqlite:///runs.db#run-1")
+    assert (in_sqlite.run, str(in_sqlite), in_sqlite.key, in_sqlite.anchor) == (
+        "run-1",
+        "sqlite:///runs.db#run-1",
+        "sqlite:///runs.db#run-1",
+        Path("runs.db"),
+    )
+    in_sqlite.store.close()
+    with pytest.raises(UsageError, match=r"sqlite:///runs\.db: run name 'run#1' is not valid"):
+        locate("sqlite:///runs.db#run#1")  # the first '#' ends the store, the rest is no run name
+    with pytest.raises(UsageError) as caught:
+        locate("sqlite:///runs.db")
+    assert str(caught.value) == "sqlite:///runs.db: a store URI names a run after '#', e.g. sqlite:///runs.db#RUN_ID"
+
+
+def test_a_postgresql_checkpoint_anchors_machine_paths_in_the_current_folder(tmp_path, monkeypatch, postgres_uri):
+
+    monkeypatch.chdir(tmp_path)
+    location = locate(f"{postgres_uri}#r")
+    assert (location.run, location.anchor) == ("r", tmp_path / "checkpoint")
+    location.store.close()
+
+
+def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
+    from mklang.stores import open_store
+    from mklang.stores.file import FileStore
+
+    store = open_store(tmp_path)
+    (tmp_path / "cp.json.journal").mkdir()
+    with pytest.raises(CheckpointError) as caught:
+        store.read_journal("cp.json")
+    assert str(caught.value) == f"{tmp_path / 'cp.json.journal'}: cannot read the journal: Is a directory"
+    with pytest.raises(CheckpointError) as caught:
+        store.start_journal("cp.json", b"gen\n")
+    assert str(caught.value) == f"{tmp_path / 'cp.json.journal'}: cannot write the journal: Is a directory"
+    missing = FileStore(tmp_path / "missing")
+    with pytest.raises(CheckpointError) as caught:
+        missing.lock("cp.json")
+    assert (
+        str(caught.value)
+        == f"{tmp_path / 'missing' / 'cp.json'}: cannot lock the checkpoint: No such file or directory"
+    )
+    missing.drop_journal("cp.json")  # nothing to drop is fine
+
+
+def test_a_lock_file_is_owner_only_never_followed_through_a_link_and_released_once(tmp_path):
+    from mklang.stores import open_store
+
+    store = open_store(tmp_path)
+    lock = store.lock("cp.json")
+    assert stat.S_IMODE((tmp_path / "cp.json.lock").stat().st_mode) == 0o600
+    lock.release()
+    lock.release()  # a second release does nothing
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / "other.json.lock").symlink_to(victim)
+    with pytest.raises(CheckpointError, match="cannot lock the checkpoint: Too many levels of symbolic links"):
+        store.lock("other.json")
+    assert store.holder("other.json") is None
+    assert victim.read_text() == "keep me"
+
+
+def test_a_closed_file_store_takes_no_more_journal_lines(tmp_path):
+    from mklang.stores import open_store
+
+    store = open_store(tmp_path)
+    store.start_journal("cp.json", b"gen 1\n")
+    store.start_journal("cp.json", b"gen 2\n")
+    store.append("cp.json", b"step\n", durable=False)
+    assert store.read_journal("cp.json") == b"gen 2\nstep\n"
+    store.close()
+    with pytest.raises(CheckpointError, match="the journal was not started"):
+        store.append("cp.json", b"late\n", durable=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mklang.checkpoint.envelope import Envelope, MachineRef
+
 
 def frame_record(machine: str, state: str, steps: int, budget: int, **fields: Any) -> dict[str, Any]:
     """A frame as an envelope records it: at `state` of `machine`, after `steps` of `budget`."""
@@ -23,3 +25,17 @@ def frame_record(machine: str, state: str, steps: int, budget: int, **fields: An
         "last_output": None,
         **fields,
     }
+
+
+def blank_envelope(**fields: Any) -> Envelope:
+    """A running envelope of machine `m`, run `r`, without frames; `fields` change what they name."""
+    return Envelope(
+        **{
+            "mklang_version": "test",
+            "run_id": "r",
+            "status": "running",
+            "machine": MachineRef(name="m", path=None, sha256=None),
+            "frames": [],
+            **fields,
+        }
+    )

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from mklang.stores import locate
+from mklang.stores.file import FileLock, lock_holder
+
 
 def journal_path(checkpoint: Path) -> Path:
     """The crash journal beside a checkpoint file."""
@@ -30,3 +33,25 @@ class FsyncSpy:
         if self._watched is not None:
             self.watched_then.append(self._watched.read_bytes())
         self._fsync(descriptor)
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write a checkpoint file through the file store (its errors are one CheckpointError line)."""
+    location = locate(path)
+    location.store.write(location.run, payload, generation=1)
+
+
+def lock_path(checkpoint: Path) -> Path:
+    """The lock file beside a checkpoint file."""
+    return Path(f"{checkpoint}.lock")
+
+
+def holder(checkpoint: Path) -> int | None:
+    """The pid a held lock names (-1 when it names none), or None when the lock is free."""
+    named = lock_holder(lock_path(checkpoint))
+    return None if named is None else int(named) if named.isdigit() else -1
+
+
+def refuse_if_running(checkpoint: Path) -> None:
+    """Take and release the checkpoint's lock: it raises when a live process holds it."""
+    FileLock(lock_path(checkpoint), str(checkpoint)).release()

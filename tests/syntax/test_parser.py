@@ -274,3 +274,54 @@ def test_arbitrary_text_yields_a_machine_or_a_diagnostic(text):
 def test_every_example_and_library_machine_parses(path):
     machine = load_file(path)
     assert machine.states and machine.path == str(path.resolve())
+
+
+# --- negative numbers: budget, repair, max_visits -----------------------------
+
+NEGATIVE_MK = """\
+machine m
+entry a
+budget -3
+state a {
+  structure "s"
+  prompt "p"
+  output o
+  max_visits -1
+  when "bad" repair -2 -> a
+  otherwise -> END
+}
+"""
+
+NEGATIVE_YAML = """\
+mklang: "0.4"
+machine: m
+entry: a
+budget: -3
+states:
+  a:
+    structure: s
+    prompt: p
+    output: o
+    max_visits: -1
+    gates:
+      - when: bad
+        then: {repair: -2}
+        to: a
+      - when: otherwise
+        then: ok
+        to: END
+"""
+
+
+@pytest.mark.parametrize(("name", "text"), [("m.mk", NEGATIVE_MK), ("m.yaml", NEGATIVE_YAML)])
+def test_negative_budget_repair_and_max_visits_are_load_errors(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(LoadError) as caught:
+        load_file(path)
+    found = {(d.code, d.message, d.line) for d in caught.value.diagnostics}
+    what = {message.split(" must")[0]: (code, line) for code, message, line in found}
+    assert {code for code, _, _ in found} == {"invalid-number"}
+    assert set(what) == {"budget", "max_visits", "a repair budget" if name.endswith(".mk") else "repair"}
+    assert what["budget"][1] == 4 if name.endswith(".yaml") else 3
+    assert all('not "-' in message for _, message, _ in found)
