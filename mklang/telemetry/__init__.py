@@ -25,11 +25,31 @@ if TYPE_CHECKING:
 VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER")
 
 
+# What mklang's exporters can do: a variable asking for anything else could not take effect.
+SUPPORTED = {
+    "OTEL_TRACES_EXPORTER": ("otlp", "console", "none"),
+    "OTEL_METRICS_EXPORTER": ("otlp", "console", "none"),
+    "OTEL_EXPORTER_OTLP_PROTOCOL": ("http/protobuf",),
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": ("http/protobuf",),
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": ("http/protobuf",),
+}
+
+
 def exporting() -> bool:
-    """Whether this process's runs export spans and metrics, by the environment alone."""
+    """Whether this process's runs export spans and metrics, by the environment alone.
+
+    Raises UsageError, before the run starts, for an exporter or protocol mklang does not have."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    return any(os.environ.get(name) for name in VARIABLES)
+    if not any(os.environ.get(name) for name in VARIABLES):
+        return False
+    for name, known in SUPPORTED.items():
+        value = os.environ.get(name, "").strip().lower()
+        if value and value not in known:
+            from mklang.errors import UsageError
+
+            raise UsageError(f"{name}={value} is not supported: mklang exports with {' or '.join(known)}")
+    return True
 
 
 _missing_told = False

@@ -51,12 +51,9 @@ Key = tuple[tuple[Any, ...], ...]
 
 
 def _chosen(variable: str) -> str:
-    """Which exporter OTEL_TRACES_EXPORTER or OTEL_METRICS_EXPORTER names: otlp (the default), console or none."""
-    name = os.environ.get(variable, "").strip().lower() or "otlp"
-    if name not in ("otlp", "console", "none"):
-        log.warning("mklang: %s=%s is not one mklang knows (otlp, console, none): using otlp", variable, name)
-        return "otlp"
-    return name
+    """Which exporter OTEL_TRACES_EXPORTER or OTEL_METRICS_EXPORTER names: otlp (the default), console
+    or none (`telemetry.exporting` refused any other)."""
+    return os.environ.get(variable, "").strip().lower() or "otlp"
 
 
 # `console` writes to stderr: stdout is the run's result (`--format json`).

@@ -406,3 +406,36 @@ def test_a_halted_run_is_an_error_span_and_its_hooks_say_what_they_answered(proj
     (hook,) = named["hook approve"]
     assert hook.attributes == {"mklang.hook.name": "approve", "mklang.hook.result": False}
     assert parent_of(hook, named["hook approve"] + named["state one"]).name == "state one"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_TRACES_EXPORTER", "zipkin"),
+        ("OTEL_METRICS_EXPORTER", "prometheus"),
+    ],
+)
+def test_an_exporter_or_protocol_mklang_lacks_refuses_the_run_before_it_starts(tmp_path: Path, variable, value):
+    from support.commands import cli
+
+    env = {k: v for k, v in cli_env().items() if not k.startswith("OTEL_")}
+    env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", variable: value}
+    done = cli(
+        "run",
+        str(ROOT / "machines" / "chain_of_thought.mk"),
+        "--script",
+        str(ROOT / "machines" / "chain_of_thought.scenarios.yaml"),
+        "--scenario",
+        "answer-follows",
+        "--checkpoint",
+        str(tmp_path / "cp.json"),
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[
+        -1
+    ] == f"mklang: error: {variable}={value} is not supported: mklang exports with " + (
+        "http/protobuf" if "PROTOCOL" in variable else "otlp or console or none"
+    )
+    assert not (tmp_path / "cp.json").exists()  # refused before the run began
