@@ -154,11 +154,15 @@ def input_hash(data: dict[str, Any]) -> str:
 def location(store: Store, uri: str, run: str) -> Location:
     """Where `run` is in the store opened from `uri`: named and anchored as `locate` does it, so a run
     a batch wrote records its machine as `mklang resume STORE#RUN` (or FOLDER/RUN) finds it."""
+    text = target(uri, run)
     if is_uri(uri):
-        text = f"{uri}#{run}"
         return Location(store, run, text, text, getattr(store, "path", Path.cwd() / "checkpoint"))
-    path = Path(uri) / run
-    return Location(store, run, str(path), str(path.resolve()), path)
+    return Location(store, run, text, str(Path(text).resolve()), Path(text))
+
+
+def target(uri: str, run: str) -> str:
+    """How commands name `run` of the store `uri`: `STORE-URI#RUN`, or `FOLDER/RUN` of a folder store."""
+    return f"{uri}#{run}" if is_uri(uri) else str(Path(uri) / run)
 
 
 def described(store: Store, uri: str, run: str, last: int = 0) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from mklang.engine.events import EventSink
 from mklang.errors import CheckpointError, MklangError, UsageError, first_line, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.service import Outcome, fleet_mac, outcome, read_signed, verified, write_signed
+from mklang.service import Outcome, fleet_mac, outcome, read_signed, record_key, report_key, verified, write_signed
 from mklang.stores import Store, open_store, run_name
 from mklang.terminal import printable
 
@@ -129,18 +129,10 @@ def celery_app(broker: str) -> Any:
     return app
 
 
-def note_key(run: str) -> str:
-    return f"run:{run}"
-
-
-def record_key(run: str) -> str:
-    return f"record:{run}"
-
-
 def read_note(store: Store, run: str) -> dict[str, Any] | None:
     """What the last worker to take `run` made of it: {id, worker, outcome}; None before any did.
     A note the fleet key did not sign is CheckpointError."""
-    return read_signed(store, note_key(run), f"the worker's report of run {run}")
+    return read_signed(store, report_key(run), f"the worker's report of run {run}")
 
 
 def _reported(store: Store, run: str, raw: bytes) -> Outcome:
@@ -162,7 +154,7 @@ def _reported(store: Store, run: str, raw: bytes) -> Outcome:
 
 
 def _note_bytes(store: Store, run: str) -> bytes | None:
-    return store.read_note(note_key(run))
+    return store.read_note(report_key(run))
 
 
 def enqueue_and_follow(
@@ -351,7 +343,7 @@ class Worker:
     def report(self, done: Outcome) -> None:
         """Tell the batch what became of a run: replace its note, signed."""
         write_signed(
-            self.store, note_key(done.run), {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
+            self.store, report_key(done.run), {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
         )
 
     def host_for(self, max_cost: float | None, priced_for: str) -> AbstractContextManager[Host]:

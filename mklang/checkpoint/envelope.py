@@ -28,7 +28,8 @@ from typing_extensions import TypedDict
 from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
-from mklang.stores import Location, locate
+from mklang.stores import Location, RunStore, locate
+from mklang.stores.summary import RunSummary, summary_reason
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 FORMAT: Final = 2
@@ -248,7 +249,27 @@ def dump(envelope: Envelope) -> bytes:
 def save(target: str | Path | Location, envelope: Envelope) -> None:
     """Write `envelope`, signed, to a checkpoint path or store location, atomically."""
     location = locate(target)
-    location.store.write(location.run, dump(envelope), generation=envelope.generation)
+    store_envelope(location.store, location.run, envelope, dump(envelope))
+
+
+def store_envelope(store: RunStore, run: str, envelope: Envelope, payload: bytes) -> None:
+    """Write an envelope's bytes `payload` to a store, then the summary a listing shows of it."""
+    store.write(run, payload, generation=envelope.generation)
+    store.summarize(run, summary_of(run, envelope))
+
+
+def summary_of(run: str, envelope: Envelope) -> RunSummary:
+    """What a listing shows of a run whose envelope is `envelope` (`RunSummary`; display only)."""
+    usage = envelope.usage
+    return RunSummary(
+        run,
+        run_id=envelope.run_id,
+        machine=envelope.machine.name,
+        status=envelope.status,
+        reason=summary_reason(envelope.status, envelope.reason, envelope.error, envelope.ask),
+        tokens=usage["input_tokens"] + usage["output_tokens"],
+        cost_usd=usage["cost_usd"],
+    )
 
 
 def load(target: str | Path | Location) -> Envelope:

@@ -48,7 +48,7 @@ from typing import Any, Literal, Protocol
 
 from mklang import faults
 from mklang.checkpoint import generations
-from mklang.checkpoint.envelope import Envelope, dump, dump_signed
+from mklang.checkpoint.envelope import Envelope, dump, dump_signed, store_envelope, summary_of
 from mklang.checkpoint.paths import MachinePaths, portable_host
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
@@ -131,7 +131,7 @@ class StoreJournal:
 
     def _write(self, envelope: Envelope, payload: bytes) -> None:
         """Store the next generation's envelope; the user's state folder remembers it (ADR 0022)."""
-        self.store.write(self.run, payload, generation=envelope.generation)
+        store_envelope(self.store, self.run, envelope, payload)
         generations.remember(envelope.run_id, envelope.generation)
         self.envelope = envelope
 
@@ -146,6 +146,7 @@ class StoreJournal:
         assert self.envelope.signature is not None, "only a signed envelope is continued in place"
         self._mac = self.envelope.signature.hmac
         self._open_generation({"k": "gen", "g": self.envelope.generation, "resume": change}, envelope_bytes)
+        self.store.summarize(self.run, summary_of(self.run, self.envelope))  # running again
 
     def _host_update(self) -> dict[str, Any]:
         """Fields that change as the run goes: machines loaded, the host's state.

@@ -201,28 +201,47 @@ def render_scenarios(outcomes: list, console: Console = stdout) -> None:
     console.print(f"{len(outcomes) - failed} passed, {failed} failed")
 
 
+RUN_COLUMNS = ("RUN", "MACHINE", "STATUS", "REASON OR QUESTION", "SPEND", "STARTED (UTC)", "UPDATED (UTC)")
+
+
 def render_runs(runs: list[dict[str, Any]], console: Console = stdout) -> None:
-    """`mklang runs` for people: one line per run."""
+    """`mklang runs` for people: a header, then one aligned line per run (as `runs --format json` lists them)."""
     if not runs:
         console.print("no runs", highlight=False)
         return
-    for summary in runs:
+
+    def when(iso: str | None) -> str:
+        return iso.replace("T", " ").removesuffix("+00:00") if iso else "-"
+
+    def spend(run: dict[str, Any]) -> str:
+        return f"{run['tokens']} tok" + (f" ${run['cost_usd']:.4f}" if run["cost_usd"] else "")
+
+    rows = [
+        [
+            _short(run["run"], 40),  # a newline in a name read from a row fakes no line
+            _short(run["machine"] or "?", 24),
+            run["status"] or "?",
+            _short(run["reason"] or "", 50),
+            spend(run),
+            when(run["started"]),
+            when(run["updated"]),
+        ]
+        for run in runs
+    ]
+    widths = [max(len(cells[index]) for cells in [list(RUN_COLUMNS), *rows]) for index in range(len(RUN_COLUMNS))]
+    console.print(
+        Text(
+            "  ".join(name.ljust(width) for name, width in zip(RUN_COLUMNS, widths, strict=True)).rstrip(), style="bold"
+        )
+    )
+    for cells in rows:
         line = Text()
-        run = printable(str(summary["path"]).rsplit("#", 1)[-1].rsplit("/", 1)[-1].replace("\n", "\\n"))
-        line.append(run.ljust(max(17, len(run) + 1)))  # a newline in a name read from a row fakes no line
-        line.append(printable(str(summary["status"])).ljust(10), style=_STATUS_STYLE.get(summary["status"], "yellow"))
-        why = summary.get("reason") or summary.get("error") or ""
-        line.append(printable(str(why)).ljust(18))
-        if summary["status"] == "failed":
-            console.print(line, soft_wrap=True)  # one line per run, however long its reason
-            continue
-        frames = summary["frames"]
-        if frames:
-            line.append(printable(f"{frames[-1]['machine']}:{frames[-1]['state']}").ljust(24))
-        tokens = summary["tokens"]
-        line.append(f"tokens {tokens['spent']}" + (f"/{tokens['budget']}" if tokens["budget"] is not None else ""))
-        if summary.get("ask"):
-            line.append(f"  asks: {_short(summary['ask'], 50)}")
+        for index, (cell, width) in enumerate(zip(cells, widths, strict=True)):
+            line.append(
+                cell.ljust(width) + ("  " if index < len(cells) - 1 else ""),
+                style=_STATUS_STYLE.get(cell, "") if index == 2 else "",
+            )
+        line.rstrip()
         console.print(line, soft_wrap=True)
 
 

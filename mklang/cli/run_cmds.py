@@ -91,14 +91,15 @@ def policy(value: str | None) -> str | None:
 
 
 def parse_duration(text: str | None, option: str = "--max-time") -> float | None:
-    """`90`, `90s`, `10m`, `1h30m` -> seconds."""
+    """`90`, `90s`, `10m`, `1h30m`, `7d` -> seconds."""
     if text is None:
         return None
-    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    number = r"(\d+(?:\.\d+)?)"
+    match = re.fullmatch(rf"\s*(?:{number}d)?\s*(?:{number}h)?\s*(?:{number}m)?\s*(?:{number}s?)?\s*", text)
     if not match or not any(match.groups()):
-        raise fail(f"{option} expects a duration such as 90s, 10m or 1h30m, got {text!r}")
-    hours, minutes, seconds = (float(group or 0) for group in match.groups())
-    return hours * 3600 + minutes * 60 + seconds
+        raise fail(f"{option} expects a duration such as 90s, 10m, 1h30m or 7d, got {text!r}")
+    days, hours, minutes, seconds = (float(group or 0) for group in match.groups())
+    return days * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""`mklang runs`, `batch` and `worker`: many runs in one store (docs/scale.md)."""
+"""`mklang runs` (list, rm, prune), `batch` and `worker`: many runs in one store (docs/scale.md, docs/runs.md)."""
 
 from __future__ import annotations
 
@@ -12,40 +12,197 @@ from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, w
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
 from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, interrupts, parse_duration, policy
+from mklang.errors import UsageError, redacted
+from mklang.stores.summary import SUMMARY_STATUSES
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY, DEFAULT_WORKER_CONCURRENCY
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
-STATUSES = ("running", "suspended", "done", "halted", "failed")
 
 
-@app.command()
+runs_app = typer.Typer(help="The runs of a store: list them, remove them, prune old ones.")
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.callback(invoke_without_command=True)
 def runs(
-    store: str = StoreOpt,
+    context: typer.Context,
+    store: str | None = typer.Option(None, "--store", help="The checkpoint store to list."),
     status: list[str] | None = typer.Option(None, "--status", help="Only runs with this status. Repeatable."),
+    machine: str | None = typer.Option(None, "--machine", help="Only runs of this root machine (its name)."),
+    since: str | None = typer.Option(
+        None, "--since", metavar="WHEN", help="Only runs updated since: a duration ago (2h, 7d) or an ISO date."
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many runs (a page)."),
+    page: int = typer.Option(1, "--page", min=1, help="Which page of --limit runs."),
     format: OutputFormat = FormatOpt,
 ) -> None:
-    """Every run of a store: status, reason, spend against budgets, position and pending ask."""
-    with handle_errors(wants_json(format)):
-        from mklang.batching import described
-        from mklang.cli.render import render_runs
-        from mklang.stores import open_store
+    """The runs of a store, newest first: status, reason or question, spend, started, updated.
 
-        unknown = sorted(set(status or []) - set(STATUSES))
+    What is listed is each run's summary, kept beside it: it is shown, never
+    trusted; `mklang show STORE#RUN` reads and verifies the run itself."""
+    if context.invoked_subcommand is not None:
+        return
+    with handle_errors(wants_json(format)):
+        from mklang.cli.render import render_runs
+        from mklang.stores import RunQuery, open_store
+
+        if store is None:
+            raise fail("mklang runs needs --store URI (a folder, sqlite:///runs.db or postgresql://...)")
+        unknown = sorted(set(status or []) - set(SUMMARY_STATUSES))
         if unknown:
-            raise fail(f"--status expects one of {', '.join(STATUSES)}, got {', '.join(unknown)}")
+            raise fail(f"--status expects one of {', '.join(SUMMARY_STATUSES)}, got {', '.join(unknown)}")
+        query = RunQuery(
+            statuses=tuple(status or ()),
+            machine=machine,
+            since=_since(since),
+            limit=None if limit is None else limit + 1,  # one more: is there a next page
+            offset=0 if limit is None else (page - 1) * limit,
+        )
         opened = open_store(store, create=False)
         try:
-            listed = []
-            for run in opened.runs():
-                summary = described(opened, store, run)
-                if not status or summary["status"] in status:
-                    listed.append(summary)
+            found = opened.summaries(query)
         finally:
             opened.close()
+        more = limit is not None and len(found) > limit
+        listed = [_summary_json(store, summary) for summary in found[:limit]]
         if wants_json(format):
-            print_json(listed)
+            print_json({"store": redacted(store), "page": page, "limit": limit, "more": more, "runs": listed})
         else:
             render_runs(listed)
+            if more:
+                print(f"more: --page {page + 1}", file=sys.stderr)
+
+
+def _since(text: str | None) -> float | None:
+    """`--since`: a duration ago (2h, 7d), or an ISO date or time (UTC unless it says), as epoch seconds."""
+    import time
+    from datetime import UTC, datetime
+
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        seconds = parse_duration(text, "--since")
+        return None if seconds is None else time.time() - seconds
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def _summary_json(store: str, summary: Any) -> dict[str, Any]:
+    """One run of `runs --format json`: its summary, times in ISO 8601 (UTC), and how to name it."""
+    from mklang.batching import target
+
+    def iso(seconds: float | None) -> str | None:
+        from datetime import UTC, datetime
+
+        return None if seconds is None else datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+    from mklang.stores import run_name
+
+    data = summary.to_json()
+    data.update(started=iso(summary.started), updated=iso(summary.updated), checkpoint=None)
+    try:
+        data["checkpoint"] = redacted(target(store, run_name(summary.run)))
+    except UsageError as error:  # a row no mklang run would write: listed, never named for a command
+        data.update(status=None, reason=str(error))
+    return data
+
+
+@runs_app.command("rm")
+def runs_rm(
+    checkpoints: list[str] = typer.Argument(..., help="The runs: STORE-URI#RUN, or FOLDER/RUN of a folder store."),
+    unfinished: bool = typer.Option(
+        False, "--unfinished", help="Also remove runs not finished (suspended, interrupted, or not signed by you)."
+    ),
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Remove runs by name: envelope, journal, summary, and a batch's record and report of each.
+
+    A finished run is removed; an unfinished one only with --unfinished; one
+    still going in a process (its lock held) never. Exit 0 when every named
+    run was removed, 1 when one was kept (each said on stderr)."""
+    with handle_errors(wants_json(format)):
+        from mklang.errors import MklangError, first_line
+        from mklang.service import Removal, remove_run
+        from mklang.stores import locate, split_target
+
+        for checkpoint in checkpoints:  # every name checked before any run is removed
+            split_target(checkpoint)
+        done = []
+        for checkpoint in checkpoints:
+            try:
+                location = locate(checkpoint, create=False)
+            except MklangError as error:  # its store cannot be opened: the other runs are still removed
+                done.append(Removal(redacted(checkpoint), False, None, first_line(error)))
+                continue
+            try:
+                done.append(remove_run(location, unfinished=unfinished))
+            finally:
+                location.store.close()
+        _report_removed(done, wants_json(format))
+
+
+@runs_app.command("prune")
+def runs_prune(
+    store: str = StoreOpt,
+    older_than: str = typer.Option(
+        ..., "--older-than", metavar="DURATION", help="Remove finished runs last updated longer ago (30d, 12h)."
+    ),
+    status: str = typer.Option(
+        "done,halted", "--status", help="Which finished runs: done, halted, or both (comma-separated)."
+    ),
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Remove the finished runs of a store last updated before --older-than ago.
+
+    Unfinished runs are never pruned (`mklang runs rm --unfinished` removes one
+    by name). Each candidate is checked under its lock against its signed
+    envelope; its age is the store's record of its last write."""
+    with handle_errors(wants_json(format)):
+        import time
+
+        from mklang.batching import location
+        from mklang.service import FINISHED, remove_run
+        from mklang.stores import RunQuery, open_store
+
+        statuses = tuple(part.strip() for part in status.split(",") if part.strip())
+        if not statuses or set(statuses) - set(FINISHED):
+            raise fail(
+                f"--status of prune expects done, halted or done,halted (unfinished runs are kept), got {status!r}"
+            )
+        age = parse_duration(older_than, "--older-than") or 0.0
+        cutoff = time.time() - age
+        opened = open_store(store, create=False)
+        try:
+            candidates = [
+                summary.run
+                for summary in opened.summaries(RunQuery(statuses=statuses))
+                if summary.updated is not None and summary.updated < cutoff
+            ]
+            done = [remove_run(location(opened, store, run), statuses=statuses) for run in candidates]
+        finally:
+            opened.close()
+        _report_removed(done, wants_json(format), pruned=True)
+
+
+def _report_removed(done: list[Any], as_json: bool, pruned: bool = False) -> None:
+    """What `runs rm` and `runs prune` removed: one line per run (kept ones on stderr), and the exit code.
+
+    A run `prune` chose that turned out not to qualify (its summary was stale) is kept quietly: exit 0."""
+    from mklang import exitcodes
+    from mklang.terminal import printable
+
+    kept = [removal for removal in done if not removal.removed]
+    if as_json:
+        print_json({"removed": [r.run for r in done if r.removed], "kept": [r.to_json() for r in kept]})
+    else:
+        for removal in done:
+            if removal.removed:
+                print(printable(f"removed {removal.run} ({removal.status or 'unverified'})"))
+        print(f"{len(done) - len(kept)} run(s) removed, {len(kept)} kept")
+    for removal in kept:
+        print(printable(f"mklang: kept {removal.why}"), file=sys.stderr)
+    raise typer.Exit(exitcodes.OK if pruned or not kept else exitcodes.KEPT)
 
 
 @app.command()

@@ -24,6 +24,8 @@ from typing import Protocol
 
 from mklang.errors import UsageError, first_line, redacted
 from mklang.stores.stamps import Stamp
+from mklang.stores.summary import RunQuery as RunQuery  # re-exported: what a listing asks stores for
+from mklang.stores.summary import RunSummary as RunSummary
 
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
@@ -81,6 +83,16 @@ class RunStore(Protocol):
     def listing(self, offset: int, limit: int) -> tuple[int, list[Stamp]]:
         """How many runs the store holds, and `limit` of them from `offset`, the last written first."""
 
+    def summarize(self, run: str, summary: RunSummary) -> None:
+        """Keep `summary` (its times are ignored) as what a listing shows of the run; the store stamps
+        it `updated` now, and `started` now unless it holds one for the same run id already."""
+
+    def summaries(self, query: RunQuery) -> list[RunSummary]:
+        """The summaries of the store's runs that `query` asks for, newest started first."""
+
+    def remove(self, run: str) -> None:
+        """Remove the run's envelope, journal and summary (its lock stays: held, it is the caller's)."""
+
     def close(self) -> None:
         """Release connections and open files (held locks are released by `RunLock.release`)."""
 
@@ -102,6 +114,9 @@ class NoteStore(Protocol):
 
     def spend(self, batch: str) -> tuple[int, float]:
         """What every run of `batch` has spent: tokens and dollars."""
+
+    def drop_note(self, key: str) -> None:
+        """Remove the note under `key`, if there is one."""
 
 
 class Store(RunStore, NoteStore, Protocol):

@@ -2,7 +2,8 @@
 
 For a run `cp.json` in a folder: the envelope `cp.json` (replaced
 atomically, 0600), the journal `cp.json.journal` (appended; its handle stays
-open while the run goes on) and the lock `cp.json.lock`. Batches keep notes
+open while the run goes on) and the lock `cp.json.lock`; what a listing shows of it is
+`.mklang-runs/cp.json` (`RunSummary`). Batches keep notes
 in `.mklang-notes/` and each run's spend in `.mklang-spend/`, files named by
 the hash of their key.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import threading
 import time
@@ -28,6 +30,7 @@ from typing import IO
 from mklang.errors import CheckpointError, RunBusy
 from mklang.files import write_atomic
 from mklang.stores.stamps import Stamp
+from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 SUFFIXES = (".journal", ".lock", ".tmp")
 # How an envelope file begins: signed (canonical JSON, keys sorted), or as format 1 and hand-written ones do.
@@ -128,6 +131,47 @@ class FileStore:
         stamps.sort(key=lambda stamp: (-stamp.updated, stamp.run))
         return len(stamps), stamps[offset : offset + limit]
 
+    def _summary(self, run: str) -> Path:
+        return self.folder / ".mklang-runs" / run
+
+    def summarize(self, run: str, summary: RunSummary) -> None:
+        path = self._summary(run)
+        now = time.time()
+        kept = _read_summary(path, run)
+        started = kept.started if kept is not None and kept.run_id == summary.run_id and kept.started else now
+        document = {**summary.to_json(), "started": started, "updated": now}
+        try:
+            (self.folder / ".mklang-runs").mkdir(mode=0o700, exist_ok=True)
+            # Display only: replaced atomically, not worth an fsync of its own (lost, the envelope says it).
+            temp = path.with_name(f".{run}.{os.getpid()}.{threading.get_ident()}.tmp")
+            descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(json.dumps(document).encode())
+            os.replace(temp, path)
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot write the run's summary: {error.strerror}") from None
+
+    def summaries(self, query: RunQuery) -> list[RunSummary]:
+        """Each run's summary file; a run without one (written before summaries) is peeked at, timed by its file."""
+        found = []
+        for run in self.runs():
+            summary = _read_summary(self._summary(run), run)
+            if summary is None:
+                raw, when = self.read(run), None
+                with contextlib.suppress(OSError):
+                    when = self._path(run).stat().st_mtime
+                summary = peek_summary(run, raw or b"", when)
+            found.append(summary)
+        return query.page(found)
+
+    def remove(self, run: str) -> None:
+        self.drop_journal(run)
+        for path in (self._path(run), self._summary(run)):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as error:
+                raise CheckpointError(f"{path}: cannot remove it: {error.strerror}") from None
+
     def _note(self, key: str) -> Path:
         # Keys are user text (run ids): the file is named by their hash.
         return self.folder / ".mklang-notes" / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
@@ -156,6 +200,12 @@ class FileStore:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
         return self.read_note(key) or payload
+
+    def drop_note(self, key: str) -> None:
+        try:
+            self._note(key).unlink(missing_ok=True)
+        except OSError as error:
+            raise CheckpointError(f"{self._note(key)}: cannot remove the note: {error.strerror}") from None
 
     def _spend_folder(self, batch: str) -> Path:
         return self.folder / ".mklang-spend" / hashlib.sha256(batch.encode("utf-8")).hexdigest()[:32]
@@ -189,6 +239,15 @@ class FileStore:
         with self._guard:
             for run in list(self._journals):
                 self._close_journal(run)
+
+
+def _read_summary(path: Path, run: str) -> RunSummary | None:
+    """The summary a file keeps (None: none, or not one this version wrote); display only."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return RunSummary.from_json(run, data) if isinstance(data, dict) else None
 
 
 def _read_if_there(path: Path, what: str) -> bytes | None:

@@ -2,7 +2,7 @@
 
 `postgresql://[user@]host[:port]/database#RUN`; libpq's URI options apply
 (for a schema: `?options=-csearch_path%3Dmy_schema`). Runs are rows of
-`mklang_runs(run, envelope, generation)` and `mklang_journal(run, seq, line)`, batches
+`mklang_runs(run, envelope, generation, <summary>)` and `mklang_journal(run, seq, line)`, batches
 keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
 tables are created on first use; every write is one committed transaction.
 
@@ -43,13 +43,13 @@ from typing import Any
 
 from mklang.errors import CheckpointError, UsageError, redacted
 from mklang.stores.file import still_running
-from mklang.stores.sql import SqlStore
+from mklang.stores.sql import SUMMARY_COLUMNS, SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);
 ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS started DOUBLE PRECISION;
-ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS updated DOUBLE PRECISION;
+{summary}
+CREATE INDEX IF NOT EXISTS mklang_runs_status ON mklang_runs (status);
 CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated);
 CREATE TABLE IF NOT EXISTS mklang_journal (run TEXT NOT NULL, seq BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL);
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
@@ -58,7 +58,10 @@ CREATE TABLE IF NOT EXISTS mklang_spend (
     batch TEXT NOT NULL, run TEXT NOT NULL, tokens BIGINT NOT NULL, cost DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (batch, run)
 );
-"""
+""".replace(
+    "{summary}",
+    "\n".join(f"ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS {name} {kind};" for name, _, kind in SUMMARY_COLUMNS),
+)
 
 
 def _psycopg() -> Any:
@@ -79,14 +82,14 @@ class PostgresStore(SqlStore):
         self._guard = threading.Lock()
         self._who = f"{os.getpid()}@{socket.gethostname()}"
         self._db = self._connect(f"mklang-data {self._who}")
-        if create:
-            self._create_tables()
-        elif self._rows("SELECT to_regclass('mklang_runs')")[0][0] is None:
+        if not create and self._rows("SELECT to_regclass('mklang_runs')")[0][0] is None:
             self._db.close()
             raise UsageError(
                 f"{self._where()}: no mklang checkpoint store in this database and schema (no table mklang_runs): "
                 "check the URI's database and search_path; a batch or `mklang run --checkpoint` creates one"
             )
+        self._create_tables()  # and the columns a store of an earlier release lacks
+        self._backfill()
         # Locks are per database; runs of the same name in two schemas must not share one.
         self._schema = str(self._rows("SELECT current_schema()")[0][0])
         self._held: dict[str, Any] = {}  # run -> the connection holding its lock

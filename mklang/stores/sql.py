@@ -13,6 +13,21 @@ from typing import Any
 
 from mklang.errors import CheckpointError
 from mklang.stores.stamps import Stamp
+from mklang.stores.summary import RunQuery, RunSummary, peek_summary
+
+# The summary of a run (`RunSummary`), columns of its `mklang_runs` row: name, and type as
+# (SQLite, PostgreSQL). A database made before summaries gets them on open (`summary_columns`).
+SUMMARY_COLUMNS = (
+    ("run_id", "TEXT", "TEXT"),
+    ("machine", "TEXT", "TEXT"),
+    ("status", "TEXT", "TEXT"),
+    ("reason", "TEXT", "TEXT"),
+    ("tokens", "INTEGER", "BIGINT"),
+    ("cost", "REAL", "DOUBLE PRECISION"),
+    ("started", "REAL", "DOUBLE PRECISION"),
+    ("updated", "REAL", "DOUBLE PRECISION"),
+)
+SUMMARY_SELECT = "SELECT run, run_id, machine, status, reason, tokens, cost, started, updated FROM mklang_runs"
 
 
 class SqlStore:
@@ -81,6 +96,83 @@ class SqlStore:
         )
         return total, [Stamp(str(run), started, updated or 0.0) for run, started, updated in rows]
 
+    def summarize(self, run: str, summary: RunSummary) -> None:
+        # Display only: not worth an fsync of its own (the envelope's, or the next one, carries it).
+        now = time.time()
+        self._rows(
+            "UPDATE mklang_runs SET started = CASE WHEN run_id = ? AND started IS NOT NULL THEN started ELSE ? END, "
+            "run_id = ?, machine = ?, status = ?, reason = ?, tokens = ?, cost = ?, updated = ? WHERE run = ?",
+            summary.run_id,
+            now,
+            summary.run_id,
+            summary.machine,
+            summary.status,
+            summary.reason,
+            summary.tokens,
+            summary.cost_usd,
+            now,
+            run,
+            run=run,
+            durable=False,
+        )
+
+    def summaries(self, query: RunQuery) -> list[RunSummary]:
+        where: list[str] = []
+        args: list[object] = []
+        if query.statuses:
+            where.append(f"status IN ({', '.join('?' for _ in query.statuses)})")
+            args.extend(query.statuses)
+        if query.machine is not None:
+            where.append("machine = ?")
+            args.append(query.machine)
+        if query.since is not None:
+            where.append("updated >= ?")
+            args.append(query.since)
+        sql = SUMMARY_SELECT + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY COALESCE(started, 0) DESC, run"
+        if query.limit is not None:
+            sql += f" LIMIT {int(query.limit)}"
+        if query.offset:
+            sql += f" OFFSET {int(query.offset)}"
+        return [
+            RunSummary(
+                str(run),
+                run_id,
+                machine,
+                status,
+                reason,
+                int(tokens or 0),
+                float(cost or 0.0),
+                None if started is None else float(started),
+                None if updated is None else float(updated),
+            )
+            for run, run_id, machine, status, reason, tokens, cost, started, updated in self._rows(sql, *args)
+        ]
+
+    def _backfill(self) -> None:
+        """Summarize the runs a database holds from before summaries, from their envelopes (once:
+        a run summarized has a status); their times stay unknown."""
+        for run, envelope in self._rows("SELECT run, envelope FROM mklang_runs WHERE status IS NULL"):
+            peeked = peek_summary(str(run), bytes(envelope), None)
+            if peeked.status is None:
+                continue  # not an envelope this version reads: the listing shows it as unknown
+            self._rows(
+                "UPDATE mklang_runs SET run_id = ?, machine = ?, status = ?, reason = ?, tokens = ?, cost = ? "
+                "WHERE run = ? AND status IS NULL",
+                peeked.run_id,
+                peeked.machine,
+                peeked.status,
+                peeked.reason,
+                peeked.tokens,
+                peeked.cost_usd,
+                run,
+                durable=False,
+            )
+
+    def remove(self, run: str) -> None:
+        self._rows("DELETE FROM mklang_journal WHERE run = ?", run, run=run)
+        self._rows("DELETE FROM mklang_runs WHERE run = ?", run, run=run)
+
     def read_note(self, key: str) -> bytes | None:
         return self._blob("SELECT value FROM mklang_notes WHERE key = ?", key)
 
@@ -107,6 +199,9 @@ class SqlStore:
             tokens,
             cost,
         )
+
+    def drop_note(self, key: str) -> None:
+        self._rows("DELETE FROM mklang_notes WHERE key = ?", key)
 
     def spend(self, batch: str) -> tuple[int, float]:
         rows = self._rows(

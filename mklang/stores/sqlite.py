@@ -7,7 +7,7 @@ durable journal lines are also synced (`synchronous=FULL`: they survive a
 power cut), other journal lines are not (`NORMAL`), so the durability
 setting decides the fsyncs of a step as in the file store. A synced commit
 syncs the ones before it too: the WAL is one file, written in order. Runs
-are rows: `mklang_runs(run, envelope, generation, started, updated)` and `mklang_journal(run, seq, line)`;
+are rows: `mklang_runs(run, envelope, generation, <summary>)` and `mklang_journal(run, seq, line)`;
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
 
 SQLite has no lock that dies with its process, so a run's lock is the file
@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 from mklang.errors import CheckpointError, UsageError
 from mklang.stores.file import FileLock, lock_holder
-from mklang.stores.sql import SqlStore
+from mklang.stores.sql import SUMMARY_COLUMNS, SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (
@@ -63,18 +63,26 @@ class SqliteStore(SqlStore):
             self._db.execute("PRAGMA synchronous=FULL")
             self._synced = True  # the connection's setting: FULL (True) or NORMAL
             self._db.executescript(SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(mklang_runs)")}
-            if "generation" not in columns:  # a database written before runs kept their generation
-                self._db.execute("ALTER TABLE mklang_runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
-            for column in ("started", "updated"):  # or before they kept their times
-                if column not in columns:
-                    self._db.execute(f"ALTER TABLE mklang_runs ADD COLUMN {column} REAL")
-            self._db.execute("CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated)")
+            self._migrate()
         except (sqlite3.Error, OSError) as error:
             why = error.strerror if isinstance(error, OSError) else error
             raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {why}") from None
+        self._backfill()
         if create:
             path.with_name(f"{path.name}.locks").mkdir(mode=0o700, exist_ok=True)
+
+    def _migrate(self) -> None:
+        """Add the columns a database of an earlier release lacks (one process at a time)."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(mklang_runs)")}
+            if "generation" not in columns:  # a database written before runs kept their generation
+                self._db.execute("ALTER TABLE mklang_runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+            for name, kind, _ in SUMMARY_COLUMNS:  # a database written before runs kept a summary
+                if name not in columns:
+                    self._db.execute(f"ALTER TABLE mklang_runs ADD COLUMN {name} {kind}")
+            self._db.execute("CREATE INDEX IF NOT EXISTS mklang_runs_status ON mklang_runs (status)")
+            self._db.execute("CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated)")
 
     @classmethod
     def from_uri(cls, uri: str, *, create: bool = True) -> SqliteStore:

@@ -313,7 +313,7 @@ def test_the_approval_example_parks_in_a_hitl_batch_and_is_answered_from_another
     code, out, err = run_cli(capsys, "batch", str(APPROVAL), *options, "--hitl", "--format", "json")
     assert (code, json.loads(out)["suspended"]) == (3, 2), err  # nothing published without a human answer
     code, out, err = run_cli(capsys, "runs", "--store", store, "--status", "suspended", "--format", "json")
-    assert [(run["reason"], run["ask"]) for run in json.loads(out)] == [("escalated", ASK)] * 2, err
+    assert [(run["status"], run["reason"]) for run in json.loads(out)["runs"]] == [("suspended", ASK)] * 2, err
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

@@ -59,10 +59,11 @@ def test_a_batch_runs_every_item_once_and_a_rerun_skips_the_finished(project, se
 def test_runs_lists_a_stores_runs_with_their_status_and_filters_them(project):
     write_items(project, 3)
     assert batch(project, "--store", "sqlite:///runs.db", "--format", "json").returncode == 0
-    listed = json.loads(cli("runs", "--store", "sqlite:///runs.db", cwd=project).stdout)  # piped: JSON
-    assert sorted(run["path"] for run in listed) == [f"sqlite:///runs.db#item-{n}" for n in range(3)]
+    listed = json.loads(cli("runs", "--store", "sqlite:///runs.db", cwd=project).stdout)["runs"]  # piped: JSON
+    assert sorted(run["checkpoint"] for run in listed) == [f"sqlite:///runs.db#item-{n}" for n in range(3)]
     assert {run["status"] for run in listed} == {"done"}
-    assert json.loads(cli("runs", "--store", "sqlite:///runs.db", "--status", "suspended", cwd=project).stdout) == []
+    suspended = cli("runs", "--store", "sqlite:///runs.db", "--status", "suspended", cwd=project)
+    assert json.loads(suspended.stdout)["runs"] == []
     bad = cli("runs", "--store", "sqlite:///runs.db", "--status", "lost", cwd=project)
     assert bad.returncode == 2 and "--status expects one of" in bad.stderr
 

@@ -337,14 +337,14 @@ def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(p
     )  # fmt: skip
     assert first.returncode == 3, first.stderr
     listed = json.loads(cli("runs", "--store", postgres_uri, "--status", "suspended", cwd=elsewhere).stdout)
-    assert [(run["path"], run["reason"], run["reply_to"]) for run in listed] == [
-        (target, "escalated", "approval.answer")
+    assert [(run["checkpoint"], run["machine"], run["status"]) for run in listed["runs"]] == [
+        (target, "approval", "suspended")
     ]
-    assert listed[0]["ask"]
+    assert listed["runs"][0]["reason"].startswith("Publish this announcement?")
     done = cli("resume", target, "--set", "approval.answer=yes", "--format", "json", cwd=elsewhere)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["context"]["approval"]["answer"] == "yes"
-    assert json.loads(cli("runs", "--store", postgres_uri, cwd=elsewhere).stdout)[0]["status"] == "done"
+    assert json.loads(cli("runs", "--store", postgres_uri, cwd=elsewhere).stdout)["runs"][0]["status"] == "done"
 
 
 # --- The registry of store URI schemes: built-in ones, and packages' entry points ------------
