@@ -123,6 +123,55 @@ def machine_of(location: Location) -> Machine:
     return load_file(path)
 
 
+def run_document(target: str | Path | Location) -> dict[str, Any]:
+    """What `mklang run --format json` printed for a stored run, from its signed envelope: status,
+    error, result, context, trace, usage; a suspended run's reason, ask, frames and how to continue it.
+
+    `calls` is left out: it counts what one process paid, which no store records. A run still going,
+    or whose process died, is `running`, as its journal says (with `interrupted`, as `describe` has
+    it). A run not signed with this user's key, or unreadable, is `describe`'s `failed` document:
+    nothing it holds is reported.
+    """
+    location = locate(target, create=False)
+    run_name(location.run)
+    envelope = load(location)
+    if envelope.seal != "signed":
+        return describe(location, last=0)
+    status: str = envelope.status
+    frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
+    usage = dict(envelope.usage)
+    if status == "running" or resume_change(location.store, location.run, envelope) is not None:
+        status = "running"
+        chain = open_run(location, force=True, trust=True, lock=False).chain
+        frames = [frame.to_json() for frame in chain]
+        usage = sum((frame.usage for frame in chain), Usage()).to_json()
+    root = frames[0] if frames else {}
+    document: dict[str, Any] = {
+        "status": status,
+        "error": envelope.error if status in ("done", "halted") else None,
+        "at": envelope.at if status != "running" else None,
+        "result": envelope.result,
+        "context": root.get("context", {}),
+        "trace": root.get("trace", []),
+        "usage": usage,
+    }
+    if status in ("suspended", "running"):
+        summary = describe(location, last=0)  # the question pending, even when the run died before saying so
+        document.update(
+            reason=envelope.reason,
+            ask=summary["ask"],
+            reply_to=summary["reply_to"],
+            frames=[{"machine": frame["machine"], "state": frame["state"]} for frame in frames],
+        )
+        if envelope.detail:
+            document["detail"] = envelope.detail
+        document["checkpoint"] = summary["path"]
+        for key in ("ran_out", "continue_with", "interrupted", "running_pid"):
+            if key in summary:
+                document[key] = summary[key]
+    return document
+
+
 def unverified(path: str, reason: str, seal: str | None = None) -> dict[str, Any]:
     """What `show` and `runs` say of a run that cannot be read or verified: `failed` and why."""
     return {

@@ -59,35 +59,41 @@ def _add_steps(tree: Tree, trace: list[dict[str, Any]]) -> None:
             _add_steps(node.add(Text("call", style="dim")), step["sub_trace"])
 
 
-def render_result(result, console: Console = stdout) -> None:
-    """A readable summary and the trace as a tree."""
-    data = result.to_json()
+def render_result(data: dict[str, Any], console: Console = stdout) -> None:
+    """A run's document (`RunResult.to_json`, or a stored run's from `mklang show`) for people:
+    a summary line, the trace as a tree, spend, the result or the question it waits on."""
+    status = str(data["status"])
     head = Text()
-    head.append(result.status, style=_STATUS_STYLE.get(result.status, "bold"))
-    if result.error:
-        head.append(f"  {printable(result.error)}", style="red" if result.status == "halted" else "yellow")
-    if result.at:
-        head.append(f"  at {printable(result.at)}")
+    head.append(printable(status), style=_STATUS_STYLE.get(status, "bold"))
+    why = data.get("reason") or data.get("error")
+    if why:
+        head.append(f"  {printable(str(why))}", style="red" if status in ("halted", "failed") else "yellow")
+    if data.get("at"):
+        head.append(f"  at {printable(str(data['at']))}")
     console.print(head)
-    if result.detail:
-        console.print(Text(printable(result.detail), style="dim"))
-    tree = Tree(Text("trace", style="bold"))
-    _add_steps(tree, result.trace)
-    console.print(tree)
-    usage = data["usage"]
-    console.print(
-        f"usage: {usage['input_tokens']} in + {usage['output_tokens']} out tokens"
-        + (f", ${usage['cost_usd']:.4f}" if usage["cost_usd"] else "")
-    )
-    if result.calls:
-        console.print("calls paid by this process: " + ", ".join(f"{kind} {n}" for kind, n in result.calls.items()))
-    if result.status == "done":
-        console.print(Text("result: ", style="bold") + Text(_short(result.result, 2000)))
-    if result.status == "suspended" and result.ask:
+    if data.get("detail"):
+        console.print(Text(printable(str(data["detail"])), style="dim"))
+    if data.get("interrupted"):
+        console.print(Text(printable(str(data["interrupted"])), style="yellow"))
+    if "trace" in data:
+        tree = Tree(Text("trace", style="bold"))
+        _add_steps(tree, data["trace"])
+        console.print(tree)
+    usage = data.get("usage")
+    if usage:
+        console.print(
+            f"usage: {usage['input_tokens']} in + {usage['output_tokens']} out tokens"
+            + (f", ${usage['cost_usd']:.4f}" if usage["cost_usd"] else "")
+        )
+    if data.get("calls"):
+        console.print("calls paid by this process: " + ", ".join(f"{kind} {n}" for kind, n in data["calls"].items()))
+    if status == "done":
+        console.print(Text("result: ", style="bold") + Text(_short(data.get("result"), 2000)))
+    if status == "suspended" and data.get("ask"):
         console.print(
             Text("ask: ", style="bold yellow")
-            + Text(printable(result.ask))
-            + Text(f"  (reply with --set {printable(str(result.reply_to))}=...)", style="dim")
+            + Text(printable(str(data["ask"])))
+            + Text(f"  (reply with --set {printable(str(data.get('reply_to')))}=...)", style="dim")
         )
 
 

@@ -149,12 +149,20 @@ def report(result, as_json: bool, checkpoint: str | None = None) -> None:
 
         summary = describe(checkpoint, last=0)
         document.update(checkpoint=summary["path"], ran_out=summary["ran_out"], continue_with=summary["continue_with"])
+    print_document(document, as_json)
+    if result.status == "halted" and result.error == "interrupted":
+        raise typer.Exit(exitcodes.INTERRUPTED)
+    raise typer.Exit(exitcodes.EXIT_BY_STATUS[result.status])
+
+
+def print_document(document: dict[str, Any], as_json: bool) -> None:
+    """A run's document on stdout (JSON, or rendered), and on stderr the command that continues it."""
     if as_json:
         print_json(document)
     else:
         from mklang.cli.render import render_result
 
-        render_result(result)
+        render_result(document)
     if "continue_with" in document:
         from mklang.cli.render import stderr
 
@@ -162,9 +170,6 @@ def report(result, as_json: bool, checkpoint: str | None = None) -> None:
             stderr.print(document["ran_out"], markup=False)
         line = f"checkpoint: {document['checkpoint']}; continue with: {document['continue_with']}"
         stderr.print(printable(line), markup=False, soft_wrap=True)  # one line, so it can be pasted
-    if result.status == "halted" and result.error == "interrupted":
-        raise typer.Exit(exitcodes.INTERRUPTED)
-    raise typer.Exit(exitcodes.EXIT_BY_STATUS[result.status])
 
 
 @app.command()
@@ -361,19 +366,29 @@ def _report_compatible(resumable: Resumable, as_json: bool) -> None:
 @app.command()
 def show(
     checkpoint: str = typer.Argument(..., help="A checkpoint: a file, or STORE-URI#RUN (docs/scale.md)."),
-    last: int = typer.Option(5, "--last", min=0, help="How many of the last steps to show."),
+    summary: bool = typer.Option(
+        False, "--summary", help="The run's state instead: frames, spend against budgets, last steps, host."
+    ),
+    last: int = typer.Option(5, "--last", min=0, help="With --summary: how many of the last steps to show."),
     format: OutputFormat = FormatOpt,
 ) -> None:
-    """Status, reason, frame chain, spend against budgets, last steps and pending ask of a checkpoint."""
-    with handle_errors(wants_json(format)):
-        from mklang.cli.render import render_checkpoint
-        from mklang.inspection import describe
+    """What `mklang run` printed for a stored run: status, result, context, trace, usage, pending ask.
 
-        summary = describe(checkpoint, last=last)
+    `--format json` is the document of `run --format json` (less `calls`); `--summary` tells the
+    run's state for an operator instead (docs/runs.md)."""
+    with handle_errors(wants_json(format)):
+        from mklang.inspection import describe, run_document
+
+        if not summary:
+            print_document(run_document(checkpoint), wants_json(format))
+            return
+        described = describe(checkpoint, last=last)
         if wants_json(format):
-            print_json(summary)
+            print_json(described)
         else:
-            render_checkpoint(summary)
+            from mklang.cli.render import render_checkpoint
+
+            render_checkpoint(described)
 
 
 @app.command()

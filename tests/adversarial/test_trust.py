@@ -174,18 +174,18 @@ def test_edited_replay_and_record_paths_are_neither_read_nor_written(project):
     done = mklang("resume", "cp.json", "--trust", "--set", "approval.answer=yes", *SCRIPT, cwd=project)
     assert done.returncode == 0, done.stderr
     assert not stolen.exists()
-    done = mklang("show", "cp.json", "--format", "json", cwd=project)
+    done = mklang("show", "cp.json", "--summary", "--format", "json", cwd=project)
     shown = json.loads(done.stdout)
     assert shown["signature"]["seal"] == "signed"  # the resumed run re-signed it with this user's own settings
     assert "replay" not in shown["host"] and "record" not in shown["host"]
 
 
 def test_show_prints_the_recorded_host_settings_and_whether_the_file_is_signed(project):
-    shown = json.loads(mklang("show", "cp.json", "--format", "json", cwd=project).stdout)
+    shown = json.loads(mklang("show", "cp.json", "--summary", "--format", "json", cwd=project).stdout)
     assert shown["signature"]["seal"] == "signed"
     assert shown["host"]["script"] == str(project / "approval" / "scenarios.yaml")
     edit(project / "cp.json", set_host(plugins=["os"]))
-    text = mklang("show", "cp.json", "--format", "text", cwd=project).stdout
+    text = mklang("show", "cp.json", "--summary", "--format", "text", cwd=project).stdout
     assert "edited after it was signed" in text and "recorded plugins: ['os']" in text
 
 

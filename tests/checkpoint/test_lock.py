@@ -67,7 +67,7 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
     refused = mklang("resume", str(checkpoint), cwd=tmp_path)
     assert refused.returncode == 2
     assert f"still going in process {process.pid}" in refused.stderr
-    shown = json.loads(mklang("show", str(checkpoint), "--format", "json", cwd=tmp_path).stdout)
+    shown = json.loads(mklang("show", str(checkpoint), "--summary", "--format", "json", cwd=tmp_path).stdout)
     assert (shown["status"], shown.get("running_pid"), shown["resumable"]) == ("running", process.pid, False), shown
 
     process.send_signal(signal.SIGKILL)
@@ -76,7 +76,7 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
     while holder(checkpoint) is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert holder(checkpoint) is None  # the kernel released the lock with the process
-    shown = json.loads(mklang("show", str(checkpoint), "--format", "json", cwd=tmp_path).stdout)
+    shown = json.loads(mklang("show", str(checkpoint), "--summary", "--format", "json", cwd=tmp_path).stdout)
     assert shown["resumable"] and "interrupted" in shown["interrupted"]
     _write_script(tmp_path, 0)  # the resumed run need not wait
     resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)

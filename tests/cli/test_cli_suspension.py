@@ -62,7 +62,7 @@ def test_a_token_budget_suspension_names_the_budget_the_spend_and_the_command(tm
     assert result["continue_with"] == "mklang resume cp.json --max-tokens 100"
     shown = json.loads(cli("show", "cp.json", "--format", "json", cwd=folder).stdout)
     assert (shown["ran_out"], shown["continue_with"]) == (result["ran_out"], result["continue_with"])
-    text = cli("show", "cp.json", "--format", "text", cwd=folder).stdout
+    text = cli("show", "cp.json", "--summary", "--format", "text", cwd=folder).stdout
     assert "the token budget of 10 ran out: 50 tokens spent" in text
     assert "continue with: mklang resume cp.json --max-tokens 100" in text
     assert continue_as_told(folder, result["continue_with"])["context"]["farewell"] == "bye"

@@ -155,7 +155,7 @@ def killed(tmp_path_factory) -> Path:
 
 
 def test_show_says_a_killed_run_was_interrupted_and_where(killed):
-    shown = mklang("show", str(killed), "--format", "json", cwd=killed.parent)
+    shown = mklang("show", str(killed), "--summary", "--format", "json", cwd=killed.parent)
     assert shown.returncode == 0
     summary = json.loads(shown.stdout)
     assert (summary["status"], summary["resumable"]) == ("running", True)
@@ -164,7 +164,7 @@ def test_show_says_a_killed_run_was_interrupted_and_where(killed):
     assert [(f["machine"], f["state"], f["steps"]) for f in summary["frames"]] == [("report", "draft", 1)]
     assert summary["tokens"]["spent"] == 180
     assert [step["state"] for step in summary["last_steps"]] == ["outline"]
-    text = mklang("show", str(killed), "--format", "text", cwd=killed.parent)
+    text = mklang("show", str(killed), "--summary", "--format", "text", cwd=killed.parent)
     assert "interrupted" in text.stdout and "report at draft" in text.stdout
 
 

@@ -147,9 +147,8 @@ CREATE TABLE mklang_spend (
 def test_a_store_of_the_previous_release_opens_and_lists_its_runs(kind, tmp_path, monkeypatch, capsys, request):
     """Its tables gain the summary's columns on open, filled from each run's envelope; times stay unknown."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "new").mkdir()
-    start(capsys, "new", "p-1")  # a parked run's envelope, as the previous release wrote it too
-    envelope = (tmp_path / "new" / "p-1").read_bytes()
+    start(capsys, ".", "p-1")  # a parked run's envelope (its machine named from this folder), as before too
+    envelope = (tmp_path / "p-1").read_bytes()
     if kind == "sqlite":
         store = "sqlite:///old.db"
         with sqlite3.connect("old.db") as db:
@@ -257,3 +256,40 @@ def test_prune_removes_old_finished_runs_and_a_tampered_summary_decides_nothing(
     opened.close()
     code, _, err = run_cli(capsys, "runs", "prune", "--store", store_uri, "--older-than", "1d", "--status", "suspended")
     assert code == 2 and "unfinished runs are kept" in err
+
+
+@pytest.mark.parametrize(
+    "scenario", ["ask-then-publish", "approved-answer-given-up-front", "rejected", "endless-revisions-hit-the-ceiling"]
+)
+def test_show_prints_the_document_run_printed(store_uri, capsys, scenario):
+    """Parked, done, halted, and suspended on a budget: the same document, less what one process paid."""
+    code, out, err = run_cli(
+        capsys, "run", str(APPROVAL / "approval.mk"), "-q", "--script", str(APPROVAL / "scenarios.yaml"),
+        "--scenario", scenario, "--checkpoint", target(store_uri, "r-1"), "--format", "json",
+        *(["--hitl"] if scenario == "ask-then-publish" else []),
+    )  # fmt: skip
+    printed = json.loads(out)
+    assert printed.pop("calls") and code in (0, 1, 3), err
+    code, shown, _ = run_cli(capsys, "show", target(store_uri, "r-1"), "--format", "json")
+    assert code == 0 and json.loads(shown) == printed
+    code, text, _ = run_cli(capsys, "show", target(store_uri, "r-1"), "--format", "text")
+    assert code == 0 and text.splitlines()[0].startswith(printed["status"]) and "trace" in text
+
+
+def test_show_prints_a_batch_run_as_the_batch_reported_it(store_uri, capsys, tmp_path):
+    (tmp_path / "items.jsonl").write_text('{"id": "post-1", "approval": {"answer": "yes"}}\n', encoding="utf-8")
+    code, _, err = run_cli(
+        capsys, "batch", str(APPROVAL / "approval.mk"), "--inputs", "items.jsonl", "--store", store_uri,
+        "--script", str(APPROVAL / "scenarios.yaml"), "--scenario", "approved-answer-given-up-front",
+        "--out", "out.jsonl", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    reported = json.loads((tmp_path / "out.jsonl").read_text())
+    code, shown, _ = run_cli(capsys, "show", target(store_uri, "post-1"), "--format", "json")
+    document = json.loads(shown)
+    assert code == 0 and (document["status"], document["result"], document["usage"]) == (
+        reported["status"],
+        reported["result"],
+        reported["usage"],
+    )
+    assert document["context"]["approval"] == {"answer": "yes"} and document["trace"][-1]["state"] == "publish"
