@@ -56,6 +56,47 @@ BUSY_SECONDS = 10  # how long a worker waits for a run another process holds bef
 # lock then refuses the second delivery while the first still runs).
 REDIS_VISIBILITY_TIMEOUT = 3600
 _log = logging.getLogger("mklang.worker")
+_runs_log = logging.getLogger("mklang")  # one line per run taken and per run finished (docs/runs.md)
+LOG_FORMATS = ("text", "json")
+
+
+class RunLogFormatter(logging.Formatter):
+    """A run line of the `mklang` logger: `time LEVEL event key=value ...`, or one JSON object."""
+
+    def __init__(self, as_json: bool):
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        from datetime import UTC, datetime
+
+        fields = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="seconds"),
+            "level": record.levelname,
+            "event": record.getMessage(),
+            **getattr(record, "mklang", {}),
+        }
+        if self.as_json:
+            return json.dumps(fields, ensure_ascii=True, default=str)
+        head = f"{fields.pop('time')} {fields.pop('level')} {fields.pop('event')}"
+        return printable(head + "".join(f" {key}={json.dumps(value, default=str)}" for key, value in fields.items()))
+
+
+def log_runs(log_format: str) -> None:
+    """Send the `mklang` logger's run lines to stderr (INFO and up), as text or JSON lines."""
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setFormatter(RunLogFormatter(log_format == "json"))
+    _runs_log.addHandler(handler)
+    _runs_log.setLevel(logging.INFO)
+    _runs_log.propagate = False
+
+
+def _log_run(event: str, run: str, worker: str, done: Outcome | None = None) -> None:
+    fields: dict[str, Any] = {"run": run, "worker": worker}
+    if done is not None:
+        usage = Usage.from_json(done.usage) if done.usage else Usage()
+        fields.update(status=done.status, reason=done.reason, tokens=usage.tokens, cost_usd=usage.cost_usd)
+    _runs_log.info(event, extra={"mklang": fields})
 
 
 _said = threading.Lock()
@@ -409,7 +450,9 @@ def start_worker(
         run = worker.accept(args, kwargs)
         if run is None:
             return  # acknowledged and dropped
+        _log_run("run-taken", run, worker.name)
         done = worker.run(run)
+        _log_run("run-finished", run, worker.name, done)
         if done.status == "pending":
             if worker.stopping.is_set():
                 _say(f"run {run}: suspended by the worker's shutdown, back to the queue")

@@ -389,10 +389,17 @@ def worker(
     hosting: Hosting = Hosting(),
     events: str | None = EventsOpt,
     trace_content: bool = TraceContentOpt,
+    log_format: str = typer.Option(
+        "text", "--log-format", help="The line logged per run taken and finished: text or json (logger mklang)."
+    ),
 ) -> None:
     """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""
     with handle_errors():
-        from mklang.distributed import start_worker
+        from mklang.distributed import LOG_FORMATS, log_runs, start_worker
+
+        if log_format not in LOG_FORMATS:
+            raise fail(f"--log-format expects text or json, got {log_format!r}")
+        log_runs(log_format)
 
         with event_stream(events, trace_content) as observer:
             start_worker(broker, store, concurrency=concurrency, host_settings=hosting.settings(), observer=observer)

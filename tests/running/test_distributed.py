@@ -38,6 +38,7 @@ from support.fleet import (
     drop_queue,
     queue_depth,
     queue_of,
+    start,
     stop,
     worker,
 )
@@ -86,6 +87,27 @@ def test_a_worker_killed_mid_batch_loses_only_its_calls_in_flight(project, serve
     out = results(project / "out.jsonl")
     assert [line["result"] for line in out] == [f"answer {n}" for n in range(items)]  # as an uninterrupted batch
     assert items * CALLS <= server.count <= items * CALLS + WORKER_CONCURRENCY
+
+
+def test_a_worker_logs_one_line_per_run_taken_and_finished(project, server, postgres_uri):
+    require_server("Redis")
+    write_items(project, 3)
+    logging = start(project, "worker", "--store", postgres_uri, "--broker", REDIS, "--config", "mklang.toml",
+                    "--log-format", "json")  # fmt: skip
+    running = batch(project, postgres_uri, REDIS)
+    try:
+        _, stderr = running.communicate(timeout=180)
+    finally:
+        stop(running, logging)
+    assert running.returncode == 0, stderr
+    lines = [json.loads(line) for line in logging.stderr.read().splitlines() if line.startswith("{")]
+    taken = sorted(line["run"] for line in lines if line["event"] == "run-taken")
+    finished = {line["run"]: line for line in lines if line["event"] == "run-finished"}
+    assert taken == sorted(finished) == [f"item-{n}" for n in range(3)]
+    assert {(line["level"], line["status"], line["worker"].split("@")[0]) for line in finished.values()} == {
+        ("INFO", "done", str(logging.pid))
+    }
+    assert all(line["tokens"] > 0 and "time" in line for line in finished.values())
 
 
 def test_redis_works_as_the_broker(project, server, postgres_uri):
