@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args
 
 from mklang.errors import MklangError, UsageError
-from mklang.model import Call, Gate, Machine, State, ToolUse
+from mklang.model import Call, Gate, Machine, State, ToolUse, called_machines
 from mklang.vocabulary import END
 
 # The read-only built-ins of mklang 1.x: its YAML machines cannot declare a tool
@@ -57,24 +57,21 @@ def reaches_tool(
     """Whether `machine` has a tool state `counts(machine, tool)` accepts, itself or through
     the machines it calls. Reachability, not feasibility: a call result is external when
     the sub-machine could have read a tool. A machine that does not load counts as reaching one."""
-    seen: set[str] = set()
-    todo = [machine]
-    while todo:
-        current = todo.pop()
-        key = current.path or f"<{current.name}>"
-        if key in seen:
-            continue
-        seen.add(key)
-        for state in current.states:
-            face = state.face
-            if isinstance(face, ToolUse) and counts(current, face.tool):
-                return True
-            if isinstance(face, Call):
-                try:
-                    todo.append(load(face.machine, current.path))
-                except MklangError:  # a machine that does not load is no proof of innocence
-                    return True
-    return False
+    unloaded: list[str] = []
+
+    def load_or_note(name: str, path: str | None) -> Machine | None:
+        try:
+            return load(name, path)
+        except MklangError:  # a machine that does not load is no proof of innocence
+            unloaded.append(name)
+            return None
+
+    found = any(
+        isinstance(state.face, ToolUse) and counts(current, state.face.tool)
+        for current in called_machines(machine, load_or_note)
+        for state in current.states
+    )
+    return found or bool(unloaded)
 
 
 Loader = Callable[[str, str | None], Machine]

@@ -13,6 +13,7 @@ every value they put into a node.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
@@ -240,6 +241,23 @@ class Machine(Node):
             if state.name == name:
                 return state
         return None
+
+
+def called_machines(root: Machine, load: Callable[[str, str | None], Machine | None]) -> Iterator[Machine]:
+    """`root` and every machine it calls, directly or not, each once; a call `load` answers
+    None for is passed over (the caller decides what a machine that does not load means)."""
+    seen: set[str] = set()
+    todo = [root]
+    while todo:
+        machine = todo.pop()
+        key = machine.path or f"<{machine.name}>"
+        if key in seen:
+            continue
+        seen.add(key)
+        yield machine
+        for state in machine.states:
+            if isinstance(state.face, Call) and (called := load(state.face.machine, machine.path)) is not None:
+                todo.append(called)
 
 
 _ADAPTER: TypeAdapter[Machine] | None = None  # pydantic's validator of Machine, built on first use

@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 
 from mklang.errors import LoadError, UsageError
-from mklang.model import Machine
+from mklang.model import Machine, called_machines
 
 
 def file_sha256(path: str | Path) -> str:
@@ -58,21 +58,12 @@ class MachineLoader:
 def machine_tree(root: Machine, loader: MachineLoader | None = None) -> list[Machine]:
     """The root and every machine it calls, directly or not, each once: what a run may
     need, so that it can be checked before the first model call."""
-    from mklang.model import Call
+    load = loader or MachineLoader()
 
-    loader = loader or MachineLoader()
-    found: dict[str, Machine] = {}
-    todo = [root]
-    while todo:
-        machine = todo.pop()
-        key = machine.path or f"<{machine.name}>"
-        if key in found:
-            continue
-        found[key] = machine
-        for state in machine.states:
-            if isinstance(state.face, Call):
-                try:
-                    todo.append(loader(state.face.machine, machine.path))
-                except UsageError:
-                    continue  # `mklang check` reports a call it cannot resolve
-    return list(found.values())
+    def load_or_skip(name: str, path: str | None) -> Machine | None:
+        try:
+            return load(name, path)
+        except UsageError:
+            return None  # `mklang check` reports a call it cannot resolve
+
+    return list(called_machines(root, load_or_skip))
