@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, overload
+from typing import Any, Final, Literal, Protocol, TypeVar, overload
 
 MAX_RECORDED_TOKENS = 10**15  # tokens in any spend a file records: far above any run's
 MAX_RECORDED_COST = 1e12  # dollars, likewise
@@ -111,14 +111,22 @@ class Provider(Protocol):
 _deadline: ContextVar[float | None] = ContextVar("mklang_deadline", default=None)
 
 
+T = TypeVar("T")
+
+
 @contextmanager
-def deadline(when: float | None) -> Iterator[None]:
-    """Calls inside must finish by `when`, a `time.monotonic()` value (None: no deadline)."""
-    token = _deadline.set(when)
+def _bound(variable: ContextVar[T], value: T) -> Iterator[None]:
+    """`variable` holds `value` inside, and what it held before after."""
+    token = variable.set(value)
     try:
         yield
     finally:
-        _deadline.reset(token)
+        variable.reset(token)
+
+
+def deadline(when: float | None) -> AbstractContextManager[None]:
+    """Calls inside must finish by `when`, a `time.monotonic()` value (None: no deadline)."""
+    return _bound(_deadline, when)
 
 
 def seconds_left() -> float | None:
@@ -136,14 +144,9 @@ _call_key: ContextVar[str | None] = ContextVar("mklang_call_key", default=None)
 _BRANCH = re.compile(r"\.(\d+)of(\d+)(?=[./]|$)")
 
 
-@contextmanager
-def calling(key: str) -> Iterator[None]:
+def calling(key: str) -> AbstractContextManager[None]:
     """The calls inside are the one call whose idempotency key is `key`."""
-    token = _call_key.set(key)
-    try:
-        yield
-    finally:
-        _call_key.reset(token)
+    return _bound(_call_key, key)
 
 
 def call_key() -> str | None:
