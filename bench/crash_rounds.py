@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from support.crashes import finished_outcome  # noqa: E402
 from support.examples import scripted_machines  # noqa: E402
 
 from mklang import faults  # noqa: E402
@@ -89,22 +90,6 @@ def _mklang(args: list[str], kill: str | None) -> subprocess.CompletedProcess[st
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
-def _finished(checkpoint: Path) -> dict[str, Any] | None:
-    envelope = json.loads(checkpoint.read_text())
-    if envelope["status"] not in ("done", "halted"):
-        return None
-    root = envelope["frames"][0]
-    return {
-        "status": envelope["status"],
-        "error": envelope["error"],
-        "at": envelope["at"],
-        "result": envelope["result"],
-        "context": root["context"],
-        "trace": root["trace"],
-        "usage": envelope["usage"],
-    }
-
-
 def one_round(seed: int, case: tuple[Path, Path, Any], reference: dict[str, Any], points: int, folder: Path) -> str:
     """Run one round; '' when it matched, else what went wrong."""
     machine, script, scenario = case
@@ -122,7 +107,7 @@ def one_round(seed: int, case: tuple[Path, Path, Any], reference: dict[str, Any]
             if not checkpoint.exists():
                 done = _mklang(run, None)  # killed before the first snapshot: start again
                 continue
-            finished = _finished(checkpoint)
+            finished = finished_outcome(checkpoint)
             if finished is not None:
                 outcome = finished
                 break

@@ -16,17 +16,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "console"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.console import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+
 # (run name, example machine, scenario, parks on its question)
 RUNS = [
     ("refund-42", "triage/triage.mk", "small-refund-answered-directly", False),
@@ -74,7 +67,7 @@ def main() -> None:
             url = found.group(0)
             base = url.split("/?", 1)[0]
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+                browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1200, "height": 760}, device_scale_factor=1)
                 page.goto(url)
                 page.screenshot(path=OUT / "runs.png")

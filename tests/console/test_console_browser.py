@@ -14,18 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.commands import cli, cli_env
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from support.console import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
 

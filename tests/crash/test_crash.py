@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 from support.commands import cli_env
+from support.crashes import finished_outcome
 from support.fakeserver import FakeServer, Request, answer
 
 HERE = Path(__file__).parent
@@ -166,33 +167,17 @@ class Round:
         if done is None and not self.checkpoint.exists():
             done = self.process(True, None)  # killed before its first snapshot: start again
         if done is None:
-            shown = _show(self.checkpoint)
-            if shown["status"] in ("done", "halted"):
-                return shown
+            shown = finished_outcome(self.checkpoint)
+            if shown is not None:
+                return _comparable(shown)
             done = self.process(False, second_kill)
         if done is None:
-            shown = _show(self.checkpoint)
-            if shown["status"] in ("done", "halted"):
-                return shown
+            shown = finished_outcome(self.checkpoint)
+            if shown is not None:
+                return _comparable(shown)
             done = self.process(False, None)
         assert done.returncode == 0, done.stderr
         return _comparable(json.loads(done.stdout))
-
-
-def _show(checkpoint: Path) -> dict:
-    """The outcome a checkpoint file holds (a finished run's is its result)."""
-    envelope = json.loads(checkpoint.read_text())
-    if envelope["status"] not in ("done", "halted"):
-        return {"status": envelope["status"]}
-    root = envelope["frames"][0]
-    return {
-        "status": envelope["status"],
-        "error": envelope["error"],
-        "result": envelope["result"],
-        "context": root["context"],
-        "trace": root["trace"],
-        "usage": envelope["usage"],
-    }
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Runs for the web console's tests and bench: a store with a run parked on a question and a
-finished run whose model output is a script."""
+finished run whose model output is a script; the system browser that photographs and tests its pages."""
 
 from __future__ import annotations
 
@@ -10,6 +10,19 @@ from pathlib import Path
 from support import ROOT
 from support.commands import cli
 
+# The system's Chromium, as the browser tests and scripts/console_screenshots.py drive it
+# (headless, and quiet: nothing it does reaches the network but the console under test).
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCRIPT_OUTPUT = "<script>alert('owned')</script>"
 ECHO = """\
 mklang 0.4

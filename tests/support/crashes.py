@@ -83,6 +83,23 @@ def settings(scenario: Scenario) -> dict[str, Any]:
     )
 
 
+def finished_outcome(checkpoint: Path) -> dict[str, Any] | None:
+    """The outcome a checkpoint file holds once its run is done or halted (JSON as written), else None."""
+    envelope = json.loads(checkpoint.read_text())
+    if envelope["status"] not in ("done", "halted"):
+        return None
+    root = envelope["frames"][0]
+    return {
+        "status": envelope["status"],
+        "error": envelope["error"],
+        "at": envelope["at"],
+        "result": envelope["result"],
+        "context": root["context"],
+        "trace": root["trace"],
+        "usage": envelope["usage"],
+    }
+
+
 class Finished:
     """The outcome a finished checkpoint holds, shaped like a RunResult."""
 
