@@ -365,7 +365,7 @@ def test_the_terminal_view_marks_tainted_decisions_and_the_effect_they_reach(mac
 
     result = run_scenario(load_file(machine_path), scenario("a-tainted-decision-into-an-effectful-tool-is-reported"))
     console = Console(record=True, width=200)
-    render_result(result, console)
+    render_result(result.to_json(), console)
     lines = console.export_text().splitlines()
     assert any("classify" in line and "judged over outside data" in line for line in lines)
     assert any("pay" in line and "⚠ untrusted control flow" in line for line in lines)
