@@ -101,8 +101,10 @@ class ThreadPool:
     def __init__(self, idle_seconds: float):
         self._idle_seconds = idle_seconds
         self._guard = threading.Lock()
+        self._quiet = threading.Condition(self._guard)  # notified when no task is queued or running
         self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[], Any], Any]] = queue.SimpleQueue()
         self._idle = 0  # threads free to take a task queued from now on
+        self._busy = 0  # tasks queued or running
 
     def run(self, task: Callable[[], Any], then: Callable[[], Any]) -> None:
         """Run `task`, then `then`, on a thread of the pool (`then` once the thread is free again).
@@ -113,6 +115,7 @@ class ThreadPool:
         taken.acquire()
         with self._guard:
             self._tasks.put((task, then, taken))
+            self._busy += 1
             idle = self._idle > 0
             if idle:
                 self._idle -= 1
@@ -136,7 +139,18 @@ class ThreadPool:
             finally:
                 with self._guard:  # free before `then` frees its slot: the slot's next task finds it
                     self._idle += 1
+                    self._busy -= 1
+                    if not self._busy:
+                        self._quiet.notify_all()
                 then()
+
+    def wait_quiet(self) -> None:
+        """Return once no task is queued or running: every branch handed over has ended (a
+        process stopping its runs, or a crash test letting the crashed run's threads stop
+        as SIGKILL would, waits here rather than on threads the pool keeps idle)."""
+        with self._guard:
+            while self._busy:
+                self._quiet.wait()
 
 
 BRANCH_THREADS = ThreadPool(idle_seconds=5.0)

@@ -329,6 +329,22 @@ def test_a_pool_thread_idle_for_its_time_ends():
     assert not any(thread.is_alive() for thread in threads)
 
 
+def test_waiting_for_a_quiet_pool_returns_once_its_tasks_end_not_its_idle_threads():
+    pool = ThreadPool(idle_seconds=60)  # its threads stay alive, idle, long after the test
+    release = threading.Event()
+    pool.run(release.wait, lambda: None)
+    waited = threading.Thread(target=pool.wait_quiet)
+    waited.start()
+    waited.join(timeout=0.2)
+    assert waited.is_alive()  # a task still runs
+    release.set()
+    waited.join(timeout=10)
+    assert not waited.is_alive()
+    started = time.monotonic()
+    pool.wait_quiet()  # no task: at once, though a thread is idle for a minute
+    assert time.monotonic() - started < 5
+
+
 # --- fan-out edges: what `over` is, a branch's reasoning and its failed call -----
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from mklang import faults
 from mklang.checkpoint.envelope import load
+from mklang.engine.runtime import BRANCH_THREADS
 from mklang.providers.base import Usage
 from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.service import open_run, proceed, start
@@ -199,9 +199,7 @@ class Attempt:
         except Crash:
             # SIGKILL stops every thread: let the run's other threads reach their next point,
             # where the armed trap stops them too, before anything is disarmed.
-            for thread in threading.enumerate():
-                if thread.name == "mklang-branch":
-                    thread.join()
+            BRANCH_THREADS.wait_quiet()
             self.lost += points.lost
             return CRASHED
         finally:
