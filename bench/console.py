@@ -3,7 +3,7 @@ page of the list (50 runs each, newest first) rendered through the whole web sta
 
 The store is filled with copies of two real runs' envelopes (one parked on a question, one done),
 written under 10,000 names. Prints the best of a few renders of each page against the 300 ms
-target, and the store's listing alone. Needs the console extra.
+target, and the store's summaries of one page alone. Needs the console extra.
 """
 
 from __future__ import annotations
@@ -28,15 +28,18 @@ def fill(folder: Path, runs: int) -> str:
     """A SQLite store of `runs` runs, alternately parked and done."""
     from support.console import make_runs
 
-    from mklang.stores import open_store
+    from mklang.stores import RunQuery, open_store
 
     make_runs(folder)
     uri = f"sqlite:///{folder}/runs.db"
     store = open_store(uri)
     try:
-        envelopes = [store.read("ask"), store.read("echo")]
+        made = {summary.run: summary for summary in store.summaries(RunQuery())}
+        copied = [(store.read(run), made[run]) for run in ("ask", "echo")]
         for number in range(runs - 2):
-            store.write(f"run-{number:05d}", envelopes[number % 2] or b"", generation=0)
+            envelope, summary = copied[number % 2]
+            store.write(f"run-{number:05d}", envelope or b"", generation=0)
+            store.summarize(f"run-{number:05d}", summary)
     finally:
         store.close()
     return uri
@@ -61,7 +64,7 @@ def main() -> None:
 
     from mklang.console.reading import PAGE
     from mklang.console.web import Console, create_app
-    from mklang.stores import open_store
+    from mklang.stores import RunQuery, open_store
 
     with tempfile.TemporaryDirectory(prefix="mklang-bench-console-") as folder:
         os.environ["XDG_STATE_HOME"] = folder
@@ -78,8 +81,8 @@ def main() -> None:
                         f"runs list of {options.runs:,} runs, {name}: {seconds * 1000:.0f} ms "
                         f"({seconds / TARGET:.2f} of the {TARGET * 1000:.0f} ms target)"
                     )
-            listing = best(lambda: store.listing(0, PAGE), options.rounds)
-            print(f"the store's listing of one page alone: {listing * 1000:.1f} ms")
+            alone = best(lambda: store.summaries(RunQuery(limit=PAGE + 1)), options.rounds)
+            print(f"the store's summaries of one page alone: {alone * 1000:.1f} ms")
         finally:
             store.close()
 

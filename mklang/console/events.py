@@ -1,7 +1,7 @@
 """Where the console hears that runs changed, for its pages' live updates (server-sent events).
 
 Pages subscribe to a `RunChanges` source and are told which runs changed. Today's source polls the
-store: the runs it wrote since the last look come first in its listing, so one short query per
+store: the summaries it updated since the last look (`RunQuery.since`), so one short query per
 interval finds them in any store. A source fed by the engine's run events can take its place
 without the pages knowing.
 """
@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from mklang.errors import MklangError
-from mklang.stores import Store
+from mklang.stores import RunQuery, Store
 
-WATCHED = 200  # the most recently written runs compared at each look; more changes at once: "everything"
+WATCHED = 200  # the most runs told apart at one look; more changes at once: "everything"
+OVERLAP = 2.0  # seconds each look reaches back before the last: a write stamped just before it still counts
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class RunChanges(Protocol):
 
 
 class StorePoller:
-    """A `RunChanges` source that looks at the store's listing every `interval` seconds."""
+    """A `RunChanges` source that looks at the store's run summaries every `interval` seconds."""
 
     def __init__(self, store: Store, interval: float):
         self.store = store
@@ -87,20 +89,22 @@ class StorePoller:
 
     async def _poll(self) -> None:
         """Look while anyone follows; a store that cannot be read now is looked at again next time."""
-        last: dict[str, float] | None = None
-        count = 0
+        seen: dict[str, float | None] = {}  # run -> its summary's `updated`, for runs written lately
+        since: float | None = None  # None: the first look, which only notes what is there
         while self._followers:
+            looked = time.time()
+            query = RunQuery(since=looked - OVERLAP if since is None else since, limit=WATCHED + 1)
             try:
-                total, stamps = await asyncio.to_thread(self.store.listing, 0, WATCHED)
+                written = await asyncio.to_thread(self.store.summaries, query)
             except MklangError:
                 await asyncio.sleep(self.interval)
                 continue
-            now = {stamp.run: stamp.updated for stamp in stamps}
-            if last is not None:
-                changed = frozenset(run for run, updated in now.items() if last.get(run) != updated)
-                if total != count or len(changed) >= WATCHED:
+            now = {summary.run: summary.updated for summary in written}
+            changed = frozenset(run for run, updated in now.items() if seen.get(run) != updated)
+            if since is not None:
+                if len(written) > WATCHED:
                     self.tell(Change(everything=True))
                 elif changed:
                     self.tell(Change(changed))
-            last, count = now, total
+            seen, since = now, looked - OVERLAP
             await asyncio.sleep(self.interval)

@@ -1,7 +1,9 @@
 """What the console's pages show of a store's runs, as plain data for the templates.
 
-Every run is read the way `mklang runs` and `mklang show` read it (`batching.described`), so a
-run that cannot be verified shows as `failed` with why, and nothing it holds is rendered.
+The runs list shows the summaries the store keeps (`Store.summaries`, as `mklang runs` does), so
+a page reads no envelope. A run's own page and the inbox read it the way `mklang show` does
+(`batching.described`), so a run that cannot be verified shows as `failed` with why, and nothing
+it holds is rendered.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from typing import Any
 
 from mklang.batching import described, location
 from mklang.errors import MklangError
-from mklang.stores import Store
-from mklang.stores.stamps import Stamp
+from mklang.stores import RunQuery, Store
+from mklang.stores.summary import RunSummary
 
 PAGE = 50  # runs on one page of the list
 WHOLE_TRACE = 1_000_000  # `describe`'s `last`: every step
@@ -22,15 +24,11 @@ WHOLE_TRACE = 1_000_000  # `describe`'s `last`: every step
 
 @dataclass(frozen=True)
 class Page:
-    """One page of the runs list, newest first."""
+    """One page of the runs list, newest first; `more`: older runs follow it."""
 
     number: int
-    total: int
     rows: list[dict[str, Any]]
-
-    @property
-    def pages(self) -> int:
-        return max(1, -(-self.total // PAGE))
+    more: bool
 
 
 def when(seconds: float | None) -> str:
@@ -40,59 +38,62 @@ def when(seconds: float | None) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def row(summary: dict[str, Any], stamp: Stamp) -> dict[str, Any]:
-    """A run as one line of the runs list and the inbox."""
-    machine = summary.get("machine") or {}
+def row(summary: RunSummary) -> dict[str, Any]:
+    """A run as one line of the runs list and the inbox, from its summary (display only)."""
     return {
-        "run": stamp.run,
-        "machine": machine.get("name", ""),
-        "status": summary["status"],
-        "why": summary.get("ask") or summary.get("reason") or summary.get("error") or "",
-        "tokens": (summary.get("tokens") or {}).get("spent"),
-        "cost": (summary.get("cost_usd") or {}).get("spent"),
-        "started": when(stamp.started),
-        "updated": when(stamp.updated),
-        "waiting": waits_for_reply(summary),
+        "run": summary.run,
+        "machine": summary.machine or "",
+        "status": summary.status or "unknown",
+        "why": summary.reason or "",
+        "tokens": summary.tokens,
+        "cost": summary.cost_usd,
+        "started": when(summary.started),
+        "updated": when(summary.updated),
+        "waiting": summary.status == "suspended",
     }
 
 
-def waits_for_reply(summary: dict[str, Any]) -> bool:
-    """A run parked on a human question: what the inbox lists and a reply resumes."""
-    return summary["status"] == "suspended" and summary.get("reason") == "escalated" and bool(summary.get("reply_to"))
+def waits_for_reply(described: dict[str, Any]) -> bool:
+    """A run parked on a human question (as `described` tells): what the inbox lists and a reply resumes."""
+    return (
+        described["status"] == "suspended"
+        and described.get("reason") == "escalated"
+        and bool(described.get("reply_to"))
+    )
 
 
-def runs_page(store: Store, uri: str, number: int) -> Page:
-    """Page `number` (from 1) of the store's runs: only its runs' envelopes are read."""
-    total, stamps = store.listing((number - 1) * PAGE, PAGE)
-    return Page(number, total, [row(described(store, uri, stamp.run), stamp) for stamp in stamps])
+def runs_page(store: Store, number: int) -> Page:
+    """Page `number` (from 1) of the store's runs: summaries only, one more than a page to tell
+    whether older ones follow."""
+    summaries = store.summaries(RunQuery(limit=PAGE + 1, offset=(number - 1) * PAGE))
+    return Page(number, [row(summary) for summary in summaries[:PAGE]], len(summaries) > PAGE)
 
 
 class Inbox:
     """The runs waiting on a human reply, newest first, with the context the question is about.
 
-    Finding them reads every run once; after that only runs the store wrote since are read again."""
+    Only suspended runs are read (the store's summaries say which), each again only when the store
+    wrote it since."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[float, dict[str, Any] | None]] = {}  # run -> (updated, its entry if waiting)
+        self._seen: dict[str, tuple[float | None, dict[str, Any] | None]] = {}  # run -> (updated, its entry)
 
     def entries(self, store: Store, uri: str) -> list[dict[str, Any]]:
-        total, _ = store.listing(0, 0)
-        _, stamps = store.listing(0, total)
         seen = {}
-        for stamp in stamps:
-            known = self._seen.get(stamp.run)
-            seen[stamp.run] = (
-                known if known and known[0] == stamp.updated else (stamp.updated, _entry(store, uri, stamp))
-            )
+        for summary in store.summaries(RunQuery(statuses=("suspended",))):
+            known = self._seen.get(summary.run)
+            if known is None or known[0] != summary.updated:
+                known = (summary.updated, _entry(store, uri, summary))
+            seen[summary.run] = known
         self._seen = seen
         return [entry for _, entry in seen.values() if entry is not None]
 
 
-def _entry(store: Store, uri: str, stamp: Stamp) -> dict[str, Any] | None:
-    summary = described(store, uri, stamp.run)
-    if not waits_for_reply(summary):
+def _entry(store: Store, uri: str, summary: RunSummary) -> dict[str, Any] | None:
+    described_run = described(store, uri, summary.run)
+    if not waits_for_reply(described_run):
         return None
-    return {**row(summary, stamp), "reply_to": summary["reply_to"], **_held(store, uri, stamp.run)}
+    return {**row(summary), "reply_to": described_run["reply_to"], **_held(store, uri, summary.run)}
 
 
 def _held(store: Store, uri: str, run: str) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def create_app(console: Console) -> ASGIApp:
 
     def runs_page(request: Request) -> Response:
         number = _page_number(request)
-        page = reading.runs_page(console.store, console.uri, number)
+        page = reading.runs_page(console.store, number)
         name = "runs_table.html" if "fragment" in request.query_params else "runs.html"
         return console.page(name, page=page, here="runs")
 

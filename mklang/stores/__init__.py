@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Protocol
 
 from mklang.errors import UsageError, first_line, redacted
-from mklang.stores.stamps import Stamp
 from mklang.stores.summary import RunQuery as RunQuery  # re-exported: what a listing asks stores for
 from mklang.stores.summary import RunSummary as RunSummary
 
@@ -79,9 +78,6 @@ class RunStore(Protocol):
 
     def runs(self) -> list[str]:
         """The ids of every run the store holds."""
-
-    def listing(self, offset: int, limit: int) -> tuple[int, list[Stamp]]:
-        """How many runs the store holds, and `limit` of them from `offset`, the last written first."""
 
     def summarize(self, run: str, summary: RunSummary) -> None:
         """Keep `summary` (its times are ignored) as what a listing shows of the run; the store stamps

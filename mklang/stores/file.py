@@ -29,7 +29,6 @@ from typing import IO
 
 from mklang.errors import CheckpointError, RunBusy
 from mklang.files import write_atomic
-from mklang.stores.stamps import Stamp
 from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 SUFFIXES = (".journal", ".lock", ".tmp")
@@ -121,15 +120,6 @@ class FileStore:
                 if handle.read(11).startswith(ENVELOPE_STARTS):
                     found.append(path.name)
         return found
-
-    def listing(self, offset: int, limit: int) -> tuple[int, list[Stamp]]:
-        """Runs by their file's modification time; a file keeps no time of its first write."""
-        stamps = []
-        for run in self.runs():
-            with contextlib.suppress(OSError):  # removed meanwhile
-                stamps.append(Stamp(run, None, self._path(run).stat().st_mtime))
-        stamps.sort(key=lambda stamp: (-stamp.updated, stamp.run))
-        return len(stamps), stamps[offset : offset + limit]
 
     def _summary(self, run: str) -> Path:
         return self.folder / ".mklang-runs" / run

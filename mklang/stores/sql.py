@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 from mklang.errors import CheckpointError
-from mklang.stores.stamps import Stamp
 from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 # The summary of a run (`RunSummary`), columns of its `mklang_runs` row: name, and type as
@@ -85,16 +84,6 @@ class SqlStore:
 
     def runs(self) -> list[str]:
         return [str(row[0]) for row in self._rows("SELECT run FROM mklang_runs ORDER BY run")]
-
-    def listing(self, offset: int, limit: int) -> tuple[int, list[Stamp]]:
-        """One page of runs by the indexed time of their last write (a row from before it counts as 0)."""
-        total = int(self._rows("SELECT COUNT(*) FROM mklang_runs")[0][0])
-        rows = self._rows(
-            "SELECT run, started, updated FROM mklang_runs ORDER BY updated DESC NULLS LAST, run LIMIT ? OFFSET ?",
-            limit,
-            offset,
-        )
-        return total, [Stamp(str(run), started, updated or 0.0) for run, started, updated in rows]
 
     def summarize(self, run: str, summary: RunSummary) -> None:
         # Display only: not worth an fsync of its own (the envelope's, or the next one, carries it).

@@ -99,6 +99,8 @@ def test_the_runs_list_shows_every_run_newest_first(client, monkeypatch):
     monkeypatch.setattr(reading, "PAGE", 1)
     second = client.get("/?page=2&fragment=1").text
     assert 'href="/runs/ask"' in second and 'href="/runs/echo"' not in second and "<html" not in second
+    assert 'rel="next"' in client.get("/?fragment=1").text  # older runs follow the first page
+    assert 'rel="prev"' in second and 'rel="next"' not in second  # and none the last
 
 
 def test_a_run_page_shows_budgets_the_trace_and_the_graph(client):

@@ -42,10 +42,11 @@ from mklang.errors import CheckpointError, RunBusy, UsageError
 from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
-from mklang.stores import Location, Store, locate, open_store
+from mklang.stores import Location, RunQuery, Store, locate, open_store
 from mklang.stores.file import FileLock, FileStore, lock_holder
 from mklang.stores.postgres import PostgresStore
 from mklang.stores.sqlite import SqliteStore
+from mklang.stores.summary import RunSummary
 from mklang.syntax import load_file
 
 ENVELOPE = b'{"format":1,"whatever":"the store does not parse it"}'
@@ -114,42 +115,21 @@ def test_runs_lists_every_run_with_an_envelope(store):
     assert sorted(store.runs()) == ["a", "b", "c"]
 
 
-def test_a_listing_pages_runs_by_their_last_write_newest_first(store, monkeypatch):
+def test_summaries_page_runs_newest_started_first_and_say_which_were_written_since(store, monkeypatch):
     clock = iter(range(1_000, 2_000))
     monkeypatch.setattr(time, "time", lambda: float(next(clock)))
     for run in ("b", "a", "c"):
         store.write(run, ENVELOPE, generation=1)
-        if isinstance(store, FileStore):  # a file's time is its modification time
-            os.utime(store.folder / run, (time.time(), time.time()))
-    store.write("b", ENVELOPE, generation=2)  # written again: the newest now
-    if isinstance(store, FileStore):
-        os.utime(store.folder / "b", (time.time(), time.time()))
-    total, page = store.listing(0, 2)
-    assert total == 3 and [stamp.run for stamp in page] == ["b", "c"]
-    assert [stamp.run for stamp in store.listing(2, 2)[1]] == ["a"]
-    assert store.listing(0, 0) == (3, [])
-    newest = page[0]
-    assert newest.updated > page[1].updated
-    if not isinstance(store, FileStore):  # a row keeps when it was first written
-        assert newest.started is not None and newest.started < newest.updated
-
-
-def test_a_sqlite_store_from_before_run_times_lists_its_old_runs_last(tmp_path):
-    import sqlite3
-
-    with contextlib.closing(sqlite3.connect(tmp_path / "old.db")) as db, db:
-        db.execute("CREATE TABLE mklang_runs (run TEXT PRIMARY KEY, envelope BLOB NOT NULL)")
-        db.execute("INSERT INTO mklang_runs (run, envelope) VALUES ('old', ?)", (ENVELOPE,))
-    store = open_store(f"sqlite:///{tmp_path}/old.db")
-    try:
-        store.write("new", ENVELOPE, generation=1)
-        total, stamps = store.listing(0, 10)
-        assert total == 2 and [(stamp.run, stamp.started is None, stamp.updated == 0) for stamp in stamps] == [
-            ("new", False, False),
-            ("old", True, True),
-        ]
-    finally:
-        store.close()
+        store.summarize(run, RunSummary(run, run_id=f"id-{run}", status="running"))
+    looked = time.time()
+    store.write("b", ENVELOPE, generation=2)
+    store.summarize("b", RunSummary("b", run_id="id-b", status="suspended", reason="Publish?"))
+    assert [s.run for s in store.summaries(RunQuery(limit=2))] == ["c", "a"]
+    assert [s.run for s in store.summaries(RunQuery(limit=2, offset=2))] == ["b"]
+    (written,) = store.summaries(RunQuery(since=looked))
+    assert (written.run, written.status, written.reason) == ("b", "suspended", "Publish?")
+    assert written.started is not None and written.updated is not None and written.started < written.updated
+    assert [s.run for s in store.summaries(RunQuery(statuses=("suspended",)))] == ["b"]
 
 
 def test_notes_are_replaced_whole_and_listed_as_no_run(store):
