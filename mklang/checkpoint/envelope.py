@@ -25,7 +25,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from mklang.checkpoint.signing import Seal, checkpoint_key, seal_of, sign
+from mklang.checkpoint.signing import UNSIGNED, Seal, checkpoint_key, seal_of, sign_encoded, signed_as_written
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 from mklang.stores import Location, RunStore, locate
@@ -136,7 +136,7 @@ class EnteredFrame(FrameRecord):
 class Envelope(BaseModel):
     """Everything needed to continue a run, as one JSON document."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # NaN written as `json` writes it
 
     format: Literal[2] = FORMAT
     mklang_version: str
@@ -237,9 +237,17 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def dump_signed(envelope: Envelope) -> tuple[bytes, str]:
-    """The file bytes of `envelope`, signed with the checkpoint key, and the signature's MAC."""
-    signed, signature = sign(envelope.model_dump(mode="json"), checkpoint_key())
+    """The file bytes of `envelope`, signed with the checkpoint key, and the signature's MAC.
+
+    Encoded once, in field order (ADR 0036): the MAC covers the bytes as written.
+    """
+    signed, signature = sign_encoded(_encoded(envelope), checkpoint_key(), envelope.trace)
     return signed, signature["hmac"]
+
+
+def _encoded(envelope: Envelope) -> bytes:
+    """The JSON of `envelope` without its `UNSIGNED` fields, in field order: what its signature covers."""
+    return Envelope.__pydantic_serializer__.to_json(envelope, exclude=set(UNSIGNED))
 
 
 def dump(envelope: Envelope) -> bytes:
@@ -285,8 +293,10 @@ def parse(raw: bytes, where: str) -> Envelope:
     """The envelope in `raw` (migrated to the current format, its seal checked); errors name `where`."""
     if not raw.strip():
         raise CheckpointError(f"{where}: the checkpoint is empty")
+    key = checkpoint_key()
+    signed = signed_as_written(raw, key) is not None  # this user's own bytes need no scan for hostile nesting
     try:
-        data = load_json(raw, MAX_CHECKPOINT_DEPTH)
+        data = load_json(raw, MAX_CHECKPOINT_DEPTH, scan=not signed)
     except NestingError as error:
         raise CheckpointError(f"{where}: the checkpoint holds values {error}") from None
     except ValueError as error:
@@ -299,7 +309,6 @@ def parse(raw: bytes, where: str) -> Envelope:
         raise CheckpointError(f"{where}: the checkpoint is not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{where}: not a mklang checkpoint (expected a JSON object)")
-    seal = seal_of(data, checkpoint_key(), raw)
     try:
         envelope = Envelope.model_validate(migrate(data))
     except CheckpointError as error:
@@ -308,7 +317,7 @@ def parse(raw: bytes, where: str) -> Envelope:
         first = error.errors()[0]
         spot = ".".join(str(part) for part in first["loc"])
         raise CheckpointError(f"{where}: not a valid mklang checkpoint: {spot}: {first['msg']}") from None
-    envelope._seal = seal
+    envelope._seal = "signed" if signed else seal_of(data, key, raw, lambda: _encoded(envelope))
     envelope._stored_bytes = len(raw)
     return envelope
 

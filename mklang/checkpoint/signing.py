@@ -21,8 +21,10 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,43 +128,82 @@ def _compact(value: Any) -> bytes:
 
 
 def sign(document: dict[str, Any], key: bytes) -> tuple[bytes, dict[str, str]]:
-    """The bytes of an envelope document signed with `key`, and its `signature` field.
+    """The bytes of a document signed with `key` (its canonical JSON), and its `signature` field."""
+    return sign_encoded(canonical(document), key, document.get("trace"))
 
-    The bytes are the canonical JSON, then the trace context (if any), then the
-    signature, so the document is encoded once and a reader can check the bytes as they are.
+
+def sign_encoded(body: bytes, key: bytes, trace: Any = None) -> tuple[bytes, dict[str, str]]:
+    """The bytes of a document signed with `key`, and its `signature` field; `body` is the
+    document's JSON object without its `UNSIGNED` fields, in any layout.
+
+    The MAC covers `body` as it is; the trace context (if any), then the
+    signature, are added last, so the document is encoded once and a reader
+    checks the bytes as they are.
     """
-    covered = canonical(document)
-    signature = {"key_id": key_id(key), "hmac": hmac.new(key, covered, hashlib.sha256).hexdigest()}
-    return covered[:-1] + _trace_member(document) + _signature_suffix(signature), signature
+    signature = {"key_id": key_id(key), "hmac": hmac.new(key, body, hashlib.sha256).hexdigest()}
+    return body[:-1] + _trace_member(trace) + _signature_suffix(signature), signature
 
 
-def _trace_member(document: dict[str, Any]) -> bytes:
-    """The unsigned trace member as `sign` writes it (nothing without one)."""
-    return b"" if document.get("trace") is None else b',"trace":' + _compact(document["trace"])
+def _trace_member(trace: Any) -> bytes:
+    """The unsigned trace member as `sign_encoded` writes it (nothing without one)."""
+    return b"" if trace is None else b',"trace":' + _compact(trace)
 
 
 def _signature_suffix(signature: dict[str, str]) -> bytes:
     return b',"signature":' + json.dumps(signature, separators=(",", ":")).encode("ascii") + b"}"
 
 
-def seal_of(document: dict[str, Any], key: bytes, raw: bytes = b"") -> Seal:
-    """Whether an envelope document (as read from `raw`, before migration) is signed with `key`.
+def seal_of(document: dict[str, Any], key: bytes, raw: bytes = b"", encoded: Callable[[], bytes] | None = None) -> Seal:
+    """Whether a document (as read from `raw`, before migration) is signed with `key`.
 
-    Bytes laid out as `sign` writes them are checked as they are; any other
-    layout of the same document is checked through its canonical JSON.
+    Bytes laid out as `sign_encoded` writes them are checked as they are; any
+    other layout of the same document (a file laid out anew after it was
+    signed) is checked through its canonical JSON, as `sign` encodes it, and
+    through `encoded()`, the document as its writer encodes it without its `UNSIGNED` fields.
     """
     signature = document.get("signature")
     if not isinstance(signature, dict) or not isinstance(signature.get("hmac"), str):
         return "unsigned"
     if signature.get("key_id") != key_id(key):
         return "foreign"
-    suffix = _trace_member(document) + _signature_suffix({"key_id": signature["key_id"], "hmac": signature["hmac"]})
-    if raw.rstrip().endswith(suffix):
-        written = raw.rstrip()[: -len(suffix)] + b"}"
-        if _same_mac(hmac.new(key, written, hashlib.sha256).hexdigest(), signature["hmac"]):
+    if signed_as_written(raw, key) == signature["hmac"]:
+        return "signed"
+    for encode in (lambda: canonical(document), encoded):
+        if encode is not None and _same_mac(hmac.new(key, encode(), hashlib.sha256).hexdigest(), signature["hmac"]):
             return "signed"
-    expected = hmac.new(key, canonical(document), hashlib.sha256).hexdigest()
-    return "signed" if _same_mac(expected, signature["hmac"]) else "tampered"
+    return "tampered"
+
+
+_UNSIGNED_AT_END = re.compile(rb'(?:,"trace":(\{[^{}]*\}))?,"signature":(\{[^{}]*\})\}\Z')
+_MAX_SUFFIX_LENGTH = 4096  # a signature is about 120 bytes, a trace context at most a few hundred
+
+
+def signed_as_written(raw: bytes, key: bytes) -> str | None:
+    """The MAC of `raw` if it is laid out as `sign_encoded` writes it and the MAC is made with `key`, else None.
+
+    Checked on the bytes alone, before anything decodes them, so a
+    checkpoint this user wrote is known as such before its size or depth matter.
+    """
+    written = raw.rstrip()
+    found = _UNSIGNED_AT_END.search(written[-_MAX_SUFFIX_LENGTH:])
+    if found is None:
+        return None
+    try:
+        trace = None if found[1] is None else json.loads(found[1])
+        signature = json.loads(found[2])
+    except ValueError:
+        return None
+    if not isinstance(signature, dict) or signature.get("key_id") != key_id(key):
+        return None
+    given = signature.get("hmac")
+    if not isinstance(given, str):
+        return None
+    suffix = _trace_member(trace) + _signature_suffix({"key_id": key_id(key), "hmac": given})
+    if not written.endswith(suffix):
+        return None
+    mac = hmac.new(key, memoryview(written)[: len(written) - len(suffix)], hashlib.sha256)  # no copy of megabytes
+    mac.update(b"}")
+    return given if _same_mac(mac.hexdigest(), given) else None
 
 
 def _same_mac(expected: str, given: str) -> bool:

@@ -38,6 +38,7 @@ from mklang.checkpoint.signing import (
     seal_of,
     sign,
     sign_line,
+    signed_as_written,
 )
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, UsageError
@@ -1158,3 +1159,47 @@ def test_each_journal_line_is_a_crash_point_reached_once_the_line_is_in_the_file
 def test_a_key_is_created_in_a_config_folder_that_already_exists(config_home):
     (config_home / "mklang").mkdir(parents=True)
     assert len(checkpoint_key()) == 64
+
+
+def _saved_with_a_trace(path: Path) -> bytes:
+    frame = Frame(machine=mk(TWO_STATES), state="a", context={"topic": "x"}, tainted=set(), budget=4)
+    frame.trace.extend({"state": "a", "output": f"line {n}"} for n in range(3))
+    machine = MachineRef(name="m", path=None, sha256=None)
+    envelope = Envelope(mklang_version="t", run_id="r", status="suspended", machine=machine, frames=[frame.to_json()])
+    save(path, envelope)
+    return path.read_bytes()
+
+
+def test_an_envelope_is_checked_as_written_and_laid_out_anew_and_an_edit_in_its_trace_is_tampered(tmp_path):
+    path = tmp_path / "cp.json"
+    raw = _saved_with_a_trace(path)
+    assert raw.startswith(b'{"format":2,') and load(path).seal == "signed"  # field order, not sorted keys
+    path.write_text(json.dumps(json.loads(raw), indent=2), encoding="utf-8")
+    assert load(path).seal == "signed"
+    for edited in (
+        raw.replace(b'"line 1"', b'"line 9"'),
+        json.dumps(json.loads(raw)).encode().replace(b"line 1", b"x"),
+    ):
+        path.write_bytes(edited)
+        assert load(path).seal == "tampered"
+
+
+def test_an_edited_envelope_nested_too_deep_is_refused_before_it_is_decoded(tmp_path):
+    path = tmp_path / "cp.json"
+    raw = _saved_with_a_trace(path)
+    path.write_bytes(raw.replace(b'"line 1"', b"[" * 200 + b"1" + b"]" * 200))
+    with pytest.raises(CheckpointError, match="holds values nested more than"):
+        load(path)
+
+
+def test_an_envelope_with_a_trace_context_is_signed_as_written_and_its_trace_context_is_unsigned(tmp_path):
+    path = tmp_path / "cp.json"
+    machine = MachineRef(name="m", path=None, sha256=None)
+    context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    save(path, Envelope(mklang_version="t", run_id="r", status="running", machine=machine, frames=[], trace=context))
+    raw = path.read_bytes()
+    assert signed_as_written(raw, checkpoint_key()) is not None and load(path).trace == context
+    path.write_bytes(raw.replace(b"-01", b"-00"))
+    assert load(path).seal == "signed"
+    path.write_bytes(raw.replace(b'"run_id":"r"', b'"run_id":"s"'))
+    assert load(path).seal == "tampered"

@@ -1,0 +1,43 @@
+"""Checkpoints written before envelopes were encoded in field order (canonical JSON, keys sorted) still resume.
+
+`format2/suspended.json` was written by mklang 0.4.0 with the key below: a
+run of `grow.mk` suspended by its step budget after three steps.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mklang.checkpoint.envelope import load
+from mklang.providers.scripted import ScriptedProvider
+from mklang.service import open_run, proceed
+from mklang.session import Host
+
+FIXTURE = Path(__file__).parent / "format2"
+KEY = "format-2-fixture-key-0123456789abcdef"
+
+
+@pytest.fixture
+def checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", KEY)
+    for name in ("grow.mk", "suspended.json"):
+        shutil.copy(FIXTURE / name, tmp_path / name)
+    return tmp_path / "suspended.json"
+
+
+def test_a_canonically_signed_checkpoint_resumes_to_done_and_is_rewritten_signed(checkpoint):
+    before = load(checkpoint)
+    assert (before.seal, before.status, len(before.frames[0]["trace"])) == ("signed", "suspended", 3)
+    done = proceed(open_run(checkpoint), Host(ScriptedProvider({"produce": ["y"], "judge": [0]})), budget=4)
+    assert (done.status, len(done.trace)) == ("done", 4)
+    assert done.trace[0]["output"] == 'line é\n"quoted"'
+    after = load(checkpoint)
+    assert (after.seal, after.status, after.frames[0]["trace"][:3]) == ("signed", "done", before.frames[0]["trace"])
+
+
+def test_an_edit_to_a_canonically_signed_checkpoint_is_refused(checkpoint):
+    checkpoint.write_bytes(checkpoint.read_bytes().replace(b'"budget":3', b'"budget":9', 1))
+    assert load(checkpoint).seal == "tampered"
