@@ -79,7 +79,7 @@ class HostSettings(BaseModel):
 
 
 class Signature(BaseModel):
-    """HMAC-SHA256 of the envelope's canonical JSON, and which key made it (`signing.py`)."""
+    """HMAC-SHA256 of the envelope's JSON as written (without the signature), and which key made it (`signing.py`)."""
 
     key_id: str
     hmac: str

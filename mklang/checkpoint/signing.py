@@ -5,9 +5,11 @@ the resuming user's key says this user (or their fleet, sharing one key via
 `MKLANG_CHECKPOINT_KEY`) wrote it and nobody edited it since; only then may
 it choose host settings (ADR 0014).
 
-- The envelope carries `signature: {key_id, hmac}`, the HMAC of its
-  canonical JSON (sorted keys, no spaces) without the signature itself and
-  without its trace context (`UNSIGNED`).
+- The envelope carries `signature: {key_id, hmac}`, the HMAC of its JSON
+  as written, without the signature itself and without its trace context
+  (`UNSIGNED`; ADR 0036): in field order now, canonical JSON (sorted keys,
+  no spaces) before; a reader checks the bytes as they are, and re-encodes
+  only a file laid out anew since.
 - Every journal line ends with `"h": <hmac>`, chained: the MAC of a line
   covers the MAC before it (the envelope's for the first line), so lines can
   be neither edited, reordered, dropped in the middle nor moved to another

@@ -32,7 +32,7 @@ from mklang.files import write_atomic
 from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 SUFFIXES = (".journal", ".lock", ".tmp")
-# How an envelope file begins: signed (canonical JSON, keys sorted), or as format 1 and hand-written ones do.
+# How an envelope file begins: in field order (ADR 0036), or canonical JSON (keys sorted) as written before.
 ENVELOPE_STARTS = (b'{"answers":', b'{"format":')
 
 
