@@ -136,7 +136,7 @@ class EnteredFrame(FrameRecord):
 class Envelope(BaseModel):
     """Everything needed to continue a run, as one JSON document."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # NaN written as `json` writes it
+    model_config = ConfigDict(extra="forbid")
 
     format: Literal[2] = FORMAT
     mklang_version: str
