@@ -24,7 +24,9 @@ import sys
 import threading
 from pathlib import Path
 
+import jsonschema
 import pytest
+from support import ROOT
 from support.batches import CALLS, MACHINE, reply, results, write_items
 from support.commands import cli_env, model_config, wait_for
 from support.fakeserver import FakeServer
@@ -89,11 +91,11 @@ def test_a_worker_killed_mid_batch_loses_only_its_calls_in_flight(project, serve
     assert items * CALLS <= server.count <= items * CALLS + WORKER_CONCURRENCY
 
 
-def test_a_worker_logs_one_line_per_run_taken_and_finished(project, server, postgres_uri):
+def test_a_worker_logs_one_line_per_run_taken_and_finished_and_writes_each_runs_events(project, server, postgres_uri):
     require_server("Redis")
     write_items(project, 3)
     logging = start(project, "worker", "--store", postgres_uri, "--broker", REDIS, "--config", "mklang.toml",
-                    "--log-format", "json")  # fmt: skip
+                    "--log-format", "json", "--events", "events.jsonl")  # fmt: skip
     running = batch(project, postgres_uri, REDIS)
     try:
         _, stderr = running.communicate(timeout=180)
@@ -108,6 +110,15 @@ def test_a_worker_logs_one_line_per_run_taken_and_finished(project, server, post
         ("INFO", "done", str(logging.pid))
     }
     assert all(line["tokens"] > 0 and "time" in line for line in finished.values())
+    events = [json.loads(line) for line in (project / "events.jsonl").read_text().splitlines()]
+    schema = json.loads((ROOT / "docs" / "events.schema.json").read_text(encoding="utf-8"))
+    for event in events:
+        jsonschema.validate(event, schema)
+    ends = {event["run"]: event for event in events if event["event"] == "run.finished"}
+    assert sorted(ends) == [f"item-{n}" for n in range(3)]  # each event names the run it belongs to
+    assert {event["run"] for event in events} == set(ends)
+    assert all(ends[run]["usage"]["input_tokens"] + ends[run]["usage"]["output_tokens"] == finished[run]["tokens"]
+               for run in ends)  # fmt: skip
 
 
 def test_redis_works_as_the_broker(project, server, postgres_uri):
