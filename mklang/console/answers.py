@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from mklang.batching import location
 from mklang.cli.hosting import Hosting
+from mklang.engine.events import Event
 from mklang.errors import first_line
 from mklang.stores import Store
 
@@ -49,7 +50,7 @@ class Replies:
                 service.opened(location(self.store, self.uri, run)) as resumable,
                 Host.resumed(resumable, self.hosting.settings(), self.hosting.record, None) as host,
             ):
-                service.proceed(resumable, host, reply=values)
+                service.proceed(resumable, host, reply=values, observer=_Progress(run, self.on_change))
         except MklangError as error:
             self.failures[run] = first_line(error)
         finally:
@@ -59,3 +60,18 @@ class Replies:
         """Let the runs in flight reach their end (or their next stop) before the console exits."""
         for thread in self._threads:
             thread.join(timeout)
+
+
+class _Progress:
+    """An event sink of a run the console resumed: its pages follow each state it enters and its
+    stop as they happen, not when the store is next looked at."""
+
+    SHOWN = frozenset({"state.entered", "run.suspended", "run.halted", "run.finished"})
+
+    def __init__(self, run: str, on_change: Callable[[str], None]):
+        self.run = run
+        self.on_change = on_change
+
+    def emit(self, event: Event) -> None:
+        if event.kind in self.SHOWN:
+            self.on_change(self.run)

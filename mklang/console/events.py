@@ -51,9 +51,11 @@ class StorePoller:
         self.interval = interval
         self._followers: set[asyncio.Queue[Change | None]] = set()  # None: the stream ends
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's, where the followers wait
 
     async def follow(self, quiet: float) -> AsyncIterator[Change | None]:
         queue: asyncio.Queue[Change | None] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
         self._followers.add(queue)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._poll())
@@ -71,7 +73,21 @@ class StorePoller:
             self._followers.discard(queue)
 
     def tell(self, change: Change) -> None:
-        """Pass on a change known without looking (a reply the console itself delivered)."""
+        """Pass on a change known without looking (a run the console itself resumed), from any
+        thread: the followers' queues are touched on the server's event loop only."""
+        loop = self._loop
+        if loop is None:  # nobody follows yet
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._tell(change)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._tell, change)
+
+    def _tell(self, change: Change) -> None:
         for queue in self._followers:
             queue.put_nowait(change)
 
@@ -103,8 +119,8 @@ class StorePoller:
             changed = frozenset(run for run, updated in now.items() if seen.get(run) != updated)
             if since is not None:
                 if len(written) > WATCHED:
-                    self.tell(Change(everything=True))
+                    self._tell(Change(everything=True))
                 elif changed:
-                    self.tell(Change(changed))
+                    self._tell(Change(changed))
             seen, since = now, looked - OVERLAP
             await asyncio.sleep(self.interval)

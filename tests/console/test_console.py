@@ -143,6 +143,37 @@ def test_an_inbox_reply_resumes_the_run_to_its_end(client, console, store):
     assert again.status_code == 409
 
 
+def test_a_run_the_console_resumes_is_followed_by_its_events_not_by_looking_at_the_store(store):
+    opened = open_store(store, create=False)
+    console = Console(opened, store, TOKEN, interval=3600)  # the store is looked at once, on the first follow
+
+    async def follow() -> list[Change]:
+        changes = console.changes.follow(quiet=30)
+        seen: list[Change] = []
+        first = asyncio.ensure_future(anext(changes))
+        await asyncio.sleep(0.1)  # following (the first look only notes what is there)
+        await asyncio.to_thread(console.replies.deliver, "ask", "approval.answer", "yes, ship it")
+        seen.append(await asyncio.wait_for(first, 30))
+        await asyncio.to_thread(console.replies.wait, 30)
+        while True:  # what the run's thread told, in order
+            try:
+                seen.append(await asyncio.wait_for(anext(changes), 0.5))
+            except TimeoutError:
+                break
+        await changes.aclose()
+        await console.changes.stop()
+        return seen
+
+    try:
+        seen = asyncio.run(follow())
+    finally:
+        opened.close()
+    assert console.replies.failures == {}
+    assert load(locate(f"{store}#ask")).status == "done"
+    # each state the resumed run entered, its end, and the reply's own: told as they happened
+    assert len(seen) >= 3 and set(seen) == {Change(frozenset({"ask"}))}
+
+
 def test_the_store_poller_tells_followers_which_runs_changed(store):
     opened = open_store(store, create=False)
     poller = StorePoller(opened, 0.02)
