@@ -16,6 +16,7 @@ import json
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ class ScriptState:
         self._next: dict[Source, int] = {}  # the next list entry of each source
         self._starts: dict[Source, dict[str, int]] = {}  # fan-out (its step's key) -> its first entry
         self._taken: dict[Source, dict[str, int]] = {}  # call key -> entry, for the fan-outs in flight
+        self._per_branch: dict[Source, Counter[tuple[str, int]]] = {}  # (fan-out, branch) -> keys taken
 
     def add(self, source: Source) -> None:
         self._next.setdefault(source, 0)
@@ -61,6 +63,7 @@ class ScriptState:
             if key is None or branch is None:
                 self._starts.clear()
                 self._taken.clear()
+                self._per_branch.clear()
                 index = self._next[source]
             else:
                 taken = self._taken.setdefault(source, {})
@@ -68,7 +71,9 @@ class ScriptState:
                     return taken[key]
                 fan_out, number, count = branch
                 start = self._starts.setdefault(source, {}).setdefault(fan_out, self._next[source])
-                earlier = sum(1 for other in taken if _same_branch(other, fan_out, number))
+                per_branch = self._per_branch.setdefault(source, Counter())
+                earlier = per_branch[fan_out, number]
+                per_branch[fan_out, number] += 1
                 index = taken[key] = start + number + earlier * count
             self._next[source] = max(self._next[source], index + 1)
             return index
@@ -91,18 +96,20 @@ class ScriptState:
         """Continue from a saved state (also the `position` of checkpoints before states)."""
         in_flight = saved.get("fan_outs", {})
         with self._lock:
-            self._starts, self._taken = {}, {}
+            self._starts, self._taken, self._per_branch = {}, {}, {}
             for group, name in self._next:
                 self._next[group, name] = int(saved.get(group, {}).get(name, 0))
                 record = in_flight.get(group, {}).get(name)
                 if record is not None:
                     self._starts[group, name] = {str(key): int(entry) for key, entry in record["starts"].items()}
                     self._taken[group, name] = {str(key): int(entry) for key, entry in record["taken"].items()}
+                    self._per_branch[group, name] = _branch_counts(self._taken[group, name])
 
 
-def _same_branch(key: str, fan_out: str, number: int) -> bool:
-    branch = branch_of(key)
-    return branch is not None and branch[:2] == (fan_out, number)
+def _branch_counts(taken: dict[str, int]) -> Counter[tuple[str, int]]:
+    """How many calls of each (fan-out, branch) a source has answered, from their keys."""
+    branches = (branch_of(key) for key in taken)
+    return Counter((branch[0], branch[1]) for branch in branches if branch is not None)
 
 
 class Answers:
