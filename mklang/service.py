@@ -707,39 +707,8 @@ def _drive(
     control: Control | None,
     observer: EventSink | None,
 ) -> RunResult:
-    """Run `chain` persisting to `location` (`_persisted`), its spans continuing the trace its
-    envelope names, else naming the new one there (`telemetry.traced`)."""
-    with traced(observer, envelope.trace, location.run) as (observer, envelope.trace):
-        return _persisted(
-            envelope,
-            chain,
-            answers,
-            loader,
-            location,
-            host,
-            change=change,
-            resumed=resumed,
-            recovered=recovered,
-            control=control,
-            observer=observer,
-        )
-
-
-def _persisted(
-    envelope: Envelope,
-    chain: list[Frame],
-    answers: dict[str, dict[str, Any]],
-    loader: MachineLoader,
-    location: Location,
-    host: Host,
-    *,
-    change: dict[str, Any] | None = None,
-    resumed: bool = False,
-    recovered: bool = False,
-    control: Control | None,
-    observer: EventSink | None,
-) -> RunResult:
-    """Run `chain` persisting to `location`, whose lock the caller holds (`_claimed`).
+    """Run `chain` persisting to `location`, whose lock the caller holds (`_claimed`), its spans
+    continuing the trace its envelope names, else naming the new one there (`telemetry.traced`).
 
     Budgets, concurrency, hitl and the untrusted-flow policy come from the envelope. With `change`
     the stored envelope is continued in place (`StoreJournal.resume`); otherwise a snapshot of
@@ -748,54 +717,55 @@ def _persisted(
     """
     from mklang.checkpoint.journal import StoreJournal, durability_setting
 
-    budgets = envelope.budgets
-    journal = StoreJournal(
-        location,
-        envelope,
-        hashes=loader.hashes,
-        host_state=host.state,
-        answers=answers,
-        durability=durability_setting(),
-        paths=MachinePaths(chain[0].machine.path),
-    )
-    if change is None:
-        journal.snapshot(chain, status="running")
-    else:
-        journal.resume(change, envelope.stored_bytes)
-    rt = make_runtime(
-        host.provider,
-        journal=journal,
-        loader=loader,
-        run_id=envelope.run_id,
-        tools=host.tools,
-        hooks=host.hooks,
-        read_only_tools=host.read_only_tools,
-        control=control,
-        observer=observer,
-        concurrency=envelope.concurrency,
-        hitl=envelope.hitl,
-        untrusted_flow=envelope.untrusted_flow,
-        max_time=budgets.max_time,
-    )
-    caps = Caps(budgets.max_tokens, budgets.max_cost)
-    result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
-    usage = result.usage.to_json()
-    if result.status == "suspended":
-        journal.finish(
-            result.frames,
-            status="suspended",
-            reason=result.error,
-            detail=result.detail,
-            ask=result.ask,
-            reply_to=result.reply_to,
-            at=result.at,
-            usage=usage,
+    with traced(observer, envelope.trace, location.run) as (observer, envelope.trace):
+        budgets = envelope.budgets
+        journal = StoreJournal(
+            location,
+            envelope,
+            hashes=loader.hashes,
+            host_state=host.state,
+            answers=answers,
+            durability=durability_setting(),
+            paths=MachinePaths(chain[0].machine.path),
         )
-    else:
-        journal.finish(
-            [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
+        if change is None:
+            journal.snapshot(chain, status="running")
+        else:
+            journal.resume(change, envelope.stored_bytes)
+        rt = make_runtime(
+            host.provider,
+            journal=journal,
+            loader=loader,
+            run_id=envelope.run_id,
+            tools=host.tools,
+            hooks=host.hooks,
+            read_only_tools=host.read_only_tools,
+            control=control,
+            observer=observer,
+            concurrency=envelope.concurrency,
+            hitl=envelope.hitl,
+            untrusted_flow=envelope.untrusted_flow,
+            max_time=budgets.max_time,
         )
-    return result
+        caps = Caps(budgets.max_tokens, budgets.max_cost)
+        result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
+        usage = result.usage.to_json()
+        if result.status == "suspended":
+            journal.finish(
+                result.frames,
+                status="suspended",
+                reason=result.error,
+                detail=result.detail,
+                ask=result.ask,
+                reply_to=result.reply_to,
+                at=result.at,
+                usage=usage,
+            )
+        else:
+            journal.finish(
+                [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
+            )
+        return result
 
 
 def resume(
