@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,38 @@ def test_bad_batch_input_is_a_usage_error(project):
     (project / "items.jsonl").write_text('{"id": 1}\n{"id": 1}\n')
     twice = batch(project, "--store", "sqlite:///runs.db")
     assert twice.returncode == 2 and "appears twice" in twice.stderr
+
+
+class Priced:
+    """A provider object that charges a quarter dollar a call and counts the calls it is paid for."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> api.Produced:
+        with self._lock:
+            self.calls += 1
+        return api.Produced("word", None, api.Usage(10, 5, cost_usd=0.25))
+
+    def judge(self, conditions, output, reasoning, context, tier) -> api.Verdict:
+        return api.Verdict(0, api.Usage())
+
+
+def test_the_batch_dollar_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp_path):
+    """Two $0.25 calls a run, one run at a time: $1.75 is reached inside the fourth run, before its
+    second call. That run and every later one are suspended; a pass with the same ceiling pays
+    nothing (the first pass's spend counts), and one with a higher ceiling pays only the rest."""
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    provider = Priced()
+    inputs = [{"id": f"item-{n}", "topic": f"t-{n}"} for n in range(10)]
+    options = dict(store=tmp_path / "runs", provider=provider, concurrency=1)
+    first = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=1.75, **options)
+    assert [(o.status, o.reason) for o in first] == [("done", None)] * 3 + [("suspended", "batch-ceiling")] * 7
+    assert provider.calls == 7
+    assert [Usage.from_json(o.usage).cost_usd for o in first] == [0.5] * 3 + [0.25] + [0.0] * 6
+    again = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=1.75, **options)
+    assert [o.status for o in again] == ["done"] * 3 + ["suspended"] * 7 and provider.calls == 7
+    higher = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=5, **options)
+    assert [o.status for o in higher] == ["done"] * 10
+    assert provider.calls == 10 * CALLS  # the fourth run's first call is not paid again
