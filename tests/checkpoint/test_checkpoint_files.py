@@ -23,15 +23,16 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conformance.harness import Recorder, mk, write_machines
+from conformance.harness import Recorder, write_machines
 from support import ROOT
 from support.checkpoints import blank_envelope, frame_record
 from support.crashes import dead_run
 from support.files import FsyncSpy, holder, journal_path, write_atomic
+from support.journals import run_journal
 from support.runs import LoopTops
 
-from mklang.checkpoint.envelope import MIGRATIONS, Envelope, MachineRef, dump, load, save
-from mklang.checkpoint.journal import StoreJournal, read_journal
+from mklang.checkpoint.envelope import MIGRATIONS, Envelope, dump, load, save
+from mklang.checkpoint.journal import read_journal
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError
 from mklang.providers.base import Produced, Usage, Verdict
@@ -147,16 +148,9 @@ MACHINE = parse(
 def _real_journal(tmp_path: Path) -> tuple[Path, bytes, int]:
     """A journal written to the file store: a generation, a nested level, and completed calls."""
     checkpoint = tmp_path / "cp.json"
-    envelope = Envelope(
-        mklang_version="test",
-        run_id="r",
-        status="running",
-        machine=MachineRef(name="tiny", path=None, sha256=None),
-        frames=[],
-    )
-    journal = StoreJournal(locate(checkpoint), envelope)
-    journal.snapshot([Frame.start(MACHINE)], status="running")
-    journal.enter(1, Frame.start(MACHINE, {"x": 1}))
+    journal, frame = run_journal(tmp_path)
+    journal.snapshot([frame], status="running")
+    journal.enter(1, Frame.start(frame.machine, {"x": 1}))
     journal.record("r/1/0", "produce", Produced("déjà vu ✓", None, Usage(3, 2)))
     journal.record("r/1/1", "judge", Verdict(0, Usage(1, 1), "strict"))
     journal.record("r/1/2", "tool", "naïve — ünïcode ✓ " * 5)
@@ -595,30 +589,8 @@ def test_an_atomic_write_fsyncs_the_whole_temp_file_before_the_rename_and_the_fo
     assert [p.name for p in tmp_path.iterdir()] == ["cp.json"]
 
 
-def _journal(tmp_path: Path) -> tuple[StoreJournal, Frame]:
-    machine = mk("""
-        machine m
-        entry a
-        budget 3
-        state a {
-          structure "s"
-          prompt "p"
-          output o
-          otherwise -> END
-        }
-    """)
-    envelope = Envelope(
-        mklang_version="test",
-        run_id="r",
-        status="running",
-        machine=MachineRef(name="m", path=None, sha256=None),
-        frames=[],
-    )
-    return StoreJournal(locate(tmp_path / "cp.json"), envelope), Frame.start(machine)
-
-
 def test_a_journaled_call_line_is_fsynced_once_it_is_in_the_file(tmp_path, monkeypatch):
-    journal, frame = _journal(tmp_path)
+    journal, frame = run_journal(tmp_path)
     journal.snapshot([frame], status="running")
     spy = FsyncSpy(monkeypatch)
     journal.record("r:1.0#1", "produce", Produced("answer", None, Usage(3, 4)))
@@ -670,7 +642,7 @@ def test_every_call_of_a_checkpointed_run_is_durable_before_the_run_goes_on(tmp_
 
 
 def test_a_running_snapshot_adds_the_spend_of_nested_levels(tmp_path):
-    journal, root = _journal(tmp_path)
+    journal, root = run_journal(tmp_path)
     child = Frame.start(root.machine)
     root.usage = Usage(100, 20, 0.25)
     child.usage = Usage(5, 1, 0.5)

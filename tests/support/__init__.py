@@ -8,6 +8,7 @@
 - `batches`, `fleet`: a batch machine, its inputs and the worker processes that run it.
 - `models`: a priced scripted model behind the fake server.
 - `files`: the files beside a checkpoint (journal, lock), the atomic write and an fsync spy.
+- `journals`: a run's crash journal opened by hand and the records it reads back.
 - `checkpoints`: envelopes and frame records written by hand.
 - `crashes`: runs crashed in process at the points of mklang.faults, and their resumes.
 - `console`: the runs the console tests serve.

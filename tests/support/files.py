@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,11 @@ from mklang.stores.file import FileLock, lock_holder
 def journal_path(checkpoint: Path) -> Path:
     """The crash journal beside a checkpoint file."""
     return Path(f"{checkpoint}.journal")
+
+
+def journal_lines(checkpoint: Path) -> list[dict[str, Any]]:
+    """Every line of the crash journal beside a checkpoint file, decoded."""
+    return [json.loads(line) for line in journal_path(checkpoint).read_bytes().splitlines()]
 
 
 class FsyncSpy:
