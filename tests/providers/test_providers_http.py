@@ -1,8 +1,11 @@
-"""The OpenAI-compatible and Anthropic clients against a real HTTP server on 127.0.0.1."""
+"""The HTTP transport and the OpenAI-compatible and Anthropic clients against a real HTTP server on 127.0.0.1:
+what is retried and how long it waits, the deadline, the errors reported with the key scrubbed,
+the requests each wire format sends and how it reads the answer."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,13 +17,16 @@ from typing import Any
 
 import pytest
 from support.fakeserver import FakeServer, answer, error, raw, refusal
+from support.providers import http_transport, provider_config, provider_error
 
 from mklang.errors import ProviderError, UsageError
 from mklang.host.config import ProviderConfig, load_config
-from mklang.providers import http
-from mklang.providers.base import NONE, UNPARSEABLE, Usage
+from mklang.providers import http, scratchpad
+from mklang.providers.anthropic import AnthropicClient
+from mklang.providers.base import NONE, UNPARSEABLE, Usage, deadline
 from mklang.providers.factory import make_provider
-from mklang.providers.http import HttpTransport, retry_after
+from mklang.providers.http import HttpTransport, redact, retry_after
+from mklang.providers.openai import OpenAIClient
 
 KEY = "sk-test-SECRET-0123456789"
 
@@ -310,8 +316,7 @@ def test_max_in_flight_bounds_concurrent_requests(tmp_path, server):
 
 def test_retry_after_is_honoured_in_seconds_and_as_a_date(server):
     slept: list[float] = []
-    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url, retries=2, max_backoff=30)
-    transport = HttpTransport(config, {}, sleep=slept.append)
+    transport = http_transport(server, slept, retries=2, max_backoff=30)
     later = formatdate(time.time() + 20, usegmt=True)
     server.add(error(429, retry_after="7"), error(503, retry_after=later), answer("ok"))
     transport.post("/chat/completions", {"model": "m"})
@@ -321,19 +326,13 @@ def test_retry_after_is_honoured_in_seconds_and_as_a_date(server):
 
 def test_backoff_is_exponential_with_jitter_and_capped(server):
     slept: list[float] = []
-    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url, retries=4, backoff=1, max_backoff=3)
-    transport = HttpTransport(config, {}, sleep=slept.append)
+    transport = http_transport(server, slept, retries=4, backoff=1, max_backoff=3)
     server.fallback = error(502)
     with pytest.raises(ProviderError):
         transport.post("/chat/completions", {})
     assert len(slept) == 4
     for delay, ceiling in zip(slept, [1, 2, 3, 3], strict=False):
         assert ceiling / 2 <= delay <= ceiling
-
-
-@pytest.mark.parametrize(("value", "seconds"), [("3", 3.0), ("0.5", 0.5), ("-4", 0.0), ("soon", None), (None, None)])
-def test_retry_after_values(value, seconds):
-    assert retry_after(value) == seconds
 
 
 def test_builtin_providers_honour_the_environment(server, monkeypatch, tmp_path):
@@ -403,17 +402,12 @@ def test_the_http_client_loads_without_httpxs_command_line_client():
 # --- retries: the Retry-After cap and the backoff jitter ---------------------
 
 
-def _transport(server: FakeServer, slept: list[float], **options: Any) -> HttpTransport:
-    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url, **options)
-    return HttpTransport(config, {}, sleep=slept.append)
-
-
 def test_retry_after_is_capped_at_max_backoff_and_never_jittered(monkeypatch):
     monkeypatch.setattr(http.random, "uniform", lambda low, high: low)
     slept: list[float] = []
     with FakeServer() as server:
         server.add(error(429, retry_after="100"), error(503, retry_after="2"), answer("ok"))
-        _transport(server, slept, retries=2, backoff=1, max_backoff=3).post("/chat/completions", {})
+        http_transport(server, slept, retries=2, backoff=1, max_backoff=3).post("/chat/completions", {})
     assert slept == [3.0, 2.0]
 
 
@@ -430,7 +424,7 @@ def test_backoff_doubles_to_its_cap_and_is_scaled_by_a_jitter_between_half_and_w
     with FakeServer() as server:
         server.fallback = error(502)
         with pytest.raises(Exception, match="after 5 attempts"):
-            _transport(server, slept, retries=4, backoff=1, max_backoff=3).post("/chat/completions", {})
+            http_transport(server, slept, retries=4, backoff=1, max_backoff=3).post("/chat/completions", {})
     assert slept == expected
     assert bounds == [(0.5, 1.0)] * 4
 
@@ -456,20 +450,6 @@ def _anthropic_config(tmp_path: Path, server: FakeServer) -> str:
     return str(path)
 
 
-def _anthropic_body(text: str, usage: dict[str, int]) -> str:
-    return json.dumps(
-        {
-            "id": "msg",
-            "type": "message",
-            "role": "assistant",
-            "model": "m1",
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
-            "usage": usage,
-        }
-    )
-
-
 def test_anthropic_cache_creation_and_cache_read_tokens_count_and_cost_as_input(tmp_path):
     usage = {
         "input_tokens": 11,
@@ -478,10 +458,528 @@ def test_anthropic_cache_creation_and_cache_read_tokens_count_and_cost_as_input(
         "output_tokens": 7,
     }
     with FakeServer() as server:
-        server.add(raw(_anthropic_body("hello", usage)), raw(_anthropic_body('{"choice": 1}', usage)))
+        server.add(
+            raw(_anthropic_body([{"type": "text", "text": "hello"}], usage=usage)),
+            raw(_anthropic_body([{"type": "text", "text": '{"choice": 1}'}], usage=usage)),
+        )
         provider = make_provider(config_path=_anthropic_config(tmp_path, server))
         produced = provider.produce("", "hi", "fast", False)
         verdict = provider.judge(["holds"], "hello", None, {}, "fast")
     expected = Usage(3211, 7, (3211 * 2.5 + 7 * 10.0) / 1_000_000)
     assert produced.usage == expected
     assert verdict.usage == expected
+
+
+# --- http: which statuses are retried, and the message after the last attempt ----
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 599])
+def test_timeouts_throttling_and_every_5xx_are_retried(server, status):
+    server.add(error(status, "try later"), answer("ok"))
+    data = http_transport(server, retries=1).post("/chat/completions", {})
+    assert data["choices"][0]["message"]["content"] == "ok"
+    assert server.count == 2
+
+
+@pytest.mark.parametrize("status", [400, 404, 409, 422, 499])
+def test_other_client_errors_fail_at_once(server, status):
+    server.add(error(status, "no such thing"), answer("ok"))
+    message = provider_error(http_transport(server, retries=3).post, "/chat/completions", {})
+    assert message == f"p {status}: no such thing"
+    assert server.count == 1
+
+
+def test_a_single_attempt_is_reported_in_the_singular(server):
+    server.fallback = error(503, "down")
+    assert (
+        provider_error(http_transport(server, retries=0).post, "/chat/completions", {})
+        == "p 503: down (after 1 attempt)"
+    )
+    assert server.count == 1
+
+
+def test_the_failure_of_the_last_attempt_is_the_one_reported(server):
+    server.add(error(500, "first"), error(502, "second"))
+    message = provider_error(http_transport(server, retries=1).post, "/chat/completions", {})
+    assert message == "p 502: second (after 2 attempts)"
+
+
+def test_a_refused_connection_names_the_error_and_the_attempts(server):
+    config = provider_config(server, retries=1)
+    server.stop()
+    slept: list[float] = []
+    transport = HttpTransport(config, {}, sleep=slept.append)
+    message = provider_error(transport.post, "/chat/completions", {})
+    assert re.fullmatch(r"p connection-error: \[Errno \d+\] Connection refused \(after 2 attempts\)", message), message
+    assert len(slept) == 1
+
+
+def test_a_success_after_a_retry_sleeps_once_between_the_attempts(server):
+    slept: list[float] = []
+    server.add(error(500), error(500), answer("ok"))
+    http_transport(server, slept, retries=5, backoff=1, max_backoff=1).post("/chat/completions", {})
+    assert len(slept) == 2 and all(0.5 <= delay <= 1.0 for delay in slept)
+
+
+# --- http: the server's reason, shortened and scrubbed -----------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ('{"error": {"message": "quota exceeded", "type": "x"}}', "quota exceeded"),
+        ('{"error": "plain text error"}', "plain text error"),
+        ('{"error": {"message": ""}}', "Bad Request"),
+        ('{"error": {"type": "no message"}}', "Bad Request"),
+        ('{"error": 42}', "Bad Request"),
+        ('{"detail": "elsewhere"}', "Bad Request"),
+        ('["a", "list"]', "Bad Request"),
+        ("<html>oops</html>", "Bad Request"),
+    ],
+)
+def test_an_error_reason_is_the_servers_message_else_the_http_reason_phrase(server, body, reason):
+    server.add(raw(body, status=400))
+    assert provider_error(http_transport(server).post, "/chat/completions", {}) == f"p 400: {reason}"
+
+
+def test_a_long_reason_is_cut_to_200_characters_and_its_whitespace_collapsed(server):
+    exact = "x" * 200
+    long = "y" * 201
+    server.add(error(400, exact), error(400, long), error(400, "  many\n\tspaced   words \n"))
+    transport = http_transport(server)
+    assert provider_error(transport.post, "/chat/completions", {}) == f"p 400: {exact}"
+    assert provider_error(transport.post, "/chat/completions", {}) == f"p 400: {'y' * 197}..."
+    assert provider_error(transport.post, "/chat/completions", {}) == "p 400: many spaced words"
+
+
+def test_a_body_that_is_not_json_is_quoted_shortened_and_scrubbed(server):
+    server.add(raw(f"not json at all, {KEY} " + "z" * 300))
+    transport = HttpTransport(provider_config(server), {}, secret=KEY)
+    message = provider_error(transport.post, "/chat/completions", {})
+    assert KEY not in message
+    assert message == "p 200: response is not JSON: " + f"not json at all, *** {'z' * 300}"[:197] + "..."
+
+
+def test_an_error_reason_quoting_the_key_is_scrubbed(server):
+    server.add(error(400, f"bad key {KEY}!"))
+    transport = HttpTransport(provider_config(server), {}, secret=KEY)
+    assert provider_error(transport.post, "/chat/completions", {}) == "p 400: bad key ***!"
+
+
+@pytest.mark.parametrize(("status", "hint"), [(401, True), (403, True), (400, False), (404, False), (500, False)])
+def test_a_refusal_of_the_credentials_names_the_unset_key_variable(server, status, hint):
+    server.add(error(status, "no"))
+    transport = HttpTransport(provider_config(server, api_key_env="PIN_KEY"), {}, secret=None)
+    expected = f"p {status}: no" + (" (PIN_KEY is not set)" if hint else " (after 1 attempt)" * (status == 500))
+    assert provider_error(transport.post, "/chat/completions", {}) == expected
+
+
+def test_no_key_variable_configured_means_no_hint(server):
+    server.add(error(401, "no"))
+    assert provider_error(http_transport(server).post, "/chat/completions", {}) == "p 401: no"
+
+
+# --- http: the run's deadline -------------------------------------------------
+
+
+def test_a_deadline_already_passed_sends_no_request(server):
+    with deadline(time.monotonic() - 1):
+        message = provider_error(http_transport(server).post, "/chat/completions", {})
+    assert message == "p timeout: the --max-time deadline passed before the request"
+    assert server.count == 0
+
+
+def test_a_deadline_reached_exactly_sends_no_request(server, monkeypatch):
+    monkeypatch.setattr(http, "seconds_left", lambda: 0.0)
+    message = provider_error(http_transport(server).post, "/chat/completions", {})
+    assert message == "p timeout: the --max-time deadline passed before the request"
+    assert server.count == 0
+
+
+def test_a_retry_that_would_outlast_the_deadline_is_not_waited_for(server):
+    slept: list[float] = []
+    server.add(error(503, "busy", retry_after="20"), answer("ok"))
+    transport = http_transport(server, slept, retries=3, max_backoff=30)
+    with deadline(time.monotonic() + 10):
+        message = provider_error(transport.post, "/chat/completions", {})
+    assert message == "p 503: busy (no time left for a retry before the --max-time deadline)"
+    assert slept == [] and server.count == 1
+
+
+def test_a_retry_within_the_deadline_is_waited_for(server):
+    slept: list[float] = []
+    server.add(error(503, "busy", retry_after="2"), answer("ok"))
+    transport = http_transport(server, slept, retries=3, max_backoff=30)
+    with deadline(time.monotonic() + 10):
+        transport.post("/chat/completions", {})
+    assert slept == [2.0] and server.count == 2
+
+
+def test_a_retry_that_would_start_exactly_at_the_deadline_is_not_waited_for(server, monkeypatch):
+    monkeypatch.setattr(http, "seconds_left", lambda: 2.0)
+    slept: list[float] = []
+    server.add(error(503, "busy", retry_after="2"), answer("ok"))
+    message = provider_error(http_transport(server, slept, retries=1, max_backoff=30).post, "/chat/completions", {})
+    assert message == "p 503: busy (no time left for a retry before the --max-time deadline)"
+    assert slept == []
+
+
+def test_the_read_timeout_is_shortened_to_the_time_left(server):
+    server.add(answer("late", delay=2), answer("late", delay=2))
+    transport = http_transport(server, timeout=30, retries=1)
+    started = time.monotonic()
+    with deadline(started + 0.3):
+        message = provider_error(transport.post, "/chat/completions", {})
+    found = re.fullmatch(
+        r"p timeout: no answer within (0\.\d+)s \(no time left for a retry before the --max-time deadline\)", message
+    )
+    assert found, message
+    assert 0 < float(found.group(1)) <= 0.3  # what was left of the 0.3 s when the request went out
+    assert time.monotonic() - started < 1.5
+
+
+# --- http: Retry-After ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("3", 3.0),
+        ("0.5", 0.5),
+        ("-4", 0.0),
+        ("soon", None),
+        (None, None),
+        ("", None),
+        ("  4  ", 4.0),
+        ("0", 0.0),
+        ("not a date", None),
+        ("Mon, 99 Foo 2020 00:00:00 GMT", None),
+    ],
+)
+def test_retry_after_reads_seconds_and_ignores_what_it_cannot_read(value, seconds):
+    assert retry_after(value) == seconds
+
+
+def test_a_retry_after_date_in_the_past_means_no_wait():
+    assert retry_after(formatdate(time.time() - 3600, usegmt=True)) == 0.0
+
+
+def test_a_retry_after_date_is_counted_from_now():
+    assert 95 < retry_after(formatdate(time.time() + 100, usegmt=True)) <= 100
+
+
+# --- http: the key scrubbed in every form a message may quote it ---------------
+
+
+# Keys are printable ASCII without spaces or a leading quote (`ProviderConfig.api_key` refuses the rest).
+@pytest.mark.parametrize(
+    ("secret", "echoed"),
+    [
+        ("sk-a/b+c", "sk-a/b+c"),
+        ("sk-a/b+c", "sk-a/b%2Bc"),  # URL-encoded in a path
+        ("sk-a/b+c", "sk-a%2Fb%2Bc"),  # URL-encoded in a query
+        ('sk-a"b', 'sk-a\\"b'),  # JSON
+        ("sk-a\\b", "sk-a\\\\b"),  # JSON or repr
+        ("sk-'a\"b", "sk-\\'a\"b"),  # repr
+        ("sk-'a\"b", "sk-'a\\\"b"),  # JSON
+    ],
+)
+def test_a_secret_is_scrubbed_in_each_encoding_an_error_may_echo(secret, echoed):
+    assert redact(f"<{echoed}>", secret) == "<***>"
+
+
+def test_a_key_echoed_with_its_backslashes_doubled_is_scrubbed_whole_not_from_the_inside():
+    secret = "\\sk-abc"  # the key is also a substring of its repr, so the longer form must go first
+    assert redact("key '\\\\sk-abc' refused", secret) == "key '***' refused"
+
+
+def test_text_that_only_shares_part_of_the_key_is_left_whole(server):
+    secret = "sk-abcdef"
+    text = "null: sk-abcdeX, xk-abcdef, k-abcde, %6B"
+    assert redact(text, secret) == text
+    server.add(error(400, text))
+    transport = HttpTransport(provider_config(server), {}, secret=secret)
+    assert provider_error(transport.post, "/chat/completions", {}) == f"p 400: {text}"
+
+
+def test_without_a_secret_nothing_is_scrubbed():
+    assert redact("sk-visible", None) == "sk-visible"
+    assert redact("sk-visible", "") == "sk-visible"
+
+
+# --- http: the transport's own plumbing ----------------------------------------
+
+
+def test_a_transport_names_its_provider_and_url(server):
+    transport = http_transport(server)
+    assert repr(transport) == f"HttpTransport('p', '{server.openai_url}')"
+
+
+def test_a_base_url_with_a_trailing_slash_reaches_the_same_path(server):
+    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url + "/", retries=0)
+    server.add(answer("ok"))
+    HttpTransport(config, {"X-Pin": "yes"}).post("/chat/completions", {"a": 1})
+    request = server.requests[0]
+    assert (request.path, request.body, request.headers["x-pin"]) == ("/v1/chat/completions", {"a": 1}, "yes")
+
+
+def test_a_closed_transport_sends_nothing_more(server):
+    transport = http_transport(server)
+    transport.close()
+    with pytest.raises(RuntimeError):
+        transport.post("/chat/completions", {})
+    assert server.count == 0
+
+
+def test_jitter_keeps_a_delay_between_half_and_all_of_its_ceiling(server, monkeypatch):
+    monkeypatch.setattr(http.random, "uniform", lambda low, high: (low, high)[1])
+    slept: list[float] = []
+    server.add(error(500), error(500), answer("ok"))
+    http_transport(server, slept, retries=2, backoff=0.25, max_backoff=10).post("/chat/completions", {})
+    assert slept == [0.25, 0.5]
+
+
+# --- openai: the request it sends and how it reads the answer -------------------
+
+
+@pytest.fixture
+def keyed(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PIN_KEY", KEY)
+    return "PIN_KEY"
+
+
+def _openai_body(message: Any, *, finish: str | None = "stop", usage: Any = None) -> str:
+    body: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return json.dumps(body)
+
+
+def test_openai_sends_the_key_as_a_bearer_token_and_the_messages_in_order(server, keyed):
+    client = OpenAIClient(provider_config(server, api_key_env=keyed, params={"temperature": 0.5, "model": "x"}))
+    server.add(answer("hi", input_tokens=7, output_tokens=3))
+    reply = client.chat("m1", "be brief", "hello?", reason=False)
+    assert reply == http.Reply("hi", None, 7, 3)
+    request = server.requests[0]
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == f"Bearer {KEY}"
+    assert request.body == {
+        "temperature": 0.5,
+        "model": "m1",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}],
+    }
+    assert repr(client) == "OpenAIClient('p')"
+
+
+def test_a_client_waits_between_retries_with_the_sleep_it_is_given(server):
+    slept: list[float] = []
+    client = OpenAIClient(provider_config(server, retries=1, backoff=1, max_backoff=1), sleep=slept.append)
+    server.add(error(503), answer("ok"))
+    assert client.chat("m1", "", "q", reason=False).text == "ok"
+    assert len(slept) == 1 and 0.5 <= slept[0] <= 1
+
+
+def test_openai_sends_no_system_message_when_there_is_none(server):
+    server.add(answer("hi"))
+    OpenAIClient(provider_config(server)).chat("m1", "", "hello?", reason=False)
+    assert server.requests[0].body["messages"] == [{"role": "user", "content": "hello?"}]
+    assert "authorization" not in server.requests[0].headers
+
+
+def test_openai_asks_for_a_scratchpad_only_when_reasoning_is_wanted(server):
+    client = OpenAIClient(provider_config(server))
+    server.add(answer("<reasoning>because</reasoning> yes"), answer("<reasoning>because</reasoning> yes"))
+    assert client.chat("m1", "", "q", reason=True) == http.Reply("yes", "because", 10, 5)
+    assert server.requests[0].body["messages"][0] == {"role": "system", "content": scratchpad.INSTRUCTION}
+    assert client.chat("m1", "", "q", reason=False) == http.Reply("<reasoning>because</reasoning> yes", None, 10, 5)
+    assert [m["role"] for m in server.requests[1].body["messages"]] == ["user"]
+
+
+def test_openai_with_native_reasoning_asks_for_no_scratchpad_but_still_lifts_think_blocks(server):
+    client = OpenAIClient(provider_config(server, reasoning="native"))
+    server.add(answer("<think>hmm</think>42"))
+    assert client.chat("m1", "sys", "q", reason=True) == http.Reply("42", "hmm", 10, 5)
+    assert server.requests[0].body["messages"][0] == {"role": "system", "content": "sys"}
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_openai_reads_the_servers_own_reasoning_field_before_tagged_reasoning(server, field):
+    message = {"role": "assistant", "content": "<think>tagged</think>42", field: "native"}
+    server.add(raw(_openai_body(message)), raw(_openai_body(message)))
+    client = OpenAIClient(provider_config(server))
+    assert client.chat("m1", "", "q", reason=True) == http.Reply("42", "native", 0, 0)
+    assert client.chat("m1", "", "q", reason=False) == http.Reply("<think>tagged</think>42", None, 0, 0)
+
+
+def test_openai_an_empty_native_reasoning_falls_back_to_tagged_reasoning(server):
+    message = {"content": "<think>tagged</think>42", "reasoning_content": "", "reasoning": 7}
+    server.add(raw(_openai_body(message)))
+    assert OpenAIClient(provider_config(server)).chat("m1", "", "q", reason=True).reasoning == "tagged"
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [
+        (None, (0, 0)),
+        ({}, (0, 0)),
+        ({"prompt_tokens": None, "completion_tokens": 4}, (0, 4)),
+        ({"prompt_tokens": 9}, (9, 0)),
+    ],
+)
+def test_openai_missing_usage_counts_as_no_tokens(server, usage, tokens):
+    server.add(raw(_openai_body({"content": "ok"}, usage=usage)))
+    reply = OpenAIClient(provider_config(server)).chat("m1", "", "q", reason=False)
+    assert (reply.input_tokens, reply.output_tokens) == tokens
+
+
+def test_openai_a_null_content_is_an_empty_answer(server):
+    server.add(raw(_openai_body({"content": None})))
+    assert OpenAIClient(provider_config(server)).chat("m1", "", "q", reason=False).text == ""
+
+
+@pytest.mark.parametrize(
+    ("body", "missing"),
+    [
+        ({"choices": []}, "choices"),
+        ({"choices": {"0": {}}}, "choices"),
+        ({"choices": ["text"]}, "choices"),
+        ({}, "choices"),
+        ({"choices": [{"message": "text"}]}, "message"),
+        ({"choices": [{}]}, "message"),
+        ({"choices": [{"message": {"content": ["a", "b"]}}]}, "text content"),
+    ],
+)
+def test_openai_an_answer_of_another_shape_names_what_is_missing(server, body, missing):
+    server.add(raw(json.dumps(body)))
+    message = provider_error(OpenAIClient(provider_config(server)).chat, "m1", "", "q", reason=False)
+    assert message == f"p m1: unexpected response shape: no {missing}"
+
+
+def test_openai_a_refusal_quotes_the_model_without_the_key(server, keyed):
+    server.add(raw(_openai_body({"content": None, "refusal": f"not with {KEY}"})))
+    message = provider_error(OpenAIClient(provider_config(server, api_key_env=keyed)).chat, "m1", "", "q", reason=False)
+    assert message == "p m1: the model refused: not with ***"
+
+
+def test_openai_a_filtered_answer_is_an_error_even_with_text(server):
+    server.add(raw(_openai_body({"content": "partial"}, finish="content_filter")))
+    message = provider_error(OpenAIClient(provider_config(server)).chat, "m1", "", "q", reason=False)
+    assert message == "p m1: the answer was withheld by the content filter"
+
+
+def test_openai_an_empty_refusal_is_no_refusal(server):
+    server.add(raw(_openai_body({"content": "fine", "refusal": ""}, finish=None)))
+    assert OpenAIClient(provider_config(server)).chat("m1", "", "q", reason=False).text == "fine"
+
+
+# --- anthropic: the request it sends and how it reads the answer ----------------
+
+
+def _anthropic_body(content: Any, *, stop: str = "end_turn", usage: Any = None) -> str:
+    body: dict[str, Any] = {"content": content, "stop_reason": stop}
+    if usage is not None:
+        body["usage"] = usage
+    return json.dumps(body)
+
+
+def test_anthropic_sends_its_version_and_key_headers_and_the_message(server, keyed):
+    client = AnthropicClient(
+        provider_config(server, "anthropic", api_key_env=keyed, max_tokens=100, params={"top_k": 3})
+    )
+    server.add(answer("hi", input_tokens=7, output_tokens=3))
+    assert client.chat("m1", "be brief", "hello?", reason=False) == http.Reply("hi", None, 7, 3)
+    request = server.requests[0]
+    assert request.path == "/v1/messages"
+    assert (request.headers["anthropic-version"], request.headers["x-api-key"]) == ("2023-06-01", KEY)
+    assert "authorization" not in request.headers
+    assert request.body == {
+        "top_k": 3,
+        "model": "m1",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hello?"}],
+        "system": "be brief",
+    }
+    assert repr(client) == "AnthropicClient('p')"
+
+
+def test_anthropic_without_a_key_sends_only_the_version_header(server):
+    server.add(answer("hi"))
+    AnthropicClient(provider_config(server, "anthropic")).chat("m1", "", "hello?", reason=False)
+    request = server.requests[0]
+    assert request.headers["anthropic-version"] == "2023-06-01" and "x-api-key" not in request.headers
+    assert "system" not in request.body
+
+
+def test_anthropic_native_reasoning_asks_for_thinking_on_top_of_the_answer_budget(server):
+    client = AnthropicClient(
+        provider_config(server, "anthropic", reasoning="native", max_tokens=100, thinking_budget=30)
+    )
+    server.add(answer("42", reasoning="deep"), answer("42", reasoning="deep"))
+    assert client.chat("m1", "", "q", reason=True) == http.Reply("42", "deep", 10, 5)
+    body = server.requests[0].body
+    assert (body["thinking"], body["max_tokens"]) == ({"type": "enabled", "budget_tokens": 30}, 130)
+    assert "system" not in body
+    assert client.chat("m1", "", "q", reason=False) == http.Reply("42", None, 10, 5)
+    assert "thinking" not in server.requests[1].body and server.requests[1].body["max_tokens"] == 100
+
+
+def test_anthropic_scratchpad_reasoning_is_asked_for_in_the_system_prompt(server):
+    client = AnthropicClient(provider_config(server, "anthropic", reasoning="scratchpad"))
+    server.add(answer("<reasoning>why</reasoning>42"))
+    assert client.chat("m1", "", "q", reason=True) == http.Reply("42", "why", 10, 5)
+    body = server.requests[0].body
+    assert body["system"] == scratchpad.INSTRUCTION and "thinking" not in body
+
+
+def test_anthropic_joins_text_blocks_and_thinking_blocks_and_skips_the_rest(server):
+    blocks = [
+        {"type": "thinking", "thinking": "one "},
+        {"type": "text", "text": "A"},
+        "stray",
+        {"type": "tool_use", "text": "no", "thinking": "no"},
+        {"type": "text"},
+        {"type": "thinking"},
+        {"type": "text", "text": "B"},
+        {"type": "thinking", "thinking": "two"},
+    ]
+    server.add(raw(_anthropic_body(blocks)), raw(_anthropic_body(blocks)))
+    client = AnthropicClient(provider_config(server, "anthropic"))
+    assert client.chat("m1", "", "q", reason=True) == http.Reply("AB", "one two", 0, 0)
+    assert client.chat("m1", "", "q", reason=False) == http.Reply("AB", None, 0, 0)
+
+
+def test_anthropic_tagged_reasoning_is_used_when_there_is_no_thinking(server):
+    server.add(
+        raw(_anthropic_body([{"type": "text", "text": "<think>t</think>A"}, {"type": "thinking", "thinking": ""}]))
+    )
+    assert AnthropicClient(provider_config(server, "anthropic")).chat("m1", "", "q", reason=True) == http.Reply(
+        "A", "t", 0, 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [
+        (None, (0, 0)),
+        ({"input_tokens": 5}, (5, 0)),
+        ({"cache_creation_input_tokens": 2, "output_tokens": 4}, (2, 4)),
+        ({"cache_read_input_tokens": 3, "input_tokens": None, "output_tokens": None}, (3, 0)),
+    ],
+)
+def test_anthropic_input_tokens_add_the_cache_reads_and_writes(server, usage, tokens):
+    server.add(raw(_anthropic_body([{"type": "text", "text": "ok"}], usage=usage)))
+    reply = AnthropicClient(provider_config(server, "anthropic")).chat("m1", "", "q", reason=False)
+    assert (reply.input_tokens, reply.output_tokens) == tokens
+
+
+@pytest.mark.parametrize("content", [None, "text", {"type": "text", "text": "x"}])
+def test_anthropic_content_that_is_not_a_list_is_an_unexpected_shape(server, content):
+    server.add(raw(_anthropic_body(content)))
+    message = provider_error(AnthropicClient(provider_config(server, "anthropic")).chat, "m1", "", "q", reason=False)
+    assert message == "p m1: unexpected response shape: no content"
+
+
+def test_anthropic_a_refusal_is_an_error(server):
+    server.add(raw(_anthropic_body([{"type": "text", "text": "partial"}], stop="refusal")))
+    message = provider_error(AnthropicClient(provider_config(server, "anthropic")).chat, "m1", "", "q", reason=False)
+    assert message == "p m1: the model refused to answer (stop_reason: refusal)"
