@@ -23,6 +23,11 @@ def journal_lines(checkpoint: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in journal_path(checkpoint).read_bytes().splitlines()]
 
 
+def write_journal(checkpoint: Path, lines: list[dict[str, Any]]) -> None:
+    """Replace the crash journal beside a checkpoint file with `lines` (unsigned: as a hand edit leaves it)."""
+    journal_path(checkpoint).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
 class FsyncSpy:
     """Wraps `os.fsync`; for each call records the path behind the descriptor, its bytes then,
     and the bytes of `watched` then."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from conformance.harness import write_machines
 
 from mklang.engine import RunResult
 from mklang.engine.events import Event, StateEntered
@@ -31,6 +34,51 @@ TWO_STATES = """
       otherwise -> END
     }
 """
+
+
+# A project: root.mk, whose state b calls sub.mk (two states) with the x root.mk produced.
+ROOT_MK = """
+    machine root
+    entry a
+    budget {budget}
+    context {{ topic: "tides" }}
+    state a {{
+      structure "s"
+      prompt "p {{{{topic}}}}"
+      output x
+      otherwise -> b
+    }}
+    state b {{
+      call sub {{ q: "{{{{x}}}}" }}
+      output y
+      otherwise -> END
+    }}
+"""
+
+SUB_MK = """
+    machine sub
+    entry s1
+    budget {budget}
+    context { q: "" }
+    state s1 {
+      structure "s"
+      prompt "{{q}}"
+      output z
+      otherwise -> s2
+    }
+    state s2 {
+      structure "s"
+      prompt "again {{z}}"
+      output w
+      otherwise -> END
+    }
+"""
+
+
+def project(folder: Path, root_budget: int = 1, sub_budget: int = 3) -> Machine:
+    """root.mk and sub.mk in `folder`; root.mk loaded."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_machines(folder, ROOT_MK.format(budget=root_budget), SUB_MK.replace("{budget}", str(sub_budget)))
 
 
 def run_scenario(machine: Machine, scenario: Scenario, host: Host | None = None, **options: Any) -> RunResult:
