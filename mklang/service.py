@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from mklang.checkpoint import generations
 from mklang.checkpoint.paths import MachinePaths, located_host, root_file
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Claim",
+    "OpenOptions",
     "Outcome",
     "Removal",
     "Resumable",
@@ -253,46 +254,42 @@ class _Verified:
     notes: list[str]
 
 
+class OpenOptions(TypedDict, total=False):
+    """What a checkpoint is let through with when it is opened (`open_run`); all off by default.
+
+    `trust`: a checkpoint not signed with this user's key is resumed as untrusted data
+    (`Resumable.trusted` is False) instead of refused. `force`: its machine files are not
+    checked against the sha256 it records. `machine_path`: the root machine file, when it
+    moved. `kept_texts` (a worker): edited machine files are replaced by the texts the store
+    keeps, as missing ones always are, instead of refused. `allow_rollback`: an older
+    generation of a run than one already written is not refused as a rollback (ADR 0022).
+    """
+
+    force: bool
+    machine_path: str | None
+    trust: bool
+    kept_texts: bool
+    allow_rollback: bool
+
+
 def open_run(
-    target: str | Path | Location,
-    *,
-    force: bool = False,
-    machine_path: str | None = None,
-    trust: bool = False,
-    lock: bool = True,
-    kept_texts: bool = False,
-    allow_rollback: bool = False,
-    held: RunLock | None = None,
+    target: str | Path | Location, *, lock: bool = True, held: RunLock | None = None, **options: Unpack[OpenOptions]
 ) -> Resumable:
-    """Lock (unless `lock` is False, or `held` is the lock already taken), read and verify a checkpoint.
+    """Lock (unless `lock` is False, or `held` is the lock already taken), read and verify a
+    checkpoint, relaxed only as `options` say.
 
     The lock comes first, so no other process can change or run the
     checkpoint between this read and the end of the resumed run. Raises
     CheckpointError for anything unresumable, with the lock released.
-
-    A checkpoint not signed with this user's key is refused unless `trust`;
-    then it is resumed as untrusted data (`Resumable.trusted` is False).
-    Missing machine files are replaced by the texts the store keeps; edited
-    ones too with `kept_texts` (a worker), else they are refused.
-    An older generation of a run than one already written is refused as a
-    rollback unless `allow_rollback` (ADR 0022).
     """
     location = locate(target)
     if held is None and lock:
         held = location.store.lock(location.run)
     try:
         envelope = _read(location)
-        verified = _verify(
-            location,
-            envelope,
-            trust=trust,
-            allow_rollback=allow_rollback,
-            force=force,
-            machine_path=machine_path,
-            kept_texts=kept_texts,
-        )
+        verified = _verify(location, envelope, **options)
         resumable = _rebuild(location, envelope, verified)
-        _recover(resumable, verified.paths, trust)
+        _recover(resumable, verified.paths, options.get("trust", False))
         _fit(resumable)
     except BaseException:
         if held is not None:
@@ -314,11 +311,11 @@ def _verify(
     location: Location,
     envelope: Envelope,
     *,
-    trust: bool,
-    allow_rollback: bool,
-    force: bool,
-    machine_path: str | None,
-    kept_texts: bool,
+    trust: bool = False,
+    allow_rollback: bool = False,
+    force: bool = False,
+    machine_path: str | None = None,
+    kept_texts: bool = False,
 ) -> _Verified:
     """Its seal (refused unless signed with this user's key, or `trust`), its generation (no
     rollback), its status (not finished), and every machine file it loaded, unchanged."""
@@ -516,14 +513,7 @@ def _check_spend(location: Location, resumable: Resumable) -> None:
 
 @contextmanager
 def opened(
-    source: str | Path | Location,
-    *,
-    force: bool = False,
-    machine_path: str | None = None,
-    trust: bool = False,
-    kept_texts: bool = False,
-    allow_rollback: bool = False,
-    held: RunLock | None = None,
+    source: str | Path | Location, *, held: RunLock | None = None, **options: Unpack[OpenOptions]
 ) -> Iterator[Resumable]:
     """`open_run` for a block: the lock is held until the run ends or the block does.
 
@@ -531,15 +521,7 @@ def opened(
     sets up any provider; what the user should know before it runs (a rollback
     allowed, a torn journal) is printed on stderr.
     """
-    resumable = open_run(
-        source,
-        force=force,
-        machine_path=machine_path,
-        trust=trust,
-        kept_texts=kept_texts,
-        allow_rollback=allow_rollback,
-        held=held,
-    )
+    resumable = open_run(source, held=held, **options)
     for note in resumable.notes:
         print(f"mklang: note: {printable(note)}", file=sys.stderr)
     try:

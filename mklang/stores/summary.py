@@ -9,7 +9,7 @@ only: nothing is decided from it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 # What a run's status is in its summary: as its envelope says, `running` also while a resume runs.
@@ -37,17 +37,7 @@ class RunSummary:
     updated: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "run": self.run,
-            "run_id": self.run_id,
-            "machine": self.machine,
-            "status": self.status,
-            "reason": self.reason,
-            "tokens": self.tokens,
-            "cost_usd": self.cost_usd,
-            "started": self.started,
-            "updated": self.updated,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, run: str, data: dict[str, Any]) -> RunSummary:
