@@ -60,6 +60,11 @@ def mklang(*args, server=None, env=None):
     return cli(*args, env=cli_env(**given, **(env or {})))
 
 
+def run_openai(machine, *args, server):
+    """`mklang run MACHINE` on OpenAI model `m` at the fake server, with `args`, reporting JSON."""
+    return mklang("run", machine, "--provider", "openai", "--model", "m", *args, "--format", "json", server=server)
+
+
 def run_json(process):
     assert process.stdout, process.stderr
     return json.loads(process.stdout)
@@ -68,19 +73,7 @@ def run_json(process):
 def test_run_with_provider_openai_reports_the_servers_usage(workdir, server):
     model = Model()
     server.handler = model
-    process = mklang(
-        "run",
-        write_machine(workdir / "essay.mk"),
-        "--provider",
-        "openai",
-        "--model",
-        "m",
-        "--set",
-        "topic=tides",
-        "--format",
-        "json",
-        server=server,
-    )
+    process = run_openai(write_machine(workdir / "essay.mk"), "--set", "topic=tides", server=server)
     assert process.returncode == 0, process.stderr
     result = run_json(process)
     assert result["result"] == "A short summary."
@@ -93,39 +86,13 @@ def test_dollar_totals_come_from_the_config_prices(workdir, server):
     model = Model()
     server.handler = model
     (workdir / "mklang.toml").write_text(f'[prices."openai:m"]\ninput = {PRICE_IN}\noutput = {PRICE_OUT}\n')
-    process = mklang(
-        "run",
-        write_machine(workdir / "essay.mk"),
-        "--provider",
-        "openai",
-        "--model",
-        "m",
-        "--set",
-        "topic=tides",
-        "--max-cost",
-        "5",
-        "--format",
-        "json",
-        server=server,
-    )
+    process = run_openai(write_machine(workdir / "essay.mk"), "--set", "topic=tides", "--max-cost", "5", server=server)
     assert process.returncode == 0, process.stderr
     assert run_json(process)["usage"]["cost_usd"] == pytest.approx(model.cost(), rel=1e-12)
 
 
 def test_a_dollar_budget_without_a_price_exits_2_before_any_call(workdir, server):
-    process = mklang(
-        "run",
-        write_machine(workdir / "essay.mk"),
-        "--provider",
-        "openai",
-        "--model",
-        "m",
-        "--max-cost",
-        "1",
-        "--format",
-        "json",
-        server=server,
-    )
+    process = run_openai(write_machine(workdir / "essay.mk"), "--max-cost", "1", server=server)
     assert process.returncode == 2
     assert "--max-cost needs a price for openai:m" in process.stdout + process.stderr
     assert server.count == 0
@@ -134,17 +101,7 @@ def test_a_dollar_budget_without_a_price_exits_2_before_any_call(workdir, server
 def test_retries_running_out_halt_with_exit_1(workdir, server):
     (workdir / "mklang.toml").write_text("[providers.openai]\nretries = 1\nbackoff = 0.001\n")
     server.fallback = error(500, "boom")
-    process = mklang(
-        "run",
-        write_machine(workdir / "essay.mk"),
-        "--provider",
-        "openai",
-        "--model",
-        "m",
-        "--format",
-        "json",
-        server=server,
-    )
+    process = run_openai(write_machine(workdir / "essay.mk"), server=server)
     assert process.returncode == 1
     result = run_json(process)
     assert (result["status"], result["at"]) == ("halted", "draft")
@@ -155,21 +112,7 @@ def test_retries_running_out_halt_with_exit_1(workdir, server):
 def test_record_then_replay_offline_and_a_changed_prompt(workdir, server):
     machine = write_machine(workdir / "essay.mk")
     server.handler = Model()
-    recorded = mklang(
-        "run",
-        machine,
-        "--provider",
-        "openai",
-        "--model",
-        "m",
-        "--set",
-        "topic=tides",
-        "--record",
-        "run.yaml",
-        "--format",
-        "json",
-        server=server,
-    )
+    recorded = run_openai(machine, "--set", "topic=tides", "--record", "run.yaml", server=server)
     assert recorded.returncode == 0, recorded.stderr
     calls = server.count
     server.stop()
@@ -191,40 +134,10 @@ def test_record_then_replay_offline_and_a_changed_prompt(workdir, server):
 def test_the_api_key_never_reaches_any_output(workdir, server):
     machine = write_machine(workdir / "essay.mk")
     server.handler = Model()
-    first = mklang(
-        "run",
-        machine,
-        "--provider",
-        "openai",
-        "--model",
-        "m",
-        "--set",
-        "topic=tides",
-        "--record",
-        "ok.yaml",
-        "--checkpoint",
-        "ok.json",
-        "--format",
-        "json",
-        server=server,
-    )
+    first = run_openai(machine, "--set", "topic=tides", "--record", "ok.yaml", "--checkpoint", "ok.json", server=server)
     server.handler = lambda request: error(401, f"Incorrect API key provided: {KEY}")
-    second = mklang(
-        "run",
-        machine,
-        "--provider",
-        "openai",
-        "--model",
-        "m",
-        "--set",
-        "topic=tides",
-        "--record",
-        "bad.yaml",
-        "--checkpoint",
-        "bad.json",
-        "--format",
-        "json",
-        server=server,
+    second = run_openai(
+        machine, "--set", "topic=tides", "--record", "bad.yaml", "--checkpoint", "bad.json", server=server
     )
     # with --checkpoint a provider error suspends (exit 3): the run can resume once the key is fixed
     assert (first.returncode, second.returncode) == (0, 3)
