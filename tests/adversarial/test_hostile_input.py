@@ -7,7 +7,6 @@ could hang a run go to a real `python -m mklang` process with a timeout.
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import subprocess
@@ -19,6 +18,7 @@ from urllib.parse import quote, quote_plus
 import pytest
 from support.commands import cli, cli_env, mklang
 from support.fakeserver import FakeServer, answer, error, refusal
+from support.yaml_machines import EVERYTHING, mutate
 
 from mklang.limits import MAX_DEPTH, json_depth, text_depth
 from mklang.yaml_composer import LimitError, load_yaml
@@ -421,111 +421,6 @@ def test_api_key_env_must_look_like_this_providers_key(machine: Path, tmp_path: 
 
 # -- fuzzed YAML machines ----------------------------------------------------------------
 
-SEED_MACHINE = """\
-mklang: 0.4
-machine: everything
-entry: classify
-budget: 40
-default_tier: fast
-result: draft
-context:
-  ticket: {body: "hi", amount: 42}
-  chunks: [a, b]
-tools:
-  - {name: search_kb, description: "Look up KB facts."}
-hooks:
-  - {name: amount_ok, description: "True when amount <= 100."}
-states:
-  classify:
-    tier: balanced
-    structure: One word.
-    prompt: "Classify: {{ticket.body}}"
-    reason: true
-    parse: json
-    output: category
-    max_visits: 3
-    gates:
-      - {when: "billing", hook: amount_ok, then: ok, to: lookup}
-      - {when: "needs repair", repair: 2, to: classify}
-      - {when: otherwise, then: ok, to: lookup}
-  lookup:
-    tool: search_kb
-    input: {query: "{{ticket.body}}"}
-    output: kb
-    gates:
-      - {when: "no facts", escalate: true, to: fan, ask: "Handle manually?", reply_to: manual.answer}
-      - {when: otherwise, to: fan}
-  fan:
-    over: "{{chunks}}"
-    call: summarize_doc
-    input: {text: "{{item}}"}
-    output: summaries
-    gates:
-      - {when: otherwise, to: vote}
-  vote:
-    sample: 3
-    structure: A list.
-    prompt: Vote on {{summaries}}
-    parse: list
-    output: draft
-    gates:
-      - {when: "good", to: END}
-      - {when: otherwise, fail: true}
-"""
-
-FIELD_NAMES = ["when", "hook", "then", "to", "repair", "fail", "escalate", "ask", "reply_to", "name", "output",
-               "prompt", "structure", "tool", "call", "input", "over", "parse", "gates", "states", "context"]  # fmt: skip
-
-
-@functools.cache  # one strategy for every draw: building one is slower than drawing from it
-def junk():
-    """Values a careless or hostile author might put anywhere: YAML timestamps and binary included."""
-    from hypothesis import strategies as st
-
-    scalars = st.one_of(
-        st.none(),
-        st.booleans(),
-        st.integers(-3, 10**20),
-        st.floats(allow_nan=True, allow_infinity=True),
-        st.text(max_size=12),
-        st.sampled_from(["END", "otherwise", "ok", "repair", "fail", "escalate", "json", "list", "fast", "a.b"]),
-        st.sampled_from(FIELD_NAMES),
-        st.dates(),
-        st.datetimes(),
-        st.binary(max_size=4),
-    )
-    return st.recursive(
-        scalars,
-        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.sampled_from(FIELD_NAMES), st.text(max_size=5)), inner, max_size=3)),
-        max_leaves=6,
-    )  # fmt: skip
-
-
-def _paths(data, prefix=()):
-    yield prefix
-    children = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for key, value in children:
-        yield from _paths(value, (*prefix, key))
-
-
-def _mutate(draw, data):
-    """Replace, delete or add one value somewhere in the machine's data."""
-    from hypothesis import strategies as st
-
-    path = draw(st.sampled_from(list(_paths(data))[1:]))
-    parent = data
-    for key in path[:-1]:
-        parent = parent[key]
-    action = draw(st.sampled_from(["replace", "delete", "add"]))
-    if action == "replace":
-        parent[path[-1]] = draw(junk())
-    elif action == "delete":
-        del parent[path[-1]]
-    elif isinstance(parent, dict):
-        parent[draw(st.sampled_from(FIELD_NAMES))] = draw(junk())
-    else:
-        parent.append(draw(junk()))
-
 
 @pytest.mark.slow
 def test_fuzzed_yaml_machines_give_diagnostics_only_and_fmt_reads_back():
@@ -542,14 +437,14 @@ def test_fuzzed_yaml_machines_give_diagnostics_only_and_fmt_reads_back():
     from mklang.syntax import format_machine, parse
     from mklang.syntax.yaml_front import parse_yaml
 
-    seed = yaml.safe_load(SEED_MACHINE)
+    seed = yaml.safe_load(EVERYTHING)
 
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def fuzz(data):
         document = copy.deepcopy(seed)
         for _ in range(data.draw(st.integers(1, 4))):
-            _mutate(data.draw, document)
+            mutate(data.draw, document)
         text = yaml.safe_dump(document, allow_unicode=True, sort_keys=False)
         try:
             machine = parse_yaml(text, "fuzz.yaml")

@@ -3,67 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from support.yaml_machines import EVERYTHING, yaml_values
 
 from mklang.errors import MkSyntaxError
 from mklang.model import Call, Produce, ToolUse
 from mklang.syntax import format_machine, load_file, parse
 from mklang.syntax.yaml_front import parse_yaml
-
-EVERYTHING = """\
-mklang: 0.4
-machine: everything
-entry: classify
-budget: 40
-default_tier: fast
-result: draft
-context:
-  ticket: {body: "hi", amount: 42}
-  chunks: [a, b]
-tools:
-  - {name: search_kb, description: "Look up KB facts."}
-hooks:
-  - name: amount_ok
-    description: True when amount <= 100.
-states:
-  classify:
-    tier: balanced
-    structure: One word.
-    prompt: |
-      Classify: {{ticket.body}}
-    execution: Be brief.
-    reason: true
-    parse: json
-    output: category
-    max_visits: 3
-    gates:
-      - {when: "billing", hook: amount_ok, then: ok, to: lookup}
-      - {when: "needs repair", repair: 2, to: classify}
-      - {when: otherwise, then: ok, to: lookup}
-  lookup:
-    tool: search_kb
-    input: {query: "{{ticket.body}}"}
-    output: kb
-    gates:
-      - {when: "no facts", escalate: true, to: fan, ask: "Handle manually?", reply_to: manual.answer}
-      - {when: otherwise, to: fan}
-  fan:
-    over: "{{chunks}}"
-    call: summarize_doc
-    input: {text: "{{item}}"}
-    output: summaries
-    accumulate: true
-    gates:
-      - {when: otherwise, to: vote}
-  vote:
-    sample: 3
-    structure: A list.
-    prompt: Vote on {{summaries}}
-    parse: list
-    output: draft
-    gates:
-      - {when: "good", to: END}
-      - {when: otherwise, fail: true}
-"""
 
 
 def test_every_construct_converts_to_mk_and_back_to_the_same_model(tmp_path):
@@ -134,54 +79,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 from mklang.errors import LoadError  # noqa: E402
 
-yaml_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(),
-    st.text(max_size=8),
-    st.sampled_from(["2024-01-01", "{{x}}", "otherwise", "END", "!!set {a}", "[1", "a.b"]),
-)
-yaml_trees = st.recursive(
-    yaml_scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3),
-        st.dictionaries(
-            st.one_of(
-                st.sampled_from(
-                    [
-                        "machine",
-                        "entry",
-                        "budget",
-                        "states",
-                        "gates",
-                        "to",
-                        "when",
-                        "tool",
-                        "call",
-                        "input",
-                        "output",
-                        "context",
-                        "tools",
-                        "hooks",
-                        "name",
-                        "repair",
-                        "then",
-                        "over",
-                        "sample",
-                    ]
-                ),
-                st.text(max_size=4),
-            ),
-            inner,
-            max_size=5,
-        ),
-    ),
-    max_leaves=20,
-)
-
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.text(max_size=120), yaml_trees.map(lambda tree: __import__("yaml").safe_dump(tree))))
+@given(st.one_of(st.text(max_size=120), yaml_values(20).map(lambda tree: __import__("yaml").safe_dump(tree))))
 def test_arbitrary_yaml_yields_a_machine_or_a_diagnostic(text):
     try:
         machine = parse_yaml(text, "fuzz.mkl")
