@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, run_mk, steps, write_machines
-from support.runs import TWO_STATES
+from support.runs import CHILD, TWO_STATES
 
 from mklang.errors import ProviderError
 from mklang.providers.base import Produced, Usage
@@ -46,7 +46,7 @@ PARENT = """
     entry go
     budget 10
     state go {
-      call spend_child
+      call child
       output r
       otherwise -> after
     }
@@ -58,27 +58,9 @@ PARENT = """
     }
 """
 
-CHILD = """
-    machine spend_child
-    entry a
-    budget 5
-    state a {
-      structure "s"
-      prompt "a"
-      output o
-      otherwise -> b
-    }
-    state b {
-      structure "s"
-      prompt "b"
-      output o
-      otherwise -> END
-    }
-"""
-
 
 def test_the_tokens_a_child_spent_count_against_the_parent(tmp_path):
-    machine = write_machines(tmp_path, PARENT, CHILD)
+    machine = write_machines(tmp_path, PARENT, CHILD.format(budget=5))
     result = run_mk(machine, llm={"tokens": [4, 1]}, max_tokens=10)
     assert steps(result) == [("go", "ok", "after")]
     assert (result.status, result.error, result.at) == ("halted", "cost-exhausted", "after")

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, run_mk, write_machines
+from support.runs import CHILD
 
 from mklang.engine import run
 from mklang.engine.frame import Frame
@@ -29,24 +30,6 @@ PARENT = """
     }
 """
 
-CHILD = """
-    machine child
-    entry a
-    budget 5
-    state a {
-      structure "s"
-      prompt "a"
-      output o
-      otherwise -> b
-    }
-    state b {
-      structure "s"
-      prompt "b"
-      output o
-      otherwise -> END
-    }
-"""
-
 FAILING_CHILD = """
     machine child
     entry a
@@ -61,7 +44,7 @@ FAILING_CHILD = """
 
 
 def test_the_child_trace_is_embedded_as_sub_trace(tmp_path):
-    machine = write_machines(tmp_path, PARENT, CHILD)
+    machine = write_machines(tmp_path, PARENT, CHILD.format(budget=5))
     result = run_mk(machine, llm={"produce": ["w", "x", "y"]})
     assert result.status == "done"
     call_step = result.trace[1]
@@ -84,7 +67,7 @@ def test_a_failed_call_is_a_halting_step_with_the_child_trace(tmp_path):
 
 
 def test_the_parent_total_grows_by_the_child_spend_only_when_it_completes(tmp_path):
-    machine = write_machines(tmp_path, PARENT, CHILD)
+    machine = write_machines(tmp_path, PARENT, CHILD.format(budget=5))
     seen = []
 
     class Tops(NullJournal):
@@ -241,24 +224,6 @@ CALLING = """
     }
 """
 
-SHORT_CHILD = """
-    machine child
-    entry a
-    budget {budget}
-    state a {{
-      structure "s"
-      prompt "a"
-      output o
-      otherwise -> b
-    }}
-    state b {{
-      structure "s"
-      prompt "b"
-      output o
-      otherwise -> END
-    }}
-"""
-
 
 def test_a_called_machine_is_journaled_one_level_down_except_inside_a_branch(tmp_path):
     class EnterJournal(NullJournal):
@@ -269,13 +234,13 @@ def test_a_called_machine_is_journaled_one_level_down_except_inside_a_branch(tmp
             self.entered.append((depth, frame.machine.name))
 
     journal = EnterJournal()
-    result = run_mk(write_machines(tmp_path, CALLING, SHORT_CHILD.format(budget=5)), journal=journal)
+    result = run_mk(write_machines(tmp_path, CALLING, CHILD.format(budget=5)), journal=journal)
     assert result.status == "done", result.error
     assert journal.entered == [(1, "child")]  # the call in the fan-out branch is not
 
 
 def test_a_called_machine_that_runs_out_of_steps_suspends_a_suspendable_run(tmp_path):
-    machine = write_machines(tmp_path, CALLING, SHORT_CHILD.format(budget=1))
+    machine = write_machines(tmp_path, CALLING, CHILD.format(budget=1))
     result = run_mk(machine, suspendable=True)
     assert (result.status, result.reason, result.at) == ("suspended", "budget-exhausted", "b")
     assert [frame.machine.name for frame in result.frames] == ["parent", "child"]
@@ -406,46 +371,11 @@ def test_an_interrupt_inside_a_called_machine_ends_the_whole_run_with_every_leve
 
     class InterruptInTheChild(Recorder):
         def produce(self, system, user, tier, reason):
-            if user == "child a":
+            if user == "a":  # the child's first state
                 control.interrupted.set()
             return Produced("x", None, Usage(1, 1, 0.25))
 
-    machine = write_machines(
-        tmp_path,
-        """
-        machine parent
-        entry warm
-        budget 5
-        state warm {
-          structure "s"
-          prompt "warm"
-          output w
-          otherwise -> go
-        }
-        state go {
-          call child
-          output r
-          otherwise -> END
-        }
-        """,
-        """
-        machine child
-        entry a
-        budget 5
-        state a {
-          structure "s"
-          prompt "child a"
-          output o
-          otherwise -> b
-        }
-        state b {
-          structure "s"
-          prompt "child b"
-          output o
-          otherwise -> END
-        }
-        """,
-    )
+    machine = write_machines(tmp_path, PARENT, CHILD.format(budget=5))
     result = run_mk(machine, provider=InterruptInTheChild(), control=control)
     assert (result.status, result.error, result.at) == ("halted", "interrupted", "b")
     assert result.usage == Usage(2, 2, 0.5)

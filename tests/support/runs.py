@@ -36,6 +36,26 @@ TWO_STATES = """
 """
 
 
+# A machine `child` of two generative states, a then b then END, that both output o; its step
+# budget is formatted in.
+CHILD = """
+    machine child
+    entry a
+    budget {budget}
+    state a {{
+      structure "s"
+      prompt "a"
+      output o
+      otherwise -> b
+    }}
+    state b {{
+      structure "s"
+      prompt "b"
+      output o
+      otherwise -> END
+    }}
+"""
+
 # A project: root.mk, whose state b calls sub.mk (two states) with the x root.mk produced.
 ROOT_MK = """
     machine root
