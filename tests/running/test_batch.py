@@ -194,20 +194,26 @@ class Priced:
         return api.Verdict(0, api.Usage())
 
 
-def test_the_batch_dollar_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp_path):
-    """Two $0.25 calls a run, one run at a time: $1.75 is reached inside the fourth run, before its
-    second call. That run and every later one are suspended; a pass with the same ceiling pays
-    nothing (the first pass's spend counts), and one with a higher ceiling pays only the rest."""
+@pytest.mark.parametrize(
+    "ceiling",
+    [{"batch_max_cost": 1.75}, {"batch_max_tokens": 105}, {"batch_max_tokens": 91}],
+    ids=["dollars", "tokens-reached-exactly", "tokens-crossed"],
+)
+def test_the_batch_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp_path, ceiling):
+    """Two calls a run of 15 tokens and $0.25 each, one run at a time: $1.75 and 105 tokens are
+    reached by the seventh call, 91 tokens crossed by it, inside the fourth run, before its second
+    call. That run and every later one are suspended; a pass with the same ceiling pays nothing (the
+    first pass's spend counts), and one with a higher ceiling pays only the rest."""
     (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
     provider = Priced()
     inputs = [{"id": f"item-{n}", "topic": f"t-{n}"} for n in range(10)]
     options = dict(store=tmp_path / "runs", provider=provider, concurrency=1)
-    first = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=1.75, **options)
+    first = api.batch(tmp_path / "twostep.mk", inputs, **ceiling, **options)
     assert [(o.status, o.reason) for o in first] == [("done", None)] * 3 + [("suspended", "batch-ceiling")] * 7
     assert provider.calls == 7
     assert [Usage.from_json(o.usage).cost_usd for o in first] == [0.5] * 3 + [0.25] + [0.0] * 6
-    again = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=1.75, **options)
+    again = api.batch(tmp_path / "twostep.mk", inputs, **ceiling, **options)
     assert [o.status for o in again] == ["done"] * 3 + ["suspended"] * 7 and provider.calls == 7
-    higher = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=5, **options)
+    higher = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=5, batch_max_tokens=300, **options)
     assert [o.status for o in higher] == ["done"] * 10
     assert provider.calls == 10 * CALLS  # the fourth run's first call is not paid again
