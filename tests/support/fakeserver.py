@@ -1,8 +1,10 @@
 """A scriptable model server on 127.0.0.1 for tests: OpenAI and Anthropic wire formats.
 
 It is a real HTTP server (stdlib `ThreadingHTTPServer`) in a background
-thread, so the code under test goes through httpx, sockets, timeouts and
-retries exactly as in production. Usage::
+thread, so the code under test goes through its HTTP client, sockets, kept-alive
+connections, timeouts and retries exactly as in production; `FakeServer(tls=True)`
+serves HTTPS with the self-signed certificate `CERTIFICATE` (for 127.0.0.1).
+Usage::
 
     from support.fakeserver import FakeServer, answer, error, raw, refusal
 
@@ -20,21 +22,26 @@ ran out, so a test that under-scripts fails loudly). Set `server.handler`
 to a function `(Request) -> Reply` to decide per request instead (it wins
 over the queue). A reply is format-neutral: the server renders it in the
 wire format of the path that was called. Every request is recorded
-(`requests`, `count`) with its path, lower-cased headers and parsed body.
+(`requests`, `count`) with its path, lower-cased headers and parsed body, and
+the connections it accepted and closed are counted (`connections`, `closed`).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
+TLS = Path(__file__).parent / "tls"
+CERTIFICATE = TLS / "cert.pem"  # self-signed, for 127.0.0.1 and localhost; its key is TLS / "key.pem"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class Reply:
     body: str | None = None  # sent verbatim instead of a rendered body
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds to wait before answering
+    close: bool = False  # close the connection after the reply, without saying so (an idle keep-alive timeout)
+    cut: int | None = None  # send only this many bytes of the body, then close (a server dying mid-response)
 
 
 def answer(
@@ -116,7 +125,7 @@ class Request:
 class FakeServer:
     """See the module docstring. Start with `with FakeServer() as server:` (or `start()`/`stop()`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: bool = False) -> None:
         self.requests: list[Request] = []
         self.fallback: Reply = error(500, "fake server: no scripted reply left")
         self.handler: Callable[[Request], Reply] | None = None
@@ -125,6 +134,11 @@ class FakeServer:
         self._stopping = threading.Event()
         self._httpd = _Server(("127.0.0.1", 0), _handler_class(self))
         self._httpd.daemon_threads = True
+        self._tls = tls
+        if tls:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(CERTIFICATE, TLS / "key.pem")
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="fakeserver", daemon=True
         )
@@ -132,7 +146,7 @@ class FakeServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self._tls else 'http'}://{host}:{port}"
 
     @property
     def openai_url(self) -> str:
@@ -148,6 +162,16 @@ class FakeServer:
     def count(self) -> int:
         with self._lock:
             return len(self.requests)
+
+    @property
+    def connections(self) -> int:
+        """Connections accepted so far."""
+        return self._httpd.accepted
+
+    @property
+    def closed(self) -> int:
+        """Connections closed so far, by either side."""
+        return self._httpd.finished
 
     def add(self, *replies: Reply) -> FakeServer:
         """Queue replies, answered in order."""
@@ -219,6 +243,9 @@ def render(reply: Reply, path: str, model: str) -> dict[str, Any]:
     }
 
 
+_counting = threading.Lock()
+
+
 class _Server(ThreadingHTTPServer):
     """The HTTP server under the fake: a deep listen backlog, and quiet about clients a test killed."""
 
@@ -226,6 +253,17 @@ class _Server(ThreadingHTTPServer):
     # default listen backlog of 5 the kernel refuses or delays them, which looks like
     # a slow client.
     request_queue_size = 1024
+    accepted = finished = 0  # connections: accepted by the serving thread, closed by the handlers' (under a lock)
+
+    def get_request(self) -> Any:
+        request = super().get_request()  # a TLS handshake a client refuses raises here, and is not counted
+        self.accepted += 1
+        return request
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        with _counting:
+            self.finished += 1
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A killed client resets its connections; printed, that would read as the traceback
@@ -270,7 +308,9 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 for key, value in reply.headers.items():
                     self.send_header(key, value)
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(data[: reply.cut])
+                if reply.close or reply.cut is not None:
+                    self.close_connection = True
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
 

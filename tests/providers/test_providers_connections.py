@@ -1,0 +1,295 @@
+"""The HTTP transport's connections (ADR 0033): one kept alive per thread, opened again when the server
+closes it or breaks off a response; TLS against the certificates trusted; proxies; connect and read timeouts.
+
+Every test talks to a real server on 127.0.0.1 (`support.fakeserver`, `support.proxy`) and counts the
+connections it accepted.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from support.commands import cli, cli_env
+from support.fakeserver import CERTIFICATE, FakeServer, Reply, answer
+from support.proxy import FakeProxy
+
+from mklang.errors import ProviderError, UsageError
+from mklang.host.config import ProviderConfig
+from mklang.providers.base import deadline
+from mklang.providers.http import HttpTransport
+
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sets the proxy variables it is about, and only those."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+def _transport(server: FakeServer | str, slept: list[float] | None = None, **options: Any) -> HttpTransport:
+    """A transport to the server (or base URL), with no retry unless `retries` says otherwise."""
+    base_url = server if isinstance(server, str) else server.openai_url
+    settings: dict[str, Any] = {"retries": 0, "backoff": 0.001, "max_backoff": 0.01, "timeout": 5, **options}
+    config = ProviderConfig(name="p", kind="openai", base_url=base_url, **settings)
+    return HttpTransport(config, {}, sleep=slept.append if slept is not None else lambda seconds: None)
+
+
+def _ask(transport: HttpTransport) -> str:
+    return str(transport.post("/chat/completions", {"model": "m"})["choices"][0]["message"]["content"])
+
+
+def _fails(transport: HttpTransport) -> str:
+    with pytest.raises(ProviderError) as caught:
+        transport.post("/chat/completions", {"model": "m"})
+    return str(caught.value)
+
+
+def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    ends = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < ends, "the condition did not come true in time"
+        time.sleep(0.01)
+
+
+# --- one kept-alive connection per thread ---------------------------------------
+
+
+def test_each_thread_keeps_one_connection_for_all_its_calls(server):
+    server.fallback = answer("ok")
+    transport = _transport(server)
+    assert [_ask(transport) for _ in range(5)] == ["ok"] * 5
+    assert (server.count, server.connections) == (5, 1)
+    together = threading.Barrier(4)
+
+    def three_calls() -> None:
+        together.wait()
+        for _ in range(3):
+            _ask(transport)
+
+    threads = [threading.Thread(target=three_calls) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (server.count, server.connections) == (5 + 4 * 3, 1 + 4)
+
+
+def test_a_thread_that_ends_closes_its_connection(server):
+    server.fallback = answer("ok")
+    transport = _transport(server)
+    thread = threading.Thread(target=_ask, args=(transport,))
+    thread.start()
+    thread.join()
+    _until(lambda: server.closed == 1)
+    assert (server.count, server.connections) == (1, 1)
+
+
+def test_closing_the_transport_closes_every_connection_and_refuses_more_calls(server):
+    server.fallback = answer("ok")
+    transport = _transport(server)
+    _ask(transport)
+    transport.close()
+    _until(lambda: server.closed == 1)
+    with pytest.raises(RuntimeError, match=r"^p: the HTTP client is closed$"):
+        _ask(transport)
+    assert server.count == 1
+
+
+def test_an_idle_connection_the_server_closed_is_replaced_before_the_next_call(server):
+    slept: list[float] = []
+    server.add(replace(answer("first"), close=True), answer("second"))
+    transport = _transport(server, slept)  # no retries: a request lost on the closed connection would fail the call
+    assert _ask(transport) == "first"
+    _until(lambda: server.closed == 1)  # the server closed it after answering, without a word
+    assert _ask(transport) == "second"
+    assert (server.count, server.connections, slept) == (2, 2, [])  # each call reached the server once
+
+
+def test_a_connection_close_answer_is_followed_by_a_new_connection(server):
+    slept: list[float] = []
+    server.add(Reply(text="first", headers={"Connection": "close"}), answer("second"))
+    transport = _transport(server, slept)
+    assert [_ask(transport), _ask(transport)] == ["first", "second"]
+    assert (server.count, server.connections, slept) == (2, 2, [])
+
+
+def test_a_response_broken_off_is_retried_on_a_new_connection(server):
+    slept: list[float] = []
+    server.add(replace(answer("cut short"), cut=20), answer("whole"))
+    assert _ask(_transport(server, slept, retries=1)) == "whole"
+    assert (server.count, server.connections, len(slept)) == (2, 2, 1)
+
+
+def test_a_response_broken_off_on_the_last_attempt_is_a_one_line_connection_error(server):
+    server.add(replace(answer("cut short"), cut=20))
+    message = _fails(_transport(server))
+    assert re.fullmatch(
+        r"p connection-error: IncompleteRead\(20 bytes read, \d+ more expected\) \(after 1 attempt\)", message
+    )
+
+
+# --- timeouts ---------------------------------------------------------------------
+
+
+def test_an_answer_too_late_is_not_read_as_the_answer_to_the_retry(server):
+    server.add(answer("late", delay=0.6), answer("on time"))
+    assert _ask(_transport(server, retries=1, timeout=0.2)) == "on time"
+    assert server.connections == 2  # the connection the late answer would arrive on was dropped
+
+
+@pytest.fixture
+def unaccepting() -> Iterator[str]:
+    """The base URL of a listener whose queue of connections is full: a connection to it is never made."""
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as listener:
+        address = listener.getsockname()
+        waiting = []
+        for _ in range(4):  # fill the queue; later connections' SYNs are dropped
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(address)
+            waiting.append(filler)
+        time.sleep(0.05)
+        yield f"http://127.0.0.1:{address[1]}/v1"
+        for filler in waiting:
+            filler.close()
+
+
+def test_a_server_that_does_not_accept_is_a_connect_timeout(unaccepting):
+    started = time.monotonic()
+    message = _fails(_transport(unaccepting, connect_timeout=0.3, timeout=30))
+    assert message == "p timeout: no connection within 0.3s (after 1 attempt)"
+    assert time.monotonic() - started < 2
+
+
+def test_the_connect_timeout_is_shortened_to_the_time_left(unaccepting):
+    transport = _transport(unaccepting, connect_timeout=10, retries=1)
+    started = time.monotonic()
+    with deadline(started + 0.3):
+        message = _fails(transport)
+    found = re.fullmatch(
+        r"p timeout: no connection within (0\.\d+)s \(no time left for a retry before the --max-time deadline\)",
+        message,
+    )
+    assert found, message
+    assert 0 < float(found.group(1)) <= 0.3
+    assert time.monotonic() - started < 2
+
+
+# --- TLS --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_server() -> Iterator[FakeServer]:
+    with FakeServer(tls=True) as server:
+        yield server
+
+
+def test_https_to_a_server_whose_certificate_ssl_cert_file_trusts(tls_server, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
+    tls_server.fallback = answer("secure")
+    transport = _transport(tls_server)
+    assert [_ask(transport) for _ in range(3)] == ["secure"] * 3
+    assert tls_server.connections == 1
+    assert tls_server.requests[0].headers["host"] == tls_server.url.removeprefix("https://")
+
+
+@pytest.mark.parametrize("trusted", ["certifi", "the system's bundle"])
+def test_a_certificate_not_trusted_fails_at_once_and_sends_nothing(tls_server, monkeypatch, trusted):
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    if trusted == "certifi":
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    else:
+        monkeypatch.setenv("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
+    slept: list[float] = []
+    message = _fails(_transport(tls_server, slept, retries=3))
+    assert re.fullmatch(
+        r"p connection-error: the certificate of 127\.0\.0\.1 is not trusted \(self.signed certificate\); "
+        r"SSL_CERT_FILE names the certificates to trust",
+        message,
+    ), message
+    assert (tls_server.count, slept) == (0, [])
+
+
+def test_an_unreadable_ssl_cert_file_is_refused_when_an_https_provider_is_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(UsageError) as caught:
+        _transport("https://127.0.0.1:1/v1")
+    assert (
+        str(caught.value)
+        == f"SSL_CERT_FILE={tmp_path / 'missing.pem'}: no certificates could be read from it (No such file or directory)"
+    )
+    _transport("http://127.0.0.1:1/v1")  # plain HTTP reads no certificates
+
+
+# --- proxies ------------------------------------------------------------------------
+
+
+def test_https_goes_through_one_connect_tunnel_with_the_proxys_credentials(tls_server, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
+    tls_server.fallback = answer("tunnelled")
+    with FakeProxy() as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://us%40er:p%3Ass@"))
+        transport = _transport(tls_server)
+        assert [_ask(transport), _ask(transport)] == ["tunnelled"] * 2
+    credentials = "Basic " + base64.b64encode(b"us@er:p:ss").decode()
+    assert proxy.requests == [("CONNECT", tls_server.url.removeprefix("https://"), credentials)]
+    assert tls_server.connections == 1
+
+
+def test_plain_http_is_sent_to_the_proxy_as_an_absolute_url(server, monkeypatch):
+    server.fallback = answer("forwarded")
+    with FakeProxy() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        assert _ask(_transport(server)) == "forwarded"
+    assert proxy.requests == [("POST", f"{server.openai_url}/chat/completions", None)]
+    assert server.requests[0].body == {"model": "m"}
+
+
+def test_no_proxy_lists_the_hosts_reached_directly(server, monkeypatch):
+    server.fallback = answer("direct")
+    with FakeProxy() as proxy:
+        monkeypatch.setenv("ALL_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", "example.com, 127.0.0.1")
+        assert _ask(_transport(server)) == "direct"
+    assert proxy.requests == []
+
+
+@pytest.mark.parametrize("scheme", ["https", "socks5"])
+def test_a_proxy_that_cannot_be_used_is_refused_not_bypassed(monkeypatch, scheme):
+    monkeypatch.setenv("HTTPS_PROXY", f"{scheme}://user:secret@proxy.example:3128")
+    with pytest.raises(UsageError) as caught:
+        _transport("https://api.example.com/v1")
+    assert str(caught.value) == (
+        f"the proxy {scheme}://proxy.example:3128 for https://api.example.com cannot be used: mklang reaches "
+        "proxies at http:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY lists the hosts to "
+        "reach directly)"
+    )
+
+
+def test_a_run_refuses_a_proxy_it_cannot_use_with_one_line_and_exit_2(tmp_path):
+    machine = tmp_path / "m.mk"
+    machine.write_text(
+        'mklang 0.4\nmachine m\nentry a\nbudget 5\n\nstate a {\n  structure "A word."\n  prompt "hi"\n'
+        "  output x\n  otherwise -> END\n}\n"
+    )
+    env = cli_env(
+        OPENAI_API_KEY="sk-x", OPENAI_BASE_URL="https://api.example.com/v1", HTTPS_PROXY="socks5://proxy.example:1080"
+    )
+    done = cli("run", str(machine), "--provider", "openai", "--model", "m", env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "mklang: error: the proxy socks5://proxy.example:1080 for https://api.example.com cannot be used: mklang "
+        "reaches proxies at http:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY lists the hosts "
+        "to reach directly)"
+    ]
