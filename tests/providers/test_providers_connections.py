@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support.commands import cli, cli_env
-from support.fakeserver import CERTIFICATE, FakeServer, Reply, answer
+from support.fakeserver import CERTIFICATE, FakeServer, Reply, answer, raw
 from support.proxy import FakeProxy
 
 from mklang.errors import ProviderError, UsageError
@@ -137,6 +137,12 @@ def test_a_response_broken_off_on_the_last_attempt_is_a_one_line_connection_erro
     assert re.fullmatch(
         r"p connection-error: IncompleteRead\(20 bytes read, \d+ more expected\) \(after 1 attempt\)", message
     )
+
+
+def test_a_redirect_is_not_followed(server):
+    server.add(raw("", status=307, headers={"Location": f"{server.openai_url}/elsewhere"}), answer("never asked"))
+    assert _fails(_transport(server, retries=2)) == "p 307: Temporary Redirect"
+    assert [request.path for request in server.requests] == ["/v1/chat/completions"]
 
 
 # --- timeouts ---------------------------------------------------------------------
