@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,45 +176,112 @@ def batch_rows(items: int) -> None:
             print("  (RabbitMQ or PostgreSQL not reachable: the Celery row is skipped)")
 
 
-def store_step_costs(steps: int = 300, gate: str = "otherwise -> s") -> tuple[float, dict[str, float]]:
-    """Seconds per step of a `steps`-step run with an instant scripted model without a
-    store, and of the same run made durable in each reachable store."""
+JUDGED = 'when "again" -> s\n  otherwise -> s'  # a produce call and a judge call a step
+
+
+def looping(gate: str = "otherwise -> s") -> Callable[[int, str | None], object]:
+    """Run a one-state loop of `steps` steps with an instant scripted model: `go(steps, target)`
+    makes it durable at checkpoint `target`, or runs it without a store when `target` is None."""
     from mklang.engine import run
     from mklang.providers.scripted import ScriptedProvider
     from mklang.service import start
     from mklang.session import Host
     from mklang.syntax import parse
 
-    machine = parse(
-        f"machine loop\nentry s\nbudget {steps}\n"
-        f'state s {{\n  structure "x"\n  prompt "again"\n  output o\n  {gate}\n}}\n'
-    )
+    def go(steps: int, target: str | None) -> object:
+        machine = parse(
+            f"machine loop\nentry s\nbudget {steps}\n"
+            f'state s {{\n  structure "x"\n  prompt "again"\n  output o\n  {gate}\n}}\n'
+        )
+        provider = ScriptedProvider({"produce": ["ok"] * steps, "judge": [0]})
+        if target is None:
+            result = run(machine, {}, provider=provider)
+        else:
+            result = start(machine, {}, Host(provider), checkpoint=target)
+        assert len(result.trace) == steps, result.status
+        return result
 
-    def provider() -> ScriptedProvider:
-        return ScriptedProvider({"produce": ["ok"] * steps, "judge": [0]})
+    return go
 
-    began = time.perf_counter()
-    run(machine, {}, provider=provider())
-    bare = (time.perf_counter() - began) / steps
-    durable = {}
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as schemas:
-        targets = [("file", f"{tmp}/cp{{}}.json"), ("SQLite", f"sqlite:///{tmp}/runs.db#r{{}}")]
-        if reachable(5432):
-            targets.append(("PostgreSQL", f"{postgres_schema(schemas)}#r{{}}"))
-        for name, target in targets:
-            for attempt in range(3):  # the best of 3: other load only ever adds time
-                began = time.perf_counter()
-                result = start(machine, {}, Host(provider()), checkpoint=target.format(attempt))
-                per_step = (time.perf_counter() - began) / len(result.trace)
-                durable[name] = min(durable.get(name, per_step), per_step)
-    return bare, durable
+
+def stores() -> list[str]:
+    """The stores a run can be made durable in here."""
+    return ["file", "SQLite", *(["PostgreSQL"] if reachable(5432) else [])]
+
+
+def store_target(store: str, tmp: str, cleanup: contextlib.ExitStack) -> str | None:
+    """The checkpoint target of a run in `store` (None for "none"), `{}` standing for the run's name."""
+    if store == "none":
+        return None
+    if store == "file":
+        return f"{tmp}/cp{{}}.json"
+    if store == "SQLite":
+        return f"sqlite:///{tmp}/runs.db#r{{}}"
+    return f"{postgres_schema(cleanup)}#r{{}}"
+
+
+@contextlib.contextmanager
+def counted_fsyncs() -> Iterator[list[int]]:
+    """A one-item list that counts this process's `os.fsync` calls in the block."""
+    calls, fsync = [0], os.fsync
+
+    def counting(fd: int) -> None:
+        calls[0] += 1
+        fsync(fd)
+
+    os.fsync = counting
+    try:
+        yield calls
+    finally:
+        os.fsync = fsync
+
+
+def step_counts(store: str, once: Callable[[str, int], object]) -> dict[str, float]:
+    """What one more step adds to a run in `store`: the difference between a 40- and a 20-step run,
+    over 20. PostgreSQL: exchanges with the server (round trips), commits and those that wait for the
+    flush, read from libpq's protocol trace; the file store: fsyncs, its flushed commits."""
+    figures = []
+    for steps in (20, 40):
+        with contextlib.ExitStack() as counting:
+            fsyncs = counting.enter_context(counted_fsyncs())
+            if store == "PostgreSQL":
+                from support.pgtrace import counted
+
+                trace = counting.enter_context(counted())
+            once(f"n{steps}", steps)
+        if store == "PostgreSQL":
+            figures.append({"exchanges": trace.exchanges, "commits": trace.commits, "flushed": trace.flushed})
+        elif store == "file":
+            figures.append({"exchanges": 0, "commits": fsyncs[0], "flushed": fsyncs[0]})
+        else:  # the store's flushes are not this process's to count
+            figures.append({})
+    short, long = figures
+    return {name: (long[name] - short[name]) / 20 for name in long}
+
+
+def step_figures(store: str, steps: int = 300, gate: str = JUDGED) -> dict[str, float]:
+    """Per step of a `steps`-step run durable in `store` ("none": no store): wall and CPU seconds of
+    this process (all threads) after a warm-up run, and the step's `step_counts`."""
+    go = looping(gate)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
+        target = store_target(store, tmp, cleanup)
+
+        def once(name: str, count: int) -> object:
+            return go(count, None if target is None else target.format(name))
+
+        once("warm", 5)  # imports, tables, connections
+        began, began_cpu = time.perf_counter(), time.process_time()
+        once("timed", steps)
+        figures = {"wall": (time.perf_counter() - began) / steps, "cpu": (time.process_time() - began_cpu) / steps}
+        return {**figures, **step_counts(store, once)}
 
 
 def store_rows(steps: int = 300) -> None:
-    bare, durable = store_step_costs(steps)
+    bare = step_figures("none", steps, "otherwise -> s")
     print(f"checkpoint cost per step, {steps}-step run (instant model):")
-    for name, per_step in durable.items():
-        print(f"  {name:<12} {(per_step - bare) * 1e3:6.2f} ms/step")
+    for name in stores():
+        per_step = step_figures(name, steps, "otherwise -> s")
+        print(f"  {name:<12} {(per_step['wall'] - bare['wall']) * 1e3:6.2f} ms/step")
 
 
 def main() -> None:

@@ -4,8 +4,11 @@
 
 1. `resume`: a run suspended after 1k / 10k steps of 2 KB outputs, resumed to
    done (one more step); wall time (target: ratio <= 1.0 at 10k steps).
-2. `durability`: wall time per judged step of a durable run with
-   `MKLANG_DURABILITY=step`, PostgreSQL against the file store (target
+2. `durability`: a judged step of a durable run with `MKLANG_DURABILITY=step`
+   in each store: wall and CPU time of the mklang process, medians of 5
+   runs of each store interleaved (the machine's load falls on all alike),
+   and what a step adds in round trips to the server, commits and flushed
+   commits (fsyncs for files); PostgreSQL against the file store (target
    <= 1.3x); skipped with a line when PostgreSQL is not reachable.
 3. `batch`: 3,000 items x 3 steps, each call answered after 100 ms, at
    concurrency 32 and 256 (SQLite store): wall time and CPU per run (targets:
@@ -23,7 +26,7 @@ figure is taken in a process of its own: this script runs itself with
 `--side ours` or, in the venv of the original, `--side 1x`, so it imports
 only the standard library at the top. The original is installed with pip
 the first time, into a venv under `$MKLANG_BENCH_CACHE` (default
-`~/.cache/mklang-bench`). Wall times are the best of a few runs; the load
+`~/.cache/mklang-bench`). Wall times are the best of a few runs (`durability`: medians); the load
 average is printed first and last.
 """
 
@@ -50,6 +53,7 @@ ORIGINAL = "mklang==1.4.0"
 TIERS = {"fast": "m", "balanced": "m", "reasoning": "m"}
 OUTPUT = "x" * 2048
 REPEATS = 3
+DURABLE_REPEATS = 5
 
 # -- machines (mklang 1.x's YAML layout, read by both) ------------------------------
 
@@ -198,11 +202,10 @@ class Ours:
         return {"steps": len(result.trace), "rss": peak_rss()}
 
     @staticmethod
-    def durability(steps: int) -> dict:
-        from scale import store_step_costs
+    def durability(store: Path, steps: int) -> dict:
+        from scale import step_figures
 
-        bare, durable = store_step_costs(steps, 'when "again" -> s\n  otherwise -> s')
-        return {"bare": bare, **durable}
+        return step_figures(str(store), steps)
 
 
 SIDES = {"1x": Original, "ours": Ours}
@@ -295,18 +298,36 @@ def resume(folder: Path, args: argparse.Namespace) -> None:
 
 
 def durability(folder: Path, args: argparse.Namespace) -> None:
-    """Wall time per judged step of a durable run, MKLANG_DURABILITY=step: PostgreSQL against the file store."""
-    from scale import reachable
+    """A judged step of a durable run, MKLANG_DURABILITY=step: PostgreSQL against the file store."""
+    from scale import reachable, stores
 
     if not reachable(5432):
         print("  PostgreSQL not reachable on 127.0.0.1:5432: skipped")
         return
-    costs = measure("ours", "durability", 300, env={"MKLANG_DURABILITY": "step"})
-    for name in ("file", "SQLite", "PostgreSQL"):
-        durable = (costs[name] - costs["bare"]) * 1e3
-        print(f"  {name:<10} {costs[name] * 1e3:6.3f} ms/step ({durable:6.3f} of it durability)")
-    pg = costs["PostgreSQL"] / costs["file"]
-    print(f"  PostgreSQL / file: {pg:.2f}x (target <= 1.3x)")
+    names, steps = ["none", *stores()], 300
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for repeat in range(DURABLE_REPEATS):  # interleaved, each run in a process of its own: load hits all alike
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            runs[name].append(measure("ours", "durability", name, steps, env={"MKLANG_DURABILITY": "step"}))
+    print(
+        f"  per step of a {steps}-step run, median (least-most) of {DURABLE_REPEATS} runs of each, interleaved; "
+        "CPU of the mklang process; round trips, commits and flushed commits (fsyncs) that a step adds"
+    )
+    for name in names:
+        wall, cpu = ([run[kind] * 1e3 for run in runs[name]] for kind in ("wall", "cpu"))
+        counts, counted = runs[name][0], ""
+        if "exchanges" in counts:
+            counted = f"   {counts['exchanges']:4.2f} round trips, {counts['commits']:4.2f} commits "
+            counted += f"({counts['flushed']:4.2f} flushed)"
+        print(f"  {name:<10} wall {spread(wall, 'ms')}   CPU {spread(cpu, 'ms')}{counted}")
+    for kind in ("wall", "cpu"):
+        paired = [pg[kind] / file[kind] for pg, file in zip(runs["PostgreSQL"], runs["file"], strict=True)]
+        print(f"  PostgreSQL / file, {kind:<4} {spread(paired, 'x', 2)} (target <= 1.3x)")
+
+
+def spread(values: list[float], unit: str, digits: int = 3) -> str:
+    """The median of `values` and their least and most."""
+    return f"{statistics.median(values):6.{digits}f} {unit} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def batch(folder: Path, args: argparse.Namespace) -> None:

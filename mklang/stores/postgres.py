@@ -38,8 +38,9 @@ import hashlib
 import os
 import socket
 import threading
-from collections.abc import Iterator
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from mklang.errors import CheckpointError, UsageError, redacted
 from mklang.stores.file import still_running
@@ -95,6 +96,7 @@ class PostgresStore(SqlStore):
         self._held: dict[str, Any] = {}  # run -> the connection holding its lock
         self._idle: list[Any] = []  # released lock connections, kept for the next lock
         self._pool_guard = threading.Lock()
+        self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()  # connections holding the `Prepared` ones
         self._closed = False
 
     @classmethod
@@ -155,10 +157,15 @@ class PostgresStore(SqlStore):
             return cursor.fetchall() if cursor.description else []
 
     def append(self, run: str, payload: bytes, *, durable: bool) -> None:
-        if durable:
-            super().append(run, payload, durable=True)
-        else:
-            self._rows(UNFLUSHED_APPEND, run, payload, run=run)
+        """The statement of every step: prepared once on each connection and run with libpq's calls rather
+        than a cursor's, at a third of the CPU on each side (ADR 0037)."""
+        statement = APPEND if durable else UNFLUSHED_APPEND
+        with self._connection(run) as db, db.lock:  # one thread at a time on a connection, as psycopg's own calls
+            if db not in self._prepared:
+                for each in (APPEND, UNFLUSHED_APPEND):
+                    _exchange(db, db.pgconn.send_prepare, each.name, each.sql, LINE_TYPES)
+                self._prepared.add(db)
+            _exchange(db, db.pgconn.send_query_prepared, statement.name, (run.encode(), payload), LINE_FORMATS)
 
     def start_journal(self, run: str, payload: bytes) -> None:
         with self._connection(run) as db, db.transaction():  # the old generation or the new one, never a mix
@@ -219,11 +226,24 @@ class PostgresStore(SqlStore):
             self._db.close()
 
 
+class Prepared(NamedTuple):
+    """A statement prepared by name on each connection that runs it (`append`)."""
+
+    name: bytes
+    sql: bytes
+
+
+TEXT_OID, BYTEA_OID = 25, 17
+TEXT_FORMAT, BINARY_FORMAT = 0, 1
+# A journal line: its run (text) and the line (bytea, sent as the bytes it is).
+LINE_TYPES, LINE_FORMATS = (TEXT_OID, BYTEA_OID), (TEXT_FORMAT, BINARY_FORMAT)
+APPEND = Prepared(b"mklang_append", b"INSERT INTO mklang_journal (run, line) VALUES ($1, $2)")
 # A journal line whose commit does not wait for the flush: the setting is local to the statement's
 # own transaction, so it costs no extra statement or round trip.
-UNFLUSHED_APPEND = (
-    "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
-    "INSERT INTO mklang_journal (run, line) SELECT ?, ? FROM unflushed"
+UNFLUSHED_APPEND = Prepared(
+    b"mklang_append_unflushed",
+    b"WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+    b"INSERT INTO mklang_journal (run, line) SELECT $1, $2 FROM unflushed",
 )
 SCHEMA_LOCK_KEY = 0x6D6B6C616E67  # "mklang": serializes creating the tables
 
@@ -277,6 +297,17 @@ class AdvisoryLock:
                 row = db.execute("SELECT pg_advisory_unlock(%s)", (self._key,)).fetchone()
                 unlocked = bool(row and row[0])
         self._store._give_back(self._run, db, unlocked)
+
+
+def _exchange(db: Any, send: Callable[..., None], *args: object) -> None:
+    """`send(*args)` on `db` (its lock held), its result waited for as psycopg does (interruptibly)."""
+    psycopg = _psycopg()
+    from psycopg.generators import execute
+
+    send(*args)
+    result = db.wait(execute(db.pgconn))[-1]
+    if result.status != psycopg.pq.ExecStatus.COMMAND_OK:
+        raise psycopg.errors.error_from_result(result)
 
 
 def _first_line(error: Exception) -> str:

@@ -10,7 +10,6 @@ sessions, and errors that name the store.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -24,7 +23,7 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -996,48 +995,84 @@ def test_a_lock_whose_session_ended_releases_quietly(postgres, postgres_uri):
 # --- PostgreSQL: durable lines wait for the flush, the others do not ----------
 
 
-class CountedConnection(psycopg.Connection):  # type: ignore[type-arg]
-    """A connection that records each write it commits and whether that commit waits for the flush."""
-
-    commits: ClassVar[list[bool]] = []  # one per committed write: True when it waits
-
-    def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
-        text = str(query)
-        if self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and "INSERT" in text:
-            CountedConnection.commits.append("set_config('synchronous_commit', 'off', true)" not in text)
-        return super().execute(query, params, **kwargs)
-
-    @contextlib.contextmanager
-    def transaction(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        with super().transaction(*args, **kwargs) as block:
-            yield block
-        CountedConnection.commits.append(True)
-
-
-@pytest.mark.parametrize(("durability", "flushes_per_step"), [("step", 1), ("call", 2)])
-def test_postgres_flushes_one_commit_per_judged_step_with_step_durability(
-    postgres_uri, monkeypatch, durability, flushes_per_step
-):
+def judged_loop_on_postgres(uri: str, run: str, steps: int) -> None:
     from mklang.providers.scripted import ScriptedProvider
-    from mklang.service import start
-    from mklang.session import Host
     from mklang.syntax import parse
 
-    steps = 20
     machine = parse(
         f'machine loop\nentry s\nbudget {steps}\nstate s {{\n  structure "x"\n  prompt "again"\n  output o\n'
         '  when "again" -> s\n  otherwise -> s\n}\n'
     )
-    monkeypatch.setenv("MKLANG_DURABILITY", durability)
-    monkeypatch.setattr(psycopg, "connect", CountedConnection.connect)
-    monkeypatch.setattr(CountedConnection, "commits", [])
     host = Host(ScriptedProvider({"produce": ["ok"] * steps, "judge": [0]}))
-    result = start(machine, {}, host, checkpoint=f"{postgres_uri}#run")
-    assert len(result.trace) == steps
-    commits = CountedConnection.commits
-    assert len(commits) >= 3 * steps  # a produce line, a judge line and a step line per step
-    # Besides the steps: the tables, the first envelope and journal, the last envelope.
-    assert sum(commits) == flushes_per_step * steps + 4
+    assert len(start(machine, {}, host, checkpoint=f"{uri}#{run}").trace) == steps
+
+
+@pytest.mark.parametrize(("durability", "flushed"), [("step", 1), ("call", 2)])
+def test_a_judged_step_on_postgres_is_three_round_trips_and_flushes_once_with_step_durability(
+    postgres_uri, monkeypatch, durability, flushed
+):
+    """Read from the protocol itself: a step is its two call lines and its step line, one
+    exchange with the server each; `step` waits for one flush, `call` for each call's too."""
+    from support.pgtrace import counted
+
+    monkeypatch.setenv("MKLANG_DURABILITY", durability)
+    judged_loop_on_postgres(postgres_uri, "warm", 2)  # the tables
+    counts = []
+    for steps in (10, 20):
+        with counted() as whole_run:
+            judged_loop_on_postgres(postgres_uri, f"r{steps}", steps)
+        counts.append(whole_run)
+    short, long = counts
+    assert (long.exchanges - short.exchanges, long.commits - short.commits) == (3 * 10, 3 * 10)
+    assert long.flushed - short.flushed == flushed * 10
+    # Besides the steps, a run waits for 7 flushes: making sure of the tables, the first envelope, its
+    # summary and journal, the last envelope, its summary, and dropping the journal.
+    assert short.flushed == flushed * 10 + 7
+
+
+def test_a_connection_the_server_replaced_prepares_the_journal_lines_again(postgres, postgres_uri):
+    postgres.start_journal("a", b"gen\n")
+    postgres.append("a", b"one\n", durable=True)
+    end_sessions(postgres_uri, f"mklang-data {me()}")
+    with pytest.raises(CheckpointError, match="PostgreSQL checkpoint store"):
+        postgres.append("a", b"lost\n", durable=False)
+    postgres.append("a", b"two\n", durable=False)  # a new session: its statements prepared anew
+    postgres.append("a", b"three\n", durable=True)
+    assert postgres.read_journal("a") == b"gen\none\ntwo\nthree\n"
+
+
+def test_threads_sharing_a_lock_connection_prepare_its_journal_lines_once(postgres):
+    import threading
+
+    postgres.start_journal("a", b"gen\n")
+    lock = postgres.lock("a")  # a new connection: nothing prepared on it yet
+    barrier = threading.Barrier(8)
+
+    def branch(n: int) -> None:
+        barrier.wait()
+        for line in range(5):
+            postgres.append("a", f"{n}.{line}\n".encode(), durable=line % 2 == 0)
+
+    threads = [threading.Thread(target=branch, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = postgres.read_journal("a").splitlines()
+    lock.release()
+    assert lines[0] == b"gen" and sorted(lines[1:]) == sorted(
+        f"{n}.{line}".encode() for n in range(8) for line in range(5)
+    )
+
+
+def test_a_journal_line_the_server_refuses_is_a_checkpoint_error_with_its_first_line(postgres, postgres_uri):
+    postgres.start_journal("a", b"gen\n")
+    postgres.append("a", b"one\n", durable=False)  # prepared on this connection
+    with psycopg.connect(postgres_uri, autocommit=True) as db:
+        db.execute("ALTER TABLE mklang_journal ADD CONSTRAINT short CHECK (length(line) < 8)")
+    with pytest.raises(CheckpointError, match=r"PostgreSQL checkpoint store: new row .* violates check constraint"):
+        postgres.append("a", b"far too long\n", durable=True)
+    assert postgres.read_journal("a") == b"gen\none\n"
 
 
 def test_postgres_turns_off_the_flush_wait_for_one_line_only(postgres):
