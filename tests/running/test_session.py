@@ -5,13 +5,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from support.examples import EXAMPLES
 
 import mklang
 from mklang.checkpoint.envelope import load
+from mklang.errors import LoadError, UsageError
 from mklang.scenarios import load_script
 from mklang.service import start
-from mklang.session import Host
+from mklang.session import Host, preflight
 
 PACKAGE = Path(mklang.__file__).parent
 
@@ -55,3 +57,152 @@ def test_a_scenario_host_supplies_input_and_run_settings_under_the_callers(tmp_p
     assert parked.status == "suspended"  # hitl from the scenario's run settings
     direct = start(machine, None, Host.for_scenario(scenario), hitl=False)
     assert direct.status != "suspended"  # the caller's setting wins
+
+
+SCRIPT = EXAMPLES / "approval" / "scenarios.yaml"
+
+
+@pytest.mark.parametrize("given", ["provider", "model", "replay", "record", "config"])
+def test_a_script_answers_offline_and_refuses_what_builds_a_provider(given):
+    with pytest.raises(UsageError) as refused:
+        Host.build(script=SCRIPT, **{given: "x"})
+    assert str(refused.value) == (
+        "--script answers offline: it cannot be combined with --provider, --model, --config, --replay or --record"
+    )
+
+
+@pytest.mark.parametrize("priced_for", ["--max-cost", "--batch-max-cost"])
+def test_a_dollar_limit_is_refused_for_a_scripted_model_naming_the_option_given(priced_for):
+    with pytest.raises(UsageError) as refused:
+        Host.build(script=SCRIPT, max_cost=1.0, priced_for=priced_for)
+    assert str(refused.value) == f"{priced_for} needs model prices, and a scripted model has none: use --max-tokens"
+
+
+def test_a_scenario_needs_a_script():
+    with pytest.raises(UsageError) as refused:
+        Host.build(scenario="ask-then-publish", provider="scripted")
+    assert str(refused.value) == "--scenario needs --script"
+
+
+def test_a_scripted_host_records_the_script_and_scenario_it_answers_from(tmp_path, monkeypatch):
+    (tmp_path / "plugin.py").write_text("TOOLS = {'publish': lambda text: 'mine'}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    host = Host.build(script=SCRIPT, scenario="ask-then-publish", plugins=["plugin.py"])
+    assert host.recorded().model_dump() == {
+        **host.recorded().model_dump(),
+        "script": str(SCRIPT.resolve()),
+        "scenario": "ask-then-publish",
+        "provider": None,
+        "config": None,
+        "replay": None,
+        "record": None,
+        "plugins": [str(tmp_path.resolve() / "plugin.py")],
+    }
+    assert host.scenario is not None and host.scenario.name == "ask-then-publish"
+    assert host.tools["publish"]("text") == "https://status.example.com/posts/118"  # the script's, not the plugin's
+    alone = Host.for_scenario(load_script(SCRIPT)[1])
+    assert alone.settings == {"scenario": load_script(SCRIPT)[1].name, "script": str(SCRIPT.resolve())}
+
+
+def test_a_run_setting_is_the_callers_else_the_scenarios_else_the_default():
+    scenario = next(s for s in load_script(SCRIPT) if s.name == "ask-then-publish")
+    host = Host.for_scenario(scenario)
+    assert host.run_setting("hitl", False) is False
+    assert host.run_setting("hitl", None) is True
+    assert host.run_setting("concurrency", None, 4) == 4
+    assert Host(provider=None).run_setting("hitl", None, "default") == "default"
+
+
+class Closing:
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_leaving_a_host_closes_its_provider_if_it_can_be_closed():
+    provider = Closing()
+    with Host(provider=provider) as host:
+        assert host.provider is provider and provider.closed == 0
+    assert provider.closed == 1
+    with Host(provider=object()):
+        pass  # nothing to close
+
+
+PUBLISHES = """\
+mklang 0.4
+machine post
+entry send
+budget 5
+
+tool publish "Post the text. Input: {text}."
+
+state send {
+  tool publish { text: "{{line}}" }
+  output url
+  otherwise -> END
+}
+"""
+
+
+def test_preflight_refuses_a_tool_or_hook_without_implementation_before_anything_is_paid(tmp_path):
+    from mklang.syntax import load_file
+
+    (tmp_path / "post.mk").write_text(PUBLISHES, encoding="utf-8")
+    machine = load_file(tmp_path / "post.mk")
+    provider = object()
+    with pytest.raises(UsageError) as refused:
+        preflight(machine, Host(provider=provider))
+    assert str(refused.value) == (
+        'tool "publish" has no implementation: provide it with --plugin MODULE|FILE.py (a TOOLS map), '
+        'a "mklang.tools" entry point, or tools= in the Python API'
+    )
+    preflight(machine, Host(provider=provider, tools={"publish": lambda text: "url"}))
+
+
+PARENT = """\
+mklang 0.4
+machine parent
+entry ask
+budget 5
+
+state ask {
+  call child
+  output answer
+  otherwise -> END
+}
+"""
+CHILD = """\
+mklang 0.4
+machine child
+entry think
+budget 3
+
+hook plausible "True when the answer is plausible."
+
+state think {
+  structure "One line."
+  prompt "Think."
+  output thought
+  when "always" hook plausible -> END
+  otherwise -> END
+}
+"""
+
+
+def test_preflight_checks_the_machines_a_run_calls_and_their_hooks(tmp_path):
+    from mklang.syntax import load_file
+
+    (tmp_path / "parent.mk").write_text(PARENT, encoding="utf-8")
+    (tmp_path / "child.mk").write_text(CHILD, encoding="utf-8")
+    parent = load_file(tmp_path / "parent.mk")
+    with pytest.raises(UsageError) as refused:
+        preflight(parent, Host(provider=object()))
+    assert str(refused.value) == (
+        'hook "plausible" has no implementation: provide it with --plugin MODULE|FILE.py (a HOOKS map), '
+        'a "mklang.hooks" entry point, or hooks= in the Python API'
+    )
+    preflight(parent, Host(provider=object(), hooks={"plausible": lambda output, context: True}))
+    (tmp_path / "child.mk").write_text(CHILD.replace("mklang 0.4", "mklang 9.1"), encoding="utf-8")
+    with pytest.raises(LoadError, match=r"child\.mk:1:1: .* not the newer 9\.1"):
+        preflight(load_file(tmp_path / "parent.mk"), Host(provider=object(), hooks={"plausible": print}))
