@@ -2,10 +2,11 @@
 
 Each case is a scenario of `mklang test` plus its machine source: it is
 written to disk, loaded through `mklang.scenarios.load_script` (the same
-validation `mklang test` applies) and compared with `mklang.scenarios.compare`.
-It runs on the interpreter itself, below the run service: some cases call
-machines the static checker refuses (a child with no way to END) to pin what
-the interpreter does with them, and the service refuses those before a run.
+validation `mklang test` applies), run through the run service as `mklang
+test` runs it (`mklang.service.start` with the scenario's scripted host, a
+durable one with a real checkpoint) and compared with `mklang.scenarios.compare`.
+Unlike `mklang test`, it does not check the root machine first: many cases pin
+a halt of a root with no way to END (README.md).
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import pytest
 import yaml
 from conformance.harness import write_machines
 
-from mklang.engine import run
 from mklang.scenarios import SCENARIO_KEYS, compare, load_script
+from mklang.service import start
 from mklang.session import Host
-from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 HERE = Path(__file__).parent
 CASE_KEYS = SCENARIO_KEYS | {"source", "machines", "calls", "skip", "xfail"}
@@ -55,18 +55,9 @@ def test_conformance(case, tmp_path):
     script = tmp_path / "scenarios.yaml"
     script.write_text(yaml.safe_dump(scenario_doc, sort_keys=False), encoding="utf-8")
     (scenario,) = load_script(script)
-    settings = scenario.run
+    checkpoint = tmp_path / "checkpoint.json" if scenario.durable else None
     with Host.for_scenario(scenario) as host:
-        result = run(
-            machine,
-            dict(scenario.input),
-            provider=host.provider,
-            tools=host.tools,
-            hooks=host.hooks,
-            suspendable=scenario.durable,
-            max_tokens=settings.get("max_tokens"),
-            concurrency=settings.get("concurrency", DEFAULT_RUN_CONCURRENCY),
-        )
+        result = start(machine, {}, host, checkpoint=checkpoint)
     problems = compare(scenario.expect, result)
     for kind, count in case.get("calls", {}).items():
         if host.provider.calls[kind] != count:
