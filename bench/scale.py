@@ -22,6 +22,7 @@ import json
 import os
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -274,6 +275,33 @@ def step_figures(store: str, steps: int = 300, gate: str = JUDGED) -> dict[str, 
         once("timed", steps)
         figures = {"wall": (time.perf_counter() - began) / steps, "cpu": (time.process_time() - began_cpu) / steps}
         return {**figures, **step_counts(store, once)}
+
+
+def flush_floor(samples: int = 300) -> dict[str, float]:
+    """What a durable step cannot go below, alternated so that load hits both alike: median seconds of
+    a journal-sized append with fsync to a file, and of an INSERT that waits for PostgreSQL's flush
+    (one round trip), and of one that does not."""
+    import psycopg
+
+    line, times = b"x" * 400 + b"\n", {"fsync": [], "flushed": [], "unflushed": []}
+    flushed = "INSERT INTO t (line) VALUES (%s)"
+    unflushed = (
+        "WITH off AS (SELECT set_config('synchronous_commit', 'off', true)) INSERT INTO t (line) SELECT %s FROM off"
+    )
+    with tempfile.TemporaryFile() as file, contextlib.ExitStack() as cleanup:
+        db = cleanup.enter_context(psycopg.connect(postgres_schema(cleanup), autocommit=True))
+        db.execute("CREATE TABLE t (seq BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL)")
+        steps = {
+            "fsync": lambda: (file.write(line), file.flush(), os.fsync(file.fileno())),
+            "flushed": lambda: db.execute(flushed, (line,), prepare=True),
+            "unflushed": lambda: db.execute(unflushed, (line,), prepare=True),
+        }
+        for _ in range(samples):
+            for name, step in steps.items():
+                began = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - began)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def store_rows(steps: int = 300) -> None:

@@ -207,6 +207,12 @@ class Ours:
 
         return step_figures(str(store), steps)
 
+    @staticmethod
+    def floor() -> dict:
+        from scale import flush_floor
+
+        return flush_floor()
+
 
 SIDES = {"1x": Original, "ours": Ours}
 
@@ -323,6 +329,12 @@ def durability(folder: Path, args: argparse.Namespace) -> None:
     for kind in ("wall", "cpu"):
         paired = [pg[kind] / file[kind] for pg, file in zip(runs["PostgreSQL"], runs["file"], strict=True)]
         print(f"  PostgreSQL / file, {kind:<4} {spread(paired, 'x', 2)} (target <= 1.3x)")
+    floor = measure("ours", "floor")
+    print(
+        f"  floor, medians of 300 alternated: a file append + fsync {floor['fsync'] * 1e3:.3f} ms; a PostgreSQL "
+        f"INSERT that waits for the flush {floor['flushed'] * 1e3:.3f} ms ({floor['flushed'] / floor['fsync']:.2f}x), "
+        f"one that does not {floor['unflushed'] * 1e3:.3f} ms"
+    )
 
 
 def spread(values: list[float], unit: str, digits: int = 3) -> str:

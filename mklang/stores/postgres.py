@@ -13,6 +13,8 @@ its host); other journal lines are asynchronous commits, as they reach the
 OS without an fsync in the file store, so the durability setting decides
 the flushes of a step (`MKLANG_DURABILITY`). A flushed commit flushes the
 ones before it too: the server's write-ahead log is written in order.
+Journal lines, the statements of every step, are prepared once on each
+connection and run through libpq's calls (ADR 0037).
 
 A run's lock is a session advisory lock held on a connection of its own,
 so it is released when the lock is, or when the process holding it dies
