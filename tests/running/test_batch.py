@@ -7,6 +7,7 @@ item and pays again only the calls that were in flight at the kill.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -217,3 +218,14 @@ def test_the_batch_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp
     higher = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=5, batch_max_tokens=300, **options)
     assert [o.status for o in higher] == ["done"] * 10
     assert provider.calls == 10 * CALLS  # the fourth run's first call is not paid again
+
+
+def test_an_input_without_id_is_named_by_the_sha256_of_its_canonical_json(tmp_path):
+    """docs/scale.md: keys sorted, no spaces, text as UTF-8 (not escaped); the first 16 hex digits.
+    A re-run of an older batch finds its runs only while the name stays this."""
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    given = {"topic": "t-é", "b": [1, {"z": None, "a": "x"}]}
+    canonical = '{"b":[1,{"a":"x","z":null}],"topic":"t-é"}'
+    (named,) = api.batch(tmp_path / "twostep.mk", [given], store=tmp_path / "runs", provider=Priced())
+    assert named.run == hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+    assert named.status == "done"

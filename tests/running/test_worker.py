@@ -195,3 +195,9 @@ def test_a_run_without_a_good_record_is_failed_with_why(project):
         assert unsigned.status == "failed" and unsigned.reason.startswith("the run record of item-0 is ")
     finally:
         worker.store.close()
+
+
+def test_a_records_ceilings_read_back_as_the_batch_wrote_them():
+    for ceilings in (Ceilings(), Ceilings(max_tokens=40), Ceilings(max_cost=1.5), Ceilings(7, 0.25)):
+        assert Ceilings.from_json(ceilings.to_json()) == ceilings
+    assert Ceilings.from_json({}) == Ceilings()  # a record without ceilings: none
