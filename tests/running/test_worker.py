@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from support.services import require_server
 from mklang.batching import Ceilings, Item
 from mklang.distributed import Worker, enqueue_and_follow, queue_for, read_note, task_mac
 from mklang.providers.base import Usage
-from mklang.service import Outcome, record_key, write_signed
+from mklang.service import Outcome, record_key, report_key, write_signed
 from mklang.stores import open_store
 from mklang.syntax import load_file
 
@@ -54,9 +55,14 @@ def worker_of(project: Path) -> Worker:
     return Worker(f"sqlite:///{project}/runs.db", settings)
 
 
-def take(worker: Worker, count: int) -> list[str | None]:
-    """Take `count` messages off the worker's queue, as Celery hands them to the task: run each
-    message the worker accepts and report it; the runs accepted, None for each refused."""
+def run_and_report(worker: Worker, run: str) -> None:
+    worker.report(worker.run(run))
+
+
+def take(worker: Worker, count: int, handle: Callable[[Worker, str], None] = run_and_report) -> list[str | None]:
+    """Take `count` messages off the worker's queue, as Celery hands them to the task, and `handle`
+    each run the worker accepts (by default: run it and report it); the runs accepted, None for
+    each refused."""
     name = queue_for(worker.store)
     taken: list[str | None] = []
     with Connection(RABBITMQ) as connection:
@@ -72,7 +78,7 @@ def take(worker: Worker, count: int) -> list[str | None]:
             args, kwargs, _ = message.payload
             run = worker.accept(args, kwargs)
             if run is not None:
-                worker.report(worker.run(run))
+                handle(worker, run)
             message.ack()
             taken.append(run)
     return taken
@@ -194,6 +200,34 @@ def test_a_run_without_a_good_record_is_failed_with_why(project):
         unsigned = worker.run("item-0")
         assert unsigned.status == "failed" and unsigned.reason.startswith("the run record of item-0 is ")
     finally:
+        worker.store.close()
+
+
+def test_a_report_the_fleet_key_did_not_sign_or_about_another_run_is_failed(project):
+    """Whoever can write the store but has no key: one run's signed report copied onto another's,
+    a report written unsigned. The batch reports those runs failed, never done."""
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+
+    def forge(worker: Worker, run: str) -> None:
+        if run == "item-0":
+            run_and_report(worker, run)
+        elif run == "item-1":
+            worker.store.write_note(report_key(run), worker.store.read_note(report_key("item-0")) or b"")
+        else:
+            worker.store.write_note(report_key(run), b'{"outcome": {"run": "item-2", "status": "done"}}')
+
+    items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(3)]
+    try:
+        thread, followed = follow(project, items)
+        take(worker, 3, forge)
+        thread.join(timeout=60)
+        ((first),) = followed
+        assert [(o.status, o.result) for o in first] == [("done", "word"), ("failed", None), ("failed", None)]
+        assert first[1].reason == "the worker's report of run item-1 is about another run"
+        assert first[2].reason == "the worker's report of run item-2 is not signed"
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
         worker.store.close()
 
 
