@@ -75,25 +75,6 @@ def test_a_misspelled_reply_is_refused_and_another_path_leaves_the_question_pend
     assert done.status == "done"
 
 
-def test_a_token_budget_suspends_a_durable_run_and_a_larger_one_finishes_it(tmp_path):
-    research = EXAMPLES / "plan-execute"
-    checkpoint = tmp_path / "cp.json"
-    cut = mklang.run(
-        research / "research.mk",
-        script=research / "scenarios.yaml",
-        scenario="plan-search-answer",
-        checkpoint=checkpoint,
-        max_tokens=150,
-    )
-    assert (cut.status, cut.reason, cut.at, cut.usage.tokens) == ("suspended", "cost-exhausted", "gather", 200)
-    finished = mklang.resume(checkpoint, max_tokens=10_000)
-    assert (finished.status, finished.usage.tokens, finished.calls) == (
-        "done",
-        400,
-        {"judge": 1, "produce": 1, "tool": 2},
-    )
-
-
 def test_without_a_checkpoint_a_budget_halts_the_run():
     research = EXAMPLES / "plan-execute"
     halted = mklang.run(
@@ -180,17 +161,19 @@ def test_a_provider_object_cannot_be_combined_with_what_builds_one(keyword):
 
 
 def test_the_embedding_example_runs_offline_and_says_what_happened():
+    """Each line pins a run of the example (a durable run a token budget suspends and a larger
+    one finishes, a parked question a reply answers, a batch): its end, spend and paid calls."""
     done = subprocess.run([sys.executable, str(EMBED)], capture_output=True, text=True, cwd=ROOT, check=False)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == [
         "check: 49:3 warning [untrusted-control-flow]",
-        "run: suspended (cost-exhausted) at gather, 200 tokens",
-        "resume: done, 400 tokens",
+        "run: suspended (cost-exhausted) at gather, 200 tokens, calls: judge 1, produce 1",
+        "resume: done, 400 tokens, calls: judge 1, produce 1, tool 2",
         "answer: Annual plans are refundable within 30 days of purchase [1]; "
         "refunds reach the card within 5 business days [2].",
-        "run: suspended (escalated) at decide, 0 tokens",
+        "run: suspended (escalated) at decide, 0 tokens, calls: produce 1",
         "ask: Publish this announcement? Answer yes, or say what to change. -> approval.answer",
-        "resume: done, 0 tokens",
+        "resume: done, 0 tokens, calls: judge 1, produce 1, tool 1",
         "published: https://status.example.com/posts/118",
         "batch: ops done https://status.example.com/posts/118",
         "batch: all done https://status.example.com/posts/118",

@@ -17,10 +17,11 @@ EXAMPLES = Path(__file__).resolve().parent.parent
 
 
 def say(label: str, result: mklang.RunResult) -> None:
-    """One line per run: how it ended, where, and what it spent."""
+    """One line per run: how it ended, where, what it spent, and the calls this process paid for."""
     where = f" at {result.at}" if result.at else ""
     why = f" ({result.reason})" if result.reason else ""
-    print(f"{label}: {result.status}{why}{where}, {result.usage.tokens} tokens")
+    paid = ", ".join(f"{kind} {count}" for kind, count in sorted(result.calls.items()))
+    print(f"{label}: {result.status}{why}{where}, {result.usage.tokens} tokens, calls: {paid or 'none'}")
 
 
 def main() -> None:
