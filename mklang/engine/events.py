@@ -226,22 +226,24 @@ class GateDecided(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BranchStarted(Event):
-    """A fan-out branch starts (its path is the fan-out state's; inside it, the segment gets `branch`)."""
-
-    kind = "branch.started"
-    index: int
-    count: int
+class _Branch(Event):
+    index: int  # the branch's place in the fan-out, from 0
+    count: int  # the fan-out's branches
 
 
 @dataclass(frozen=True, kw_only=True)
-class BranchFinished(Event):
+class BranchStarted(_Branch):
+    """A fan-out branch starts (its path is the fan-out state's; inside it, the segment gets `branch`)."""
+
+    kind = "branch.started"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BranchFinished(_Branch):
     """A fan-out branch ended: `done`, `failed` (its output is a branch error) or `stopped`
     (a run-wide ceiling stopped it; a resume runs it again)."""
 
     kind = "branch.finished"
-    index: int
-    count: int
     status: BranchStatus
     usage: Usage
 

@@ -273,6 +273,10 @@ class RunSpans:
         span.set_attributes(attributes)
         if failed:
             span.set_status(Status(StatusCode.ERROR))
+        self._close(key)
+
+    def _close(self, key: Key) -> None:
+        """End the open span at `key` now, after every open span below it."""
         self._end_under(key, self.now)
         self.open.pop(key).end(end_time=self.now)
 
@@ -310,8 +314,7 @@ class RunSpans:
         level, here = self.key[:-1], self.key[-1]
         for other in [k for k in self.open if len(k) > len(level) and k[: len(level)] == level]:
             if other in self.open and other[len(level)] != here:  # the level's previous state ends here
-                self._end_under(other, self.now)
-                self.open.pop(other).end(end_time=self.now)
+                self._close(other)
         self._span(self.key).set_attributes(
             {
                 "mklang.machine": event.machine,
