@@ -29,7 +29,7 @@ from support.checkpoints import blank_envelope, frame_record
 from support.crashes import dead_run
 from support.files import FsyncSpy, holder, journal_path, write_atomic
 from support.journals import run_journal
-from support.runs import LoopTops
+from support.runs import JUDGED_TWO_STATES, LoopTops
 
 from mklang.checkpoint.envelope import MIGRATIONS, Envelope, dump, load, save
 from mklang.checkpoint.journal import read_journal
@@ -603,27 +603,7 @@ def test_a_journaled_call_line_is_fsynced_once_it_is_in_the_file(tmp_path, monke
 
 
 def test_every_call_of_a_checkpointed_run_is_durable_before_the_run_goes_on(tmp_path, monkeypatch):
-    machine = write_machines(
-        tmp_path,
-        """
-        machine m
-        entry a
-        budget 5
-        state a {
-          structure "s"
-          prompt "first"
-          output x
-          when "good" -> b
-          otherwise fail
-        }
-        state b {
-          structure "s"
-          prompt "second"
-          output y
-          otherwise -> END
-        }
-        """,
-    )
+    machine = write_machines(tmp_path, JUDGED_TWO_STATES)
     spy = FsyncSpy(monkeypatch)
     journal = str(journal_path(tmp_path / "cp.json"))
     result = start(machine, {}, Host(Recorder({"produce": ["1", "2"]})), checkpoint=tmp_path / "cp.json")

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from conformance.harness import Recorder, run_mk, write_machines
 from support import ROOT
+from support.runs import JUDGED_TWO_STATES
 
 from mklang.errors import UsageError
 from mklang.service import start
@@ -77,30 +78,10 @@ def test_the_yaml_loader_reports_the_positions_of_the_pure_python_one(path):
     assert marks(compose_yaml(text)) == marks(yaml.compose(text, Loader=yaml.SafeLoader))
 
 
-TWO_STEPS = """
-machine m
-entry a
-budget 5
-state a {
-  structure "s"
-  prompt "first"
-  output x
-  when "good" -> b
-  otherwise fail
-}
-state b {
-  structure "s"
-  prompt "second"
-  output y
-  otherwise -> END
-}
-"""
-
-
 def test_group_commit_fsyncs_the_journal_once_per_step_with_the_steps_calls_in_it(tmp_path, monkeypatch):
     from support.files import FsyncSpy, journal_path
 
-    machine = write_machines(tmp_path, TWO_STEPS)
+    machine = write_machines(tmp_path, JUDGED_TWO_STATES)
     monkeypatch.setenv("MKLANG_DURABILITY", "step")
     spy = FsyncSpy(monkeypatch)
     result = start(machine, {}, Host(Recorder({"produce": ["1", "2"]})), checkpoint=tmp_path / "cp.json")
@@ -115,7 +96,7 @@ def test_group_commit_fsyncs_the_journal_once_per_step_with_the_steps_calls_in_i
 
 
 def test_an_unknown_durability_is_a_usage_error(tmp_path, monkeypatch):
-    machine = write_machines(tmp_path, TWO_STEPS)
+    machine = write_machines(tmp_path, JUDGED_TWO_STATES)
     monkeypatch.setenv("MKLANG_DURABILITY", "never")
     with pytest.raises(UsageError, match="MKLANG_DURABILITY must be call or step, not 'never'"):
         start(machine, {}, Host(Recorder({"produce": ["1"]})), checkpoint=tmp_path / "cp.json")

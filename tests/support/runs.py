@@ -36,6 +36,27 @@ TWO_STATES = """
 """
 
 
+# Two generative states whose first one's gate is judged: a ("first") then, if "good", b ("second")
+# then END; otherwise the run fails at a.
+JUDGED_TWO_STATES = """
+    machine m
+    entry a
+    budget 5
+    state a {
+      structure "s"
+      prompt "first"
+      output x
+      when "good" -> b
+      otherwise fail
+    }
+    state b {
+      structure "s"
+      prompt "second"
+      output y
+      otherwise -> END
+    }
+"""
+
 # A machine `child` of two generative states, a then b then END, that both output o; its step
 # budget is formatted in.
 CHILD = """
