@@ -16,15 +16,15 @@ import shutil
 import signal
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
-import pytest
 from support import ROOT
 from support.batches import CALLS, MACHINE, reply, results, write_items
+from support.batches import batch_project as batch_project  # the fixture `project`
+from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, model_config, run_cli, wait_for
-from support.fakeserver import FakeServer
-from support.fleet import FLEET_KEY, RABBITMQ, Lines, batch, drop_queue, queue_of, start, stop, worker
+from support.fleet import RABBITMQ, Lines, batch, drop_queue, queue_of, start, stop, worker
+from support.fleet import fleet_key as fleet_key  # a fixture, autouse
 from support.services import require_server
 
 import mklang as api
@@ -47,26 +47,6 @@ state ask {
   otherwise -> ask
 }
 """
-
-
-@pytest.fixture(autouse=True)
-def fleet_key(monkeypatch):
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", FLEET_KEY)
-
-
-@pytest.fixture
-def server():
-    with FakeServer() as running:
-        running.handler = reply
-        yield running
-
-
-@pytest.fixture
-def project(tmp_path: Path, server: FakeServer) -> Path:
-    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
-    (tmp_path / "greedy.mk").write_text(GREEDY, encoding="utf-8")
-    model_config(server.openai_url, tmp_path / "mklang.toml")
-    return tmp_path
 
 
 def publish(
@@ -111,6 +91,7 @@ def signed_task(store_uri: str, run: str) -> tuple[list[str], dict[str, str]]:
 
 def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(project, server, postgres_uri):
     require_server("RabbitMQ")
+    (project / "greedy.mk").write_text(GREEDY, encoding="utf-8")
     write_items(project, 1)
     one = worker(project, postgres_uri, RABBITMQ)
     said = Lines(one)

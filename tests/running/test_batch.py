@@ -15,28 +15,14 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
-from support.batches import CALLS, MACHINE, reply, results, write_items
+from support.batches import CALLS, MACHINE, results, write_items
+from support.batches import batch_project as batch_project  # the fixture `project`
+from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, cli_env, model_config, wait_for
-from support.fakeserver import FakeServer
 
 import mklang as api
 from mklang.providers.base import Usage
 from mklang.stores import open_store
-
-
-@pytest.fixture
-def server():
-    with FakeServer() as running:
-        running.handler = reply
-        yield running
-
-
-@pytest.fixture
-def project(tmp_path: Path, server: FakeServer) -> Path:
-    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
-    model_config(server.openai_url, tmp_path / "mklang.toml")
-    return tmp_path
 
 
 def batch(project: Path, *options: str) -> subprocess.CompletedProcess[str]:

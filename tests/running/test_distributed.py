@@ -22,16 +22,15 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import jsonschema
 import pytest
 from support import ROOT
-from support.batches import CALLS, MACHINE, reply, results, write_items
-from support.commands import cli_env, model_config, wait_for
-from support.fakeserver import FakeServer
+from support.batches import CALLS, reply, results, write_items
+from support.batches import batch_project as batch_project  # the fixture `project`
+from support.batches import batch_server as batch_server  # the fixture `server`
+from support.commands import cli_env, wait_for
 from support.fleet import (
-    FLEET_KEY,
     RABBITMQ,
     REDIS,
     WORKER_CONCURRENCY,
@@ -44,31 +43,12 @@ from support.fleet import (
     stop,
     worker,
 )
+from support.fleet import fleet_key as fleet_key  # a fixture, autouse
 from support.services import require_server
 
 from mklang.checkpoint.envelope import parse
 from mklang.distributed import read_note
 from mklang.stores import open_store
-
-
-@pytest.fixture(autouse=True)
-def fleet_key(monkeypatch):
-    """This process reads what workers sign (their reports, the runs) with the fleet's key."""
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", FLEET_KEY)
-
-
-@pytest.fixture
-def server():
-    with FakeServer() as running:
-        running.handler = reply
-        yield running
-
-
-@pytest.fixture
-def project(tmp_path: Path, server: FakeServer) -> Path:
-    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
-    model_config(server.openai_url, tmp_path / "mklang.toml")
-    return tmp_path
 
 
 def test_a_worker_killed_mid_batch_loses_only_its_calls_in_flight(project, server, postgres_uri):

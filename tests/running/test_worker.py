@@ -19,7 +19,8 @@ import celery  # noqa: F401  (imported here, not on the batch's thread while thi
 import pytest
 from kombu import Connection, Exchange, Queue
 from support.batches import MACHINE
-from support.fleet import FLEET_KEY, RABBITMQ, drop_queue
+from support.fleet import RABBITMQ, drop_queue
+from support.fleet import fleet_key as fleet_key  # a fixture, autouse
 from support.services import require_server
 
 from mklang.batching import Ceilings, Item
@@ -36,11 +37,6 @@ scenarios:
       produce: ["word"]
       tokens: [10, 5]
 """
-
-
-@pytest.fixture(autouse=True)
-def fleet_key(monkeypatch):
-    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", FLEET_KEY)
 
 
 @pytest.fixture

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
-from support.fakeserver import answer
+import pytest
+
+from support.commands import model_config
+from support.fakeserver import FakeServer, answer
 
 MACHINE = """\
 mklang 0.4
@@ -45,3 +49,23 @@ def write_items(folder: Path, count: int) -> Path:
 
 def results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# The fixtures of the batch tests: a module takes them with
+# `from support.batches import batch_project, batch_server
+
+
+@pytest.fixture(name="server")
+def batch_server() -> Iterator[FakeServer]:
+    """The fake model server answering each item as `reply` does (in place of the suite's `server`)."""
+    with FakeServer() as running:
+        running.handler = reply
+        yield running
+
+
+@pytest.fixture(name="project")
+def batch_project(tmp_path: Path, server: FakeServer) -> Path:
+    """A folder with MACHINE as twostep.mk and a config whose model is the fake server."""
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    model_config(server.openai_url, tmp_path / "mklang.toml")
+    return tmp_path

@@ -7,6 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from mklang.distributed import celery_app, queue_for
 from mklang.stores import open_store
 from support.commands import cli_env
@@ -15,6 +17,13 @@ RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS = "redis://127.0.0.1:6379/0"
 WORKER_CONCURRENCY = 4
 FLEET_KEY = "a fleet's shared checkpoint key, long enough"
+
+
+@pytest.fixture(autouse=True)
+def fleet_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process signs, and reads what workers sign (their reports, the runs), with the fleet's key;
+    a module that imports it uses it in every test."""
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", FLEET_KEY)
 
 
 def start(project: Path, *args: str) -> subprocess.Popen[str]:
