@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fakeserver import FakeServer, answer, error, raw, refusal
+from support.fakeserver import FakeServer, InFlight, answer, error, raw, refusal
 from support.providers import http_transport, provider_config, provider_error
 
 from mklang.errors import ProviderError, UsageError
@@ -291,27 +291,14 @@ def test_max_cost_without_a_price_fails_before_any_call(tmp_path, server):
 
 def test_max_in_flight_bounds_concurrent_requests(tmp_path, server):
     provider = make_provider(config_path=write_config(tmp_path, server, max_in_flight=2))
-    active = peak = 0
-    lock = threading.Lock()
-
-    def slow(request):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.05)
-        with lock:
-            active -= 1
-        return answer("ok")
-
-    server.handler = slow
+    server.handler = held = InFlight(lambda request: answer("ok"))
     threads = [threading.Thread(target=provider.produce, args=("", f"q{i}", "fast", False)) for i in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert server.count == 6
-    assert peak == 2
+    assert held.peak == 2
 
 
 def test_retry_after_is_honoured_in_seconds_and_as_a_date(server):

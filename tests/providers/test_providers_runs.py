@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from conformance.harness import run_mk
-from support.fakeserver import FakeServer, answer, error, refusal
+from support.fakeserver import FakeServer, InFlight, answer, error, refusal
 from support.models import PRICE_IN, PRICE_OUT, Model
 
 import mklang
@@ -233,24 +231,11 @@ def test_fan_out_shares_the_providers_request_limit(tmp_path, server):
             }
         ],
     }
-    active = peak = 0
-    lock = threading.Lock()
-
-    def slow(request):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.05)
-        with lock:
-            active -= 1
-        return answer(request.user.upper(), input_tokens=2, output_tokens=1)
-
-    server.handler = slow
+    server.handler = held = InFlight(lambda request: answer(request.user.upper(), input_tokens=2, output_tokens=1))
     result = mklang.run(Machine.from_data(data), provider=make_provider(config_path=path), concurrency=5)
     assert result.status == "done"
     assert result.context["votes"] == [f"VOTE NUMBER {i}." for i in range(5)]
-    assert (peak, server.count) == (2, 5)
+    assert (held.peak, server.count) == (2, 5)
     assert result.usage.tokens == 15
 
 

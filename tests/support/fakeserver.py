@@ -32,6 +32,7 @@ import json
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -241,6 +242,25 @@ def render(reply: Reply, path: str, model: str) -> dict[str, Any]:
             "total_tokens": reply.input_tokens + reply.output_tokens,
         },
     }
+
+
+class InFlight:
+    """A handler (`server.handler = InFlight(respond)`) that holds each request 50 ms before it
+    answers as `respond` does, and counts the most requests it held at once (`peak`)."""
+
+    def __init__(self, respond: Callable[[Request], Reply]):
+        self.respond = respond
+        self.active = self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Request) -> Reply:
+        with self._lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        time.sleep(0.05)
+        with self._lock:
+            self.active -= 1
+        return self.respond(request)
 
 
 _counting = threading.Lock()
