@@ -105,19 +105,14 @@ def approval(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def run_approval(cwd: Path, *options: str) -> tuple[int, dict]:
+    """`mklang run` of the approval example's ask-then-publish scenario with `options`: its exit code and JSON."""
+    scenario = ("--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish")
+    return as_json("run", "approval/approval.mk", *scenario, *options, cwd=cwd)
+
+
 def suspend_approval(cwd: Path, checkpoint: str = "cp.json") -> dict:
-    code, data = as_json(
-        "run",
-        "approval/approval.mk",
-        "--script",
-        "approval/scenarios.yaml",
-        "--scenario",
-        "ask-then-publish",
-        "--hitl",
-        "--checkpoint",
-        checkpoint,
-        cwd=cwd,
-    )
+    code, data = run_approval(cwd, "--hitl", "--checkpoint", checkpoint)
     assert code == 3
     return data
 
@@ -145,18 +140,7 @@ def test_run_exit_codes_match_the_status(loop, folder, options, code, status, er
 
 
 def test_no_hitl_on_the_command_line_wins_over_the_scenario(approval):
-    code, data = as_json(
-        "run",
-        "approval/approval.mk",
-        "--script",
-        "approval/scenarios.yaml",
-        "--scenario",
-        "ask-then-publish",
-        "--no-hitl",
-        "--checkpoint",
-        "cp.json",
-        cwd=approval,
-    )
+    code, data = run_approval(approval, "--no-hitl", "--checkpoint", "cp.json")
     assert (code, data["status"]) == (0, "done")  # the escalation is an ordinary transition
 
 
