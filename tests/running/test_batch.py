@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from support.batches import CALLS, MACHINE, results, write_items
 from support.batches import batch_project as batch_project  # the fixture `project`
 from support.batches import batch_server as batch_server  # the fixture `server`
