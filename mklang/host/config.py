@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import os
 import re
@@ -464,12 +465,25 @@ def _check_type(key: str, value: Any, label: str) -> None:
     expected = _TYPES[key]
     if isinstance(value, bool) or not isinstance(value, expected):
         raise UsageError(f"{label}: {key} has the wrong type ({type(value).__name__})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{label}: {key} must be a finite number, got {value}")
+    if key == "params":
+        _check_params(value, label)
     if key == "base_url" and not value.startswith(("http://", "https://")):
         raise UsageError(f"{label}: base_url must start with http:// or https://, got {value!r}")
     if key in ("max_in_flight", "timeout", "connect_timeout") and value <= 0:
         raise UsageError(f"{label}: {key} must be positive")
     if key in ("retries", "backoff", "max_backoff", "max_tokens", "thinking_budget") and value < 0:
         raise UsageError(f"{label}: {key} must not be negative")
+
+
+def _check_params(params: dict, label: str) -> None:
+    """Extra request body fields are sent as JSON, which has no NaN, infinity or date: refused
+    here, once, rather than failing every call of the run."""
+    try:
+        json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError):
+        raise UsageError(f"{label}: params must hold JSON values only (no nan, inf or dates)") from None
 
 
 def _price(table: Any, label: str) -> Price:
