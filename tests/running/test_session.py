@@ -206,3 +206,23 @@ def test_preflight_checks_the_machines_a_run_calls_and_their_hooks(tmp_path):
     (tmp_path / "child.mk").write_text(CHILD.replace("mklang 0.4", "mklang 9.1"), encoding="utf-8")
     with pytest.raises(LoadError, match=r"child\.mk:1:1: .* not the newer 9\.1"):
         preflight(load_file(tmp_path / "parent.mk"), Host(provider=object(), hooks={"plausible": print}))
+
+
+def test_a_resume_answers_as_a_trusted_checkpoint_recorded_and_ignores_what_an_untrusted_one_recorded(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "the key that signed the run, long enough")
+    checkpoint = tmp_path / "cp.json"
+    parked = mklang.run(EXAMPLES / "approval" / "approval.mk", script=SCRIPT, scenario="ask-then-publish",
+                        checkpoint=checkpoint, hitl=True)  # fmt: skip
+    assert parked.status == "suspended"
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key, as long as the first one")
+    with pytest.raises(UsageError):  # nothing given answers, and the file's script is not taken
+        mklang.resume(checkpoint, reply={"approval.answer": "yes"}, trust=True)
+    assert capsys.readouterr().err == (
+        "mklang: the checkpoint is not signed with your key: ignored its recorded script, scenario\n"
+    )
+    done = mklang.resume(
+        checkpoint, reply={"approval.answer": "yes"}, trust=True, script=SCRIPT, scenario="ask-then-publish"
+    )
+    assert (done.status, capsys.readouterr().err) == ("done", "")
