@@ -25,8 +25,9 @@ from support.services import require_server
 
 from mklang.batching import Ceilings, Item
 from mklang.distributed import Worker, enqueue_and_follow, queue_for, read_note, task_mac
+from mklang.errors import CheckpointError
 from mklang.providers.base import Usage
-from mklang.service import Outcome, record_key, report_key, write_signed
+from mklang.service import Outcome, outcome, record_key, report_key, write_signed
 from mklang.stores import open_store
 from mklang.syntax import load_file
 
@@ -199,29 +200,43 @@ def test_a_run_without_a_good_record_is_failed_with_why(project):
         worker.store.close()
 
 
-def test_a_report_the_fleet_key_did_not_sign_or_about_another_run_is_failed(project):
+def test_a_report_is_failed_unless_the_fleet_key_signed_it_for_its_run_and_a_result_is_read_from_the_run(project):
     """Whoever can write the store but has no key: one run's signed report copied onto another's,
-    a report written unsigned. The batch reports those runs failed, never done."""
+    a report written unsigned; and a signed report saying done or halted of a run that never ran.
+    The batch reports the first two failed, and reads the result of the others from their runs."""
     require_server("RabbitMQ")
     worker = worker_of(project)
+    claims = {"item-3": "done", "item-4": "halted"}
 
     def forge(worker: Worker, run: str) -> None:
         if run == "item-0":
             run_and_report(worker, run)
         elif run == "item-1":
             worker.store.write_note(report_key(run), worker.store.read_note(report_key("item-0")) or b"")
-        else:
+        elif run == "item-2":
             worker.store.write_note(report_key(run), b'{"outcome": {"run": "item-2", "status": "done"}}')
+        else:
+            worker.report(Outcome(run, claims[run], None, "forged"))
 
-    items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(3)]
+    items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(5)]
     try:
         thread, followed = follow(project, items)
-        take(worker, 3, forge)
+        take(worker, 5, forge)
         thread.join(timeout=60)
         ((first),) = followed
-        assert [(o.status, o.result) for o in first] == [("done", "word"), ("failed", None), ("failed", None)]
+        assert [(o.run, o.status, o.result) for o in first[:3]] == [
+            ("item-0", "done", "word"),
+            ("item-1", "failed", None),
+            ("item-2", "failed", None),
+        ]
         assert first[1].reason == "the worker's report of run item-1 is about another run"
         assert first[2].reason == "the worker's report of run item-2 is not signed"
+        never_ran = outcome(worker.store, "item-3")
+        assert never_ran.status not in ("done", "halted")
+        assert first[3:] == [never_ran, outcome(worker.store, "item-4")]
+        with pytest.raises(CheckpointError) as unsigned:
+            read_note(worker.store, "item-2")
+        assert str(unsigned.value) == "the worker's report of run item-2 is not signed"
     finally:
         drop_queue(f"sqlite:///{project}/runs.db")
         worker.store.close()
