@@ -11,11 +11,11 @@ level that stops mid-step first records in its frame what the step had paid
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import re
-from concurrent.futures import Future
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from mklang.engine import events
@@ -342,8 +342,15 @@ def _step(
         "gate": gate.label if gate else None,
         "gate_via": gate.via if gate else None,
         **details,
-        "usage": usage.to_json(),
+        "usage": recorded_usage(usage),
     }
+
+
+@functools.lru_cache(maxsize=256)
+def recorded_usage(usage: Usage) -> dict[str, Any]:
+    """`usage` as a trace step or a fan-out branch records it. Records of equal spend share one
+    map, which nothing changes once recorded: a long run keeps every step (ADR 0038)."""
+    return usage.to_json()
 
 
 class _DepositedView:
@@ -528,15 +535,18 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
 
     def branch(i: int) -> dict[str, Any]:
         branch_calls = calls.sub(branch_part(i, count))
-        rt.emit(events.BranchStarted(index=i, count=count))
+        observed = rt.observer is not None
+        if observed:
+            rt.emit(events.BranchStarted(index=i, count=count))
         *above, here = events.PATH.get()
-        inside = events.PATH.set((*above, dataclasses.replace(here, branch=i)))
+        inside = events.PATH.set((*above, events.Segment(here.machine, here.state, here.step, i)))
         status: events.BranchStatus = "stopped"  # unless it returns
         try:
             record, status = run_branch(i, branch_calls)
         finally:
             events.PATH.reset(inside)
-            rt.emit(events.BranchFinished(index=i, count=count, status=status, usage=branch_calls.paid))
+            if observed:
+                rt.emit(events.BranchFinished(index=i, count=count, status=status, usage=branch_calls.paid))
         rt.journal.fold(branch_calls.prefix)  # its paid answers are in its record now
         return record
 
@@ -547,44 +557,32 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
         except Stop as stop:
             if stop.kind == "stopped":  # a run-wide ceiling stopped the branch mid-way: it is not done
                 raise
-            failed = {"output": f"[branch-error: {stop.reason}]", "usage": branch_calls.paid.to_json()}
+            failed = {"output": f"[branch-error: {stop.reason}]", "usage": recorded_usage(branch_calls.paid)}
             return ({**failed, "sub_trace": stop.trace} if stop.kind == "call-failed" else failed), "failed"
         except ProviderError as error:
             return {
                 "output": f"[branch-error: provider-error: {error}]",
-                "usage": branch_calls.paid.to_json(),
+                "usage": recorded_usage(branch_calls.paid),
             }, "failed"
-        record = {"output": output, "usage": usage.to_json()}
+        record = {"output": output, "usage": recorded_usage(usage)}
         if reasoning is not None:
             record["reasoning"] = reasoning
         record.update(extra)
         return record, "done"
 
     count = len(locals_list)
-    done = {i: record for i, record in frame.branches.items() if i < count}
-    kept = set(done)
-    for i in kept:  # the step's spend so far includes the branches a suspension kept
-        calls.pay(Usage.from_json(done[i]["usage"]))
-    running: dict[int, Future[Any]] = {}
-    reason = None
-    for i in range(count):
-        if i in kept:
-            continue
-        reason = exhausted(rt, level, len(done) + len(running))
-        if reason:
-            break
-        future = running[i] = rt.workers.submit(functools.partial(branch, i))
-        if future.done() and future.exception() is not None:
-            break
-    failure = None
-    for i, future in running.items():
-        try:
-            done[i] = future.result()
-        except BaseException as error:  # after every branch in flight has finished
-            if isinstance(error, Stop) and error.kind == "stopped":  # a run-wide ceiling stopped it mid-way
-                reason = reason or error.reason
-            else:
-                failure = failure or error
+    kept = {i: record for i, record in frame.branches.items() if i < count}
+    for record in kept.values():  # the step's spend so far includes the branches a suspension kept
+        calls.pay(Usage.from_json(record["usage"]))
+    launch = _Launch(rt, level, [i for i in range(count) if i not in kept], len(kept), branch)
+    launch.run()
+    done = {**kept, **launch.done}
+    reason, failure = launch.cut, None
+    for _, error in sorted(launch.errors.items()):
+        if isinstance(error, Stop) and error.kind == "stopped":  # a run-wide ceiling stopped it mid-way
+            reason = reason or error.reason
+        else:
+            failure = failure or error
     if failure is not None:
         raise failure
     if len(done) < count:
@@ -596,3 +594,69 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
     for record in branches:
         usage = usage + Usage.from_json(record["usage"])
     return [record["output"] for record in branches], branches, usage
+
+
+class _Launch:
+    """The launches of one fan-out's branches, in input order. While the run has a worker slot
+    free, the thread that fans out hands the branch it launches to a pooled thread, which
+    keeps the slot and goes on launching and running the branches left; once no slot is
+    free, it runs the branch itself. So a thread is handed over once a slot is taken, not
+    once per branch (ADR 0038). Before each launch `exhausted` decides whether it may; once
+    it may not, or a branch raised, no more launch and those in flight finish."""
+
+    def __init__(
+        self, rt: Runtime, level: Level, todo: list[int], launched: int, branch: Callable[[int], dict[str, Any]]
+    ):
+        self._rt, self._level, self._branch = rt, level, branch
+        self._todo = iter(todo)
+        self._left = len(todo)
+        self._launched = launched  # the branches kept or launched so far: each is a step of the level
+        self._turn = threading.Condition()  # a launch; a lent thread ending
+        self._lent = 0  # pooled threads still working for the fan-out
+        self.cut: str | None = None  # why a branch could not launch
+        self.done: dict[int, dict[str, Any]] = {}
+        self.errors: dict[int, BaseException] = {}
+
+    def run(self) -> None:
+        """Launch every branch that may launch, then wait for the lent threads to end."""
+        while (launched := self._launch(lending=True)) is not None:
+            i, lent = launched
+            if lent:
+                self._rt.workers.lend(functools.partial(self._lent_thread, i))
+            else:
+                self._run(i)
+        with self._turn:
+            self._turn.wait_for(lambda: not self._lent)
+
+    def _launch(self, lending: bool) -> tuple[int, bool] | None:
+        """The next branch to launch and whether a slot was taken to lend it a thread (only
+        the thread that fans out lends: a lent thread runs its branch until it waits before
+        the next launch, as a branch on a thread of its own did); None once none may launch."""
+        with self._turn:
+            if not self._left or self.cut or self.errors:
+                return None
+            self.cut = exhausted(self._rt, self._level, self._launched)
+            if self.cut:
+                return None
+            self._launched += 1
+            self._left -= 1
+            lent = lending and self._rt.workers.reserve()
+            if lent:
+                self._lent += 1
+            return next(self._todo), lent
+
+    def _lent_thread(self, i: int) -> None:
+        try:
+            self._run(i)
+            while (launched := self._launch(lending=False)) is not None:
+                self._run(launched[0])
+        finally:
+            with self._turn:
+                self._lent -= 1
+                self._turn.notify_all()
+
+    def _run(self, i: int) -> None:
+        try:
+            self.done[i] = self._branch(i)
+        except BaseException as error:  # re-raised by the fan-out once every branch in flight ends
+            self.errors[i] = error

@@ -14,7 +14,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,26 +66,24 @@ class Caps:
 class Workers:
     """The run's one concurrency limit: at most `limit` threads work for it, the caller included.
 
-    A fan-out hands a branch to a pooled thread only while a slot is free and runs it
-    itself otherwise, so nested fan-outs (inside calls or branches) never wait for
-    each other's slots or for the pool. Each thread makes one model or tool call at
-    a time, so calls in flight never exceed `limit` either.
+    A fan-out lends a pooled thread to its branches only while a slot is free and runs
+    them on its own thread anyway, so nested fan-outs (inside calls or branches) never
+    wait for each other's slots or for the pool. Each thread makes one model or tool
+    call at a time, so calls in flight never exceed `limit` either.
     """
 
     def __init__(self, limit: int):
         self._spare = threading.Semaphore(limit - 1)
 
-    def submit(self, task: Callable[[], Any]) -> Future[Any]:
-        """Run `task` on a pooled thread while a slot is free, else on this one (the
-        returned future is then already done). The thread runs in a copy of the caller's
-        context, so a branch's events keep the path of the state that fanned out."""
-        future: Future[Any] = Future()
-        if not self._spare.acquire(blocking=False):
-            _settle(future, task)
-            return future
-        in_context = functools.partial(contextvars.copy_context().run, _settle, future, task)
-        BRANCH_THREADS.run(in_context, self._spare.release)
-        return future
+    def reserve(self) -> bool:
+        """Take a free slot for a thread to `lend`; False when every slot is taken."""
+        return self._spare.acquire(blocking=False)
+
+    def lend(self, task: Callable[[], Any]) -> None:
+        """Run `task` on a pooled thread in a slot `reserve` took, freed once `task` ends. The
+        thread runs in a copy of the caller's context, so a branch's events keep the path of
+        the state that fanned out."""
+        BRANCH_THREADS.run(functools.partial(contextvars.copy_context().run, task), self._spare.release)
 
 
 class ThreadPool:
@@ -110,7 +107,8 @@ class ThreadPool:
         """Run `task`, then `then`, on a thread of the pool (`then` once the thread is free again).
 
         Returns once a thread has taken the task, as `Thread.start` returns once the
-        thread runs: a fan-out's branch has begun before it decides on the next launch."""
+        thread runs: a branch handed over has begun before its fan-out decides on the next
+        launch."""
         taken = threading.Lock()
         taken.acquire()
         with self._guard:
@@ -154,14 +152,6 @@ class ThreadPool:
 
 
 BRANCH_THREADS = ThreadPool(idle_seconds=5.0)
-
-
-def _settle(future: Future[Any], task: Callable[[], Any]) -> None:
-    """Run `task` into `future`: its value, or the exception the waiting fan-out re-raises."""
-    try:
-        future.set_result(task())
-    except BaseException as error:
-        future.set_exception(error)
 
 
 class Journal(Protocol):
@@ -264,7 +254,9 @@ class Runtime:
         journaled. Either way its spend joins the run's live total, which every budget check
         reads, and the tally of `calls`; `about` says what the call's events tell of it."""
         key = calls.next()
-        self.emit(about.started(key, self.trace_content))
+        observed = self.observer is not None  # an event nobody is told of is not built
+        if observed:
+            self.emit(about.started(key, self.trace_content))
         began = time.monotonic()
         value = self.journal.replay(key, kind)
         replayed = value is not None
@@ -277,13 +269,15 @@ class Runtime:
                     value = live(key)
             except Exception as error:
                 usage = error.usage if isinstance(error, ProviderError) else None
-                self.emit(about.failed(key, error, usage, time.monotonic() - began))
+                if observed:
+                    self.emit(about.failed(key, error, usage, time.monotonic() - began))
                 if isinstance(error, ProviderError):  # a failed call may still have been paid for
                     self._charge(calls, error.usage)
                 raise
             faults.reach("call.returned")
             self.journal.record(key, kind, value)
-        self.emit(about.finished(key, value, replayed, time.monotonic() - began, self.trace_content))
+        if observed:
+            self.emit(about.finished(key, value, replayed, time.monotonic() - began, self.trace_content))
         self._charge(calls, getattr(value, "usage", None))
         return value
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, TypeVar, overload
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar, overload
 
 MAX_RECORDED_TOKENS = 10**15  # tokens in any spend a file records: far above any run's
 MAX_RECORDED_COST = 1e12  # dollars, likewise
@@ -114,19 +114,26 @@ _deadline: ContextVar[float | None] = ContextVar("mklang_deadline", default=None
 T = TypeVar("T")
 
 
-@contextmanager
-def _bound(variable: ContextVar[T], value: T) -> Iterator[None]:
-    """`variable` holds `value` inside, and what it held before after."""
-    token = variable.set(value)
-    try:
-        yield
-    finally:
-        variable.reset(token)
+class _Bound(Generic[T]):
+    """`variable` holds `value` inside, and what it held before after. A class rather than a
+    generator `contextmanager`: the engine enters two around every call."""
+
+    __slots__ = ("_token", "_value", "_variable")
+    _token: Token[T]
+
+    def __init__(self, variable: ContextVar[T], value: T):
+        self._variable, self._value = variable, value
+
+    def __enter__(self) -> None:
+        self._token = self._variable.set(self._value)
+
+    def __exit__(self, *_: object) -> None:
+        self._variable.reset(self._token)
 
 
 def deadline(when: float | None) -> AbstractContextManager[None]:
     """Calls inside must finish by `when`, a `time.monotonic()` value (None: no deadline)."""
-    return _bound(_deadline, when)
+    return _Bound(_deadline, when)
 
 
 def seconds_left() -> float | None:
@@ -142,11 +149,12 @@ def seconds_left() -> float | None:
 _call_key: ContextVar[str | None] = ContextVar("mklang_call_key", default=None)
 # The branch part of a key: branch i (from 1) of a fan-out of n branches, `<i>of<n>`.
 _BRANCH = re.compile(r"\.(\d+)of(\d+)(?=[./]|$)")
+_LAST_BRANCH = re.compile(r".*\.(\d+)of(\d+)(?=[./]|$)", re.S)  # the innermost: `.*` takes all it can
 
 
 def calling(key: str) -> AbstractContextManager[None]:
     """The calls inside are the one call whose idempotency key is `key`."""
-    return _bound(_call_key, key)
+    return _Bound(_call_key, key)
 
 
 def call_key() -> str | None:
@@ -163,10 +171,10 @@ def branch_part(index: int, count: int) -> str:
 def branch_of(key: str) -> tuple[str, int, int] | None:
     """The innermost fan-out a call key lies in: (the fan-out's step prefix, the branch index
     from 0, the number of branches), or None for a call made outside every fan-out."""
-    found = max(_BRANCH.finditer(key), key=lambda match: match.start(), default=None)
+    found = _LAST_BRANCH.match(key)
     if found is None:
         return None
-    return key[: found.start()], int(found.group(1)) - 1, int(found.group(2))
+    return key[: found.start(1) - 1], int(found.group(1)) - 1, int(found.group(2))
 
 
 def earlier_key(key: str) -> str:
