@@ -11,7 +11,7 @@ import pytest
 from conformance.harness import Recorder, run_mk, write_machines
 from support.runs import TWO_STATES
 
-from mklang.engine.runtime import ThreadPool
+from mklang.engine.runtime import BRANCH_THREADS, ThreadPool
 from mklang.errors import ProviderError
 from mklang.providers.base import Produced, Usage
 
@@ -280,6 +280,22 @@ def test_branches_reuse_the_threads_of_a_pool_across_fan_outs_and_carry_the_cont
         MARK.reset(mark)
     assert len(provider.threads) <= 1 + max(pooled, 3)  # the caller and the pool's threads, not one per branch
     assert provider.seen == {"the run's"}
+
+
+def test_a_wide_fan_out_hands_a_thread_over_once_per_slot_not_once_per_branch(monkeypatch):
+    handed = []
+    hand_over = BRANCH_THREADS.run
+
+    def counted(task, then):
+        handed.append(task)
+        hand_over(task, then)
+
+    monkeypatch.setattr(BRANCH_THREADS, "run", counted)
+    provider = Threads()
+    xs = [f"item{i}" for i in range(60)]
+    result = run_mk(over_items(xs, budget=60), provider=provider, concurrency=4)
+    assert result.result == [x.upper() for x in xs]
+    assert 1 <= len(handed) <= 3  # the slots beside the fanning thread's, each lent once
 
 
 def test_nested_fan_outs_finish_at_the_smallest_concurrency(tmp_path):
