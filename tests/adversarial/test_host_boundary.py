@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
-from support.commands import cli, cli_env, mklang
+from support.commands import cli, cli_env, mklang, refused
 from support.fakeserver import Reply, Request, answer, raw
 from support.services import postgres_schema
 
@@ -31,14 +31,6 @@ from mklang.session import Host
 
 EXAMPLES = ROOT / "examples"
 APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish", "--format", "json"]
-
-
-def refused(done) -> str:
-    """Exit 2 with one line on stderr, which it returns."""
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 @pytest.fixture

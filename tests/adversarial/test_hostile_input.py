@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
-from support.commands import cli, cli_env, mklang
+from support.commands import cli, cli_env, mklang, refused
 from support.fakeserver import FakeServer, answer, error, refusal
 from support.yaml_machines import EVERYTHING, mutate
 
@@ -37,16 +36,6 @@ state ask {
   otherwise -> END
 }
 """
-
-
-def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> str:
-    """Exit 2 with one `mklang: error:` line on stderr that holds every needle, and no traceback."""
-    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-500:])
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def nested(depth: int) -> str:
@@ -142,7 +131,7 @@ def test_alias_bomb_in_a_scenario_input_is_refused(machine: Path, tmp_path: Path
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(script(alias_bomb("      ")))
     done = mklang("run", str(machine), "--script", str(bomb), timeout=20)
-    one_line_error(done, f"{bomb}:", "values once aliases are expanded")
+    refused(done, f"{bomb}:", "values once aliases are expanded")
 
 
 def test_alias_bomb_in_a_yaml_machine_context_is_a_diagnostic(tmp_path: Path):
@@ -160,13 +149,13 @@ def test_alias_bomb_in_a_yaml_machine_context_is_a_diagnostic(tmp_path: Path):
 def test_yaml_nested_a_hundred_thousand_deep_is_refused(machine: Path, tmp_path: Path):
     deep = tmp_path / "deep.yaml"
     deep.write_text(script(f"      topic: {'[' * 100_000}\n"))
-    one_line_error(cli("run", str(machine), "--script", str(deep)), "more than 64 levels deep")
+    refused(cli("run", str(machine), "--script", str(deep)), "more than 64 levels deep")
 
 
 def test_a_recursive_alias_is_refused(machine: Path, tmp_path: Path):
     loop = tmp_path / "loop.yaml"
     loop.write_text(script("      topic: &t [x, *t]\n"))
-    one_line_error(cli("run", str(machine), "--script", str(loop)), "refers to a value that contains it")
+    refused(cli("run", str(machine), "--script", str(loop)), "refers to a value that contains it")
 
 
 def test_aliases_are_refused_for_what_they_add_not_for_the_documents_own_values():
@@ -204,7 +193,7 @@ def test_a_five_thousand_state_yaml_machine_checks_clean(tmp_path: Path):
 def test_a_script_larger_than_the_document_limit_is_refused(machine: Path, tmp_path: Path):
     big = tmp_path / "big.yaml"
     big.write_text(script(f"      topic: {'x' * (9 * 1024 * 1024)}\n"))
-    one_line_error(cli("run", str(machine), "--script", str(big)), "larger than 8 MiB")
+    refused(cli("run", str(machine), "--script", str(big)), "larger than 8 MiB")
 
 
 # -- JSON nesting depth --------------------------------------------------------------
@@ -216,14 +205,14 @@ def test_input_nested_too_deep_is_refused(machine: Path, tmp_path: Path):
     plain = tmp_path / "plain.yaml"
     plain.write_text(script())
     done = cli("run", str(machine), "--script", str(plain), "--input", str(data))
-    one_line_error(done, "--input", f"nested more than {MAX_DEPTH} levels deep")
+    refused(done, "--input", f"nested more than {MAX_DEPTH} levels deep")
 
 
 def test_set_value_nested_too_deep_is_refused(machine: Path, tmp_path: Path):
     plain = tmp_path / "plain.yaml"
     plain.write_text(script())
     done = cli("run", str(machine), "--script", str(plain), "--set", f"topic={nested(MAX_DEPTH + 1)}")
-    one_line_error(done, "--set topic", "nested more than")
+    refused(done, "--set topic", "nested more than")
 
 
 def test_deep_answer_under_parse_json_halts_and_the_checkpoint_still_reads(machine: Path, tmp_path: Path):
@@ -249,7 +238,7 @@ def test_mk_context_nested_too_deep_is_a_diagnostic(tmp_path: Path):
 def test_checkpoint_nested_too_deep_is_refused(tmp_path: Path):
     checkpoint = tmp_path / "cp.json"
     checkpoint.write_text('{"format": 1, "frames": ' + nested(5_000) + "}")
-    one_line_error(cli("resume", str(checkpoint)), f"{checkpoint}:", "nested more than")
+    refused(cli("resume", str(checkpoint)), f"{checkpoint}:", "nested more than")
 
 
 # -- calc ------------------------------------------------------------------------------
@@ -319,7 +308,7 @@ def test_model_output_reaches_the_terminal_escaped_and_json_exact(tmp_path: Path
 def test_an_error_line_is_escaped(tmp_path: Path):
     missing = tmp_path / "no\x1b[2Jsuch.mk"
     done = cli("resume", str(missing))
-    assert "\x1b" not in done.stderr and "no\\x1b[2Jsuch.mk" in one_line_error(done)
+    assert "\x1b" not in done.stderr and "no\\x1b[2Jsuch.mk" in refused(done)
 
 
 def test_a_machine_file_with_escape_sequences_is_shown_escaped(tmp_path: Path):
@@ -342,7 +331,7 @@ def test_a_malformed_key_is_refused_before_any_request_without_showing_it(machin
             env=cli_env(OPENAI_BASE_URL=server.openai_url, OPENAI_API_KEY=key),
         )  # fmt: skip
         assert server.count == 0
-    line = one_line_error(done, "OPENAI_API_KEY")
+    line = refused(done, "OPENAI_API_KEY")
     assert "sk-liv" not in done.stdout + done.stderr and "123" not in line
 
 
@@ -416,7 +405,7 @@ def test_api_key_env_must_look_like_this_providers_key(machine: Path, tmp_path: 
             env=cli_env(OPENAI_BASE_URL=server.openai_url, **{variable: "secret-value"}),
         )  # fmt: skip
         assert server.count == 0
-    one_line_error(done, "mklang.toml", f"api_key_env {variable!r} does not look like a model key variable")
+    refused(done, "mklang.toml", f"api_key_env {variable!r} does not look like a model key variable")
 
 
 # -- fuzzed YAML machines ----------------------------------------------------------------

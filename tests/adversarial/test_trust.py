@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.commands import cli, cli_env
+from support.commands import cli, cli_env, refused
 from support.examples import EXAMPLES
 from support.fakeserver import FakeServer, answer
 
@@ -32,14 +32,6 @@ def mklang(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproce
     done = cli(*args, cwd=cwd, env=cli_env(**(env or {})))
     assert "internal error" not in done.stderr, done.stderr
     return done
-
-
-def refused(done: subprocess.CompletedProcess) -> str:
-    """Exit 2 with one line on stderr, which it returns."""
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 @pytest.fixture

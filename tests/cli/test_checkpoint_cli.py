@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from support import ROOT
 from support.checkpoints import frame_record
-from support.commands import cli
+from support.commands import cli, refused
 from support.crashes import Crash, dead_run
 from support.runs import LoopTops
 
@@ -72,12 +72,10 @@ def as_json(*args: str, cwd: Path) -> tuple[int, dict]:
 
 def error_line(done: subprocess.CompletedProcess) -> str:
     """A failure is exit 2, one error document on stdout (piped means JSON) and one line on stderr."""
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    line = refused(done)
     document = json.loads(done.stdout)
     assert document["status"] == "error" and document["exit_code"] == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
+    return line
 
 
 def comparable(data: dict) -> dict:

@@ -75,6 +75,16 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     return code, out, err
 
 
+def refused(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """The line a command refused with: exit 2 and one line on stderr, holding every needle, and no traceback."""
+    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-500:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
 def wait_for(condition: Callable[[], bool], process: subprocess.Popen[Any], what: str, timeout: float = 30) -> None:
     """Poll `condition` while `process` runs; fail if it ends or stalls first."""
     deadline = time.monotonic() + timeout
