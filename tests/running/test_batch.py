@@ -216,3 +216,32 @@ def test_an_input_without_id_is_named_by_the_sha256_of_its_canonical_json(tmp_pa
     (named,) = api.batch(tmp_path / "twostep.mk", [given], store=tmp_path / "runs", provider=Priced())
     assert named.run == hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
     assert named.status == "done"
+
+
+def test_a_batchs_summary_counts_each_status_and_its_exit_code_says_whether_a_rerun_continues(tmp_path):
+    from mklang.batching import exit_code, summary, write_results
+    from mklang.service import Outcome
+
+    spent = Usage(10, 5, 0.25).to_json()
+    outcomes = [
+        Outcome("a", "done", None, "é", spent),
+        Outcome("b", "halted", "cost-exhausted", None, spent),
+        Outcome("c", "failed", "unreadable"),
+        Outcome("d", "pending", "locked"),
+        Outcome("e", "suspended", "batch-ceiling"),
+        Outcome("f", "done"),
+    ]
+    assert summary(outcomes) == {
+        "items": 6,
+        **{"done": 2, "halted": 1, "suspended": 1, "pending": 1, "failed": 1},
+        "usage": Usage(20, 10, 0.5).to_json(),
+        "exit_code": 3,
+    }
+    assert summary([])["done"] == 0
+    # 3: some run continues on a re-run; else 1: some halted or failed; else 0.
+    assert [exit_code(outcomes[i:]) for i in range(5)] == [3, 3, 3, 3, 3]
+    assert [exit_code([o, outcomes[5]]) for o in outcomes[:4]] == [0, 1, 1, 3]
+    write_results(tmp_path / "out.jsonl", outcomes)
+    lines = (tmp_path / "out.jsonl").read_bytes().decode("utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == [o.to_json() for o in outcomes]
+    assert '"é"' in lines[0]  # text as it is, not escaped
