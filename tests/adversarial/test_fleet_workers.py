@@ -23,7 +23,7 @@ from support.batches import CALLS, MACHINE, reply, results, write_items
 from support.batches import batch_project as batch_project  # the fixture `project`
 from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, model_config, run_cli, wait_for
-from support.fleet import RABBITMQ, Lines, batch, drop_queue, queue_of, start, stop, worker
+from support.fleet import RABBITMQ, Lines, batch, drop_queue, queue_of, served_batch, start, stop, worker
 from support.fleet import fleet_key as fleet_key  # a fixture, autouse
 from support.services import require_server
 
@@ -239,12 +239,8 @@ def test_a_worker_in_another_folder_without_the_machine_files_runs_the_texts_the
     shutil.copy(project / "mklang.toml", elsewhere / "mklang.toml")
     one = worker(elsewhere, postgres_uri, RABBITMQ)
     said = Lines(one)
-    running = batch(project, postgres_uri, RABBITMQ)
-    try:
-        stdout, stderr = running.communicate(timeout=180)
-    finally:
-        stop(running, one)
-    assert running.returncode == 0, (stderr, said.lines)
+    code, stdout, stderr = served_batch(project, postgres_uri, RABBITMQ, one)
+    assert code == 0, (stderr, said.lines)
     assert json.loads(stdout)["done"] == 3 and server.count == 3 * CALLS
     assert [line["result"] for line in results(project / "out.jsonl")] == [f"answer {n}" for n in range(3)]
 

@@ -39,6 +39,7 @@ from support.fleet import (
     drop_queue,
     queue_depth,
     queue_of,
+    served_batch,
     start,
     stop,
     worker,
@@ -76,12 +77,8 @@ def test_a_worker_logs_one_line_per_run_taken_and_finished_and_writes_each_runs_
     write_items(project, 3)
     logging = start(project, "worker", "--store", postgres_uri, "--broker", REDIS, "--config", "mklang.toml",
                     "--log-format", "json", "--events", "events.jsonl")  # fmt: skip
-    running = batch(project, postgres_uri, REDIS)
-    try:
-        _, stderr = running.communicate(timeout=180)
-    finally:
-        stop(running, logging)
-    assert running.returncode == 0, stderr
+    code, _, stderr = served_batch(project, postgres_uri, REDIS, logging)
+    assert code == 0, stderr
     lines = [json.loads(line) for line in logging.stderr.read().splitlines() if line.startswith("{")]
     taken = sorted(line["run"] for line in lines if line["event"] == "run-taken")
     finished = {line["run"]: line for line in lines if line["event"] == "run-finished"}
@@ -105,12 +102,8 @@ def test_redis_works_as_the_broker(project, server, postgres_uri):
     require_server("Redis")
     write_items(project, 10)
     one = worker(project, postgres_uri, REDIS)
-    running = batch(project, postgres_uri, REDIS)
-    try:
-        stdout, stderr = running.communicate(timeout=180)
-    finally:
-        stop(running, one)
-    assert running.returncode == 0, stderr
+    code, stdout, stderr = served_batch(project, postgres_uri, REDIS, one)
+    assert code == 0, stderr
     assert json.loads(stdout)["done"] == 10 and server.count == 10 * CALLS
 
 
@@ -205,12 +198,8 @@ def test_a_checkpoint_that_fails_verification_on_the_worker_is_failed(project, s
     )  # fmt: skip
     assert suspended.returncode == 3, suspended.stderr
     one = worker(project, postgres_uri, RABBITMQ)
-    running = batch(project, postgres_uri, RABBITMQ)
-    try:
-        stdout, stderr = running.communicate(timeout=180)
-    finally:
-        stop(running, one)
-    assert running.returncode == 1, stderr
+    code, stdout, stderr = served_batch(project, postgres_uri, RABBITMQ, one)
+    assert code == 1, stderr
     out = {line["id"]: line for line in results(project / "out.jsonl")}
     assert out["item-0"]["status"] == "failed" and "key" in out["item-0"]["reason"], out["item-0"]
     assert (out["item-1"]["status"], out["item-2"]["status"]) == ("done", "done")

@@ -122,3 +122,14 @@ def stop(*processes: subprocess.Popen[str]) -> None:
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+def served_batch(project: Path, store: str, broker: str, *workers: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """A Celery `mklang batch` of `project` run to its end while `workers` serve it, then every process
+    stopped: the batch's exit code, stdout and stderr."""
+    running = batch(project, store, broker)
+    try:
+        stdout, stderr = running.communicate(timeout=180)
+    finally:
+        stop(running, *workers)
+    return running.returncode, stdout, stderr
