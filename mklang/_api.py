@@ -263,28 +263,6 @@ def _runnable(machine: Machine | StrPath) -> Machine:
     return require_runnable(machine) if isinstance(machine, Machine) else load(machine)
 
 
-def _host_settings(
-    provider: str | None,
-    model: str | None,
-    config: StrPath | None,
-    script: StrPath | None,
-    scenario: str | None,
-    replay: StrPath | None,
-    plugins: Sequence[str] | None,
-) -> dict[str, Any]:
-    """The keyword arguments of `Host.build` that a caller names (None: not given)."""
-    text = lambda path: None if path is None else os.fspath(path)  # noqa: E731
-    return dict(
-        provider=provider,
-        model=model,
-        config=text(config),
-        script=text(script),
-        scenario=scenario,
-        replay=text(replay),
-        plugins=None if plugins is None else list(plugins),
-    )
-
-
 @contextmanager
 def _hosted(
     provider: Provider | str | None,
@@ -303,27 +281,29 @@ def _hosted(
     """The host a caller asks for: a provider object as it is (left open: it is the caller's),
     else one built as the CLI builds it (a provider name or the config, a scenario script, a
     cassette; for a `resumable`, what its checkpoint recorded), closed after the block."""
+    from mklang.host.settings import given
     from mklang.session import Host
 
-    if provider is None or isinstance(provider, str):
-        given = _host_settings(provider, model, config, script, scenario, replay, plugins)
-        recording = None if record is None else os.fspath(record)
+    own = provider is not None and not isinstance(provider, str)  # a provider object, not a name
+    chosen = given(
+        provider=None if own else provider,
+        model=model,
+        config=config,
+        script=script,
+        scenario=scenario,
+        replay=replay,
+        record=record,
+        plugins=plugins,
+    )
+    if not own:
         with (
-            Host.resumed(resumable, given, recording, max_cost)
-            if resumable is not None
-            else Host.build(**given, record=recording, max_cost=max_cost)
-        ) as host:
+            Host.build(**chosen, max_cost=max_cost)
+            if resumable is None
+            else Host.resumed(resumable, chosen, max_cost) as host
+        ):
             yield _with_callables(host, tools, hooks)
         return
-    named = {
-        "model": model,
-        "config": config,
-        "script": script,
-        "scenario": scenario,
-        "replay": replay,
-        "record": record,
-    }
-    clash = [name for name, value in named.items() if value is not None]
+    clash = [name for name, value in chosen.items() if value is not None and name != "plugins"]
     if clash:
         raise UsageError(f"{clash[0]}= builds a provider: it cannot be combined with a provider object")
     from mklang.host.plugins import load_plugins

@@ -394,13 +394,14 @@ class Worker:
         `mklang batch` does) instead of paying a client, a TLS context and a connection each."""
         from mklang.session import Host
 
-        options = {**self.host_settings, "max_cost": max_cost, "priced_for": priced_for}
         if self.host_settings.get("script"):
-            return Host.build(**options)
+            return Host.build(**self.host_settings, max_cost=max_cost, priced_for=priced_for)
         with self._hosts_guard:
             host = self._hosts.get(max_cost)
             if host is None:
-                host = self._hosts[max_cost] = Host.build(**options)
+                host = self._hosts[max_cost] = Host.build(
+                    **self.host_settings, max_cost=max_cost, priced_for=priced_for
+                )
         return nullcontext(host)
 
 

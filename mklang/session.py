@@ -57,38 +57,20 @@ class Host:
         )
 
     @classmethod
-    def build(
-        cls,
-        *,
-        script: str | Path | None = None,
-        scenario: str | None = None,
-        provider: str | None = None,
-        model: str | None = None,
-        config: str | Path | None = None,
-        replay: str | Path | None = None,
-        record: str | Path | None = None,
-        max_cost: float | None = None,
-        plugins: list[str] | None = None,
-        priced_for: str = "--max-cost",
-    ) -> Host:
-        """A host from the options of `mklang run`: a scenario script, or a real provider.
+    def build(cls, *, max_cost: float | None = None, priced_for: str = "--max-cost", **chosen: Any) -> Host:
+        """A host from the host settings a caller chooses (keywords of `host.settings.given`; the
+        options of `mklang run`): a scenario script, or a real provider.
 
         A dollar limit (`max_cost`, given as the option `priced_for`) is refused here when
         a model has no price: it could not be kept."""
         from mklang.host.plugins import load_plugins
+        from mklang.host.settings import files_renamed, given
 
-        plugin_paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
-        settings = dict(
-            script=str(Path(script).resolve()) if script else None,
-            provider=provider,
-            model=model,
-            config=str(Path(config).resolve()) if config else None,
-            replay=str(Path(replay).resolve()) if replay else None,
-            record=str(Path(record).resolve()) if record else None,
-            plugins=plugin_paths,
-        )
+        chosen = given(**chosen)
+        settings = {**chosen, **files_renamed(chosen, lambda file: str(Path(file).resolve()))}
+        script, scenario, provider, model = (chosen[name] for name in ("script", "scenario", "provider", "model"))
         if script is not None:
-            if provider or model or replay or record or config:
+            if any(chosen[name] for name in ("provider", "model", "replay", "record", "config")):
                 raise UsageError(
                     "--script answers offline: it cannot be combined with --provider, --model, --config, "
                     "--replay or --record"
@@ -105,13 +87,14 @@ class Host:
             from mklang.host.config import load_config
             from mklang.providers.factory import make_provider
 
+            replay, config = chosen["replay"], chosen["config"]
             loaded = None if replay else load_config(config, provider=provider, model=model)
             host = cls(
                 provider=make_provider(
                     provider=provider,
                     model=model,
                     config_path=config,
-                    record=record,
+                    record=chosen["record"],
                     replay=replay,
                     max_cost=max_cost,
                     config=loaded,
@@ -120,18 +103,16 @@ class Host:
                 settings=settings,
                 read_only_tools=loaded.read_only_tools if loaded else frozenset(),
             )
-        plugin_tools, plugin_hooks = load_plugins(plugin_paths)
+        plugin_tools, plugin_hooks = load_plugins(settings["plugins"])
         # Scripted answers win over plugins: a scenario pins what the tools say.
         host.tools = {**plugin_tools, **host.tools}
         host.hooks = {**plugin_hooks, **host.hooks}
         return host
 
     @classmethod
-    def resumed(
-        cls, resumable: Resumable, given: dict[str, Any], record: str | Path | None, max_cost: float | None
-    ) -> Host:
-        """The host `given` (the keyword arguments of `build` but `record` and `max_cost`, None when
-        not given), filled in from a trusted checkpoint (never re-recording).
+    def resumed(cls, resumable: Resumable, given: dict[str, Any], max_cost: float | None) -> Host:
+        """The host settings `given` (`host.settings.given`), filled in from a trusted checkpoint
+        (never re-recording).
 
         From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0014).
         """
@@ -143,7 +124,7 @@ class Host:
                 f"mklang: the checkpoint is not signed with your key: ignored its recorded {', '.join(ignored)}",
                 file=sys.stderr,
             )
-        return cls.build(record=record, max_cost=max_cost or resumable.envelope.budgets.max_cost, **chosen)
+        return cls.build(**chosen, max_cost=max_cost or resumable.envelope.budgets.max_cost)
 
     def recorded(self) -> HostSettings:
         """The settings as a checkpoint records them."""

@@ -55,6 +55,8 @@ class MachineRef(BaseModel):
 class HostSettings(BaseModel):
     """How the run was hosted, so `resume` can rebuild the same host without secrets."""
 
+    # Its fields are `mklang.host.settings.SETTINGS`, in that order (ADR 0039).
+
     model_config = ConfigDict(extra="allow")
 
     script: str | None = None  # scenario script of a scripted run

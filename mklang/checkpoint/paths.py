@@ -17,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mklang.host.settings import files_renamed
 from mklang.syntax.resolve import stdlib_dirs
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import HostSettings
 
 STDLIB = "stdlib:"
-HOST_FILES = ("script", "config", "replay", "record")  # the host settings that name files
 
 
 class MachinePaths:
@@ -69,9 +69,7 @@ def root_file(recorded: str, checkpoint: str | Path) -> Path:
 
 
 def _host_files(host: HostSettings, rename: Callable[[str], str]) -> HostSettings:
-    update: dict[str, object] = {name: rename(value) for name in HOST_FILES if (value := getattr(host, name))}
-    update["plugins"] = [rename(plugin) if plugin.endswith(".py") else plugin for plugin in host.plugins]
-    return host.model_copy(update=update)
+    return host.model_copy(update=files_renamed(dict(host), rename))
 
 
 def portable_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:

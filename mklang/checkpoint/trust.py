@@ -14,10 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from mklang.checkpoint.envelope import HostSettings
+from mklang.host.settings import ANSWERS, BY_NAME
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
-
-# Answering a run: given together on the command line, or all taken from the file.
-ANSWER_SETTINGS = ("script", "provider", "model", "config", "replay")
 
 
 def recorded_host(settings: HostSettings) -> dict[str, Any]:
@@ -29,17 +27,17 @@ def recorded_host(settings: HostSettings) -> dict[str, Any]:
 def host_choice(recorded: HostSettings, given: dict[str, Any], trusted: bool) -> tuple[dict[str, Any], list[str]]:
     """The host settings a resume uses, and the names of the recorded ones it ignores.
 
-    `given` holds the command line's script, scenario, provider, model,
-    config, replay and plugins (None when not given). With no way of
-    answering given, a trusted checkpoint answers as the run did (never
-    re-recording), and its plugins load unless `--plugin` is given.
+    `given` holds the settings the caller chooses (`host.settings.given`,
+    None when not given). With no way of answering given, a trusted
+    checkpoint answers as the run did (never re-recording), and its plugins
+    load unless `--plugin` is given: each setting's `resumed` says which.
     """
+    answered = any(given.get(name) is not None for name in ANSWERS)
     reused = dict(given)
-    if not any(given[name] is not None for name in ANSWER_SETTINGS):
-        reused.update({name: getattr(recorded, name) for name in ANSWER_SETTINGS})
-        reused["scenario"] = given["scenario"] or recorded.scenario
-    if given["plugins"] is None:
-        reused["plugins"] = recorded.plugins
+    for name, value in given.items():
+        resumed = BY_NAME[name].resumed
+        if value is None and (resumed == "own" or (resumed in ("answers", "with-answers") and not answered)):
+            reused[name] = getattr(recorded, name)
     if trusted:
         return reused, []
     ignored = [name for name, value in reused.items() if value not in (None, []) and value != given[name]]

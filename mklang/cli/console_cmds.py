@@ -14,7 +14,7 @@ CONSOLE_LIBRARIES = ("starlette", "uvicorn", "jinja2", "markupsafe", "anyio", "h
 
 
 @app.command()
-@hosted("provider", "model", "config", "script", "scenario", "replay", "plugin")
+@hosted("record")
 def serve(
     store: str = StoreOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),

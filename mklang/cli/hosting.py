@@ -1,10 +1,10 @@
-"""The host options of `run`, `resume`, `batch` and `worker`, declared once.
+"""The host options of `run`, `resume`, `batch`, `worker` and `serve`, made from `host.settings`.
 
 Typer reads a command's options from its signature, so options shared by
-several commands would be spelled out in each. `hosted(...)` adds the named
-host options (provider, scripted answers, cassettes, plugins) to a command's
-signature in place of its `hosting` parameter, and hands the command one
-`Hosting` value instead.
+several commands would be spelled out in each. `hosted(...)` adds the host
+options (provider, scripted answers, cassettes, plugins), one per setting a
+caller chooses, to a command's signature in place of its `hosting`
+parameter, and hands the command one `Hosting` value instead.
 """
 
 from __future__ import annotations
@@ -13,86 +13,50 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
 
+from mklang.host.settings import CHOSEN, Setting, given
+
 Command = TypeVar("Command", bound=Callable[..., None])
 
-HOST_OPTIONS: dict[str, tuple[Any, Any]] = {  # name -> (type, typer declaration)
-    "provider": (
-        str | None,
-        typer.Option(None, "--provider", help="openai, anthropic or ollama (else from the config)."),
-    ),
-    "model": (str | None, typer.Option(None, "--model", help="Model used for every tier.")),
-    "config": (Path | None, typer.Option(None, "--config", help="Host config TOML (tiers, providers, prices).")),
-    "script": (
-        Path | None,
-        typer.Option(None, "--script", help="Scenario script: answer from a scripted model, offline."),
-    ),
-    "scenario": (str | None, typer.Option(None, "--scenario", help="Scenario of --script to use.")),
-    "replay": (Path | None, typer.Option(None, "--replay", help="Answer from a recorded cassette, offline.")),
-    "record": (Path | None, typer.Option(None, "--record", help="Record every provider exchange into a cassette.")),
-    "plugin": (
-        list[str] | None,
-        typer.Option(
-            None,
-            "--plugin",
-            metavar="MODULE|FILE.py",
-            help="Load host tools and hooks (its TOOLS and HOOKS maps). Repeatable.",
-        ),
-    ),
-}
+
+def _option(setting: Setting) -> inspect.Parameter:
+    """The command-line option of a host setting, as a parameter of a command's signature."""
+    kind: Any = list[str] if setting.many else Path if setting.names_file else str
+    declared = typer.Option(None, setting.option, metavar=setting.metavar, help=setting.help)
+    return inspect.Parameter(
+        setting.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=declared, annotation=kind | None
+    )
 
 
 @dataclass(frozen=True)
 class Hosting:
-    """How the command line asks a run to be hosted (None: not given)."""
+    """How the command line asks a run to be hosted: `host.settings.given` of its host options."""
 
-    provider: str | None = None
-    model: str | None = None
-    config: Path | None = None
-    script: Path | None = None
-    scenario: str | None = None
-    replay: Path | None = None
-    record: Path | None = None
-    plugin: list[str] | None = None
-
-    def settings(self) -> dict[str, Any]:
-        """The keyword arguments of `Host.build` but `record` (paths as text, so they travel as JSON)."""
-        return dict(
-            script=str(self.script) if self.script else None,
-            scenario=self.scenario,
-            provider=self.provider,
-            model=self.model,
-            config=str(self.config) if self.config else None,
-            replay=str(self.replay) if self.replay else None,
-            plugins=self.plugin,
-        )
+    settings: dict[str, Any] = field(default_factory=given)
 
 
-def hosted(*names: str) -> Callable[[Command], Command]:
-    """Give a command the host options `names`, passed to it as `hosting: Hosting`."""
+def hosted(*left_out: str) -> Callable[[Command], Command]:
+    """Give a command the host options but those of the settings `left_out`, passed to it as `hosting: Hosting`."""
+    options = [_option(setting) for setting in CHOSEN if setting.name not in left_out]
 
     def decorate(command: Command) -> Command:
         hints = typing.get_type_hints(command)
-        added = [
-            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=declared, annotation=kind)
-            for name, (kind, declared) in ((name, HOST_OPTIONS[name]) for name in names)
-        ]
         parameters: list[inspect.Parameter] = []
         for parameter in inspect.signature(command).parameters.values():
             if parameter.name == "hosting":
-                parameters += added
+                parameters += options
             else:
                 parameters.append(parameter.replace(annotation=hints[parameter.name]))
 
         @functools.wraps(command)
         def with_hosting(**values: Any) -> None:
-            chosen = {name: values.pop(name) for name in names}
-            command(**values, hosting=Hosting(**chosen))
+            chosen = {option.name: values.pop(option.name) for option in options}
+            command(**values, hosting=Hosting(given(**chosen)))
 
         with_hosting.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         with_hosting.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}

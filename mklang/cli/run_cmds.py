@@ -16,7 +16,7 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
-from mklang.cli.hosting import HOST_OPTIONS, Hosting, hosted
+from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
 from mklang.effects import FLOW_POLICIES
 from mklang.limits import NestingError, load_json, load_json_object, read_text
@@ -173,7 +173,7 @@ def print_document(document: dict[str, Any], as_json: bool) -> None:
 
 
 @app.command()
-@hosted(*HOST_OPTIONS)
+@hosted()
 def run(
     machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
     set_: list[str] | None = SetOpt,
@@ -213,7 +213,7 @@ def run(
         context.update(parse_assignments(set_))
         seconds = parse_duration(max_time)
         control = Control()
-        host = Host.build(**hosting.settings(), record=hosting.record, max_cost=max_cost)
+        host = Host.build(**hosting.settings, max_cost=max_cost)
         if not quiet:
             _print_warnings(loaded, {**(host.scenario.input if host.scenario else {}), **context})
         with (
@@ -264,7 +264,7 @@ def _read_input(path: Path) -> dict[str, Any]:
 
 
 @app.command()
-@hosted(*HOST_OPTIONS)
+@hosted()
 def resume(
     checkpoint: str = typer.Argument(
         ..., help="The checkpoint of a suspended or crashed run: a file, or STORE-URI#RUN (docs/scale.md)."
@@ -330,7 +330,7 @@ def resume(
                 _report_compatible(resumable, as_json)
             budgets = resumable.envelope.budgets
             with (
-                Host.resumed(resumable, hosting.settings(), hosting.record, max_cost) as host,
+                Host.resumed(resumable, hosting.settings, max_cost) as host,
                 interrupts(control),
                 observed(as_json, max_tokens or budgets.max_tokens, events, trace_content) as observer,
             ):

@@ -206,7 +206,7 @@ def _report_removed(done: list[Any], as_json: bool, pruned: bool = False) -> Non
 
 
 @app.command()
-@hosted("provider", "model", "config", "script", "scenario", "replay", "plugin")
+@hosted("record")
 def batch(
     machine: Path = typer.Argument(..., help="The machine file run for every input."),
     inputs: Path = typer.Option(..., "--inputs", help="JSON Lines: one context object per run (its `id` names it)."),
@@ -254,7 +254,7 @@ def batch(
             raise fail("--stall-timeout follows workers: it needs --executor celery")
         loaded = require_runnable(load_file(machine))
         items = batching.read_inputs(inputs)
-        host_settings = hosting.settings()
+        host_settings = hosting.settings
         from contextlib import nullcontext
 
         from mklang.session import Host
@@ -286,7 +286,7 @@ def batch(
                         opened,
                         store,
                         (lambda: Host.build(**host_settings, max_cost=max_cost))
-                        if hosting.script
+                        if host_settings["script"]
                         else (lambda: nullcontext(shared)),
                         **budgets,
                         ceilings=batching.Ceilings(batch_tokens, batch_cost),
@@ -362,7 +362,9 @@ def _dollar_limit(max_cost: float | None, batch_cost: float | None) -> dict[str,
 
 def _say_host_settings_unused(host_settings: dict[str, Any]) -> None:
     """`batch --executor celery` hosts nothing: the provider options of this command line would not be used."""
-    given = [f"--{name.rstrip('s')}" for name, value in host_settings.items() if value]
+    from mklang.host.settings import BY_NAME
+
+    given = [BY_NAME[name].option for name, value in host_settings.items() if value]
     if given:
         print(
             f"mklang: {', '.join(given)} not used with --executor celery: each worker runs with its own "
@@ -379,7 +381,7 @@ def _progress(as_json: bool, total: int) -> Any:
 
 
 @app.command()
-@hosted("provider", "model", "config", "script", "replay", "plugin")
+@hosted("scenario", "record")
 def worker(
     store: str = StoreOpt,
     broker: str = typer.Option(..., "--broker", help="Celery broker URL (amqp://... or redis://...)."),
@@ -402,4 +404,4 @@ def worker(
         log_runs(log_format)
 
         with event_stream(events, trace_content) as observer:
-            start_worker(broker, store, concurrency=concurrency, host_settings=hosting.settings(), observer=observer)
+            start_worker(broker, store, concurrency=concurrency, host_settings=hosting.settings, observer=observer)

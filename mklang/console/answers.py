@@ -48,7 +48,7 @@ class Replies:
         try:
             with (
                 service.opened(location(self.store, self.uri, run)) as resumable,
-                Host.resumed(resumable, self.hosting.settings(), self.hosting.record, None) as host,
+                Host.resumed(resumable, self.hosting.settings, None) as host,
             ):
                 service.proceed(resumable, host, reply=values, observer=_Progress(run, self.on_change))
         except MklangError as error:

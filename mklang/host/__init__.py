@@ -1,1 +1,1 @@
-"""Host integration: tools, hooks, plugins, machine loading, config."""
+"""Host integration: tools, hooks, plugins, machine loading, config, the host settings of a run."""

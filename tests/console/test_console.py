@@ -21,6 +21,7 @@ from mklang.cli.hosting import Hosting
 from mklang.console import reading
 from mklang.console.events import Change, StorePoller
 from mklang.console.web import Console, create_app
+from mklang.host.settings import given
 from mklang.stores import locate, open_store
 
 TOKEN = "the-token"
@@ -220,7 +221,7 @@ def test_the_pages_read_a_folder_and_a_postgresql_store_too(kind, tmp_path, requ
     try:
         # The host the console was started with answers the resumed run (a PostgreSQL run's relative
         # host files are relative to the folder the console runs in, not where the run started).
-        hosting = Hosting(script=tmp_path / "approval" / "fenced.yaml", scenario="fenced")
+        hosting = Hosting(given(script=tmp_path / "approval" / "fenced.yaml", scenario="fenced"))
         console = Console(opened, uri, TOKEN, hosting)
         with TestClient(create_app(console), follow_redirects=False) as client:
             signed_in(client)

@@ -1,0 +1,98 @@
+"""The host settings are declared once (`mklang.host.settings`, ADR 0039): every other place that
+names them (the checkpoint's fields, the API's keywords, the command-line options, which ones
+name files and which ones a checkpoint signed with your key fills in) agrees with it."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import typer.core
+import typer.main
+
+import mklang
+
+# Importing a command module registers its commands.
+import mklang.cli.console_cmds
+import mklang.cli.run_cmds
+import mklang.cli.scale_cmds
+from mklang.checkpoint.envelope import HostSettings
+from mklang.checkpoint.paths import located_host, portable_host
+from mklang.checkpoint.trust import host_choice
+from mklang.cli.app import app
+from mklang.host.settings import CHOSEN, SETTINGS, given
+
+NAMES = [setting.name for setting in SETTINGS]
+CHOSEN_NAMES = [setting.name for setting in CHOSEN]
+
+
+def test_the_checkpoint_records_every_setting_in_the_declared_order():
+    # The envelope's JSON is signed as written: its field order is the declaration's.
+    assert list(HostSettings.model_fields) == NAMES
+    written = HostSettings(**{name: None for name in NAMES if name != "plugins"}).model_dump_json()
+    assert written.startswith('{"script":') and written.endswith('"plugins":[]}')
+
+
+@pytest.mark.parametrize(("call", "left_out"), [(mklang.run, ()), (mklang.resume, ()), (mklang.batch, ("record",))])
+def test_the_api_takes_every_setting_a_caller_chooses_as_a_keyword(call, left_out):
+    keywords = inspect.signature(call).parameters
+    assert [name for name in CHOSEN_NAMES if name not in keywords] == list(left_out)
+
+
+def _options(command: str) -> set[str]:
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    return {option for parameter in group.commands[command].params for option in parameter.opts}
+
+
+@pytest.mark.parametrize(
+    ("command", "left_out"),
+    [
+        ("run", ()),
+        ("resume", ()),
+        ("batch", ("--record",)),
+        ("serve", ("--record",)),
+        ("worker", ("--scenario", "--record")),
+    ],
+)
+def test_the_command_line_has_an_option_for_every_setting_a_caller_chooses(command, left_out):
+    options = _options(command)
+    assert [setting.option for setting in CHOSEN if setting.option not in options] == list(left_out)
+    assert "--plugin" in options  # a list's option is singular: given once per entry
+
+
+def test_every_setting_but_the_hosts_own_state_is_chosen_by_a_caller():
+    assert [name for name in NAMES if name not in CHOSEN_NAMES] == ["state"]
+    assert list(given()) == CHOSEN_NAMES
+    assert given(script=Path("s.yaml"), plugins=("p", Path("t.py")))["plugins"] == ["p", "t.py"]
+    with pytest.raises(TypeError, match="not a host setting: state"):
+        given(state={})
+
+
+def test_the_settings_declared_to_name_files_move_with_the_checkpoint(tmp_path):
+    checkpoint = tmp_path / "project" / "cp.json"
+    files = {setting.name for setting in SETTINGS if setting.names_file}
+    assert files == {"script", "config", "replay", "record", "plugins"}
+    absolute = {name: str(tmp_path / "project" / f"{name}.py") for name in files - {"plugins"}}
+    recorded = HostSettings(**absolute, provider="openai", plugins=["module", str(tmp_path / "project" / "p.py")])
+    portable = portable_host(recorded, checkpoint)
+    assert portable.model_dump(exclude={"state"}) == {
+        **{name: f"{name}.py" for name in absolute},
+        "scenario": None,
+        "provider": "openai",
+        "model": None,
+        "plugins": ["module", "p.py"],
+    }
+    assert located_host(portable, checkpoint) == recorded
+
+
+def test_a_signed_checkpoint_fills_in_what_the_caller_leaves_out_as_each_setting_declares():
+    every = HostSettings(**{name: [name] if name == "plugins" else name for name in CHOSEN_NAMES})
+    reused, ignored = host_choice(every, given(), trusted=True)
+    filled = [setting.name for setting in CHOSEN if setting.resumed != "never"]
+    assert [name for name in CHOSEN_NAMES if reused[name] is not None] == filled
+    assert "record" not in filled  # a resume never re-records
+    assert ignored == []
+    _, ignored = host_choice(every, given(), trusted=False)
+    assert ignored == filled  # an unsigned one decides none of them, and says so in the declared order
