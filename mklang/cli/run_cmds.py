@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ import typer
 
 from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
+from mklang.cli.groups import grouped, option
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
 from mklang.effects import FLOW_POLICIES
@@ -52,6 +54,31 @@ UntrustedFlowOpt = typer.Option(
     metavar="report|halt",
     help="When a judge reading outside data chose the way to an effectful tool: "
     "report it in the trace (default) or halt before the tool runs.",
+)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a command's run events and its result go: `--events`, `--trace-content`, `--format`."""
+
+    events: str | None = None
+    trace_content: bool = False
+    format: OutputFormat = OutputFormat.auto
+
+    @property
+    def as_json(self) -> bool:
+        return wants_json(self.format)
+
+
+# Gives a command `--events`, `--trace-content` and `--format`, passed to it as `output: Output`.
+reported = grouped(
+    "output",
+    [
+        option("events", str | None, EventsOpt),
+        option("trace_content", bool, TraceContentOpt),
+        option("format", OutputFormat, FormatOpt),
+    ],
+    Output,
 )
 
 
@@ -122,13 +149,13 @@ def interrupts(control) -> Iterator[None]:
 
 
 @contextmanager
-def observed(as_json: bool, max_tokens: int | None, events: str | None, trace_content: bool) -> Iterator[Any]:
+def observed(output: Output, max_tokens: int | None) -> Iterator[Any]:
     """What watches a run: the `--events` stream, and a live line of state and spend on a
     terminal (not when the events go to stderr); None when nothing does."""
     from mklang.engine.events import joined
 
-    with event_stream(events, trace_content) as stream:
-        if as_json or events == "-" or not sys.stderr.isatty():
+    with event_stream(output.events, output.trace_content) as stream:
+        if output.as_json or output.events == "-" or not sys.stderr.isatty():
             yield stream
             return
         from mklang.cli.render import LiveView
@@ -174,6 +201,7 @@ def print_document(document: dict[str, Any], as_json: bool) -> None:
 
 @app.command()
 @hosted()
+@reported
 def run(
     machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
     set_: list[str] | None = SetOpt,
@@ -190,19 +218,17 @@ def run(
     hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the machine's check warnings."),
-    events: str | None = EventsOpt,
-    trace_content: bool = TraceContentOpt,
-    format: OutputFormat = FormatOpt,
+    output: Output = Output(),
 ) -> None:
     """Run a machine."""
-    with handle_errors(wants_json(format)):
+    with handle_errors(output.as_json):
         from mklang import service
         from mklang.checker import require_runnable
         from mklang.engine import Control
         from mklang.session import Host
         from mklang.syntax import load_file
 
-        as_json = wants_json(format)
+        as_json = output.as_json
         loaded = require_runnable(load_file(machine))
         where = run_name_of(checkpoint)
         if replace and checkpoint is None:
@@ -219,7 +245,7 @@ def run(
         with (
             host,
             interrupts(control),
-            observed(as_json, host.run_setting("max_tokens", max_tokens), events, trace_content) as observer,
+            observed(output, host.run_setting("max_tokens", max_tokens)) as observer,
         ):
             result = service.start(
                 loaded,
@@ -265,6 +291,7 @@ def _read_input(path: Path) -> dict[str, Any]:
 
 @app.command()
 @hosted()
+@reported
 def resume(
     checkpoint: str = typer.Argument(
         ..., help="The checkpoint of a suspended or crashed run: a file, or STORE-URI#RUN (docs/scale.md)."
@@ -298,17 +325,15 @@ def resume(
     untrusted_flow: str | None = UntrustedFlowOpt,
     hosting: Hosting = Hosting(),
     concurrency: int | None = ConcurrencyOpt,
-    events: str | None = EventsOpt,
-    trace_content: bool = TraceContentOpt,
-    format: OutputFormat = FormatOpt,
+    output: Output = Output(),
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
-    with handle_errors(wants_json(format)):
+    with handle_errors(output.as_json):
         from mklang import service
         from mklang.engine import Control
         from mklang.session import Host
 
-        as_json = wants_json(format)
+        as_json = output.as_json
         policy(untrusted_flow)
         values = parse_assignments(set_)
         seconds = parse_duration(max_time)
@@ -332,7 +357,7 @@ def resume(
             with (
                 Host.resumed(resumable, hosting.settings, max_cost) as host,
                 interrupts(control),
-                observed(as_json, max_tokens or budgets.max_tokens, events, trace_content) as observer,
+                observed(output, max_tokens or budgets.max_tokens) as observer,
             ):
                 result = service.proceed(
                     resumable,

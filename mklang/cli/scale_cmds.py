@@ -11,7 +11,16 @@ import typer
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
-from mklang.cli.run_cmds import FormatOpt, MaxTimeOpt, UntrustedFlowOpt, interrupts, parse_duration, policy
+from mklang.cli.run_cmds import (
+    FormatOpt,
+    MaxTimeOpt,
+    Output,
+    UntrustedFlowOpt,
+    interrupts,
+    parse_duration,
+    policy,
+    reported,
+)
 from mklang.errors import UsageError, redacted
 from mklang.stores.summary import SUMMARY_STATUSES
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY, DEFAULT_WORKER_CONCURRENCY
@@ -207,6 +216,7 @@ def _report_removed(done: list[Any], as_json: bool, pruned: bool = False) -> Non
 
 @app.command()
 @hosted("record")
+@reported
 def batch(
     machine: Path = typer.Argument(..., help="The machine file run for every input."),
     inputs: Path = typer.Option(..., "--inputs", help="JSON Lines: one context object per run (its `id` names it)."),
@@ -231,23 +241,21 @@ def batch(
     ),
     untrusted_flow: str | None = UntrustedFlowOpt,
     hosting: Hosting = Hosting(),
-    events: str | None = EventsOpt,
-    trace_content: bool = TraceContentOpt,
-    format: OutputFormat = FormatOpt,
+    output: Output = Output(),
 ) -> None:
     """Run a machine once per input line, each run durable in the store; re-run to resume."""
-    with handle_errors(wants_json(format)):
+    with handle_errors(output.as_json):
         from mklang import batching
         from mklang.checker import require_runnable
         from mklang.stores import open_store
         from mklang.syntax import load_file
 
-        as_json = wants_json(format)
+        as_json = output.as_json
         if executor not in ("local", "celery"):
             raise fail(f"--executor expects local or celery, got {executor!r}")
         if executor == "celery" and broker is None:
             raise fail("--executor celery needs --broker URL")
-        if executor == "celery" and events is not None:
+        if executor == "celery" and output.events is not None:
             raise fail("--events with --executor celery: the workers run the runs, give it to mklang worker")
         stall = parse_duration(stall_timeout, "--stall-timeout")
         if stall is not None and executor != "celery":
@@ -276,7 +284,10 @@ def batch(
         )
         opened = open_store(store)
         try:
-            with event_stream(events, trace_content) as observer, _progress(as_json, len(items)) as progress:
+            with (
+                event_stream(output.events, output.trace_content) as observer,
+                _progress(as_json, len(items)) as progress,
+            ):
                 if executor == "local":
                     from mklang.engine import Control
 
