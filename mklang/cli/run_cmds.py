@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,27 @@ class Output:
         return wants_json(self.format)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run may go, as `run` and `resume` are told: its budgets, human gates, flow policy and concurrency."""
+
+    replace: bool = False
+    hitl: bool | None = None
+    untrusted_flow: str | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    max_time: str | None = None
+    concurrency: int | None = None
+
+    def service_keywords(self) -> dict[str, Any]:
+        """The keywords of `service.start` and `service.proceed` these options give; a bad value is a usage error."""
+        return {
+            **asdict(self),
+            "untrusted_flow": policy(self.untrusted_flow),
+            "max_time": parse_duration(self.max_time),
+        }
+
+
 # Gives a command `--events`, `--trace-content` and `--format`, passed to it as `output: Output`.
 reported = grouped(
     "output",
@@ -79,6 +100,21 @@ reported = grouped(
         option("format", OutputFormat, FormatOpt),
     ],
     Output,
+)
+
+# Gives a command the options of `RunOptions`, passed to it as `options: RunOptions`.
+run_options = grouped(
+    "options",
+    [
+        option("replace", bool, ReplaceOpt),
+        option("hitl", bool | None, HitlOpt),
+        option("untrusted_flow", str | None, UntrustedFlowOpt),
+        option("max_tokens", int | None, MaxTokensOpt),
+        option("max_cost", float | None, MaxCostOpt),
+        option("max_time", str | None, MaxTimeOpt),
+        option("concurrency", int | None, ConcurrencyOpt),
+    ],
+    RunOptions,
 )
 
 
@@ -201,6 +237,7 @@ def print_document(document: dict[str, Any], as_json: bool) -> None:
 
 @app.command()
 @hosted()
+@run_options
 @reported
 def run(
     machine: Path = typer.Argument(..., help="The machine file (.mk, .mkl, .yaml)."),
@@ -209,14 +246,8 @@ def run(
     checkpoint: str | None = typer.Option(
         None, "--checkpoint", help="Persist the run here; suspend instead of halting on budgets."
     ),
-    replace: bool = ReplaceOpt,
-    hitl: bool | None = HitlOpt,
-    untrusted_flow: str | None = UntrustedFlowOpt,
-    max_tokens: int | None = MaxTokensOpt,
-    max_cost: float | None = MaxCostOpt,
-    max_time: str | None = MaxTimeOpt,
+    options: RunOptions = RunOptions(),
     hosting: Hosting = Hosting(),
-    concurrency: int | None = ConcurrencyOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the machine's check warnings."),
     output: Output = Output(),
 ) -> None:
@@ -231,36 +262,24 @@ def run(
         as_json = output.as_json
         loaded = require_runnable(load_file(machine))
         where = run_name_of(checkpoint)
-        if replace and checkpoint is None:
+        if options.replace and checkpoint is None:
             raise fail("--replace replaces the run at a checkpoint: it needs --checkpoint")
         context: dict[str, Any] = {}
         if input_file is not None:
             context.update(_read_input(input_file))
         context.update(parse_assignments(set_))
-        seconds = parse_duration(max_time)
+        keywords = options.service_keywords()
         control = Control()
-        host = Host.build(**hosting.settings, max_cost=max_cost)
+        host = Host.build(**hosting.settings, max_cost=options.max_cost)
         if not quiet:
             _print_warnings(loaded, {**(host.scenario.input if host.scenario else {}), **context})
         with (
             host,
             interrupts(control),
-            observed(output, host.run_setting("max_tokens", max_tokens)) as observer,
+            observed(output, host.run_setting("max_tokens", options.max_tokens)) as observer,
         ):
             result = service.start(
-                loaded,
-                context,
-                host,
-                checkpoint=where,
-                replace=replace,
-                max_tokens=max_tokens,
-                max_cost=max_cost,
-                max_time=seconds,
-                concurrency=concurrency,
-                hitl=hitl,
-                untrusted_flow=policy(untrusted_flow),
-                control=control,
-                observer=observer,
+                loaded, context, host, checkpoint=where, **keywords, control=control, observer=observer
             )
         report(result, as_json, checkpoint)
 
@@ -291,15 +310,13 @@ def _read_input(path: Path) -> dict[str, Any]:
 
 @app.command()
 @hosted()
+@run_options
 @reported
 def resume(
     checkpoint: str = typer.Argument(
         ..., help="The checkpoint of a suspended or crashed run: a file, or STORE-URI#RUN (docs/scale.md)."
     ),
     set_: list[str] | None = SetOpt,
-    max_tokens: int | None = MaxTokensOpt,
-    max_cost: float | None = MaxCostOpt,
-    max_time: str | None = MaxTimeOpt,
     budget: int | None = typer.Option(None, "--budget", min=0, help="New step budget of the innermost frame."),
     force: bool = typer.Option(False, "--force", help="Resume even if a machine file changed."),
     trust: bool = typer.Option(
@@ -320,11 +337,8 @@ def resume(
     out: str | None = typer.Option(
         None, "--checkpoint", help="Write a re-suspension here, a file or STORE-URI#RUN (default: the same)."
     ),
-    replace: bool = ReplaceOpt,
-    hitl: bool | None = HitlOpt,
-    untrusted_flow: str | None = UntrustedFlowOpt,
+    options: RunOptions = RunOptions(),
     hosting: Hosting = Hosting(),
-    concurrency: int | None = ConcurrencyOpt,
     output: Output = Output(),
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
@@ -334,10 +348,9 @@ def resume(
         from mklang.session import Host
 
         as_json = output.as_json
-        policy(untrusted_flow)
+        keywords = options.service_keywords()
         values = parse_assignments(set_)
-        seconds = parse_duration(max_time)
-        if replace and out is None:
+        if options.replace and out is None:
             raise fail("--replace replaces the run at another --checkpoint: it needs --checkpoint")
 
         control = Control()
@@ -355,23 +368,17 @@ def resume(
                 _report_compatible(resumable, as_json)
             budgets = resumable.envelope.budgets
             with (
-                Host.resumed(resumable, hosting.settings, max_cost) as host,
+                Host.resumed(resumable, hosting.settings, options.max_cost) as host,
                 interrupts(control),
-                observed(output, max_tokens or budgets.max_tokens) as observer,
+                observed(output, options.max_tokens or budgets.max_tokens) as observer,
             ):
                 result = service.proceed(
                     resumable,
                     host,
                     checkpoint=out,
-                    replace=replace,
                     reply=values,
-                    max_tokens=max_tokens,
-                    max_cost=max_cost,
                     budget=budget,
-                    max_time=seconds,
-                    hitl=hitl,
-                    untrusted_flow=policy(untrusted_flow),
-                    concurrency=concurrency,
+                    **keywords,
                     control=control,
                     observer=observer,
                 )
