@@ -26,15 +26,18 @@ class Hosting:
     settings: dict[str, Any] = field(default_factory=given)
 
 
+# One option per setting a caller chooses, made once: every hosted command shares them.
+OPTIONS = {
+    setting.name: option(
+        setting.name,
+        (list[str] if setting.many else Path if setting.names_file else str) | None,
+        typer.Option(None, setting.option, metavar=setting.metavar, help=setting.help),
+    )
+    for setting in CHOSEN
+}
+
+
 def hosted(*left_out: str) -> Callable[[Command], Command]:
     """Give a command the host options but those of the settings `left_out`, passed to it as `hosting: Hosting`."""
-    options = [
-        option(
-            setting.name,
-            (list[str] if setting.many else Path if setting.names_file else str) | None,
-            typer.Option(None, setting.option, metavar=setting.metavar, help=setting.help),
-        )
-        for setting in CHOSEN
-        if setting.name not in left_out
-    ]
+    options = [declared for name, declared in OPTIONS.items() if name not in left_out]
     return grouped("hosting", options, lambda **chosen: Hosting(given(**chosen)))

@@ -9,9 +9,8 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
 
@@ -57,8 +56,7 @@ UntrustedFlowOpt = typer.Option(
 )
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """Where a command's run events and its result go: `--events`, `--trace-content`, `--format`."""
 
     events: str | None = None
@@ -70,8 +68,7 @@ class Output:
         return wants_json(self.format)
 
 
-@dataclass(frozen=True)
-class RunOptions:
+class RunOptions(NamedTuple):
     """How a run may go, as `run` and `resume` are told: its budgets, human gates, flow policy and concurrency."""
 
     replace: bool = False
@@ -85,7 +82,7 @@ class RunOptions:
     def service_keywords(self) -> dict[str, Any]:
         """The keywords of `service.start` and `service.proceed` these options give; a bad value is a usage error."""
         return {
-            **asdict(self),
+            **self._asdict(),
             "untrusted_flow": policy(self.untrusted_flow),
             "max_time": parse_duration(self.max_time),
         }

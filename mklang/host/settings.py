@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 # How a resume treats a setting the caller leaves out, from a checkpoint signed with your key:
 # "answers": one of the ways a run is answered: given together, or all taken from the file;
@@ -25,8 +24,8 @@ from typing import Any, Literal
 Resumed = Literal["answers", "with-answers", "own", "never"]
 
 
-@dataclass(frozen=True)
-class Setting:
+# A named tuple, not a dataclass: the command line builds its options from these at start-up.
+class Setting(NamedTuple):
     """One host setting: its name (the `HostSettings` field and the keyword) and how it is handled."""
 
     name: str
