@@ -608,8 +608,8 @@ class _Launch:
         self, rt: Runtime, level: Level, todo: list[int], launched: int, branch: Callable[[int], dict[str, Any]]
     ):
         self._rt, self._level, self._branch = rt, level, branch
-        self._todo = iter(todo)
-        self._left = len(todo)
+        self._todo = todo
+        self._next = 0  # the position in `todo` of the next branch to launch
         self._launched = launched  # the branches kept or launched so far: each is a step of the level
         self._turn = threading.Condition()  # a launch; a lent thread ending
         self._lent = 0  # pooled threads still working for the fan-out
@@ -633,17 +633,22 @@ class _Launch:
         the thread that fans out lends: a lent thread runs its branch until it waits before
         the next launch, as a branch on a thread of its own did); None once none may launch."""
         with self._turn:
-            if not self._left or self.cut or self.errors:
+            if self._next == len(self._todo) or self.cut or self.errors:
                 return None
-            self.cut = exhausted(self._rt, self._level, self._launched)
+            i = self._todo[self._next]
+            try:
+                self.cut = exhausted(self._rt, self._level, self._launched)
+            except BaseException as error:  # a batch ceiling kept in a store may fail to answer
+                self.errors[i] = error
+                return None
             if self.cut:
                 return None
             self._launched += 1
-            self._left -= 1
+            self._next += 1
             lent = lending and self._rt.workers.reserve()
             if lent:
                 self._lent += 1
-            return next(self._todo), lent
+            return i, lent
 
     def _lent_thread(self, i: int) -> None:
         try:

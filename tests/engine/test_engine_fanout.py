@@ -11,7 +11,7 @@ import pytest
 from conformance.harness import Recorder, run_mk, write_machines
 from support.runs import TWO_STATES
 
-from mklang.engine.runtime import BRANCH_THREADS, ThreadPool
+from mklang.engine.runtime import BRANCH_THREADS, Control, ThreadPool
 from mklang.errors import ProviderError
 from mklang.providers.base import Produced, Usage
 
@@ -296,6 +296,28 @@ def test_a_wide_fan_out_hands_a_thread_over_once_per_slot_not_once_per_branch(mo
     result = run_mk(over_items(xs, budget=60), provider=provider, concurrency=4)
     assert result.result == [x.upper() for x in xs]
     assert 1 <= len(handed) <= 3  # the slots beside the fanning thread's, each lent once
+
+
+class StoreDown(Exception):
+    """A batch ceiling's store that stopped answering."""
+
+
+def test_a_launch_check_that_fails_on_a_lent_thread_fails_the_run_once_its_branches_end():
+    checks = []
+
+    def ceiling(spent: Usage) -> bool:  # as a batch's ledger in a store: asked at every launch
+        checks.append(spent)
+        if len(checks) == 30:
+            raise StoreDown("the store did not answer")
+        return False
+
+    control = Control()
+    control.ceiling = ceiling
+    xs = [f"item{i}" for i in range(60)]
+    with pytest.raises(StoreDown):
+        run_mk(over_items(xs, budget=60), provider=Threads(), concurrency=4, control=control)
+    # The pool's threads survived it: the next fan-out runs every branch.
+    assert run_mk(over_items(xs, budget=60), provider=Threads(), concurrency=4).result == [x.upper() for x in xs]
 
 
 def test_nested_fan_outs_finish_at_the_smallest_concurrency(tmp_path):
