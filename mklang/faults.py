@@ -9,6 +9,8 @@ Points (README, "Crash safety"):
   `journal.call`: just after a journal line of that kind reached the OS;
 - `envelope.temp`: an envelope's temporary file is written, not yet
   renamed; `envelope`: the envelope is in place;
+- `segment`: a trace segment is durable in the store, and no envelope
+  names it yet;
 - `call.before`: a model or tool call is about to start; `call.returned`:
   it returned, its answer not yet journaled (`journal.call` follows).
 

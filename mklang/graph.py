@@ -261,8 +261,12 @@ def dot_to_svg(dot_text: str) -> str:
 # ---------------------------------------------------------------- traces
 
 
-def trace_of(document: Any) -> list[dict]:
-    """The root trace of a run result (`trace`) or of a checkpoint (`frames[0].trace`)."""
+def trace_of(document: Any, sealed: Callable[[dict], list[dict]] | None = None) -> list[dict]:
+    """The root trace of a run result (`trace`) or of a checkpoint (`frames[0].trace`).
+
+    A checkpoint's root frame that names trace segments (format 3) holds only the
+    steps after them: `sealed(frame)` gives its whole trace, read through its store.
+    """
     if isinstance(document, dict):
         if isinstance(document.get("trace"), list):
             return document["trace"]
@@ -273,12 +277,14 @@ def trace_of(document: Any) -> list[dict]:
             and isinstance(frames[0], dict)
             and isinstance(frames[0].get("trace"), list)
         ):
+            if frames[0].get("segments") and sealed is not None:
+                return sealed(frames[0])
             return frames[0]["trace"]
     raise UsageError("not the JSON of a run (`trace`) or of a checkpoint (`frames`)")
 
 
-def load_trace(path: Path, machine: Machine) -> list[dict]:
-    """The trace in a run's JSON or a checkpoint, refused when it is not a run of `machine`."""
+def load_trace(path: Path, machine: Machine, sealed: Callable[[dict], list[dict]] | None = None) -> list[dict]:
+    """The trace in a run's JSON or a checkpoint (`sealed`: see `trace_of`); refused unless a run of `machine`."""
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -286,7 +292,7 @@ def load_trace(path: Path, machine: Machine) -> list[dict]:
     except json.JSONDecodeError as error:
         raise UsageError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from error
     try:
-        steps = trace_of(document)
+        steps = trace_of(document, sealed)
     except UsageError as error:
         raise UsageError(f"{path}: {error}") from error
     owner = document.get("machine") if isinstance(document.get("machine"), dict) else {}

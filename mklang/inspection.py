@@ -9,9 +9,11 @@ from typing import Any
 from mklang.checkpoint.envelope import Budgets, load
 from mklang.checkpoint.journal import read_journal, resume_change
 from mklang.checkpoint.paths import located_host, root_file
+from mklang.checkpoint.segments import recorded_trace
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.texts import machine_root
 from mklang.checkpoint.trust import recorded_host
+from mklang.engine.trace import Trace
 from mklang.errors import CheckpointError, MklangError, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
@@ -39,6 +41,7 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
             "host": recorded_host(envelope.host),  # what --trust would be asked to run: shown, never used
         }
     frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
+    root_trace = recorded_trace(location, frames[0], trusted=True) if frames else Trace()
     usage = Usage.from_json(envelope.usage)
     steps_after = 0
     if envelope.status == "running" or resume_change(location.store, location.run, envelope) is not None:
@@ -46,9 +49,9 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         steps_after = sum(1 for r in read_journal(location, envelope.generation) if r.get("k") == "step")
         resumable = open_run(location, force=True, trust=True, lock=False)
         envelope, chain = resumable.envelope, resumable.chain
-        frames = [frame.to_json() for frame in chain]
+        frames = [frame.to_json({}) for frame in chain]  # without their traces: the root's is read when used
+        root_trace = chain[0].trace
         usage = sum((frame.usage for frame in chain), Usage())
-    root = frames[0] if frames else {}
     # The question the run waits on: its innermost frame's, even when it died before saying so.
     pending = (frames[-1].get("ask") if frames else None) or {"ask": envelope.ask, "reply_to": envelope.reply_to}
     tokens, cost = usage.tokens, usage.cost_usd
@@ -79,7 +82,7 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         "tokens": {"spent": tokens, "budget": budgets.max_tokens, "remaining": remaining(budgets.max_tokens, tokens)},
         "cost_usd": {"spent": cost, "budget": budgets.max_cost, "remaining": remaining(budgets.max_cost, cost)},
         "max_time": budgets.max_time,
-        "last_steps": (root.get("trace") or [])[-last:] if last else [],
+        "last_steps": root_trace.last(last),
         "ask": pending["ask"],
         "reply_to": pending["reply_to"],
         "resumable": envelope.status in ("running", "suspended"),
@@ -139,11 +142,13 @@ def run_document(target: str | Path | Location) -> dict[str, Any]:
         return describe(location, last=0)
     status: str = envelope.status
     frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
+    root_trace = recorded_trace(location, frames[0], trusted=True) if frames else Trace()
     usage = dict(envelope.usage)
     if status == "running" or resume_change(location.store, location.run, envelope) is not None:
         status = "running"
         chain = open_run(location, force=True, trust=True, lock=False).chain
-        frames = [frame.to_json() for frame in chain]
+        frames = [frame.to_json({}) for frame in chain]  # without their traces: the root's is read when used
+        root_trace = chain[0].trace
         usage = sum((frame.usage for frame in chain), Usage()).to_json()
     root = frames[0] if frames else {}
     document: dict[str, Any] = {
@@ -152,7 +157,7 @@ def run_document(target: str | Path | Location) -> dict[str, Any]:
         "at": envelope.at if status != "running" else None,
         "result": envelope.result,
         "context": root.get("context", {}),
-        "trace": root.get("trace", []),
+        "trace": list(root_trace),
         "usage": usage,
     }
     if status in ("suspended", "running"):

@@ -375,10 +375,12 @@ def _verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
 def _rebuild(location: Location, envelope: Envelope, verified: _Verified) -> Resumable:
     """The recorded frames on the machines they run, the root machine first."""
     from mklang.checkpoint.compat import rebuild
+    from mklang.checkpoint.segments import reader
 
     loader = MachineLoader()
     machine_for = _frame_reader(location, envelope.machines, verified.paths, loader)
-    chain = [rebuild(frame, machine_for(frame), str(location)) for frame in map(dict, envelope.frames)]
+    read = reader(location.store, location.run, str(location), trusted=verified.trusted)
+    chain = [rebuild(frame, machine_for(frame), str(location), read) for frame in map(dict, envelope.frames)]
     if verified.paths.root is not None and chain[0].machine.path != str(verified.paths.root):
         raise CheckpointError(f"{location}: the first frame does not run the root machine {verified.paths.root}")
     if envelope.reason == "escalated" and "ask" not in envelope.frames[-1]:
@@ -562,6 +564,7 @@ def proceed(
     refused unless `replace`); the lock taken by `open_run` is released when
     the run ends.
     """
+    from mklang.checkpoint.segments import copy_segments
     from mklang.checkpoint.trust import BUDGETS, run_settings
 
     preflight(resumable.chain[0].machine, host)
@@ -612,6 +615,7 @@ def proceed(
         with _claimed(target, resumable.lock if in_place else None, replace or in_place) as above:
             if not in_place:
                 envelope.generation = max(envelope.generation, above)
+                copy_segments(resumable.location, target, chain)
             return _drive(
                 envelope,
                 chain,

@@ -202,9 +202,9 @@ def test_stores_import_only_the_foundation():
 
 
 def test_persistence_knows_the_engines_frames_not_how_it_runs():
-    """A checkpoint stores frames and step records, so persistence reads those two engine modules;
-    starting and driving the engine is the run service's, above it."""
-    data = {"mklang.engine.frame", "mklang.engine.records"}
+    """A checkpoint stores frames, their traces and step records, so persistence reads those engine
+    modules; starting and driving the engine is the run service's, above it."""
+    data = {"mklang.engine.frame", "mklang.engine.trace", "mklang.engine.records"}
     reached = {
         module: sorted(t for t in GRAPH[module] if t.startswith("mklang.engine") and t not in data)
         for module in GRAPH

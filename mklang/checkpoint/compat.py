@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from mklang.checkpoint.envelope import EnteredFrame
 from mklang.engine.frame import Frame, repair_budgets
+from mklang.engine.trace import SegmentReader
 from mklang.errors import CheckpointError
 from mklang.model import Call, Machine, State
 from mklang.vocabulary import END
@@ -39,10 +40,10 @@ def frame_shape_error(frame: Any) -> str | None:
     return None
 
 
-def rebuild(frame: dict[str, Any], machine: Machine, where: str) -> Frame:
-    """A `Frame` from a recorded one already checked by `frame_shape_error`."""
+def rebuild(frame: dict[str, Any], machine: Machine, where: str, read: SegmentReader | None = None) -> Frame:
+    """A `Frame` from a recorded one already checked by `frame_shape_error`; `read` reads its trace segments."""
     try:
-        return Frame.from_json(frame, machine)
+        return Frame.from_json(frame, machine, read)
     except (KeyError, TypeError, ValueError, AttributeError) as error:  # a shape the model does not pin
         raise CheckpointError(f"{where}: malformed frame: {type(error).__name__}: {error}") from None
 

@@ -32,7 +32,10 @@ from mklang.stores import Location, RunStore, locate
 from mklang.stores.summary import RunSummary, summary_reason
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
-FORMAT: Final = 2
+FORMAT: Final = 3
+# Formats read as they are: a format-2 envelope is a format-3 one whose frames have no trace segments.
+CURRENT: Final = (2, 3)
+SEGMENT_NAME = r"^[0-9a-f]{64}$"
 Status = Literal["running", "suspended", "done", "halted"]
 
 
@@ -118,6 +121,9 @@ class FrameRecord(TypedDict):
     feedback: str | None
     repair_left: list[tuple[str, int, int]]  # [state, gate index, repairs left]
     visits: dict[str, int]
+    # The trace: sealed segments the run's store keeps, [sha256 of its bytes, steps] each
+    # (`segments.py`; none in format 2), then the steps since.
+    segments: NotRequired[list[tuple[Annotated[str, Field(pattern=SEGMENT_NAME)], Annotated[int, Field(ge=1)]]]]
     trace: list[dict[str, Any]]
     last_output: Any
     branches: NotRequired[list[tuple[int, BranchRecord]]]  # finished branches of a fan-out a budget cut short
@@ -140,7 +146,7 @@ class Envelope(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal[2] = FORMAT
+    format: Literal[2, 3] = FORMAT
     mklang_version: str
     run_id: str
     status: Status
@@ -228,7 +234,7 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     version = data.get("format")
     if not isinstance(version, int):
         raise CheckpointError("not a mklang checkpoint (no 'format' field)")
-    while version < FORMAT:
+    while version < CURRENT[0]:
         if version not in MIGRATIONS:
             raise CheckpointError(f"checkpoint format {version} is too old to migrate")
         data = MIGRATIONS[version](data)

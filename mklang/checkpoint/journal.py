@@ -48,8 +48,9 @@ from typing import Any, Literal, Protocol
 
 from mklang import faults
 from mklang.checkpoint import generations
-from mklang.checkpoint.envelope import Envelope, dump, dump_signed, store_envelope, summary_of
+from mklang.checkpoint.envelope import FORMAT, Envelope, dump, dump_signed, store_envelope, summary_of
 from mklang.checkpoint.paths import MachinePaths, portable_host
+from mklang.checkpoint.segments import trace_fields
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
@@ -149,12 +150,13 @@ class StoreJournal:
         self.store.summarize(self.run, summary_of(self.run, self.envelope))  # running again
 
     def _host_update(self) -> dict[str, Any]:
-        """Fields that change as the run goes: machines loaded, the host's state.
+        """Fields that change as the run goes: machines loaded, the host's state; and the format
+        it is written in (a resumed format-2 envelope goes on as format 3).
 
         Machine files are named relative to the root's folder, the root and
         the host's files relative to the checkpoint's, so the files can move together.
         """
-        update: dict[str, Any] = {"machines": self.paths.names(self.hashes)}
+        update: dict[str, Any] = {"format": FORMAT, "machines": self.paths.names(self.hashes)}
         if self.paths.root is not None:
             update["machine"] = self.envelope.machine.model_copy(update={"path": self.paths.root_from(self.anchor)})
         host = portable_host(self.envelope.host, self.anchor)
@@ -186,7 +188,7 @@ class StoreJournal:
 
     def enter(self, depth: int, frame: Frame) -> None:
         # A machine first loaded after the snapshot: its hash travels with the (signed) line.
-        entered = {**self._frame(frame), "sha256": self.hashes.get(frame.machine.path or "")}
+        entered = {**self._frame(frame, seal=False), "sha256": self.hashes.get(frame.machine.path or "")}
         self._append({"k": "enter", "d": depth, "f": entered}, durable=False)
 
     def step(self, depth: int, record: StepRecord) -> None:
@@ -258,8 +260,10 @@ class StoreJournal:
         self._write(envelope, dump(envelope))
         self.store.drop_journal(self.run)
 
-    def _frame(self, frame: Frame) -> dict[str, Any]:
-        recorded = frame.to_json()
+    def _frame(self, frame: Frame, *, seal: bool = True) -> dict[str, Any]:
+        """A frame as a snapshot records it: a long enough trace tail is sealed into a segment first
+        (`segments.py`: durable before the envelope that names it), unless not `seal` (a journal line)."""
+        recorded = frame.to_json(trace_fields(self.store, self.run, frame.trace, seal=seal))
         recorded["path"] = self.paths.name(recorded["path"])
         return recorded
 

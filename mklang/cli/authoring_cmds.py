@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from functools import partial
 from pathlib import Path
 
 import typer
@@ -20,6 +21,14 @@ class GraphFormat(str, enum.Enum):
     mermaid = "mermaid"
     dot = "dot"
     svg = "svg"
+
+
+def _sealed_trace(checkpoint: Path, frame: dict) -> list[dict]:
+    """The whole trace of a checkpoint's frame that names trace segments, read (and checked) through its store."""
+    from mklang.checkpoint.segments import recorded_trace
+    from mklang.stores import locate
+
+    return [dict(step) for step in recorded_trace(locate(checkpoint), frame, trusted=False)]
 
 
 @app.command()
@@ -36,7 +45,7 @@ def graph(
         from mklang.syntax import load_file
 
         loaded = load_file(machine)
-        steps = load_trace(trace, loaded) if trace is not None else None
+        steps = load_trace(trace, loaded, partial(_sealed_trace, trace)) if trace is not None else None
         sys.stdout.write(render(loaded, fmt.value, steps))
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypedDict, Unpack
 
 from mklang.effects import check_policy
@@ -33,13 +35,19 @@ class RunResult:
     at: str | None
     result: Any
     context: dict[str, Any]
-    trace: list[TraceStep]
+    root_trace: Sequence[TraceStep] = field(repr=False)  # the root level's `Trace`, its segments unread
     usage: Usage
     frames: list[Frame] = field(default_factory=list)  # root..innermost, when suspended
     ask: str | None = None
     reply_to: str | None = None
     detail: str | None = None  # e.g. the provider error behind a suspension
     calls: dict[str, int] = field(default_factory=dict)  # model and tool calls this process paid for
+
+    @cached_property
+    def trace(self) -> list[TraceStep]:
+        """The root level's trace (SPEC section 6); a stored run's sealed segments are read here, once
+        (ADR 0040), so a run that nothing reads the trace of never reads them."""
+        return list(self.root_trace)
 
     @property
     def reason(self) -> str | None:

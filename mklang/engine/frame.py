@@ -18,6 +18,7 @@ from typing import Any
 
 from mklang.engine.interpolate import assign
 from mklang.engine.records import HumanAsk, StepRecord, TraceStep
+from mklang.engine.trace import Segment, SegmentReader, Trace
 from mklang.model import Machine, State
 from mklang.providers.base import Usage
 from mklang.vocabulary import lookup, root_key
@@ -71,7 +72,7 @@ class Frame:
     feedback: str | None = None
     repair_left: dict[tuple[str, int], int] = field(default_factory=dict)
     visits: dict[str, int] = field(default_factory=dict)
-    trace: list[TraceStep] = field(default_factory=list)
+    trace: Trace = field(default_factory=Trace)
     last_output: Any = None
     # Finished branches of the fan-out a budget cut short at this loop-top, by index:
     # resume launches only the others (SPEC section 4, "Budgets across fan-out").
@@ -183,7 +184,9 @@ class Frame:
 
     # --- serialization (checkpoint envelopes and journals) ---------------
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, trace: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The frame as JSON data, its whole trace as a list; or, given `trace`, those fields in its
+        place (a checkpoint's sealed segments and tail, `mklang.checkpoint.segments`), in field order."""
         return {
             "machine": self.machine.name,
             "path": self.machine.path,
@@ -196,7 +199,7 @@ class Frame:
             "feedback": self.feedback,
             "repair_left": [(s, i, n) for (s, i), n in sorted(self.repair_left.items())],
             "visits": dict(sorted(self.visits.items())),
-            "trace": self.trace,
+            **(trace if trace is not None else {"trace": list(self.trace)}),
             "last_output": self.last_output,
             "halted": self.halted,
             "ask": self.ask,
@@ -210,7 +213,9 @@ class Frame:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], machine: Machine) -> Frame:
+    def from_json(cls, data: Mapping[str, Any], machine: Machine, read: SegmentReader | None = None) -> Frame:
+        """The frame `data` records, running `machine`; `read` reads the trace segments it names."""
+        segments = [Segment(str(name), int(steps)) for name, steps in data.get("segments", [])]
         return cls(
             machine=machine,
             state=data["state"],
@@ -222,7 +227,7 @@ class Frame:
             feedback=data.get("feedback"),
             repair_left={(s, int(i)): int(n) for s, i, n in data.get("repair_left", [])},
             visits={k: int(v) for k, v in data.get("visits", {}).items()},
-            trace=list(data.get("trace", [])),
+            trace=Trace(data.get("trace", []), segments, read),
             last_output=data.get("last_output"),
             halted=data.get("halted"),
             ask=data.get("ask"),

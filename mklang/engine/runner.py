@@ -506,11 +506,11 @@ def _call(
         if stop.kind != "halted":
             raise
         ended = "halted"
-        raise Stop("call-failed", f"call-failed: {stop.reason}", state.name, trace=child_frame.trace) from None
+        raise Stop("call-failed", f"call-failed: {stop.reason}", state.name, trace=list(child_frame.trace)) from None
     finally:  # the sub-run's frame holds what it paid, however it ended
         calls.pay(child_frame.usage)
         rt.emit(events.CallFinished(machine=called, status=ended, usage=child_frame.usage))
-    return child_frame.result(), None, child_frame.usage, {"sub_trace": child_frame.trace}
+    return child_frame.result(), None, child_frame.usage, {"sub_trace": list(child_frame.trace)}
 
 
 def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[list[Any], list[dict[str, Any]], Usage]:

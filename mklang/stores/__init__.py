@@ -2,7 +2,9 @@
 
 A run store holds many runs, each named by a run id: its envelope (one
 document, replaced atomically), its journal (an append-only byte log that a
-new generation replaces whole), and its lock (one process at a time). A note
+new generation replaces whole), its trace segments (immutable documents
+named by their sha256, which envelopes refer to) and its lock (one process
+at a time). A note
 store keeps documents beside them: the machine texts runs share, batch
 records and each batch run's spend. Every built-in backend is both (`Store`).
 The envelope codec, the journal's records and recovery live above, in
@@ -70,6 +72,13 @@ class RunStore(Protocol):
     def drop_journal(self, run: str) -> None:
         """Remove the run's journal (a finished run keeps none)."""
 
+    def write_segment(self, run: str, name: str, payload: bytes) -> None:
+        """Keep a trace segment of the run under `name` (the sha256 of `payload`), durably: it
+        survives a power cut before any envelope names it. One already there is kept as it is."""
+
+    def read_segment(self, run: str, name: str) -> bytes | None:
+        """The run's trace segment `name` as stored (its reader checks the sha256), or None."""
+
     def lock(self, run: str) -> RunLock:
         """Lock the run for this process, or raise `CheckpointError` naming who holds it."""
 
@@ -87,7 +96,7 @@ class RunStore(Protocol):
         """The summaries of the store's runs that `query` asks for, newest started first."""
 
     def remove(self, run: str) -> None:
-        """Remove the run's envelope, journal and summary (its lock stays: held, it is the caller's)."""
+        """Remove the run's envelope, journal, trace segments and summary (its lock stays: held, it is the caller's)."""
 
     def close(self) -> None:
         """Release connections and open files (held locks are released by `RunLock.release`)."""

@@ -3,7 +3,8 @@
 For a run `cp.json` in a folder: the envelope `cp.json` (replaced
 atomically, 0600), the journal `cp.json.journal` (appended; its handle stays
 open while the run goes on) and the lock `cp.json.lock`; what a listing shows of it is
-`.mklang-runs/cp.json` (`RunSummary`). Batches keep notes
+`.mklang-runs/cp.json` (`RunSummary`), its trace segments are files of
+`.mklang-segments/<hash of the run>/` named by their sha256. Batches keep notes
 in `.mklang-notes/` and each run's spend in `.mklang-spend/`, files named by
 the hash of their key.
 
@@ -22,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -104,6 +106,24 @@ class FileStore:
         if handle is not None:
             handle.close()
 
+    def _segments(self, run: str) -> Path:
+        # Run names are file names, but a folder per run keyed by their hash keeps them out of `runs()`.
+        return self.folder / ".mklang-segments" / hashlib.sha256(run.encode("utf-8")).hexdigest()[:32]
+
+    def write_segment(self, run: str, name: str, payload: bytes) -> None:
+        path = self._segments(run) / name
+        if path.exists():
+            return  # named by its sha256: the bytes there are these (a reader checks)
+        try:
+            for folder in (path.parent.parent, path.parent):
+                folder.mkdir(mode=0o700, exist_ok=True)
+            write_atomic(path, payload)  # fsynced with its folder: durable before an envelope names it
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot write the trace segment: {error.strerror}") from None
+
+    def read_segment(self, run: str, name: str) -> bytes | None:
+        return _read_if_there(self._segments(run) / name, "the trace segment")
+
     def lock(self, run: str) -> FileLock:
         return FileLock(self.folder / f"{run}.lock", str(self._path(run)))
 
@@ -156,6 +176,13 @@ class FileStore:
 
     def remove(self, run: str) -> None:
         self.drop_journal(run)
+        segments = self._segments(run)
+        try:
+            shutil.rmtree(segments)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            raise CheckpointError(f"{segments}: cannot remove the run's trace segments: {error.strerror}") from None
         for path in (self._path(run), self._summary(run)):
             try:
                 path.unlink(missing_ok=True)

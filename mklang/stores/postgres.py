@@ -2,7 +2,8 @@
 
 `postgresql://[user@]host[:port]/database#RUN`; libpq's URI options apply
 (for a schema: `?options=-csearch_path%3Dmy_schema`). Runs are rows of
-`mklang_runs(run, envelope, generation, <summary>)` and `mklang_journal(run, seq, line)`, batches
+`mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
+`mklang_segments(run, name, body)` (trace segments, flushed like envelopes), batches
 keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
 tables are created on first use; every write is one committed transaction.
 
@@ -56,6 +57,9 @@ CREATE INDEX IF NOT EXISTS mklang_runs_status ON mklang_runs (status);
 CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated);
 CREATE TABLE IF NOT EXISTS mklang_journal (run TEXT NOT NULL, seq BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL);
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
+CREATE TABLE IF NOT EXISTS mklang_segments (
+    run TEXT NOT NULL, name TEXT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run, name)
+);
 CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BYTEA NOT NULL);
 CREATE TABLE IF NOT EXISTS mklang_spend (
     batch TEXT NOT NULL, run TEXT NOT NULL, tokens BIGINT NOT NULL, cost DOUBLE PRECISION NOT NULL,

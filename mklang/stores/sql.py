@@ -31,7 +31,7 @@ SUMMARY_SELECT = "SELECT run, run_id, machine, status, reason, tokens, cost, sta
 
 class SqlStore:
     """The row operations of the `Store` protocol over `mklang_runs`, `mklang_journal`,
-    `mklang_notes` and `mklang_spend`."""
+    `mklang_segments`, `mklang_notes` and `mklang_spend`."""
 
     GREATEST = "MAX"  # the dialect's maximum of two values
 
@@ -81,6 +81,19 @@ class SqlStore:
 
     def drop_journal(self, run: str) -> None:
         self._rows("DELETE FROM mklang_journal WHERE run = ?", run, run=run)
+
+    def write_segment(self, run: str, name: str, payload: bytes) -> None:
+        self._rows(
+            "INSERT INTO mklang_segments (run, name, body) VALUES (?, ?, ?) ON CONFLICT (run, name) DO NOTHING",
+            run,
+            name,
+            payload,
+            run=run,
+        )
+
+    def read_segment(self, run: str, name: str) -> bytes | None:
+        rows = self._rows("SELECT body FROM mklang_segments WHERE run = ? AND name = ?", run, name, run=run)
+        return bytes(rows[0][0]) if rows else None
 
     def runs(self) -> list[str]:
         return [str(row[0]) for row in self._rows("SELECT run FROM mklang_runs ORDER BY run")]
@@ -160,6 +173,7 @@ class SqlStore:
 
     def remove(self, run: str) -> None:
         self._rows("DELETE FROM mklang_journal WHERE run = ?", run, run=run)
+        self._rows("DELETE FROM mklang_segments WHERE run = ?", run, run=run)
         self._rows("DELETE FROM mklang_runs WHERE run = ?", run, run=run)
 
     def read_note(self, key: str) -> bytes | None:

@@ -7,7 +7,8 @@ durable journal lines are also synced (`synchronous=FULL`: they survive a
 power cut), other journal lines are not (`NORMAL`), so the durability
 setting decides the fsyncs of a step as in the file store. A synced commit
 syncs the ones before it too: the WAL is one file, written in order. Runs
-are rows: `mklang_runs(run, envelope, generation, <summary>)` and `mklang_journal(run, seq, line)`;
+are rows: `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
+`mklang_segments(run, name, body)` (trace segments, synced like envelopes);
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
 
 SQLite has no lock that dies with its process, so a run's lock is the file
@@ -38,6 +39,9 @@ CREATE TABLE IF NOT EXISTS mklang_journal (
     run TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, line BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
+CREATE TABLE IF NOT EXISTS mklang_segments (
+    run TEXT NOT NULL, name TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (run, name)
+);
 CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS mklang_spend (
     batch TEXT NOT NULL, run TEXT NOT NULL, tokens INTEGER NOT NULL, cost REAL NOT NULL, PRIMARY KEY (batch, run)

@@ -238,7 +238,8 @@ def test_frames_are_typed_in_the_schema_and_on_load(tmp_path):
     assert frame_schema["additionalProperties"] is False
     written = set(Frame.start(MACHINE).to_json())
     assert set(frame_schema["required"]) <= written <= set(frame_schema["properties"])
-    assert set(frame_schema["properties"]) - written == {"branches"}  # only while a fan-out is cut
+    # branches only while a fan-out is cut; segments once a checkpoint sealed part of the trace
+    assert set(frame_schema["properties"]) - written == {"branches", "segments"}
     checkpoint = tmp_path / "cp.json"
     document = {
         "format": 1,
@@ -497,7 +498,7 @@ def test_a_temp_file_already_gone_when_the_rename_fails_reports_the_rename_error
         ({"run_id": "r"}, "not a mklang checkpoint (no 'format' field)"),
         ({"format": "1"}, "not a mklang checkpoint (no 'format' field)"),
         ({"format": 0}, "checkpoint format 0 is too old to migrate"),
-        ({"format": 3}, "checkpoint format 3 is newer than this mklang understands (2)"),
+        ({"format": 4}, "checkpoint format 4 is newer than this mklang understands (3)"),
     ],
 )
 def test_a_document_of_another_format_is_one_line_naming_the_file(tmp_path, document, message):

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
+from mklang.inspection import run_document
 from mklang.providers.scripted import ScriptedProvider
 from mklang.service import open_run, proceed
 from mklang.session import Host
@@ -36,6 +38,15 @@ def test_a_canonically_signed_checkpoint_resumes_to_done_and_is_rewritten_signed
     assert done.trace[0]["output"] == 'line é\n"quoted"'
     after = load(checkpoint)
     assert (after.seal, after.status, after.frames[0]["trace"][:3]) == ("signed", "done", before.frames[0]["trace"])
+    assert (before.format, after.format) == (2, 3)  # format 2 is read as it is; what is written next is format 3
+
+
+def test_a_format_2_checkpoint_resumed_seals_its_trace_into_segments(checkpoint, monkeypatch):
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 1)
+    done = proceed(open_run(checkpoint), Host(ScriptedProvider({"produce": ["y"], "judge": [0]})), budget=4)
+    after = dict(load(checkpoint).frames[0])
+    assert [steps for _, steps in after["segments"]] == [4] and after["trace"] == []
+    assert run_document(checkpoint)["trace"] == list(done.trace)
 
 
 def test_an_edit_to_a_canonically_signed_checkpoint_is_refused(checkpoint):

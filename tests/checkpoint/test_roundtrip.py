@@ -6,6 +6,8 @@ resumed from its checkpoint file; trace, usage, context, result and final
 status must equal the uninterrupted run's. A run suspended by a budget and
 resumed with the budgets it suspended at (`mklang resume cp.json`) takes no
 step and leaves its frames as they were (idempotent, seed ADR 0007).
+Every snapshot seals its trace into a segment, so the traces compared are
+read back from the store.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from support.runs import InterruptAt, LoopTops, compared
 from typer.testing import CliRunner
 
 import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
+from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
 from mklang.cli.app import app
 from mklang.engine import Control
@@ -25,6 +28,12 @@ from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
 from mklang.syntax import load_file
+
+
+@pytest.fixture(autouse=True)
+def sealed(monkeypatch):
+    """Every snapshot seals its trace into a segment (ADR 0040): resumes read traces back from the store."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 1)
 
 
 def _start(machine, scenario, checkpoint, **options):

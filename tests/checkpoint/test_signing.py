@@ -267,7 +267,7 @@ def _saved_with_a_trace(path: Path) -> bytes:
 def test_an_envelope_is_checked_as_written_and_laid_out_anew_and_an_edit_in_its_trace_is_tampered(tmp_path):
     path = tmp_path / "cp.json"
     raw = _saved_with_a_trace(path)
-    assert raw.startswith(b'{"format":2,') and load(path).seal == "signed"  # field order, not sorted keys
+    assert raw.startswith(b'{"format":3,') and load(path).seal == "signed"  # field order, not sorted keys
     path.write_text(json.dumps(json.loads(raw), indent=2), encoding="utf-8")
     assert load(path).seal == "signed"
     for edited in (

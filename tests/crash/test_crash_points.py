@@ -2,7 +2,8 @@
 
 A run is crashed at each point it reaches (mklang.faults: every journal
 line, every envelope and journal-generation write before and after its
-rename, before every model and tool call and after it returns), at every
+rename, every trace segment written before the envelope naming it, before
+every model and tool call and after it returns), at every
 nesting level, and resumed as `mklang resume cp.json` would; a second
 crash is injected into that resume, which is resumed again. The final
 trace, usage, context and result must equal the uninterrupted run's, and
@@ -31,6 +32,7 @@ from support.examples import scripted_machines
 
 import mklang.checkpoint.envelope as envelope_module
 import mklang.checkpoint.journal as journal_module
+import mklang.checkpoint.segments as segments_module
 import mklang.syntax
 from mklang import faults
 from mklang.scenarios import Scenario, load_script
@@ -52,6 +54,7 @@ def fast(monkeypatch):
     monkeypatch.setattr(envelope_module.Envelope, "model_dump", pydantic.BaseModel.model_dump)
     monkeypatch.setattr(mklang.syntax, "load_file", functools.cache(mklang.syntax.load_file))
     monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 2048)  # compactions happen too
+    monkeypatch.setattr(segments_module, "SEGMENT_BYTES", 1)  # and every snapshot seals its trace into a segment
 
 
 def _without_delays(scenario: Scenario) -> Scenario:
@@ -123,6 +126,6 @@ def test_the_golden_scenarios_reach_every_documented_crash_point(tmp_path):
             finally:
                 faults.disarm()
     documented = {"journal.gen", "journal.enter", "journal.step", "journal.halt", "journal.call", "envelope.temp"}
-    documented |= {"envelope", "journal.gen.temp", "call.before", "call.returned"}
+    documented |= {"envelope", "journal.gen.temp", "call.before", "call.returned", "segment"}
     assert documented <= set(reached), documented - set(reached)
     assert os.environ.get(faults.ENV) is None

@@ -11,11 +11,13 @@ from typing import Any
 
 from mklang import faults
 from mklang.checkpoint.envelope import load
+from mklang.checkpoint.segments import recorded_trace
 from mklang.engine.runtime import BRANCH_THREADS
 from mklang.providers.base import Usage
 from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.service import open_run, proceed, start
 from mklang.session import Host
+from mklang.stores import locate
 from mklang.syntax import load_file
 from mklang.vocabulary import lookup
 from support import ROOT
@@ -89,13 +91,14 @@ def finished_outcome(checkpoint: Path) -> dict[str, Any] | None:
     if envelope["status"] not in ("done", "halted"):
         return None
     root = envelope["frames"][0]
+    trace = recorded_trace(locate(checkpoint), root, trusted=True)
     return {
         "status": envelope["status"],
         "error": envelope["error"],
         "at": envelope["at"],
         "result": envelope["result"],
         "context": root["context"],
-        "trace": root["trace"],
+        "trace": list(trace),
         "usage": envelope["usage"],
     }
 
@@ -103,10 +106,11 @@ def finished_outcome(checkpoint: Path) -> dict[str, Any] | None:
 class Finished:
     """The outcome a finished checkpoint holds, shaped like a RunResult."""
 
-    def __init__(self, envelope):
-        root = envelope.frames[0]
+    def __init__(self, envelope, checkpoint: Path):
+        root = dict(envelope.frames[0])
         self.status, self.error, self.at, self.ask = envelope.status, envelope.error, envelope.at, envelope.ask
-        self.result, self.context, self.trace = envelope.result, root["context"], root["trace"]
+        self.result, self.context = envelope.result, root["context"]
+        self.trace = list(recorded_trace(locate(checkpoint), root, trusted=True))
         self.usage = Usage.from_json(envelope.usage)
 
 
@@ -174,7 +178,7 @@ class Attempt:
             return self.phase(0)
         envelope = load(self.checkpoint)
         if envelope.status in ("done", "halted"):  # the crash came after the run's end was durable
-            return Finished(envelope)
+            return Finished(envelope, self.checkpoint)
         resumable = open_run(self.checkpoint)
         replied = any(
             lookup(frame.context, key) == value

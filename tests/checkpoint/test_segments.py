@@ -1,0 +1,276 @@
+"""Trace segments (ADR 0040): a long trace is kept beside the envelope, read only when the trace is.
+
+A run is suspended after enough steps that its trace is sealed into several
+segments, then resumed to done. The resume must read no segment, the
+finished envelope must refer to the segments already written, and the trace
+read back through the store must equal the same run's when nothing is
+sealed. Each segment is checked against the name the signed envelope gives
+it: an edited, missing or swapped segment is one line naming the run, and
+an envelope edited to name other segments is tampered. Removing the run
+removes its segments, in every store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from support.commands import cli
+
+import mklang.checkpoint.journal as journal_module
+import mklang.checkpoint.segments as segments_module
+from mklang.checkpoint.envelope import load
+from mklang.errors import CheckpointError
+from mklang.inspection import describe, run_document
+from mklang.providers.scripted import ScriptedProvider
+from mklang.service import open_run, proceed, remove_run, resume, start
+from mklang.session import Host
+from mklang.stores import Location, locate, open_store
+from mklang.stores.file import FileStore
+from mklang.syntax import load_file
+
+STEPS = 40
+LOOP = f"""
+machine grow
+entry write
+budget {STEPS}
+state write {{
+  structure "a line"
+  prompt "write"
+  output line
+  when "finished" -> END
+  otherwise -> write
+}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def small_segments(monkeypatch):
+    """Segments of a few steps, and snapshots every few steps: a short run seals several."""
+    monkeypatch.setattr(segments_module, "SEGMENT_BYTES", 1024)
+    monkeypatch.setattr(journal_module, "MIN_COMPACT_BYTES", 2048)
+
+
+@pytest.fixture(params=["file", "sqlite", "postgresql"])
+def folder_or_uri(request, tmp_path) -> str:
+    if request.param == "file":
+        (tmp_path / "runs").mkdir()
+        return str(tmp_path / "runs")
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    return request.getfixturevalue("postgres_uri")
+
+
+def _where(folder_or_uri: str, run: str) -> Location:
+    return locate(f"{folder_or_uri}#{run}" if "://" in folder_or_uri else f"{folder_or_uri}/{run}")
+
+
+def _suspended(where: Location, tmp_path: Path, letter: str = "x") -> Location:
+    """A run of `STEPS` steps of 100-character outputs, suspended when its step budget ran out."""
+    machine_file = tmp_path / "grow.mk"
+    machine_file.write_text(LOOP)
+    machine = load_file(machine_file)
+    writing = ScriptedProvider({"produce": [letter * 100], "judge": ["none"]})
+    suspended = start(machine, {}, Host(writing), checkpoint=where)
+    assert (suspended.status, suspended.error) == ("suspended", "budget-exhausted")
+    return where
+
+
+def _finish(where: Location):
+    return proceed(open_run(where), Host(ScriptedProvider({"produce": ["y"], "judge": [0]})), budget=STEPS + 1)
+
+
+def _segments(where: Location) -> list[tuple[str, int]]:
+    return [tuple(segment) for segment in dict(load(where).frames[0]).get("segments", [])]
+
+
+def test_a_resume_reads_no_segment_and_the_finished_run_refers_to_those_written(folder_or_uri, tmp_path, monkeypatch):
+    where = _suspended(_where(folder_or_uri, "long"), tmp_path)
+    sealed = _segments(where)
+    assert len(sealed) >= 3  # the steps since the last segment stay in the envelope
+    assert len(dict(load(where).frames[0])["trace"]) == STEPS - sum(steps for _, steps in sealed)
+
+    store_type = type(where.store)
+    read = store_type.read_segment
+    reads: list[str] = []
+    monkeypatch.setattr(
+        store_type, "read_segment", lambda store, run, name: reads.append(name) or read(store, run, name)
+    )
+    done = _finish(where)
+    assert done.status == "done" and len(done.root_trace) == STEPS + 1
+    assert reads == []  # nothing read the trace
+    assert _segments(where)[: len(sealed)] == sealed
+    assert done.root_trace[-1]["to"] == "END" and reads == []  # the last step is the tail's
+    steps = done.trace
+    assert len(steps) == STEPS + 1 and len(reads) == len(_segments(where))  # reading it reads each segment once
+
+    # The same run with nothing sealed has the same trace, as the store gives it back.
+    monkeypatch.setattr(segments_module, "SEGMENT_BYTES", 10**9)
+    whole = _suspended(_where(folder_or_uri, "whole"), tmp_path)
+    assert _segments(whole) == []
+    assert _finish(whole).trace == steps
+    assert run_document(where)["trace"] == run_document(whole)["trace"] == json.loads(json.dumps(steps))
+    assert describe(where, last=3)["last_steps"] == steps[-3:]
+
+
+def test_removing_a_run_removes_its_segments(folder_or_uri, tmp_path):
+    where = _suspended(_where(folder_or_uri, "long"), tmp_path)
+    _finish(where)
+    names = [name for name, _ in _segments(where)]
+    assert names and all(where.store.read_segment("long", name) is not None for name in names)
+    assert remove_run(where).removed
+    assert all(where.store.read_segment("long", name) is None for name in names)
+    if isinstance(where.store, FileStore):
+        assert not any((where.store.folder / ".mklang-segments").iterdir())
+
+
+def _segment_file(where: Location, name: str) -> Path:
+    assert isinstance(where.store, FileStore)
+    return where.store._segments(where.run) / name
+
+
+def _unreadable(where: Location, match: str) -> None:
+    """Every way of reading the trace refuses in one line naming the run; the envelope itself still verifies."""
+    assert load(where).seal == "signed"
+    with pytest.raises(CheckpointError, match=match):
+        run_document(where)
+    shown = cli("show", str(where), "--format", "json")
+    assert shown.returncode == 2 and match.split(":")[0] in shown.stderr
+    assert len(shown.stderr.strip().splitlines()) == 1
+
+
+def test_an_edited_segment_is_refused_when_the_trace_is_read(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    _finish(where)
+    name = _segments(where)[1][0]
+    segment = _segment_file(where, name)
+    segment.write_bytes(segment.read_bytes().replace(b"x" * 100, b"y" * 100, 1))
+    _unreadable(where, f"cp.json: trace segment {name} was edited after it was written")
+
+
+def test_a_missing_segment_is_refused_when_the_trace_is_read(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    name = _segments(where)[0][0]
+    _segment_file(where, name).unlink()
+    done = _finish(where)  # the resume itself reads no segment
+    assert done.status == "done"
+    with pytest.raises(CheckpointError, match=f"trace segment {name} is missing from the run's store"):
+        done.trace  # noqa: B018 - reading it is what is refused
+    _unreadable(where, f"cp.json: trace segment {name} is missing")
+
+
+def test_a_segment_of_another_run_under_this_runs_name_is_refused(tmp_path):
+    one = _suspended(locate(tmp_path / "one.json"), tmp_path)
+    other = _suspended(locate(tmp_path / "other.json"), tmp_path, letter="w")
+    theirs, mine = _segments(one)[-1][0], _segments(other)[-1][0]
+    assert theirs != mine
+    _segment_file(other, mine).write_bytes(_segment_file(one, theirs).read_bytes())
+    _unreadable(other, f"other.json: trace segment {mine} was edited after it was written")
+
+
+def test_an_envelope_with_segments_laid_out_anew_is_still_signed(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    path = tmp_path / "cp.json"
+    path.write_text(json.dumps(json.loads(path.read_bytes()), indent=2))
+    assert _segments(where) and load(where).seal == "signed"
+
+
+def test_an_envelope_edited_to_name_other_segments_is_tampered(tmp_path):
+    one = _suspended(locate(tmp_path / "one.json"), tmp_path)
+    other = _suspended(locate(tmp_path / "other.json"), tmp_path, letter="w")
+    theirs, mine = _segments(one)[-1][0], _segments(other)[-1][0]
+    path = tmp_path / "other.json"
+    path.write_bytes(path.read_bytes().replace(mine.encode(), theirs.encode()))
+    assert load(other).seal == "tampered"
+    with pytest.raises(CheckpointError, match="edited after it was signed with your checkpoint key"):
+        open_run(other)
+
+
+def test_a_restored_older_envelope_with_segments_is_refused_as_a_rollback(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    saved = (tmp_path / "cp.json").read_bytes()
+    _finish(where)
+    (tmp_path / "cp.json").write_bytes(saved)
+    with pytest.raises(CheckpointError, match=r"is older than generation \d+ already written"):
+        open_run(where)
+
+
+def test_a_foreign_envelope_with_segments_is_refused_and_its_segments_checked_under_trust(tmp_path, monkeypatch):
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's key, long enough to be one: 0123456789")
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    monkeypatch.delenv("MKLANG_CHECKPOINT_KEY")
+    assert load(where).seal == "foreign"
+    with pytest.raises(CheckpointError, match="signed with another checkpoint key; resume it with --trust"):
+        open_run(where)
+    name = _segments(where)[0][0]
+    segment = _segment_file(where, name)
+    segment.write_bytes(segment.read_bytes().replace(b"x", b"z", 1))
+    host = Host(ScriptedProvider({"produce": ["y"], "judge": [0]}))
+    done = resume(where, host, trust=True, budget=STEPS + 1)
+    with pytest.raises(CheckpointError, match=f"trace segment {name} was edited"):
+        done.trace  # noqa: B018 - reading it is what is refused
+
+
+def test_a_sqlite_segment_edited_in_its_row_is_refused(tmp_path):
+    where = _suspended(locate(f"sqlite:///{tmp_path}/runs.db#long"), tmp_path)
+    name = _segments(where)[0][0]
+    with sqlite3.connect(tmp_path / "runs.db") as db:
+        db.execute("UPDATE mklang_segments SET body = CAST(REPLACE(CAST(body AS TEXT), 'xx', 'yy') AS BLOB)")
+    with pytest.raises(CheckpointError, match=f"#long: trace segment {name} was edited after it was written"):
+        list(open_run(where, lock=False).chain[0].trace)
+
+
+class SegmentlessStore:
+    """A store registered by a package written before segments: the file store without them."""
+
+    def __init__(self, folder: Path):
+        self._inner = FileStore(folder)
+
+    def __getattr__(self, name: str):
+        if name in ("write_segment", "read_segment"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_a_store_without_segments_keeps_the_whole_trace_in_the_envelope(tmp_path):
+    store = SegmentlessStore(tmp_path)
+    where = Location(store, "cp.json", str(tmp_path / "cp.json"), str(tmp_path / "cp.json"), tmp_path / "cp.json")
+    _suspended(where, tmp_path)
+    frame = dict(load(where).frames[0])
+    assert "segments" not in frame and len(frame["trace"]) == STEPS
+    assert _finish(where).status == "done"
+    assert not (tmp_path / ".mklang-segments").exists()
+
+
+def test_segments_are_private_files_beside_the_checkpoint(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    assert open_store(tmp_path).runs() == ["cp.json"]  # the segments' folder is no run
+    for name, _ in _segments(where):
+        assert os.stat(_segment_file(where, name)).st_mode & 0o077 == 0
+
+
+def test_a_run_resumed_into_another_checkpoint_takes_its_segments_along(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    moved = locate(f"sqlite:///{tmp_path}/runs.db#moved")
+    host = Host(ScriptedProvider({"produce": ["y"], "judge": [0]}))
+    steps = proceed(open_run(where), host, budget=STEPS + 1, checkpoint=moved).trace
+    assert len(steps) == STEPS + 1
+    assert remove_run(where, unfinished=True).removed  # the first checkpoint and its segments are gone
+    assert _segments(moved) and run_document(moved)["trace"] == json.loads(json.dumps(steps))
+
+
+def test_graph_draws_the_whole_trace_of_a_checkpoint_with_segments(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    _finish(where)
+    (tmp_path / "run.json").write_text(json.dumps(run_document(where)))
+    drawn = [
+        cli("graph", str(tmp_path / "grow.mk"), "--trace", str(tmp_path / name)) for name in ("cp.json", "run.json")
+    ]
+    assert drawn[0].returncode == 0 and drawn[0].stdout == drawn[1].stdout
+    missing = _segments(where)[0][0]
+    _segment_file(where, missing).unlink()
+    refused = cli("graph", str(tmp_path / "grow.mk"), "--trace", str(tmp_path / "cp.json"))
+    assert refused.returncode == 2 and f"trace segment {missing} is missing" in refused.stderr
