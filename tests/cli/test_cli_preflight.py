@@ -13,6 +13,7 @@ import pytest
 from support import ROOT
 from support.commands import cli, cli_env
 from support.fakeserver import FakeServer, answer
+from support.runs import CALLS_CHILD, HOOKED_CHILD
 
 import mklang as api
 from mklang.errors import UsageError
@@ -35,34 +36,6 @@ state write {
 state send {
   tool publish { text: "{{line}}" }
   output url
-  otherwise -> END
-}
-"""
-
-PARENT = """\
-machine parent
-entry ask
-budget 5
-
-state ask {
-  call child
-  output answer
-  otherwise -> END
-}
-"""
-
-CHILD = """\
-machine child
-entry think
-budget 3
-
-hook plausible "True when the answer is plausible."
-
-state think {
-  structure "One line."
-  prompt "Think."
-  output thought
-  when "always" hook plausible -> END
   otherwise -> END
 }
 """
@@ -131,7 +104,7 @@ def test_a_declared_tool_without_implementation_is_refused_naming_it_and_how_to_
 
 
 def test_a_hook_declared_by_a_called_machine_is_checked_too(tmp_path):
-    folder = project(tmp_path, **{"parent.mk": PARENT, "child.mk": CHILD})
+    folder = project(tmp_path, **{"parent.mk": CALLS_CHILD, "child.mk": HOOKED_CHILD})
     with FakeServer() as server:
         server.add(answer("Hmm."))
         done = run_against(server, folder, "parent.mk")
@@ -141,7 +114,7 @@ def test_a_hook_declared_by_a_called_machine_is_checked_too(tmp_path):
 
 
 def test_a_version_line_this_release_does_not_run_is_refused(tmp_path):
-    folder = project(tmp_path, **{"parent.mk": PARENT, "child.mk": "mklang 9.1\n" + CHILD})
+    folder = project(tmp_path, **{"parent.mk": CALLS_CHILD, "child.mk": "mklang 9.1\n" + HOOKED_CHILD})
     with FakeServer() as server:
         done = run_against(server, folder, "parent.mk")
         assert done.returncode == 2, done.stderr

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from support.examples import EXAMPLES
+from support.runs import CALLS_CHILD, HOOKED_CHILD
 
 import mklang
 from mklang.checkpoint.envelope import load
@@ -160,41 +161,11 @@ def test_preflight_refuses_a_tool_or_hook_without_implementation_before_anything
     preflight(machine, Host(provider=provider, tools={"publish": lambda text: "url"}))
 
 
-PARENT = """\
-mklang 0.4
-machine parent
-entry ask
-budget 5
-
-state ask {
-  call child
-  output answer
-  otherwise -> END
-}
-"""
-CHILD = """\
-mklang 0.4
-machine child
-entry think
-budget 3
-
-hook plausible "True when the answer is plausible."
-
-state think {
-  structure "One line."
-  prompt "Think."
-  output thought
-  when "always" hook plausible -> END
-  otherwise -> END
-}
-"""
-
-
 def test_preflight_checks_the_machines_a_run_calls_and_their_hooks(tmp_path):
     from mklang.syntax import load_file
 
-    (tmp_path / "parent.mk").write_text(PARENT, encoding="utf-8")
-    (tmp_path / "child.mk").write_text(CHILD, encoding="utf-8")
+    (tmp_path / "parent.mk").write_text(CALLS_CHILD, encoding="utf-8")
+    (tmp_path / "child.mk").write_text(HOOKED_CHILD, encoding="utf-8")
     parent = load_file(tmp_path / "parent.mk")
     with pytest.raises(UsageError) as refused:
         preflight(parent, Host(provider=object()))
@@ -203,7 +174,7 @@ def test_preflight_checks_the_machines_a_run_calls_and_their_hooks(tmp_path):
         'a "mklang.hooks" entry point, or hooks= in the Python API'
     )
     preflight(parent, Host(provider=object(), hooks={"plausible": lambda output, context: True}))
-    (tmp_path / "child.mk").write_text(CHILD.replace("mklang 0.4", "mklang 9.1"), encoding="utf-8")
+    (tmp_path / "child.mk").write_text("mklang 9.1\n" + HOOKED_CHILD, encoding="utf-8")
     with pytest.raises(LoadError, match=r"child\.mk:1:1: .* not the newer 9\.1"):
         preflight(load_file(tmp_path / "parent.mk"), Host(provider=object(), hooks={"plausible": print}))
 

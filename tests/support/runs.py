@@ -16,6 +16,36 @@ from mklang.scenarios import Scenario
 from mklang.service import start
 from mklang.session import Host
 
+# A machine that calls `child`, whose gate asks a hook the host must supply: what preflight checks
+# in the machines a run calls.
+CALLS_CHILD = """\
+machine parent
+entry ask
+budget 5
+
+state ask {
+  call child
+  output answer
+  otherwise -> END
+}
+"""
+HOOKED_CHILD = """\
+machine child
+entry think
+budget 3
+
+hook plausible "True when the answer is plausible."
+
+state think {
+  structure "One line."
+  prompt "Think."
+  output thought
+  when "always" hook plausible -> END
+  otherwise -> END
+}
+"""
+
+
 # Two generative states in a row: a then b then END.
 TWO_STATES = """
     machine m
