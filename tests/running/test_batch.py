@@ -202,6 +202,7 @@ def test_the_batch_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp
     assert [Usage.from_json(o.usage).cost_usd for o in first] == [0.5] * 3 + [0.25] + [0.0] * 6
     again = api.batch(tmp_path / "twostep.mk", inputs, **ceiling, **options)
     assert [o.status for o in again] == ["done"] * 3 + ["suspended"] * 7 and provider.calls == 7
+    assert [o.usage for o in again] == [o.usage for o in first]  # what each run has spent, started or not
     higher = api.batch(tmp_path / "twostep.mk", inputs, batch_max_cost=5, batch_max_tokens=300, **options)
     assert [o.status for o in higher] == ["done"] * 10
     assert provider.calls == 10 * CALLS  # the fourth run's first call is not paid again
@@ -245,3 +246,19 @@ def test_a_batchs_summary_counts_each_status_and_its_exit_code_says_whether_a_re
     lines = (tmp_path / "out.jsonl").read_bytes().decode("utf-8").splitlines()
     assert [json.loads(line) for line in lines] == [o.to_json() for o in outcomes]
     assert '"é"' in lines[0]  # text as it is, not escaped
+
+
+@pytest.mark.parametrize(
+    "budget, more",
+    [({"max_tokens": 15}, {"max_tokens": 30}), ({"max_cost": 0.25}, {"max_cost": 0.5})],
+    ids=["tokens", "dollars"],
+)
+def test_each_run_of_a_batch_keeps_its_own_budget(tmp_path, budget, more):
+    """15 tokens and $0.25 a call: each run stops after its first call, and a pass with twice as much finishes."""
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    provider = Priced()
+    inputs = [{"id": f"item-{n}", "topic": f"t-{n}"} for n in range(3)]
+    first = api.batch(tmp_path / "twostep.mk", inputs, store=tmp_path / "runs", provider=provider, **budget)
+    assert [o.status for o in first] == ["suspended"] * 3 and provider.calls == 3
+    done = api.batch(tmp_path / "twostep.mk", inputs, store=tmp_path / "runs", provider=provider, **more)
+    assert [o.status for o in done] == ["done"] * 3 and provider.calls == 3 * CALLS
