@@ -262,3 +262,29 @@ def test_each_run_of_a_batch_keeps_its_own_budget(tmp_path, budget, more):
     assert [o.status for o in first] == ["suspended"] * 3 and provider.calls == 3
     done = api.batch(tmp_path / "twostep.mk", inputs, store=tmp_path / "runs", provider=provider, **more)
     assert [o.status for o in done] == ["done"] * 3 and provider.calls == 3 * CALLS
+
+
+def test_an_interrupted_batch_starts_no_run_and_reports_each_pending(tmp_path):
+    """What Ctrl-C does to the runs not started yet: each stays for the next pass, reported as it is."""
+    from contextlib import nullcontext
+
+    from mklang.batching import Batch, Item
+    from mklang.session import Host
+
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    provider, told = Priced(), []
+    store = open_store(str(tmp_path / "runs"))
+    stop = threading.Event()
+    stop.set()
+    try:
+        batch = Batch(
+            api.load(tmp_path / "twostep.mk"), store, str(tmp_path / "runs"),
+            lambda: nullcontext(Host(provider=provider)), on_outcome=told.append, stop=stop,
+        )  # fmt: skip
+        outcomes = batch.run([Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(3)])
+    finally:
+        store.close()
+    assert [(o.run, o.status, o.reason) for o in outcomes] == [
+        (f"item-{n}", "pending", "interrupted") for n in range(3)
+    ]
+    assert sorted(told, key=lambda o: o.run) == outcomes and provider.calls == 0
