@@ -109,10 +109,11 @@ def reader(store: RunStore, run: str, where: str, *, trusted: bool) -> SegmentRe
 
 def recorded_trace(location: Location, frame: dict[str, Any], *, trusted: bool) -> Trace:
     """The whole trace of a frame an envelope at `location` records (its segments read when it is read)."""
+    malformed = CheckpointError(f"{location}: malformed frame: its trace segments are not [sha256, steps] pairs")
     try:
         segments = [Segment(name, steps) for name, steps in frame.get("segments", [])]
     except (TypeError, ValueError):
-        segments = []
+        raise malformed from None
     if not all(isinstance(s.steps, int) and isinstance(s.name, str) and NAME.fullmatch(s.name) for s in segments):
-        raise CheckpointError(f"{location}: malformed frame: its trace segments are not [sha256, steps] pairs")
+        raise malformed
     return Trace(frame.get("trace", []), segments, reader(location.store, location.run, str(location), trusted=trusted))

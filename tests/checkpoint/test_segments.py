@@ -274,3 +274,10 @@ def test_graph_draws_the_whole_trace_of_a_checkpoint_with_segments(tmp_path):
     _segment_file(where, missing).unlink()
     refused = cli("graph", str(tmp_path / "grow.mk"), "--trace", str(tmp_path / "cp.json"))
     assert refused.returncode == 2 and f"trace segment {missing} is missing" in refused.stderr
+
+
+@pytest.mark.parametrize("segments", [5, [["not a pair"]], [[1, 2]], [["a" * 64, "3"]]])
+def test_a_frame_whose_segments_are_not_name_and_step_pairs_is_refused_not_read_as_none(tmp_path, segments):
+    location = locate(tmp_path / "cp.json")
+    with pytest.raises(CheckpointError, match=r"its trace segments are not \[sha256, steps\] pairs"):
+        segments_module.recorded_trace(location, {"segments": segments, "trace": []}, trusted=False)
