@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
 
 from mklang.errors import Diagnostic, UsageError
 
@@ -49,29 +49,49 @@ def check(machine: Machine | StrPath) -> list[Diagnostic]:
     return check_machine(machine) if isinstance(machine, Machine) else check_file(machine)
 
 
+class Answering(TypedDict, total=False):
+    """Who answers a run's model calls, tools and hooks: the host keywords of `run`, `resume` and
+    `batch` (docs/api.md), each a setting of `mklang.host.settings` or a callable map."""
+
+    provider: Provider | str | None
+    model: str | None
+    config: StrPath | None
+    script: StrPath | None
+    scenario: str | None
+    replay: StrPath | None
+    plugins: Sequence[str] | None
+    tools: Mapping[str, Callable[..., Any]] | None
+    hooks: Mapping[str, Callable[..., Any]] | None
+
+
+class Bounds(TypedDict, total=False):
+    """How a run goes, whoever answers it: its budgets, calls in flight, the untrusted-flow
+    policy and the observer of its events (the keywords all three functions share besides)."""
+
+    untrusted_flow: FlowPolicy | None
+    max_tokens: int | None
+    max_cost: float | None
+    max_time: float | None
+    concurrency: int | None
+    observer: EventSink | None
+
+
+class BatchOptions(Answering, Bounds, total=False):
+    """The keywords `batch` shares with `run` and `resume`."""
+
+
+class RunOptions(Answering, Bounds, total=False):
+    """The keywords of `run`, which `resume` takes too: a run that persists records a cassette,
+    keeps a checkpoint, may replace what is there and may wait for a human."""
+
+    record: StrPath | None
+    checkpoint: StrPath | None
+    replace: bool
+    hitl: bool | None
+
+
 def run(
-    machine: Machine | StrPath,
-    context: Mapping[str, Any] | None = None,
-    *,
-    provider: Provider | str | None = None,
-    model: str | None = None,
-    config: StrPath | None = None,
-    script: StrPath | None = None,
-    scenario: str | None = None,
-    replay: StrPath | None = None,
-    record: StrPath | None = None,
-    plugins: Sequence[str] | None = None,
-    tools: Mapping[str, Callable[..., Any]] | None = None,
-    hooks: Mapping[str, Callable[..., Any]] | None = None,
-    checkpoint: StrPath | None = None,
-    replace: bool = False,
-    hitl: bool | None = None,
-    untrusted_flow: FlowPolicy | None = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    max_time: float | None = None,
-    concurrency: int | None = None,
-    observer: EventSink | None = None,
+    machine: Machine | StrPath, context: Mapping[str, Any] | None = None, **options: Unpack[RunOptions]
 ) -> RunResult:
     """Run `machine` (a `Machine` or a file) from its entry with `context` and return how it ended.
 
@@ -80,52 +100,22 @@ def run(
     """
     from mklang.service import start
 
+    _require_keywords(run, options, RunOptions.__optional_keys__)
     loaded = _runnable(machine)
-    with _hosted(provider, model, config, script, scenario, replay, record, plugins, tools, hooks, max_cost) as host:
-        return start(
-            loaded,
-            dict(context or {}),
-            host,
-            checkpoint=_where(checkpoint),
-            replace=replace,
-            hitl=hitl,
-            untrusted_flow=untrusted_flow,
-            max_tokens=max_tokens,
-            max_cost=max_cost,
-            max_time=max_time,
-            concurrency=concurrency,
-            observer=observer,
-        )
+    with _hosted(options) as host:
+        return start(loaded, dict(context or {}), host, **_run_settings(options))
 
 
 def resume(
     source: StrPath,
     *,
     reply: Mapping[str, Any] | None = None,
-    provider: Provider | str | None = None,
-    model: str | None = None,
-    config: StrPath | None = None,
-    script: StrPath | None = None,
-    scenario: str | None = None,
-    replay: StrPath | None = None,
-    record: StrPath | None = None,
-    plugins: Sequence[str] | None = None,
-    tools: Mapping[str, Callable[..., Any]] | None = None,
-    hooks: Mapping[str, Callable[..., Any]] | None = None,
-    checkpoint: StrPath | None = None,
-    replace: bool = False,
     force: bool = False,
     trust: bool = False,
     allow_rollback: bool = False,
     machine: StrPath | None = None,
-    hitl: bool | None = None,
-    untrusted_flow: FlowPolicy | None = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    max_time: float | None = None,
     budget: int | None = None,
-    concurrency: int | None = None,
-    observer: EventSink | None = None,
+    **options: Unpack[RunOptions],
 ) -> RunResult:
     """Continue a suspended, interrupted or crashed run from its checkpoint (a file or `STORE-URI#RUN`).
 
@@ -136,30 +126,18 @@ def resume(
     """
     from mklang.service import opened, proceed
 
-    with opened(
-        _where(source),
-        force=force,
-        machine_path=None if machine is None else os.fspath(machine),
-        trust=trust,
-        allow_rollback=allow_rollback,
-    ) as resumable:
-        hosting = (provider, model, config, script, scenario, replay, record, plugins, tools, hooks, max_cost)
-        with _hosted(*hosting, resumable=resumable) as host:
-            return proceed(
-                resumable,
-                host,
-                reply=dict(reply or {}),
-                checkpoint=_where(checkpoint),
-                replace=replace,
-                hitl=hitl,
-                untrusted_flow=untrusted_flow,
-                max_tokens=max_tokens,
-                max_cost=max_cost,
-                max_time=max_time,
-                budget=budget,
-                concurrency=concurrency,
-                observer=observer,
-            )
+    _require_keywords(resume, options, RunOptions.__optional_keys__)
+    with (
+        opened(
+            _where(source),
+            force=force,
+            machine_path=None if machine is None else os.fspath(machine),
+            trust=trust,
+            allow_rollback=allow_rollback,
+        ) as resumable,
+        _hosted(options, resumable) as host,
+    ):
+        return proceed(resumable, host, reply=dict(reply or {}), budget=budget, **_run_settings(options))
 
 
 def batch(
@@ -168,24 +146,10 @@ def batch(
     *,
     store: StrPath,
     out: StrPath | None = None,
-    provider: Provider | str | None = None,
-    model: str | None = None,
-    config: StrPath | None = None,
-    script: StrPath | None = None,
-    scenario: str | None = None,
-    replay: StrPath | None = None,
-    plugins: Sequence[str] | None = None,
-    tools: Mapping[str, Callable[..., Any]] | None = None,
-    hooks: Mapping[str, Callable[..., Any]] | None = None,
     hitl: bool = False,
-    untrusted_flow: FlowPolicy | None = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    max_time: float | None = None,
     batch_max_tokens: int | None = None,
     batch_max_cost: float | None = None,
-    concurrency: int | None = None,
-    observer: EventSink | None = None,
+    **options: Unpack[BatchOptions],
 ) -> list[Outcome]:
     """Run `machine` once per input, each a durable run in `store`; one `Outcome` per input, in order.
 
@@ -202,6 +166,7 @@ def batch(
     from mklang.stores import open_store
     from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
+    _require_keywords(batch, options, BatchOptions.__optional_keys__)
     loaded = _runnable(machine)
     if isinstance(inputs, (str, os.PathLike)):
         items = batching.read_inputs(os.fspath(inputs))
@@ -209,14 +174,15 @@ def batch(
         items = batching.items_of((dict(data), f"input {number}") for number, data in enumerate(inputs, 1))
 
     # A dollar limit, the run's or else the batch's, is refused when a model has no price.
-    dollars = max_cost if max_cost is not None else batch_max_cost
+    max_cost = options.get("max_cost")
+    dollars: RunOptions = {**options, "max_cost": max_cost if max_cost is not None else batch_max_cost}
 
     def host() -> AbstractContextManager[Host]:
-        return _hosted(provider, model, config, script, scenario, replay, None, plugins, tools, hooks, dollars)
+        return _hosted(dollars)
 
     with ExitStack() as stack:
         # A provider is shared by every run (it is thread-safe); a scripted host keeps a state per run.
-        shared = None if script is not None else stack.enter_context(host())
+        shared = None if options.get("script") is not None else stack.enter_context(host())
         opened = open_store(os.fspath(store))
         stack.callback(opened.close)
         runner = batching.Batch(
@@ -224,14 +190,15 @@ def batch(
             opened,
             os.fspath(store),
             host if shared is None else lambda: nullcontext(shared),
-            max_tokens=max_tokens,
+            max_tokens=options.get("max_tokens"),
             max_cost=max_cost,
-            max_time=max_time,
-            untrusted_flow=untrusted_flow,
+            max_time=options.get("max_time"),
+            untrusted_flow=options.get("untrusted_flow"),
             ceilings=batching.Ceilings(batch_max_tokens, batch_max_cost),
             hitl=hitl,
-            observer=observer,
+            observer=options.get("observer"),
         )
+        concurrency = options.get("concurrency")
         outcomes = runner.run(items, DEFAULT_BATCH_CONCURRENCY if concurrency is None else concurrency)
     if out is not None:
         batching.write_results(os.fspath(out), outcomes)
@@ -263,38 +230,36 @@ def _runnable(machine: Machine | StrPath) -> Machine:
     return require_runnable(machine) if isinstance(machine, Machine) else load(machine)
 
 
+def _require_keywords(function: Callable[..., Any], options: Mapping[str, Any], declared: frozenset[str]) -> None:
+    """A keyword the function does not declare is a `TypeError` at the call, as for any Python function."""
+    unknown = sorted(set(options) - declared)
+    if unknown:
+        raise TypeError(f"{function.__name__}() got an unexpected keyword argument '{unknown[0]}'")
+
+
+def _run_settings(options: RunOptions) -> dict[str, Any]:
+    """What of `options` the run service takes (the rest builds the host): the bounds, and where
+    and how the run persists."""
+    settings: dict[str, Any] = {name: value for name, value in options.items() if name not in _HOST_KEYWORDS}
+    settings["checkpoint"] = _where(options.get("checkpoint"))
+    return settings
+
+
+_HOST_KEYWORDS = Answering.__optional_keys__ | {"record"}  # what builds the host (`_hosted`)
+
+
 @contextmanager
-def _hosted(
-    provider: Provider | str | None,
-    model: str | None,
-    config: StrPath | None,
-    script: StrPath | None,
-    scenario: str | None,
-    replay: StrPath | None,
-    record: StrPath | None,
-    plugins: Sequence[str] | None,
-    tools: Mapping[str, Callable[..., Any]] | None,
-    hooks: Mapping[str, Callable[..., Any]] | None,
-    max_cost: float | None,
-    resumable: Resumable | None = None,
-) -> Iterator[Host]:
+def _hosted(options: RunOptions, resumable: Resumable | None = None) -> Iterator[Host]:
     """The host a caller asks for: a provider object as it is (left open: it is the caller's),
     else one built as the CLI builds it (a provider name or the config, a scenario script, a
     cassette; for a `resumable`, what its checkpoint recorded), closed after the block."""
-    from mklang.host.settings import given
+    from mklang.host.settings import CHOSEN, given
     from mklang.session import Host
 
+    provider = options.get("provider")
     own = provider is not None and not isinstance(provider, str)  # a provider object, not a name
-    chosen = given(
-        provider=None if own else provider,
-        model=model,
-        config=config,
-        script=script,
-        scenario=scenario,
-        replay=replay,
-        record=record,
-        plugins=plugins,
-    )
+    chosen = given(**{setting.name: options.get(setting.name) for setting in CHOSEN})
+    tools, hooks, max_cost = options.get("tools"), options.get("hooks"), options.get("max_cost")
     if not own:
         with (
             Host.build(**chosen, max_cost=max_cost)
@@ -303,12 +268,12 @@ def _hosted(
         ):
             yield _with_callables(host, tools, hooks)
         return
-    clash = [name for name, value in chosen.items() if value is not None and name != "plugins"]
+    clash = [name for name, value in chosen.items() if value is not None and name not in ("provider", "plugins")]
     if clash:
         raise UsageError(f"{clash[0]}= builds a provider: it cannot be combined with a provider object")
     from mklang.host.plugins import load_plugins
 
-    plugin_tools, plugin_hooks = load_plugins(list(plugins or []))
+    plugin_tools, plugin_hooks = load_plugins(list(options.get("plugins") or []))
     yield _with_callables(Host(provider, plugin_tools, plugin_hooks), tools, hooks)
 
 

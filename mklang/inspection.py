@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from mklang.checkpoint.segments import recorded_trace
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.texts import machine_root
 from mklang.checkpoint.trust import recorded_host
+from mklang.engine.frame import Frame
 from mklang.engine.trace import Trace
 from mklang.errors import CheckpointError, MklangError, redacted
 from mklang.model import Machine
@@ -40,8 +42,7 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
             ),
             "host": recorded_host(envelope.host),  # what --trust would be asked to run: shown, never used
         }
-    frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
-    root_trace = recorded_trace(location, frames[0], trusted=True) if frames else Trace()
+    frames, root_trace = _recorded(location, envelope.frames)
     usage = Usage.from_json(envelope.usage)
     steps_after = 0
     if envelope.status == "running" or resume_change(location.store, location.run, envelope) is not None:
@@ -49,8 +50,7 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         steps_after = sum(1 for r in read_journal(location, envelope.generation) if r.get("k") == "step")
         resumable = open_run(location, force=True, trust=True, lock=False)
         envelope, chain = resumable.envelope, resumable.chain
-        frames = [frame.to_json({}) for frame in chain]  # without their traces: the root's is read when used
-        root_trace = chain[0].trace
+        frames, root_trace = _rebuilt(chain)
         usage = sum((frame.usage for frame in chain), Usage())
     # The question the run waits on: its innermost frame's, even when it died before saying so.
     pending = (frames[-1].get("ask") if frames else None) or {"ask": envelope.ask, "reply_to": envelope.reply_to}
@@ -113,6 +113,17 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
     return summary
 
 
+def _recorded(location: Location, records: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], Trace]:
+    """The frames an envelope records, and its root level's trace (its segments read when it is read)."""
+    frames = [dict(frame) for frame in records]
+    return frames, recorded_trace(location, frames[0], trusted=True) if frames else Trace()
+
+
+def _rebuilt(chain: list[Frame]) -> tuple[list[dict[str, Any]], Trace]:
+    """The frames of a chain its journal brought up to date, without their traces, and the root's trace."""
+    return [frame.to_json({}) for frame in chain], chain[0].trace
+
+
 def machine_of(location: Location) -> Machine:
     """The root machine a stored run signed for: its file when unchanged, else the text its store keeps
     (so a diagram shows what ran). A checkpoint not signed with this user's key names no file to read."""
@@ -141,14 +152,12 @@ def run_document(target: str | Path | Location) -> dict[str, Any]:
     if envelope.seal != "signed":
         return describe(location, last=0)
     status: str = envelope.status
-    frames: list[dict[str, Any]] = [dict(frame) for frame in envelope.frames]
-    root_trace = recorded_trace(location, frames[0], trusted=True) if frames else Trace()
+    frames, root_trace = _recorded(location, envelope.frames)
     usage = dict(envelope.usage)
     if status == "running" or resume_change(location.store, location.run, envelope) is not None:
         status = "running"
         chain = open_run(location, force=True, trust=True, lock=False).chain
-        frames = [frame.to_json({}) for frame in chain]  # without their traces: the root's is read when used
-        root_trace = chain[0].trace
+        frames, root_trace = _rebuilt(chain)
         usage = sum((frame.usage for frame in chain), Usage()).to_json()
     root = frames[0] if frames else {}
     document: dict[str, Any] = {

@@ -41,7 +41,7 @@ from mklang.checkpoint.paths import MachinePaths, located_host, root_file
 from mklang.checkpoint.signing import SEAL_TEXT, checkpoint_key, seal_of, sign
 from mklang.checkpoint.texts import keep_texts, machine_root
 from mklang.effects import check_policy
-from mklang.engine import Control, RunResult, continue_run, make_runtime, run
+from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime, run
 from mklang.engine.events import EventSink, Named
 from mklang.engine.frame import Frame
 from mklang.engine.runtime import Caps
@@ -66,6 +66,7 @@ __all__ = [
     "Outcome",
     "Removal",
     "Resumable",
+    "RunSettings",
     "claim",
     "fleet_mac",
     "open_run",
@@ -88,24 +89,34 @@ PARKED = "escalated"  # a run waiting for a human reply; only `resume --set` con
 # --- Starting a run -------------------------------------------------------------------
 
 
+class RunSettings(TypedDict, total=False):
+    """How a run `start`s or `proceed`s: where it persists (else in memory, or, continued, where
+    it was read from) and whether an unfinished run there is `replace`d; its token, dollar and
+    time budgets (a continued run's are new totals), calls in flight, whether escalations wait
+    for a human and the untrusted-flow policy (None: the scenario's, else the default; continued:
+    the checkpoint's); the interrupt flag, and the observer told of its events."""
+
+    checkpoint: str | Path | Location | None
+    replace: bool
+    max_tokens: int | None
+    max_cost: float | None
+    max_time: float | None
+    concurrency: int | None
+    hitl: bool | None
+    untrusted_flow: str | None
+    control: Control | None
+    observer: EventSink | None
+
+
 def start(
     machine: Machine,
     context: dict[str, Any] | None,
     host: Host,
     *,
-    checkpoint: str | Path | Location | None = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    max_time: float | None = None,
-    concurrency: int | None = None,
-    hitl: bool | None = None,
-    untrusted_flow: str | None = None,
     suspendable: bool = False,
-    control: Control | None = None,
-    observer: EventSink | None = None,
-    replace: bool = False,
     held: RunLock | None = None,
     texts: dict[str, str] | None = None,
+    **options: Unpack[RunSettings],
 ) -> RunResult:
     """Run `machine` with `host`; with a checkpoint the run persists and suspends, and a
     resumable checkpoint exists from its first loop-top on.
@@ -126,11 +137,14 @@ def start(
     budget = host.run_setting("budget", None)
     if budget is not None:
         machine = machine.replace(budget=int(budget))
-    max_tokens = host.run_setting("max_tokens", max_tokens)
-    max_cost = host.run_setting("max_cost", max_cost)
-    concurrency = host.run_setting("concurrency", concurrency, DEFAULT_RUN_CONCURRENCY)
-    hitl = bool(host.run_setting("hitl", hitl, False))
-    untrusted_flow = host.run_setting("on_untrusted_flow", untrusted_flow, "report")
+    max_tokens = host.run_setting("max_tokens", options.get("max_tokens"))
+    max_cost = host.run_setting("max_cost", options.get("max_cost"))
+    max_time = options.get("max_time")
+    concurrency = host.run_setting("concurrency", options.get("concurrency"), DEFAULT_RUN_CONCURRENCY)
+    hitl = bool(host.run_setting("hitl", options.get("hitl"), False))
+    untrusted_flow = host.run_setting("on_untrusted_flow", options.get("untrusted_flow"), "report")
+    checkpoint, control, observer = options.get("checkpoint"), options.get("control"), options.get("observer")
+    replace = options.get("replace", False)
     if checkpoint is None:
         if replace:
             raise UsageError("replace=True replaces the run at a checkpoint: it needs checkpoint=")
@@ -140,17 +154,15 @@ def start(
                 context,
                 provider=host.provider,
                 suspendable=suspendable,
-                tools=host.tools,
-                hooks=host.hooks,
                 max_tokens=max_tokens,
                 max_cost=max_cost,
                 max_time=max_time,
                 concurrency=concurrency,
                 hitl=hitl,
                 untrusted_flow=untrusted_flow,
-                read_only_tools=host.read_only_tools,
                 control=control,
                 observer=observer,
+                **host.toolbox(),
             )
     from mklang.checkpoint.envelope import Budgets, Envelope, MachineRef
 
@@ -540,17 +552,8 @@ def proceed(
     host: Host,
     *,
     reply: dict[str, Any] | None = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
     budget: int | None = None,
-    max_time: float | None = None,
-    hitl: bool | None = None,
-    untrusted_flow: str | None = None,
-    concurrency: int | None = None,
-    checkpoint: str | Path | Location | None = None,
-    control: Control | None = None,
-    observer: EventSink | None = None,
-    replace: bool = False,
+    **options: Unpack[RunSettings],
 ) -> RunResult:
     """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
 
@@ -569,14 +572,9 @@ def proceed(
 
     preflight(resumable.chain[0].machine, host)
     envelope = resumable.envelope
-    given = dict(
-        max_tokens=max_tokens,
-        max_cost=max_cost,
-        max_time=max_time,
-        hitl=hitl,
-        concurrency=concurrency,
-        untrusted_flow=None if untrusted_flow is None else check_policy(untrusted_flow),
-    )
+    given: dict[str, Any] = {name: options.get(name) for name in (*BUDGETS, "hitl", "concurrency")}
+    untrusted_flow = options.get("untrusted_flow")
+    given["untrusted_flow"] = None if untrusted_flow is None else check_policy(untrusted_flow)
     recorded = {
         **envelope.budgets.model_dump(),
         "hitl": envelope.hitl,
@@ -607,12 +605,14 @@ def proceed(
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             problem = f"{type(error).__name__}: {error}"
             raise CheckpointError(f"{resumable.location}: malformed host state: {problem}") from None
+    checkpoint = options.get("checkpoint")
     target = locate(checkpoint) if checkpoint is not None else resumable.location
     in_place = target.key == resumable.location.key
     # A clean resume of a signed envelope continues it where it is instead of rewriting it.
     continues = in_place and resumable.trusted and not resumable.crashed and envelope.signature is not None
+    replace = in_place or options.get("replace", False)
     try:
-        with _claimed(target, resumable.lock if in_place else None, replace or in_place) as above:
+        with _claimed(target, resumable.lock if in_place else None, replace) as above:
             if not in_place:
                 envelope.generation = max(envelope.generation, above)
                 copy_segments(resumable.location, target, chain)
@@ -626,8 +626,8 @@ def proceed(
                 change=change if continues else None,
                 resumed=not resumable.crashed,
                 recovered=resumable.crashed,
-                control=control,
-                observer=observer,
+                control=options.get("control"),
+                observer=options.get("observer"),
             )
     finally:
         resumable.release()
@@ -718,21 +718,8 @@ def _drive(
             journal.snapshot(chain, status="running")
         else:
             journal.resume(change, envelope.stored_bytes)
-        rt = make_runtime(
-            host.provider,
-            journal=journal,
-            loader=loader,
-            run_id=envelope.run_id,
-            tools=host.tools,
-            hooks=host.hooks,
-            read_only_tools=host.read_only_tools,
-            control=control,
-            observer=observer,
-            concurrency=envelope.concurrency,
-            hitl=envelope.hitl,
-            untrusted_flow=envelope.untrusted_flow,
-            max_time=budgets.max_time,
-        )
+        options: RunOptions = {**host.toolbox(), **envelope.run_options(), "control": control, "observer": observer}
+        rt = make_runtime(host.provider, journal=journal, loader=loader, run_id=envelope.run_id, **options)
         caps = Caps(budgets.max_tokens, budgets.max_cost)
         result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
         usage = result.usage.to_json()

@@ -22,6 +22,7 @@ from mklang.scenarios import Scenario, ScriptedHost
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import HostSettings
     from mklang.checkpoint.journal import HostState
+    from mklang.engine import Toolbox
     from mklang.service import Resumable
 
 __all__ = ["Host", "preflight"]
@@ -131,6 +132,11 @@ class Host:
         from mklang.checkpoint.envelope import HostSettings
 
         return HostSettings(**self.settings)
+
+    def toolbox(self) -> Toolbox:
+        """What a run's runtime takes from its host besides the provider: its tools and hooks,
+        and which tools the host classifies read-only."""
+        return {"tools": self.tools, "hooks": self.hooks, "read_only_tools": self.read_only_tools}
 
     def run_setting(self, key: str, given: Any, default: Any = None) -> Any:
         """A caller's value wins over the scenario's `run:` setting, which wins over the default."""

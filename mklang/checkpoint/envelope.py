@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, NotRequired
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, NotRequired
 
 from pydantic import (
     BaseModel,
@@ -31,6 +31,9 @@ from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 from mklang.stores import Location, RunStore, locate
 from mklang.stores.summary import RunSummary, summary_reason
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
+
+if TYPE_CHECKING:
+    from mklang.engine import RunOptions
 
 FORMAT: Final = 3
 # Formats read as they are: a format-2 envelope is a format-3 one whose frames have no trace segments.
@@ -189,6 +192,16 @@ class Envelope(BaseModel):
         """An edited trace context only changes where spans go: one that is not a map of texts is none."""
         is_texts = isinstance(value, dict) and all(isinstance(item, str) for item in (*value, *value.values()))
         return value if is_texts else None
+
+    def run_options(self) -> RunOptions:
+        """How the run it records goes on: its time budget, calls in flight, whether escalations
+        wait for a human, and the untrusted-flow policy (the token and dollar caps are `Caps`)."""
+        return {
+            "max_time": self.budgets.max_time,
+            "concurrency": self.concurrency,
+            "hitl": self.hitl,
+            "untrusted_flow": self.untrusted_flow,
+        }
 
     @property
     def seal(self) -> Seal:

@@ -23,7 +23,7 @@ from mklang.providers.base import Provider, Usage
 from mklang.syntax.machines import MachineLoader
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
-__all__ = ["Control", "RunOptions", "RunResult", "continue_run", "make_runtime", "run"]
+__all__ = ["Control", "RunOptions", "RunResult", "Toolbox", "continue_run", "make_runtime", "run"]
 
 
 @dataclass
@@ -76,17 +76,23 @@ class RunResult:
         return data
 
 
-class RunOptions(TypedDict, total=False):
-    """What every way of starting a run takes beside its provider (`run`,
-    `mklang.service.start`): host tools and hooks, the token, dollar and
-    time budgets, calls in flight (default `DEFAULT_RUN_CONCURRENCY`), whether escalations wait for a
-    human, the interrupt flag, the observer told of the run's events, what a
-    tainted decision reaching an effectful tool does (`untrusted_flow`: report,
-    the default, or halt) and which tools the host classifies read-only besides
-    its callables' own mark."""
+class Toolbox(TypedDict, total=False):
+    """What a run takes from its host beside its provider (`Host.toolbox`): its tools and hooks,
+    and which tools the host classifies read-only besides its callables' own mark."""
 
     tools: HostCallables
     hooks: HostCallables
+    read_only_tools: frozenset[str]
+
+
+class RunOptions(Toolbox, total=False):
+    """What every way of starting a run takes beside its provider (`run`,
+    `mklang.service.start`): its toolbox, the token, dollar and
+    time budgets, calls in flight (default `DEFAULT_RUN_CONCURRENCY`), whether escalations wait for a
+    human, the interrupt flag, the observer told of the run's events, and what a
+    tainted decision reaching an effectful tool does (`untrusted_flow`: report,
+    the default, or halt)."""
+
     max_tokens: int | None
     max_cost: float | None
     max_time: float | None
@@ -95,7 +101,6 @@ class RunOptions(TypedDict, total=False):
     control: Control | None
     observer: EventSink | None
     untrusted_flow: str
-    read_only_tools: frozenset[str]
 
 
 def make_runtime(

@@ -249,20 +249,23 @@ class BranchFinished(_Branch):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CallStarted(Event):
+class _Call(Event):
+    machine: str  # the called machine
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallStarted(_Call):
     """A `call` state starts (or, `resumed`, continues) a machine one level deeper."""
 
     kind = "call.started"
-    machine: str
     resumed: bool
 
 
 @dataclass(frozen=True, kw_only=True)
-class CallFinished(Event):
+class CallFinished(_Call):
     """A called machine ended: done, halted, suspended (the run parks inside it) or stopped."""
 
     kind = "call.finished"
-    machine: str
     status: CallStatus
     usage: Usage
 

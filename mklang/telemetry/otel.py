@@ -48,6 +48,7 @@ SECOND_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10
 Attributes = dict[str, Any]
 # A span's place in the run: its parts from the root, ("s", machine, state, step), ("b", index), ("c", machine).
 Key = tuple[tuple[Any, ...], ...]
+Inner = events.BranchStarted | events.BranchFinished | events.CallStarted | events.CallFinished  # nested spans
 
 
 def _chosen(variable: str) -> str:
@@ -154,6 +155,14 @@ def _keys(path: tuple[events.Segment, ...]) -> Key:
     return tuple(key)
 
 
+def _inner(event: Inner) -> tuple[Any, ...]:
+    """The last part of the key of the span a fan-out branch or a called machine opens under the
+    state it runs in, as `_keys` names it for the events inside."""
+    if isinstance(event, events.BranchStarted | events.BranchFinished):
+        return ("b", event.index)
+    return ("c", event.machine)
+
+
 def _span_name(part: tuple[Any, ...]) -> str:
     kind, *rest = part
     return {"s": lambda: f"state {rest[1]}", "b": lambda: f"branch {rest[0]}", "c": lambda: f"call {rest[0]}"}[kind]()
@@ -212,9 +221,9 @@ class RunSpans:
             events.ToolFinished: self._tool,
             events.HookCalled: self._hook,
             events.BranchStarted: self._branch_started,
-            events.BranchFinished: self._branch_finished,
+            events.BranchFinished: self._inner_finished,
             events.CallStarted: self._call_machine,
-            events.CallFinished: self._machine_returned,
+            events.CallFinished: self._inner_finished,
             events.RunSuspended: self._suspended,
             events.RunHalted: self._halted,
             events.RunFinished: self._finished,
@@ -394,19 +403,18 @@ class RunSpans:
 
     def _branch_started(self, event: events.BranchStarted) -> None:
         attributes = {"mklang.branch.index": event.index, "mklang.branch.count": event.count}
-        self._start((*self.key, ("b", event.index)), attributes)
-
-    def _branch_finished(self, event: events.BranchFinished) -> None:
-        attributes = {"mklang.branch.status": event.status, **_usage(event.usage)}
-        self._end((*self.key, ("b", event.index)), attributes, failed=event.status == "failed")
+        self._start((*self.key, _inner(event)), attributes)
 
     def _call_machine(self, event: events.CallStarted) -> None:
         attributes = {"mklang.machine": event.machine, "mklang.call.resumed": event.resumed}
-        self._start((*self.key, ("c", event.machine)), attributes)
+        self._start((*self.key, _inner(event)), attributes)
 
-    def _machine_returned(self, event: events.CallFinished) -> None:
-        attributes = {"mklang.call.status": event.status, **_usage(event.usage)}
-        self._end((*self.key, ("c", event.machine)), attributes, failed=event.status == "halted")
+    def _inner_finished(self, event: events.BranchFinished | events.CallFinished) -> None:
+        """A branch or a called machine ended: its span gets its status and spend, and an error
+        status when the branch failed or the machine halted."""
+        kind, failure = ("branch", "failed") if isinstance(event, events.BranchFinished) else ("call", "halted")
+        attributes = {f"mklang.{kind}.status": event.status, **_usage(event.usage)}
+        self._end((*self.key, _inner(event)), attributes, failed=event.status == failure)
 
     def _suspended(self, event: events.RunSuspended) -> None:
         attributes: Attributes = {"mklang.run.suspend_reason": event.reason}
