@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,8 +23,14 @@ from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, cli_env, model_config, wait_for
 
 import mklang as api
+from mklang.batching import Batch, Item, batch_id, described, location, target
+from mklang.checkpoint.envelope import load
+from mklang.errors import MklangError, first_line
+from mklang.inspection import describe
 from mklang.providers.base import Usage
-from mklang.stores import open_store
+from mklang.service import Outcome
+from mklang.stores import locate, open_store
+from mklang.stores.file import FileStore
 
 
 def batch(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
@@ -219,6 +226,15 @@ def test_an_input_without_id_is_named_by_the_sha256_of_its_canonical_json(tmp_pa
     assert named.status == "done"
 
 
+def test_a_batch_is_named_by_the_sha256_of_its_sorted_run_names():
+    """docs/scale.md: the batch's ceilings count what its runs spent in earlier passes, kept in the
+    store under this name; a pass in any order, or after an upgrade, finds it only while it stays this."""
+    items = [Item(run, {}) for run in ("item-2", "item-10", "é")]
+    named = batch_id(items)
+    assert named == hashlib.sha256("item-10\nitem-2\né".encode()).hexdigest()[:16] == batch_id(reversed(items))
+    assert batch_id(items[:2]) != named
+
+
 def test_a_batchs_summary_counts_each_status_and_its_exit_code_says_whether_a_rerun_continues(tmp_path):
     from mklang.batching import exit_code, summary, write_results
     from mklang.service import Outcome
@@ -264,23 +280,31 @@ def test_each_run_of_a_batch_keeps_its_own_budget(tmp_path, budget, more):
     assert [o.status for o in done] == ["done"] * 3 and provider.calls == 3 * CALLS
 
 
-def test_an_interrupted_batch_starts_no_run_and_reports_each_pending(tmp_path):
-    """What Ctrl-C does to the runs not started yet: each stays for the next pass, reported as it is."""
+@pytest.fixture
+def twostep(tmp_path: Path) -> api.Machine:
+    """MACHINE, loaded from tmp_path/twostep.mk."""
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    return api.load(tmp_path / "twostep.mk")
+
+
+def _runs_of(machine: api.Machine, store: FileStore, provider: Priced, **options) -> Batch:
+    """A batch of `machine` over the folder store `store`, each run answered by `provider`."""
     from contextlib import nullcontext
 
-    from mklang.batching import Batch, Item
     from mklang.session import Host
 
-    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    host = Host(provider=provider)
+    return Batch(machine, store, str(store.folder), lambda: nullcontext(host), **options)
+
+
+def test_an_interrupted_batch_starts_no_run_and_reports_each_pending(tmp_path, twostep):
+    """What Ctrl-C does to the runs not started yet: each stays for the next pass, reported as it is."""
     provider, told = Priced(), []
     store = open_store(str(tmp_path / "runs"))
     stop = threading.Event()
     stop.set()
     try:
-        batch = Batch(
-            api.load(tmp_path / "twostep.mk"), store, str(tmp_path / "runs"),
-            lambda: nullcontext(Host(provider=provider)), on_outcome=told.append, stop=stop,
-        )  # fmt: skip
+        batch = _runs_of(twostep, store, provider, on_outcome=told.append, stop=stop)
         outcomes = batch.run([Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(3)])
     finally:
         store.close()
@@ -288,3 +312,118 @@ def test_an_interrupted_batch_starts_no_run_and_reports_each_pending(tmp_path):
         (f"item-{n}", "pending", "interrupted") for n in range(3)
     ]
     assert sorted(told, key=lambda o: o.run) == outcomes and provider.calls == 0
+
+
+def test_a_run_held_elsewhere_is_pending_one_that_cannot_be_locked_failed_and_the_others_run(tmp_path, twostep):
+    """A run whose lock another process holds is `pending` (it is still going there); one whose lock
+    cannot be taken is `failed`; each with the one-line reason, told as it is known; the rest run."""
+    provider, told = Priced(), []
+    store = open_store(str(tmp_path / "runs"))
+    held = store.lock("item-0")  # a file lock conflicts with another open of the file, as in another process
+    (tmp_path / "runs" / "item-1.lock").mkdir()
+    try:
+        items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(3)]
+        outcomes = _runs_of(twostep, store, provider, on_outcome=told.append).run(items, concurrency=1)
+        assert outcomes[0] == Outcome(
+            "item-0",
+            "pending",
+            f"{tmp_path / 'runs' / 'item-0'}: the run is still going in process {os.getpid()}; "
+            "wait for it, or stop it (Ctrl-C suspends it) before resuming",
+        )
+        assert outcomes[1] == Outcome(
+            "item-1", "failed", f"{tmp_path / 'runs' / 'item-1'}: cannot lock the checkpoint: Is a directory"
+        )
+        assert (outcomes[2].status, outcomes[2].result) == ("done", "word")
+        assert told == outcomes and provider.calls == CALLS
+    finally:
+        held.release()
+        store.close()
+
+
+class Recorded:
+    """An event sink that keeps every event it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[api.Event] = []
+
+    def emit(self, event: api.Event) -> None:
+        self.events.append(event)
+
+
+def test_each_run_of_a_batch_starts_with_the_batchs_settings_and_is_observed_by_its_name(tmp_path, twostep):
+    observer, items = Recorded(), [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(2)]
+    settings = dict(max_time=600, untrusted_flow="halt", hitl=True)
+    store = open_store(str(tmp_path / "runs"))
+    try:
+        _runs_of(twostep, store, Priced(), observer=observer, **settings).run(items)
+    finally:
+        store.close()
+    for item in items:
+        started = load(locate(tmp_path / "runs" / item.run))
+        assert (started.budgets.max_time, started.untrusted_flow, started.hitl) == (600, "halt", True)
+    assert {event.run for event in observer.events} == {"item-0", "item-1"}
+
+
+def test_what_show_tells_of_a_batchs_run_and_of_one_that_cannot_be_read(tmp_path, twostep):
+    """`described` is `mklang show` of a store's run; an unreadable run is `failed` with why,
+    named as commands name it, so one bad run does not hide the others."""
+    store = open_store(str(tmp_path / "runs"))
+    try:
+        _runs_of(twostep, store, Priced()).run([Item("item-0", {"topic": "t-0"})])
+        (tmp_path / "runs" / "broken").write_bytes(b"not a checkpoint")
+        shown = described(store, str(tmp_path / "runs"), "item-0")
+        assert (shown["path"], shown["status"], shown["last_steps"]) == (str(tmp_path / "runs" / "item-0"), "done", [])
+        assert len(described(store, str(tmp_path / "runs"), "item-0", last=1)["last_steps"]) == 1
+        broken = described(store, str(tmp_path / "runs"), "broken")
+    finally:
+        store.close()
+    assert (broken["path"], broken["status"]) == (str(tmp_path / "runs" / "broken"), "failed")
+    with pytest.raises(MklangError) as unreadable:
+        describe(tmp_path / "runs" / "broken")
+    assert broken["reason"] == first_line(unreadable.value)
+
+
+FOLDERS = {"relative folder": "runs", "absolute folder": "{tmp}/runs", "sqlite": "sqlite:///runs.db"}
+
+
+@pytest.mark.parametrize("kind", [*FOLDERS, "postgresql"])
+def test_a_batch_names_and_anchors_each_run_as_show_and_resume_find_it(kind, tmp_path, monkeypatch, request):
+    """The run a batch writes records its machine as `mklang resume STORE#RUN` (or FOLDER/RUN) reads it."""
+    monkeypatch.chdir(tmp_path)
+    uri = request.getfixturevalue("postgres_uri") if kind == "postgresql" else FOLDERS[kind].format(tmp=tmp_path)
+    named = f"{uri}#item-0" if "://" in uri else str(Path(uri) / "item-0")
+    assert target(uri, "item-0") == named
+    store, found = open_store(uri), locate(named)
+    try:
+        mine = location(store, uri, "item-0")
+        assert mine.store is store
+        assert (mine.run, mine.text, mine.key, mine.anchor) == (found.run, found.text, found.key, found.anchor)
+    finally:
+        store.close()
+        found.store.close()
+
+
+def test_a_batch_given_kept_texts_starts_its_runs_with_them_and_continues_them_past_an_edit(tmp_path, twostep):
+    """What a worker does: its runs start with the machine texts the batch was enqueued with, and a run
+    continued after the machine file was edited runs the texts the store keeps (no user is there to
+    choose); without `kept_texts` the edit stops it, as it stops `mklang resume`."""
+    from mklang.checkpoint.texts import keep_texts
+
+    def edit(old: str, new: str) -> None:
+        (tmp_path / "twostep.mk").write_text(MACHINE.replace(old, new), encoding="utf-8")
+
+    provider, given, own = Priced(), Item("given", {"topic": "t-0"}), Item("own", {"topic": "t-1"})
+    store = open_store(str(tmp_path / "runs"))
+    try:
+        enqueued = keep_texts(store, twostep, "the batch")
+        edit("second", "then")
+        assert _runs_of(twostep, store, provider, texts=enqueued).run([given])[0].status == "done"
+        assert load(locate(tmp_path / "runs" / "given")).texts == enqueued
+        assert _runs_of(twostep, store, provider, max_tokens=15).run([own])[0].status == "suspended"
+        edit("first", "one")
+        (edited,) = _runs_of(twostep, store, provider, max_tokens=30).run([own])
+        (kept,) = _runs_of(twostep, store, provider, kept_texts=True, max_tokens=30).run([own])
+    finally:
+        store.close()
+    assert edited.status == "failed" and "twostep.mk" in edited.reason
+    assert kept.status == "done" and provider.calls == 2 * CALLS

@@ -12,7 +12,7 @@ from support.runs import CALLS_CHILD, HOOKED_CHILD
 import mklang
 from mklang.checkpoint.envelope import load
 from mklang.errors import LoadError, UsageError
-from mklang.scenarios import load_script
+from mklang.scenarios import Scenario, load_script
 from mklang.service import start
 from mklang.session import Host, preflight
 
@@ -103,6 +103,7 @@ def test_a_scripted_host_records_the_script_and_scenario_it_answers_from(tmp_pat
     assert host.tools["publish"]("text") == "https://status.example.com/posts/118"  # the script's, not the plugin's
     alone = Host.for_scenario(load_script(SCRIPT)[1])
     assert alone.settings == {"scenario": load_script(SCRIPT)[1].name, "script": str(SCRIPT.resolve())}
+    assert Host.for_scenario(Scenario("inline")).settings == {"scenario": "inline", "script": None}  # no file
 
 
 def test_a_run_setting_is_the_callers_else_the_scenarios_else_the_default():
@@ -197,3 +198,25 @@ def test_a_resume_answers_as_a_trusted_checkpoint_recorded_and_ignores_what_an_u
         checkpoint, reply={"approval.answer": "yes"}, trust=True, script=SCRIPT, scenario="ask-then-publish"
     )
     assert (done.status, capsys.readouterr().err) == ("done", "")
+
+
+class Priced:
+    """A provider object that charges a quarter dollar a call."""
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> mklang.Produced:
+        return mklang.Produced("word", None, mklang.Usage(10, 5, cost_usd=0.25))
+
+
+def test_a_resume_keeps_the_runs_dollar_limit_and_refuses_a_host_that_cannot_price_it(tmp_path):
+    """A scripted model has no prices: resuming on one a run started with a dollar limit is refused,
+    as starting it would be (the run's limit holds when the resume gives none)."""
+    from support.batches import MACHINE
+
+    (tmp_path / "twostep.mk").write_text(MACHINE, encoding="utf-8")
+    checkpoint = tmp_path / "cp.json"
+    started = mklang.run(tmp_path / "twostep.mk", {"topic": "t"}, provider=Priced(), checkpoint=checkpoint,
+                         max_cost=1.0, max_tokens=15)  # fmt: skip
+    assert started.status == "suspended"
+    with pytest.raises(UsageError) as refused:
+        mklang.resume(checkpoint, max_tokens=30, script=SCRIPT, scenario="ask-then-publish")
+    assert str(refused.value) == "--max-cost needs model prices, and a scripted model has none: use --max-tokens"
