@@ -108,7 +108,7 @@ class FileStore:
 
     def _segments(self, run: str) -> Path:
         # Run names are file names, but a folder per run keyed by their hash keeps them out of `runs()`.
-        return self.folder / ".mklang-segments" / hashlib.sha256(run.encode("utf-8")).hexdigest()[:32]
+        return self.folder / ".mklang-segments" / hashed_name(run)
 
     def write_segment(self, run: str, name: str, payload: bytes) -> None:
         path = self._segments(run) / name
@@ -190,8 +190,7 @@ class FileStore:
                 raise CheckpointError(f"{path}: cannot remove it: {error.strerror}") from None
 
     def _note(self, key: str) -> Path:
-        # Keys are user text (run ids): the file is named by their hash.
-        return self.folder / ".mklang-notes" / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
+        return self.folder / ".mklang-notes" / hashed_name(key)
 
     def read_note(self, key: str) -> bytes | None:
         return _read_if_there(self._note(key), "the batch note")
@@ -225,10 +224,10 @@ class FileStore:
             raise CheckpointError(f"{self._note(key)}: cannot remove the note: {error.strerror}") from None
 
     def _spend_folder(self, batch: str) -> Path:
-        return self.folder / ".mklang-spend" / hashlib.sha256(batch.encode("utf-8")).hexdigest()[:32]
+        return self.folder / ".mklang-spend" / hashed_name(batch)
 
     def record_spend(self, batch: str, run: str, tokens: int, cost: float) -> None:
-        path = self._spend_folder(batch) / hashlib.sha256(run.encode("utf-8")).hexdigest()[:32]
+        path = self._spend_folder(batch) / hashed_name(run)
         with self._guard:  # only the run's lock holder records its spend: this process's threads are the race
             old_tokens, old_cost = _spend_of(path)
             if tokens > old_tokens or cost > old_cost:
@@ -256,6 +255,11 @@ class FileStore:
         with self._guard:
             for run in list(self._journals):
                 self._close_journal(run)
+
+
+def hashed_name(text: str) -> str:
+    """The file name of user text (a run id, a note's key): its hash, so any text is one safe name."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _read_summary(path: Path, run: str) -> RunSummary | None:

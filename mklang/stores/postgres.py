@@ -45,7 +45,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from mklang.errors import CheckpointError, UsageError, redacted
+from mklang.errors import CheckpointError, UsageError, first_line, redacted
 from mklang.stores.file import still_running
 from mklang.stores.sql import SUMMARY_COLUMNS, SqlStore
 
@@ -115,7 +115,7 @@ class PostgresStore(SqlStore):
             return psycopg.connect(self.conninfo, autocommit=True, application_name=name)
         except psycopg.Error as error:
             raise CheckpointError(
-                f"{self._where()}: cannot connect to the PostgreSQL checkpoint store: {_first_line(error)} "
+                f"{self._where()}: cannot connect to the PostgreSQL checkpoint store: {first_line(error)} "
                 "(is the server up, and the URI's host, port, user and database right?)"
             ) from None
 
@@ -132,7 +132,7 @@ class PostgresStore(SqlStore):
                 "(CREATE SCHEMA name) or fix options=-csearch_path%3Dname"
             ) from None
         except psycopg.Error as error:
-            raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+            raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {first_line(error)}") from None
 
     def _where(self) -> str:
         """The URI as errors name it: its password hidden."""
@@ -154,7 +154,7 @@ class PostgresStore(SqlStore):
                         self._db = self._connect(f"mklang-data {self._who}")
                     yield self._db
         except psycopg.Error as error:
-            raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+            raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {first_line(error)}") from None
 
     def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
         # Every statement here waits for its commit's flush; `append` is where lines need not.
@@ -286,7 +286,7 @@ class AdvisoryLock:
         except _psycopg().Error as error:
             self._db.close()
             where = self._store._where()
-            raise CheckpointError(f"{where}: PostgreSQL checkpoint store: {_first_line(error)}") from None
+            raise CheckpointError(f"{where}: PostgreSQL checkpoint store: {first_line(error)}") from None
 
     def _ask(self) -> bool:
         return bool(self._db.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()[0])
@@ -314,7 +314,3 @@ def _exchange(db: Any, send: Callable[..., None], *args: object) -> None:
     result = db.wait(execute(db.pgconn))[-1]
     if result.status != psycopg.pq.ExecStatus.COMMAND_OK:
         raise psycopg.errors.error_from_result(result)
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -19,7 +19,6 @@ when the process dies, never unlinked, opened without following symlinks.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sqlite3
 import threading
@@ -28,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from mklang.errors import CheckpointError, UsageError
-from mklang.stores.file import FileLock, lock_holder
+from mklang.stores.file import FileLock, hashed_name, lock_holder
 from mklang.stores.sql import SUMMARY_COLUMNS, SqlStore
 
 SCHEMA = """
@@ -121,9 +120,7 @@ class SqliteStore(SqlStore):
                 raise CheckpointError(f"{self.path}: SQLite checkpoint store: {error}") from None
 
     def _lock_path(self, run: str) -> Path:
-        # Run ids are user text: the lock file is named by their hash.
-        digest = hashlib.sha256(run.encode("utf-8")).hexdigest()[:32]
-        return self.path.with_name(f"{self.path.name}.locks") / f"{digest}.lock"
+        return self.path.with_name(f"{self.path.name}.locks") / f"{hashed_name(run)}.lock"
 
     def lock(self, run: str) -> FileLock:
         return FileLock(self._lock_path(run), f"sqlite:///{self.path}#{run}")
