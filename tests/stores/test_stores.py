@@ -42,7 +42,7 @@ from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
 from mklang.stores import Location, RunQuery, Store, locate, open_store
-from mklang.stores.file import FileLock, FileStore, lock_holder
+from mklang.stores.file import FileLock, FileStore, hashed_name, lock_holder
 from mklang.stores.postgres import PostgresStore
 from mklang.stores.sqlite import SqliteStore
 from mklang.stores.summary import RunSummary
@@ -106,6 +106,17 @@ def test_a_journal_appends_and_a_new_generation_replaces_it(store):
     assert store.read_journal("b") == b"other\n"
 
 
+def test_a_trace_segment_is_kept_under_its_name_for_its_run_and_never_replaced(store):
+    assert store.read_segment("a", "s1") is None
+    store.write_segment("a", "s1", b"first")
+    store.write_segment("a", "s1", b"again")  # named by the sha256 of its bytes: the ones there are kept
+    store.write_segment("a", "s2", b"next")
+    store.write_segment("b", "s1", b"of another run")
+    assert [store.read_segment("a", name) for name in ("s1", "s2", "s3")] == [b"first", b"next", None]
+    assert (store.read_segment("b", "s1"), store.read_segment("b", "s2")) == (b"of another run", None)
+    assert store.runs() == []  # segments are not runs
+
+
 def test_runs_lists_every_run_with_an_envelope(store):
     assert store.runs() == []
     for run in ("b", "a", "c"):
@@ -161,6 +172,20 @@ def test_a_batchs_spend_sums_its_runs_and_a_runs_spend_never_goes_down(store):
     assert store.spend("b1") == (120, 1.0)
     assert store.spend("b2") == (1, 1.0)
     assert store.runs() == []
+
+
+def test_removing_a_run_removes_its_envelope_journal_segments_and_summary_and_no_other_runs(store):
+    for run in ("a", "c"):
+        store.write(run, ENVELOPE, generation=1)
+        store.start_journal(run, b"gen\n")  # a run that crashed keeps its journal
+        store.write_segment(run, "s1", b"segment")
+        store.summarize(run, RunSummary(run, run_id=f"id-{run}", status="running"))
+    store.write("b", ENVELOPE, generation=1)  # written before summaries: no summary, no journal, no segments
+    store.remove("a")
+    store.remove("b")
+    assert store.runs() == ["c"] and [s.run for s in store.summaries(RunQuery())] == ["c"]
+    assert (store.read("a"), store.read_journal("a"), store.read_segment("a", "s1")) == (None, b"", None)
+    assert (store.read_journal("c"), store.read_segment("c", "s1")) == (b"gen\n", b"segment")
 
 
 HOLDER = textwrap.dedent("""
@@ -727,6 +752,23 @@ def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
         == f"{tmp_path / 'missing' / 'cp.json'}: cannot lock the checkpoint: No such file or directory"
     )
     missing.drop_journal("cp.json")  # nothing to drop is fine
+    store.write("other.json", ENVELOPE, generation=1)
+    segments = tmp_path / ".mklang-segments" / hashed_name("other.json")
+    segments.parent.mkdir()
+    segments.write_bytes(b"not a folder")
+    with pytest.raises(CheckpointError) as caught:
+        store.remove("other.json")
+    assert str(caught.value) == f"{segments}: cannot remove the run's trace segments: Not a directory"
+    (tmp_path / ".mklang-segments" / hashed_name("cp.json")).write_bytes(b"not a folder")
+    with pytest.raises(CheckpointError) as caught:
+        store.write_segment("cp.json", "s1", b"segment")
+    where = tmp_path / ".mklang-segments" / hashed_name("cp.json") / "s1"
+    assert str(caught.value) == f"{where}: cannot write the trace segment: File exists"
+    note = tmp_path / ".mklang-notes" / hashed_name("batch:b")
+    note.mkdir(parents=True)
+    with pytest.raises(CheckpointError) as caught:
+        store.drop_note("batch:b")
+    assert str(caught.value) == f"{note}: cannot remove the note: Is a directory"
 
 
 def test_a_lock_file_is_owner_only_never_followed_through_a_link_and_released_once(tmp_path):
@@ -807,13 +849,19 @@ def test_a_file_stores_spend_ignores_a_half_written_spend_file(tmp_path):
     assert store.spend("another batch") == (0, 0.0)
 
 
-def test_a_file_stores_notes_and_spend_are_owner_only_at_every_level(tmp_path):
+def test_a_file_stores_notes_spend_and_segments_are_owner_only_at_every_level(tmp_path):
     store = FileStore(tmp_path)
     store.record_spend("batch", "run", 10, 0.5)
     store.write_note("key", b"note")
+    store.write_segment("run", "s1", b"segment")
     written = list(tmp_path.rglob("*"))
-    assert {path.relative_to(tmp_path).parts[0] for path in written} == {".mklang-spend", ".mklang-notes"}
-    assert len(written) == 5  # the two folders, the batch's folder, the spend file, the note
+    assert {path.relative_to(tmp_path).parts[0] for path in written} == {
+        ".mklang-spend",
+        ".mklang-notes",
+        ".mklang-segments",
+    }
+    assert len(written) == 8  # three folders, the batch's and the run's folders, the spend file, the note, the segment
+    assert (tmp_path / ".mklang-segments" / hashed_name("run") / "s1").read_bytes() == b"segment"
     for path in written:
         assert stat.S_IMODE(path.stat().st_mode) in (0o700, 0o600), path
 
@@ -865,6 +913,31 @@ def test_a_held_lock_file_still_empty_names_an_unknown_holder(flocked):
     assert lock_holder(flocked) == "?"
     flocked.write_text("4242\n")
     assert lock_holder(flocked) == "4242"
+
+
+def test_a_held_lock_file_naming_its_holder_in_bytes_that_are_not_text_is_still_shown(flocked):
+    flocked.write_bytes(b"42\xff\n")
+    assert lock_holder(flocked) == "42\ufffd"
+
+
+def test_a_file_run_written_before_summaries_is_summarized_from_its_envelope_timed_by_its_file(tmp_path):
+    store = FileStore(tmp_path)
+    usage = {"input_tokens": 3, "output_tokens": 4, "cost_usd": 0.5}
+    parked = {"format": 2, "run_id": "r-1", "status": "suspended", "reason": "escalated", "ask": "Publish?"}
+    store.write(
+        "parked", json.dumps({**parked, "machine": {"name": "approval"}, "usage": usage}).encode(), generation=1
+    )
+    store.write("torn", b'{"format": 2, "run_id"', generation=1)
+    odd = {"format": 2, "run_id": 7, "status": "lost", "machine": "approval", "usage": [3, 4]}
+    store.write("odd", json.dumps(odd).encode(), generation=1)
+    for when, run in enumerate(("parked", "torn", "odd"), start=1):
+        os.utime(tmp_path / run, (when * 1000, when * 1000))
+    summaries = {summary.run: summary for summary in store.summaries(RunQuery())}
+    assert summaries == {
+        "parked": RunSummary("parked", "r-1", "approval", "suspended", "Publish?", 7, 0.5, 1000.0, 1000.0),
+        "torn": RunSummary("torn", started=2000.0, updated=2000.0),
+        "odd": RunSummary("odd", started=3000.0, updated=3000.0),  # what is not of its type is unknown
+    }
 
 
 def test_a_lock_file_that_is_a_symlink_is_not_followed(flocked, tmp_path):
@@ -969,6 +1042,23 @@ def test_a_failed_lock_keeps_its_connection_for_the_next_lock(postgres, postgres
         held.release()
     finally:
         other.close()
+
+
+def test_a_lock_whose_new_session_fails_as_well_is_one_line_naming_the_store(postgres, postgres_uri, monkeypatch):
+    postgres.lock("a").release()
+    end_sessions(postgres_uri, f"mklang {me()}")  # the kept lock session ended: the lock is tried on a new one
+    connect = postgres._connect
+
+    def ended_at_once(name: str) -> Any:
+        db = connect(name)
+        db.close()
+        return db
+
+    monkeypatch.setattr(postgres, "_connect", ended_at_once)
+    with pytest.raises(CheckpointError) as caught:
+        postgres.lock("a")
+    where = postgres_uri.split("?")[0]  # the URI's options are not shown
+    assert str(caught.value) == f"{where}: PostgreSQL checkpoint store: the connection is closed"
 
 
 def test_runs_of_one_name_in_two_schemas_are_locked_apart(postgres, postgres_uri):
