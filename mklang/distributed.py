@@ -138,7 +138,8 @@ BROKER_FORMS = "amqp://user:password@host:5672// (RabbitMQ) or redis://host:6379
 def celery_app(broker: str) -> Any:
     """The Celery application of mklang runs on `broker`, once the broker answered.
 
-    A misspelt or unreachable broker is one line naming it (password hidden) and what to do."""
+    A misspelt or unreachable broker is one line naming it (password hidden) and what to do, at once:
+    the broker is tried once, as a refused connection is refused again a moment later."""
     try:
         from celery import Celery
     except ImportError:
@@ -150,7 +151,7 @@ def celery_app(broker: str) -> Any:
     app = Celery("mklang", broker=broker, set_as_current=False)
     try:
         with app.connection_for_write() as connection:
-            connection.ensure_connection(max_retries=1)
+            connection.ensure_connection(max_retries=0)
     except Exception as error:  # kombu's and each transport's own errors: all mean "not reached"
         raise UsageError(
             f"{shown}: cannot reach the broker: {first_line(error)} "

@@ -8,12 +8,15 @@ counted where it is paid, and against the real PostgreSQL where a test names it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -489,6 +492,32 @@ def test_a_misspelt_or_unreachable_broker_is_one_line_with_its_password_hidden(p
         line = error_line(err)
         assert code == 2 and needle in line and "hunter2" not in line and ":***@127.0.0.1" in line, err
     assert server.count == 0
+
+
+def test_a_broker_port_that_drops_each_connection_is_tried_once(project, capsys):
+    """What answers there is no broker: the command says so at once, not after a pause and another try."""
+    accepted: list[tuple[str, int]] = []
+    done = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(0.05)
+
+        def drop() -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    connection, peer = listener.accept()
+                    accepted.append(peer)
+                    connection.close()
+
+        dropping = threading.Thread(target=drop)
+        dropping.start()
+        broker = f"amqp://guest:guest@127.0.0.1:{listener.getsockname()[1]}//"
+        try:
+            code, _, err = run_cli(capsys, "worker", "--store", "sqlite:///runs.db", "--broker", broker)
+        finally:
+            done.set()
+            dropping.join()
+    assert code == 2 and "cannot reach the broker" in error_line(err), err
+    assert len(accepted) == 1
 
 
 def test_a_wrong_broker_password_is_one_line_without_the_password(project, capsys):
