@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -44,11 +43,16 @@ class Sink:
 
 
 class Slow:
-    """A provider answering each produce with its prompt after a delay that makes concurrent
-    branches finish out of order; every call costs 3 + 2 tokens."""
+    """A provider answering each produce with its prompt; every call costs 3 + 2 tokens. Given
+    `release`, the call of item 0 waits for it, so concurrent branches finish out of order
+    however the machine schedules them."""
+
+    def __init__(self, release: threading.Event | None = None):
+        self.release = release
 
     def produce(self, system: str, user: str, tier: str, reason: bool) -> Produced:
-        time.sleep(0.05 if "item 0" in user else 0.001)
+        if self.release is not None and "item 0" in user:
+            assert self.release.wait(30), "the other branches did not finish while the first one ran"
         return Produced(user, None, Usage(3, 2, 0.25))
 
     def judge(self, conditions: list[str], output: Any, reasoning: Any, context: Any, tier: str) -> Verdict:
@@ -90,8 +94,17 @@ ITEM = """
 
 def test_events_of_concurrent_branches_nest_under_the_branch_they_ran_in(tmp_path):
     machine = write_machines(tmp_path, FAN, ITEM)
-    sink = Sink(trace_content=True)
-    result = api.run(machine, {"items": ["a", "b", "c", "d"]}, provider=Slow(), concurrency=4, observer=sink)
+    others_finished = threading.Event()
+
+    class Releasing(Sink):
+        def emit(self, event: events.Event) -> None:
+            super().emit(event)
+            if len(self.of(events.BranchFinished)) == 3:
+                others_finished.set()
+
+    sink = Releasing(trace_content=True)
+    provider = Slow(release=others_finished)
+    result = api.run(machine, {"items": ["a", "b", "c", "d"]}, provider=provider, concurrency=4, observer=sink)
     assert result.status == "done"
     seen = sink.events
     assert [event.seq for event in seen] == list(range(1, len(seen) + 1))
