@@ -1,6 +1,6 @@
 """Checkpoint files on disk: never torn, journals that lose only a torn line, a current schema.
 
-- Writers of large envelopes are killed with SIGKILL at random moments;
+- Writers of large envelopes are killed with SIGKILL at random moments and mid-write;
   every checkpoint file that survives loads and holds one whole version.
 - A journal cut at any byte offset reads back as its complete lines.
 - docs/checkpoint.schema.json is what scripts/write_schema.py writes, and
@@ -18,6 +18,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,23 +75,27 @@ FACTORY = textwrap.dedent(f"""
 """)
 
 
-def _reap(pid: int) -> int:
-    """Wait for a killed writer to be gone (the factory reaps it)."""
-    for _ in range(2000):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return pid
-        time.sleep(0.001)
-    raise AssertionError(f"writer {pid} survived SIGKILL")
+def _wait_until(done: Callable[[], bool], what: str) -> None:
+    """Poll `done`, however slow the machine is, for at most 30 s."""
+    deadline = time.monotonic() + 30
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.0002)
 
 
-def _wait_for(path: Path) -> None:
-    for _ in range(10_000):
-        if path.exists():
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"no writer wrote {path}")
+def _gone(pid: int) -> bool:
+    """Whether a killed writer is gone (the factory reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _writing(folder: Path) -> bool:
+    """Whether a writer is in the middle of a write: its temp file is there."""
+    return any(path.name != "cp.json" for path in folder.iterdir())
 
 
 def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path):
@@ -106,10 +112,13 @@ def test_writers_killed_at_random_moments_never_leave_a_torn_checkpoint(tmp_path
             factory.stdin.flush()
             pid = int(factory.stdout.readline())
             if kill % 2:  # after a first whole version, however slow the machine is
-                _wait_for(folder / "cp.json")
-            time.sleep(rng.uniform(0.0, 0.08))
+                _wait_until((folder / "cp.json").exists, f"a writer wrote {folder / 'cp.json'}")
+            if kill % 4 == 3:  # while a later version is being written, however fast the writes are
+                _wait_until(partial(_writing, folder), f"a writer was seen writing in {folder}")
+            else:
+                time.sleep(rng.uniform(0.0, 0.08))
             os.kill(pid, signal.SIGKILL)
-            _reap(pid)
+            _wait_until(partial(_gone, pid), f"writer {pid} was gone after SIGKILL")
             checkpoint = folder / "cp.json"
             temps = [p.name for p in folder.iterdir() if p.name != "cp.json"]
             # Leftover temp files are hidden and never look like a checkpoint.
