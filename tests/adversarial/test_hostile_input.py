@@ -186,7 +186,7 @@ def five_thousand_states() -> str:
 def test_a_five_thousand_state_yaml_machine_checks_clean(tmp_path: Path):
     path = tmp_path / "big.yaml"
     path.write_text(five_thousand_states())
-    done = mklang("check", str(path))
+    done = cli("check", str(path))
     assert done.returncode == 0 and "0 errors, 0 warnings" in done.stdout + done.stderr, done.stderr[-500:]
 
 
