@@ -922,22 +922,29 @@ def test_a_held_lock_file_naming_its_holder_in_bytes_that_are_not_text_is_still_
 
 def test_a_file_run_written_before_summaries_is_summarized_from_its_envelope_timed_by_its_file(tmp_path):
     store = FileStore(tmp_path)
-    usage = {"input_tokens": 3, "output_tokens": 4, "cost_usd": 0.5}
-    parked = {"format": 2, "run_id": "r-1", "status": "suspended", "reason": "escalated", "ask": "Publish?"}
-    store.write(
-        "parked", json.dumps({**parked, "machine": {"name": "approval"}, "usage": usage}).encode(), generation=1
-    )
+    envelopes = {
+        "parked": {"status": "suspended", "reason": "escalated", "ask": "Publish?", "run_id": "r-1"},
+        "stopped": {"status": "suspended", "reason": "budget-exhausted", "error": "not shown"},
+        "failed": {"status": "halted", "reason": "not shown", "error": "no gate matched", "ask": "not shown"},
+        "odd": {"status": "lost", "run_id": 7, "machine": "approval", "usage": [3, 4]},  # not of its type: unknown
+    }
+    machine, usage = {"name": "approval"}, {"input_tokens": 3, "output_tokens": 4, "cost_usd": 1}
+    for run, fields in envelopes.items():
+        store.write(run, json.dumps({"format": 2, "machine": machine, "usage": usage, **fields}).encode(), generation=1)
     store.write("torn", b'{"format": 2, "run_id"', generation=1)
-    odd = {"format": 2, "run_id": 7, "status": "lost", "machine": "approval", "usage": [3, 4]}
-    store.write("odd", json.dumps(odd).encode(), generation=1)
-    for when, run in enumerate(("parked", "torn", "odd"), start=1):
+    for when, run in enumerate(("parked", "stopped", "failed", "odd", "torn"), start=1):
         os.utime(tmp_path / run, (when * 1000, when * 1000))
     summaries = {summary.run: summary for summary in store.summaries(RunQuery())}
     assert summaries == {
-        "parked": RunSummary("parked", "r-1", "approval", "suspended", "Publish?", 7, 0.5, 1000.0, 1000.0),
-        "torn": RunSummary("torn", started=2000.0, updated=2000.0),
-        "odd": RunSummary("odd", started=3000.0, updated=3000.0),  # what is not of its type is unknown
+        "parked": RunSummary("parked", "r-1", "approval", "suspended", "Publish?", 7, 1.0, 1000.0, 1000.0),
+        "stopped": RunSummary("stopped", None, "approval", "suspended", "budget-exhausted", 7, 1.0, 2000.0, 2000.0),
+        "failed": RunSummary("failed", None, "approval", "halted", "no gate matched", 7, 1.0, 3000.0, 3000.0),
+        "odd": RunSummary("odd", started=4000.0, updated=4000.0),
+        "torn": RunSummary("torn", started=5000.0, updated=5000.0),
     }
+    store.write("flags", b'{"format": 2, "usage": {"input_tokens": true, "output_tokens": 4}}', generation=1)
+    (flags,) = store.summaries(RunQuery(limit=1))  # the newest file: listed first
+    assert (flags.run, flags.tokens) == ("flags", 4)
 
 
 def test_a_lock_file_that_is_a_symlink_is_not_followed(flocked, tmp_path):
