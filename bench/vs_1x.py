@@ -11,8 +11,9 @@
    commits (fsyncs for files); PostgreSQL against the file store (target
    <= 1.3x); skipped with a line when PostgreSQL is not reachable.
 3. `batch`: 3,000 items x 3 steps, each call answered after 100 ms, at
-   concurrency 32 and 256 (SQLite store): wall time and CPU per run (targets:
-   256 takes <= 0.5x the wall time of 32; CPU per run < 8 ms).
+   concurrency 32 and 256 in one process, and 256 over 2 (`--processes 2`)
+   (SQLite store): wall time and CPU per run, the children's included
+   (targets: 256 takes <= 0.5x the wall time of 32; CPU per run < 8 ms).
 4. `yaml`: `mklang check` of a 5,000-state YAML machine (1 MB), as a process.
 5. `fanout`: a 2,000-branch fan-out with an instant model at concurrency 8:
    cost per branch and threads started.
@@ -343,7 +344,7 @@ def spread(values: list[float], unit: str, digits: int = 3) -> str:
 
 
 def batch(folder: Path, args: argparse.Namespace) -> None:
-    """`mklang batch` of N items x 3 steps at 100 ms a call, concurrency 32 against 256 (SQLite)."""
+    """`mklang batch` of N items x 3 steps at 100 ms a call: concurrency 32, 256, 256 over 2 processes (SQLite)."""
     from scale import batch_folder, children_cpu, figure, timed_batch
     from support.fakeserver import FakeServer, answer
 
@@ -353,18 +354,20 @@ def batch(folder: Path, args: argparse.Namespace) -> None:
     with FakeServer() as server:
         server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=2, delay=latency)
         batch_folder(folder, server.openai_url, args.items, steps)
-        for concurrency in (32, 256):
+        for concurrency, processes in ((32, 1), (256, 1), (256, 2)):
             cpu = children_cpu()
-            store = f"sqlite:///{folder}/runs{concurrency}.db"
-            walls[concurrency], _, summary = timed_batch(folder, store, "--concurrency", str(concurrency))
-            cpus[concurrency] = (children_cpu() - cpu) / args.items
+            store = f"sqlite:///{folder}/runs{concurrency}x{processes}.db"
+            options = ("--concurrency", str(concurrency), "--processes", str(processes))
+            walls[concurrency, processes], _, summary = timed_batch(folder, store, *options)
+            cpus[concurrency, processes] = (children_cpu() - cpu) / args.items  # the children of each process too
             assert summary["done"] == args.items, summary
             ideal = args.items * steps * latency / concurrency
-            cpu = cpus[concurrency] * args.items
-            print(f"  concurrency {concurrency:>3}: {figure(walls[concurrency], ideal, cpu, args.items)}")
+            cpu = cpus[concurrency, processes] * args.items
+            shown = f"concurrency {concurrency:>3}, {processes} process{'es' if processes > 1 else '  '}"
+            print(f"  {shown}: {figure(walls[concurrency, processes], ideal, cpu, args.items)}")
     print(
-        f"  wall 256 / 32: {walls[256] / walls[32]:.2f}x (target <= 0.5x); "
-        f"CPU per run at most {max(cpus.values()) * 1e3:.1f} ms (target < 8 ms)"
+        f"  wall 256 / 32: {walls[256, 1] / walls[32, 1]:.2f}x in 1 process, {walls[256, 2] / walls[32, 1]:.2f}x "
+        f"in 2 (target <= 0.5x); CPU per run at most {max(cpus.values()) * 1e3:.1f} ms (target < 8 ms)"
     )
 
 

@@ -98,6 +98,11 @@ class Ledger:
             self._cost += now[1] - cost
             return self.ceilings.reached(self._tokens, self._cost)
 
+    def count(self, store: Store, items: Iterable[Item]) -> None:
+        """Record what each run spent in the batch's earlier passes: it counts against the ceilings."""
+        for item in items:
+            self.record(item.run, Usage.from_json(outcome(store, item.run).usage))
+
 
 class StoreLedger(Ledger):
     """The ledger of a batch whose runs are spread over workers: each run's spend lives in the store."""
@@ -290,9 +295,8 @@ class Batch:
 
     def run(self, items: Iterable[Item], concurrency: int = DEFAULT_BATCH_CONCURRENCY) -> list[Outcome]:
         items = list(items)
-        if self.ledger is not None:  # the batch's earlier passes count against its ceilings
-            for item in items:
-                self.ledger.record(item.run, Usage.from_json(outcome(self.store, item.run).usage))
+        if self.ledger is not None:
+            self.ledger.count(self.store, items)
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="mklang-batch") as pool:
             return list(pool.map(self.run_item, items))
 

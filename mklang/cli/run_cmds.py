@@ -7,7 +7,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -163,15 +163,24 @@ def parse_duration(text: str | None, option: str = "--max-time") -> float | None
 
 
 @contextmanager
-def interrupts(control) -> Iterator[None]:
-    """First SIGINT/SIGTERM: suspend (or stop) at the next loop-top. Second: exit now."""
+def interrupts(control, forward: Callable[[], object] | None = None, quiet: bool = False) -> Iterator[None]:
+    """First SIGINT/SIGTERM: suspend (or stop) at the next loop-top. Second: exit now.
+
+    `forward` passes each one on (to the processes of a spread batch) first; `quiet`: say nothing
+    (a child of a spread batch, whose parent says it once)."""
 
     def handler(signum, frame):
+        if forward is not None:
+            forward()
         if control.interrupted.is_set():
-            print("mklang: interrupted again: exiting now; the last durable checkpoint stays", file=sys.stderr)
+            if not quiet:
+                print("mklang: interrupted again: exiting now; the last durable checkpoint stays", file=sys.stderr)
             os._exit(exitcodes.INTERRUPTED)
         control.interrupted.set()
-        print("mklang: interrupt received: stopping at the next state boundary (again to exit now)", file=sys.stderr)
+        if not quiet:
+            print(
+                "mklang: interrupt received: stopping at the next state boundary (again to exit now)", file=sys.stderr
+            )
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

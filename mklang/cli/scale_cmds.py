@@ -222,7 +222,15 @@ def batch(
     inputs: Path = typer.Option(..., "--inputs", help="JSON Lines: one context object per run (its `id` names it)."),
     store: str = StoreOpt,
     out: Path | None = typer.Option(None, "--out", help="Write one result line per input here (JSON Lines)."),
-    concurrency: int = typer.Option(DEFAULT_BATCH_CONCURRENCY, "--concurrency", min=1, help="Runs in flight at once."),
+    concurrency: int = typer.Option(
+        DEFAULT_BATCH_CONCURRENCY, "--concurrency", min=1, help="Runs in flight at once (over all --processes)."
+    ),
+    processes: int = typer.Option(
+        1,
+        "--processes",
+        min=1,
+        help="Spread the runs over this many local processes sharing the store, to use more cores.",
+    ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=0, help="Token budget of each run."),
     max_cost: float | None = typer.Option(None, "--max-cost", min=0.0, help="Dollar budget of each run."),
     max_time: str | None = MaxTimeOpt,
@@ -245,8 +253,12 @@ def batch(
 ) -> None:
     """Run a machine once per input line, each run durable in the store; re-run to resume."""
     with handle_errors(output.as_json):
+        from contextlib import ExitStack
+
         from mklang import batching
         from mklang.checker import require_runnable
+        from mklang.cli.local_batch import LocalBatch, hosts, spread
+        from mklang.engine import Control
         from mklang.stores import open_store
         from mklang.syntax import load_file
 
@@ -260,73 +272,65 @@ def batch(
         stall = parse_duration(stall_timeout, "--stall-timeout")
         if stall is not None and executor != "celery":
             raise fail("--stall-timeout follows workers: it needs --executor celery")
+        if processes > 1 and executor == "celery":
+            raise fail("--processes spreads a local batch: with --executor celery the workers are the processes")
+        if processes > concurrency:
+            raise fail(
+                f"--processes {processes} needs --concurrency {processes} or more: it is the runs in flight "
+                "over all the processes"
+            )
         loaded = require_runnable(load_file(machine))
         items = batching.read_inputs(inputs)
         host_settings = hosting.settings
-        from contextlib import nullcontext
-
-        from mklang.session import Host
-
         if executor == "celery":  # the workers host the runs, with their own options
             _say_host_settings_unused(host_settings)
-            host_settings = {}
-        # Built before any run, so a bad host option (or a dollar limit on a model without a price) is a
-        # usage error. A real provider is shared by every run (it is thread-safe); a scripted host keeps
-        # a state per run, so each gets its own.
-        shared = (
-            Host.build(**host_settings, **_dollar_limit(max_cost, batch_cost)) if executor == "local" else Host(None)
-        )
         budgets: dict[str, Any] = dict(
             max_tokens=max_tokens,
             max_cost=max_cost,
             max_time=parse_duration(max_time),
             untrusted_flow=policy(untrusted_flow),
         )
-        opened = open_store(store)
-        try:
-            with (
-                event_stream(output.events, output.trace_content) as observer,
-                _progress(as_json, len(items)) as progress,
-            ):
-                if executor == "local":
-                    from mklang.engine import Control
+        ceilings = batching.Ceilings(batch_tokens, batch_cost)
+        plan = LocalBatch(
+            str(machine), store, host_settings, budgets, ceilings.to_json(), hitl, output.events, output.trace_content
+        )
+        with ExitStack() as stack:
+            host_for = stack.enter_context(hosts(host_settings, max_cost, batch_cost)) if executor == "local" else None
+            opened = open_store(store)
+            stack.callback(opened.close)
+            observer = stack.enter_context(event_stream(output.events, output.trace_content))
+            progress = stack.enter_context(_progress(as_json, len(items)))
+            control = Control()  # Ctrl-C: every run in flight suspends at its next loop-top
+            if host_for is None:  # the workers host the runs
+                from mklang.distributed import enqueue_and_follow, queue_for
 
-                    control = Control()  # Ctrl-C: every run in flight suspends at its next loop-top
-                    runner = batching.Batch(
-                        loaded,
-                        opened,
-                        store,
-                        (lambda: Host.build(**host_settings, max_cost=max_cost))
-                        if host_settings["script"]
-                        else (lambda: nullcontext(shared)),
-                        **budgets,
-                        ceilings=batching.Ceilings(batch_tokens, batch_cost),
-                        on_outcome=progress,
-                        hitl=hitl,
-                        stop=control.interrupted,
-                        observer=observer,
-                    )
-                    with interrupts(control):
-                        outcomes = runner.run(items, concurrency)
-                else:
-                    from mklang.distributed import enqueue_and_follow, queue_for
-
-                    queue = queue_for(opened)
-                    outcomes = enqueue_and_follow(
-                        broker or "",
-                        opened,
-                        loaded,
-                        items,
-                        budgets,
-                        ceilings=batching.Ceilings(batch_tokens, batch_cost),
-                        hitl=hitl,
-                        stall=stall,
-                        on_outcome=progress,
-                        on_wait=progress.waiting,
-                    )
-        finally:
-            opened.close()
-            shared.close()
+                queue = queue_for(opened)
+                outcomes = enqueue_and_follow(
+                    broker or "",
+                    opened,
+                    loaded,
+                    items,
+                    budgets,
+                    ceilings=ceilings,
+                    hitl=hitl,
+                    stall=stall,
+                    on_outcome=progress,
+                    on_wait=progress.waiting,
+                )
+            elif processes > 1:
+                outcomes = spread(plan, items, concurrency, processes, opened, progress, control)
+            else:
+                runner = plan.runner(
+                    loaded,
+                    opened,
+                    host_for,
+                    ledger=None,
+                    on_outcome=progress,
+                    stop=control.interrupted,
+                    observer=observer,
+                )
+                with interrupts(control):
+                    outcomes = runner.run(items, concurrency)
         if out is not None:
             batching.write_results(out, outcomes)
         unreported = sum(1 for result in outcomes if result.status == "pending")
@@ -362,13 +366,6 @@ def _say_failed(outcomes: list[Any], out: Path | None) -> None:
     if len(failed) > FAILED_SHOWN:
         where = f"{out} lists each" if out is not None else "--out FILE lists each"
         print(f"mklang: and {len(failed) - FAILED_SHOWN} more failed run(s): {where}", file=sys.stderr)
-
-
-def _dollar_limit(max_cost: float | None, batch_cost: float | None) -> dict[str, Any]:
-    """The dollar limit a batch's host must be able to keep, and the option that set it."""
-    if max_cost is None and batch_cost is not None:
-        return {"max_cost": batch_cost, "priced_for": "--batch-max-cost"}
-    return {"max_cost": max_cost}
 
 
 def _say_host_settings_unused(host_settings: dict[str, Any]) -> None:
