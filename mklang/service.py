@@ -755,16 +755,19 @@ def resume(
     """Verify a checkpoint, then continue it with `host`.
 
     `source` is a checkpoint file or an `Envelope`; an envelope is first
-    written to `checkpoint` (required then). A re-suspension goes to
+    written to `checkpoint` (required then), with the trace segments it
+    names (`segments.placed`). A re-suspension goes to
     `checkpoint`, by default the same file. Other options are those of `proceed`.
     """
     from mklang.checkpoint.envelope import Envelope, save
+    from mklang.checkpoint.segments import placed
 
     if isinstance(source, Envelope):
         if checkpoint is None:
             raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
-        save(checkpoint, source)
-        source = checkpoint
+        target = locate(checkpoint)
+        save(target, placed(source, target))
+        source = target
     with opened(
         source, force=force, machine_path=machine_path, trust=trust, allow_rollback=allow_rollback
     ) as resumable:

@@ -185,6 +185,7 @@ class Envelope(BaseModel):
 
     _seal: Seal = PrivateAttr(default="unsigned")
     _stored_bytes: int = PrivateAttr(default=0)
+    _source: Location | None = PrivateAttr(default=None)
 
     @field_validator("trace", mode="before")
     @classmethod
@@ -202,6 +203,11 @@ class Envelope(BaseModel):
             "hitl": self.hitl,
             "untrusted_flow": self.untrusted_flow,
         }
+
+    @property
+    def source(self) -> Location | None:
+        """Where the envelope was read from (`load` sets it): its trace segments are there."""
+        return self._source
 
     @property
     def seal(self) -> Seal:
@@ -307,7 +313,9 @@ def load(target: str | Path | Location) -> Envelope:
     raw = location.store.read(location.run)
     if raw is None:
         raise CheckpointError(f"{location}: no such checkpoint")
-    return parse(raw, str(location))
+    envelope = parse(raw, str(location))
+    envelope._source = location
+    return envelope
 
 
 def parse(raw: bytes, where: str) -> Envelope:

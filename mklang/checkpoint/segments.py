@@ -24,16 +24,19 @@ from typing import Any, Final
 import pydantic_core
 
 from mklang import faults
-from mklang.checkpoint.envelope import SEGMENT_NAME
+from mklang.checkpoint.envelope import SEGMENT_NAME, Envelope
 from mklang.engine.frame import Frame
 from mklang.engine.records import TraceStep
 from mklang.engine.trace import Segment, SegmentReader, Trace
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 from mklang.stores import Location, RunStore
+from mklang.stores.file import SEGMENTS_FOLDER as FOLDER
 
 SEGMENT_BYTES: Final = 64 * 1024  # a smaller tail stays in the envelope
 NAME: Final = re.compile(SEGMENT_NAME)
+# Where a checkpoint file's segments are, to copy with it.
+_FOLDER_HINT: Final = f"a checkpoint file needs the {FOLDER}/ folder beside it copied with it"
 
 
 def encode(steps: list[TraceStep]) -> bytes:
@@ -45,11 +48,13 @@ def trace_fields(store: RunStore, run: str, trace: Trace, *, seal: bool) -> dict
     """The trace fields of a frame record: `segments` (when there are any) and `trace`, the tail.
 
     With `seal`, a tail of at least `SEGMENT_BYTES` is first written to the
-    store as a segment and sealed in `trace`. A store without segments (one
-    registered by a package written before them) keeps every step in the envelope.
+    store as a segment and sealed in `trace`. A store without segments keeps
+    every step in the envelope, those of segments sealed elsewhere read (and checked).
     """
+    if not keeps_segments(store):
+        return {"trace": list(trace)}  # a trace sealed elsewhere (a resume into this store) is read back in
     tail = trace.tail
-    if seal and tail and hasattr(store, "write_segment"):
+    if seal and tail:
         body = encode(tail)
         if len(body) >= SEGMENT_BYTES:
             segment = Segment(hashlib.sha256(body).hexdigest(), len(tail))
@@ -60,13 +65,62 @@ def trace_fields(store: RunStore, run: str, trace: Trace, *, seal: bool) -> dict
     return {"segments": sealed, "trace": trace.tail} if sealed else {"trace": trace.tail}
 
 
+def keeps_segments(store: RunStore) -> bool:
+    """Whether `store` keeps trace segments: one a package registered before them does not, and
+    keeps every step of a trace in the envelope, as format 2 did."""
+    return hasattr(store, "write_segment") and hasattr(store, "read_segment")
+
+
 def copy_segments(source: Location, target: Location, chain: list[Frame]) -> None:
     """Give the run at `target` the segments the traces of `chain` (read from `source`) name:
-    a run resumed into another checkpoint keeps its trace there. Each is checked as it is read."""
-    for frame in chain:
-        for segment in frame.trace.segments:
-            raw = _raw(source.store, source.run, str(source), segment)
-            target.store.write_segment(target.run, segment.name, raw)
+    a run resumed into another checkpoint keeps its trace there. Each is checked as it is read.
+    A store without segments gets the steps instead, when the run's first snapshot there reads them."""
+    if keeps_segments(target.store):
+        _copy(source, target, [segment for frame in chain for segment in frame.trace.segments])
+
+
+def _copy(source: Location, target: Location, segments: list[Segment]) -> None:
+    for segment in segments:
+        target.store.write_segment(target.run, segment.name, _raw(source.store, source.run, str(source), segment))
+
+
+def placed(envelope: Envelope, target: Location) -> Envelope:
+    """`envelope`, about to be saved at `target` and resumed there (`service.resume` of an
+    `Envelope`), with every trace step it names within reach of the run there.
+
+    The segments it names are copied from the store it was read from, each read and checked;
+    into a store without segments their steps are written back into its frames instead. An
+    envelope read from no store (or from `target` itself) is refused at once, naming the first
+    segment `target` does not hold, rather than resumed into a run that fails when its trace is read.
+    """
+    source = envelope.source
+    frames = []
+    for record in envelope.frames:
+        frame: dict[str, Any] = dict(record)
+        trace = recorded_trace(source or target, frame, trusted=envelope.seal == "signed")
+        if not trace.segments:
+            frames.append(frame)
+            continue
+        if source is None or source.key == target.key:
+            _require_held(target, trace.segments)
+        elif keeps_segments(target.store):
+            _copy(source, target, trace.segments)
+        else:
+            frame.pop("segments")
+            frame["trace"] = list(trace)
+        frames.append(frame)
+    return envelope.model_copy(update={"frames": frames})
+
+
+def _require_held(target: Location, segments: list[Segment]) -> None:
+    """Refuse to save an envelope at `target` that names a segment the store there does not hold."""
+    for segment in segments:
+        if not keeps_segments(target.store) or target.store.read_segment(target.run, segment.name) is None:
+            raise CheckpointError(
+                f"{target}: the envelope names trace segment {segment.name}, which the store there does not "
+                f"hold: resume the checkpoint it was read from, or copy the run's segments there first "
+                f"({_FOLDER_HINT})"
+            )
 
 
 def _raw(store: RunStore, run: str, where: str, segment: Segment) -> bytes:
@@ -74,8 +128,8 @@ def _raw(store: RunStore, run: str, where: str, segment: Segment) -> bytes:
     raw = store.read_segment(run, segment.name)
     if raw is None:
         raise CheckpointError(
-            f"{where}: trace segment {segment.name} is missing from the run's store "
-            "(removed, or the checkpoint was copied without it)"
+            f"{where}: trace segment {segment.name} is missing from the run's store (removed, or the "
+            f"checkpoint was copied without it; {_FOLDER_HINT})"
         )
     if hashlib.sha256(raw).hexdigest() != segment.name:
         raise CheckpointError(f"{where}: trace segment {segment.name} was edited after it was written")

@@ -34,6 +34,7 @@ from mklang.files import write_atomic
 from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 SUFFIXES = (".journal", ".lock", ".tmp")
+SEGMENTS_FOLDER = ".mklang-segments"  # each run's trace segments, in a folder per run (ADR 0040)
 # How an envelope file begins: in field order (ADR 0036), or canonical JSON (keys sorted) as written before.
 ENVELOPE_STARTS = (b'{"answers":', b'{"format":')
 
@@ -108,7 +109,7 @@ class FileStore:
 
     def _segments(self, run: str) -> Path:
         # Run names are file names, but a folder per run keyed by their hash keeps them out of `runs()`.
-        return self.folder / ".mklang-segments" / hashed_name(run)
+        return self.folder / SEGMENTS_FOLDER / hashed_name(run)
 
     def write_segment(self, run: str, name: str, payload: bytes) -> None:
         path = self._segments(run) / name

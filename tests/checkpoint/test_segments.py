@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from support.commands import cli
 
 import mklang.checkpoint.journal as journal_module
 import mklang.checkpoint.segments as segments_module
-from mklang.checkpoint.envelope import load
+from mklang.checkpoint.envelope import load, parse
 from mklang.errors import CheckpointError
 from mklang.inspection import describe, run_document
 from mklang.providers.scripted import ScriptedProvider
@@ -281,3 +283,116 @@ def test_a_frame_whose_segments_are_not_name_and_step_pairs_is_refused_not_read_
     location = locate(tmp_path / "cp.json")
     with pytest.raises(CheckpointError, match=r"its trace segments are not \[sha256, steps\] pairs"):
         segments_module.recorded_trace(location, {"segments": segments, "trace": []}, trusted=False)
+
+
+def test_an_envelope_resumed_into_another_checkpoint_brings_the_segments_of_the_one_it_was_read_from(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    moved = tmp_path / "moved.json"  # another run: its segments are its own
+    host = Host(ScriptedProvider({"produce": ["y"], "judge": [0]}))
+    steps = resume(load(where), host, checkpoint=moved, budget=STEPS + 1).trace
+    assert len(steps) == STEPS + 1
+    assert remove_run(where, unfinished=True).removed
+    assert _segments(locate(moved)) and run_document(moved)["trace"] == json.loads(json.dumps(steps))
+
+
+def test_an_envelope_read_from_no_store_is_refused_at_once_unless_the_checkpoint_holds_its_segments(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    raw = (tmp_path / "cp.json").read_bytes()
+    first = _segments(where)[0][0]
+    host = Host(ScriptedProvider({"produce": ["y"], "judge": [0]}))
+    moved = tmp_path / "moved.json"
+    with pytest.raises(CheckpointError) as refused:
+        resume(parse(raw, "given"), host, checkpoint=moved, budget=STEPS + 1)
+    message = str(refused.value)
+    assert "\n" not in message and not moved.exists()  # nothing ran, nothing was written
+    assert message.startswith(f"{moved}: the envelope names trace segment {first}, which the store there does not hold")
+    assert "copy the run's segments there first" in message and ".mklang-segments/ folder" in message
+    # Where its segments are, the same envelope resumes.
+    done = resume(parse(raw, "given"), host, checkpoint=where, budget=STEPS + 1)
+    assert done.status == "done" and len(done.trace) == STEPS + 1
+
+
+STORE_WITHOUT_SEGMENTS = '''\
+from pathlib import Path
+
+from mklang.stores.file import FileStore
+
+
+class OldStore:
+    """A store written before trace segments: a file store without `write_segment` and `read_segment`."""
+
+    def __init__(self, folder):
+        self._inner = FileStore(folder)
+
+    def __getattr__(self, name):
+        if name in ("write_segment", "read_segment"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def open_old_store(uri, *, create):
+    folder = Path(FOLDER) / uri.split("://", 1)[1]
+    folder.mkdir(exist_ok=True)
+    return OldStore(folder)
+'''
+
+
+@pytest.fixture
+def old_store(tmp_path, monkeypatch):
+    """An installed package registering the store scheme `old`, written before segments:
+    `old://.` is a store of the test's folder."""
+    site = tmp_path / "site"
+    info = site / "mklang_old_store-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "mklang_old_store.py").write_text(f"FOLDER = {str(tmp_path)!r}\n" + STORE_WITHOUT_SEGMENTS)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mklang-old-store\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[mklang.stores]\nold = mklang_old_store:open_old_store\n")
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    sys.modules.pop("mklang_old_store", None)
+
+
+@pytest.mark.parametrize("given", ["opened", "envelope"])
+def test_a_run_resumed_into_a_store_without_segments_keeps_every_step_in_its_envelope(old_store, tmp_path, given):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    assert _segments(where)
+    moved = locate("old://.#moved")
+    assert not hasattr(moved.store, "write_segment")
+    host = Host(ScriptedProvider({"produce": ["y"], "judge": [0]}))
+    source = open_run(where) if given == "opened" else load(where)
+    again = (proceed if given == "opened" else resume)(source, host, checkpoint=moved)
+    assert (again.status, again.error) == ("suspended", "budget-exhausted")  # its envelope written there
+    frame = dict(load(moved).frames[0])
+    assert "segments" not in frame and frame["trace"] == json.loads(json.dumps(again.trace))
+    assert len(again.trace) == STEPS
+    assert remove_run(where, unfinished=True).removed  # nothing there is needed any more
+    done = resume(locate("old://.#moved"), host, budget=STEPS + 1)
+    assert done.status == "done" and done.trace[:STEPS] == again.trace and len(done.trace) == STEPS + 1
+
+
+def test_a_segment_edited_at_the_source_is_refused_when_a_store_without_segments_takes_the_steps(old_store, tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    name = _segments(where)[0][0]
+    segment = _segment_file(where, name)
+    segment.write_bytes(segment.read_bytes().replace(b"x" * 100, b"y" * 100, 1))
+    host = Host(ScriptedProvider({"produce": ["y"], "judge": [0]}))
+    with pytest.raises(CheckpointError, match=f"cp.json: trace segment {name} was edited after it was written"):
+        resume(load(where), host, checkpoint=locate("old://.#moved"), budget=STEPS + 1)
+
+
+def test_a_checkpoint_file_copied_without_its_segments_folder_says_to_copy_that_folder(tmp_path):
+    where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    _finish(where)
+    (tmp_path / "copy").mkdir()
+    copied = tmp_path / "copy" / "cp.json"
+    copied.write_bytes((tmp_path / "cp.json").read_bytes())
+    first = _segments(where)[0][0]
+    for command in (["show", str(copied)], ["show", str(copied), "--format", "json"]):
+        shown = cli(*command)
+        assert shown.returncode == 2 and len(shown.stderr.strip().splitlines()) == 1
+        assert f"trace segment {first} is missing from the run's store" in shown.stderr
+        assert (
+            "copied without it; a checkpoint file needs the .mklang-segments/ folder beside it copied" in shown.stderr
+        )
+    shutil.copytree(tmp_path / ".mklang-segments", tmp_path / "copy" / ".mklang-segments")
+    assert cli("show", str(copied), "--format", "json").returncode == 0

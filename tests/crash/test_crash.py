@@ -9,6 +9,11 @@ request is in flight, or by the tool after its side effect; the resume is
 killed a second time; a last resume must give the uninterrupted run
 (status, trace, context, result, usage).
 
+A second machine (`long.mk`) writes pages whose trace passes 64 KB, so
+that its finish seals the trace into a segment (ADR 0040): it is killed
+where the segment is durable and no envelope names it yet (`segment`), and
+its resume there again, or just after the envelope that names it.
+
 Paid calls are counted: the server's requests and the ledger's lines across
 all processes must equal the uninterrupted run's plus, for each killed
 process, only the calls it had started but not journaled (in flight at the
@@ -41,6 +46,8 @@ from support.fakeserver import FakeServer, Request, answer
 
 HERE = Path(__file__).parent
 MACHINE = HERE / "crash.mk"
+LONG = HERE / "long.mk"  # pages whose trace passes 64 KB: the last snapshot seals a trace segment
+PAGE = "page " * 3000  # each of its six answers: 15 KB
 PLUGIN = HERE / "ledger.py"
 CONCURRENCY = 4  # the fan-out's branches in flight at once
 MODEL_KINDS = ("produce", "judge")
@@ -72,6 +79,8 @@ class Server:
                 if left == 1:  # received, and paid for, but never answered
                     os.kill(pid, signal.SIGKILL)
         text = request.system + "\n" + request.user
+        if "Write a long page" in text:
+            return answer(PAGE, input_tokens=20, output_tokens=3000)
         if '"choice"' in text:
             return answer('{"choice": 1}', input_tokens=30, output_tokens=4)
         # The data-fence nonce is fresh per call; a real model's answer does not depend on it.
@@ -102,16 +111,17 @@ def _comparable(result: dict) -> dict:
 class Round:
     """One run driven through kills and resumes, counting what each process paid for."""
 
-    def __init__(self, server: Server, config: Path, folder: Path):
-        self.server, self.config = server, config
+    def __init__(self, server: Server, config: Path, folder: Path, machine: Path = MACHINE):
+        self.server, self.config, self.machine = server, config, machine
         self.checkpoint = folder / "cp.json"
         self.ledger = folder / "ledger"
         self.lost_requests = 0  # model requests a killed process made but never journaled
         self.lost_tools = 0
+        self.kills = 0  # processes killed by SIGKILL
 
     def command(self, first: bool) -> list[str]:
         if first:
-            args = ["run", str(MACHINE), "--config", str(self.config), "--plugin", str(PLUGIN)]
+            args = ["run", str(self.machine), "--config", str(self.config), "--plugin", str(PLUGIN)]
             args += ["--checkpoint", str(self.checkpoint), "--concurrency", str(CONCURRENCY)]
         else:
             args = ["resume", str(self.checkpoint)]
@@ -135,6 +145,7 @@ class Round:
         if process.returncode != -signal.SIGKILL:
             assert "Traceback" not in stderr, stderr
             return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        self.kills += 1
         journaled = self._journaled(generation)
         self.lost_requests += self.server.fake.count - requests - sum(journaled[k] for k in MODEL_KINDS)
         self.lost_tools += len(self._ledger()) - tools - journaled["tool"]
@@ -180,11 +191,10 @@ class Round:
         return _comparable(json.loads(done.stdout))
 
 
-@pytest.fixture(scope="module")
-def reference(server, config, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("reference")
+def _uninterrupted(server: Server, config: Path, folder: Path, machine: Path) -> dict[str, Any]:
+    """What a run of `machine` killed nowhere gives, and what it paid for."""
     before = server.fake.count
-    run = Round(server, config, folder)
+    run = Round(server, config, folder, machine)
     result = run.finish(None, None)
     return {
         "result": result,
@@ -192,6 +202,16 @@ def reference(server, config, tmp_path_factory):
         "tools": run._ledger(),
         "checkpoint": run.checkpoint,
     }
+
+
+@pytest.fixture(scope="module")
+def reference(server, config, tmp_path_factory):
+    return _uninterrupted(server, config, tmp_path_factory.mktemp("reference"), MACHINE)
+
+
+@pytest.fixture(scope="module")
+def long_reference(server, config, tmp_path_factory):
+    return _uninterrupted(server, config, tmp_path_factory.mktemp("long-reference"), LONG)
 
 
 def test_the_reference_run_exercises_every_kind_of_call(reference):
@@ -235,6 +255,45 @@ def test_killed_at_a_crash_point_and_again_during_the_resume_gives_the_uninterru
     run = Round(server, config, tmp_path)
     result = run.finish(first, second)
     _check_round(run, result, reference, server, before)
+
+
+def _sealed(checkpoint: Path) -> list[list]:
+    return json.loads(checkpoint.read_bytes())["frames"][0].get("segments", [])
+
+
+def test_the_long_run_seals_its_trace_into_a_segment(long_reference):
+    assert [step["state"] for step in long_reference["result"]["trace"]] == [
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+    ]
+    assert len(json.dumps(long_reference["result"]["trace"])) > 64 * 1024
+    assert [steps for _, steps in _sealed(long_reference["checkpoint"])] == [6]
+    assert long_reference["requests"] == 6
+
+
+# The run's points in order: envelope 1 (its first snapshot), six steps, then its finish: the
+# trace segment is durable (`segment`), then envelope 2 names it. A resume that recovers the
+# journal finishes likewise, sealing the same steps into the same segment.
+SEALED_ROUNDS = [
+    ("segment:1", "segment:1"),  # the segment is written, no envelope names it; the resume is killed there too
+    ("envelope:2", None),  # the envelope that names the segment is in place, its journal not yet dropped
+]
+
+
+@pytest.mark.parametrize(("first", "second"), SEALED_ROUNDS, ids=[f"{a}-then-{b}" for a, b in SEALED_ROUNDS])
+def test_killed_around_a_trace_segment_gives_the_uninterrupted_run(
+    first, second, long_reference, server, config, tmp_path
+):
+    before = server.fake.count
+    run = Round(server, config, tmp_path, LONG)
+    result = run.finish(first, second)
+    assert run.kills == (2 if second else 1)
+    _check_round(run, result, long_reference, server, before)
+    assert _sealed(run.checkpoint) == _sealed(long_reference["checkpoint"])  # the same bytes, the same name
 
 
 @pytest.mark.skipif(not SEEDED_ROUNDS, reason="set MKLANG_CRASH_ROUNDS=N to run N seeded rounds")
