@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from support.batches import CALLS, MACHINE
 from support.commands import cli, cli_env, model_config, run_cli, wait_for
-from support.fakeserver import FakeServer, answer
+from support.fakeserver import FakeServer, Reply, answer
+from support.fleet import Lines
 from support.services import require_server
 
 import mklang as api
@@ -431,22 +432,37 @@ def test_each_failed_run_is_named_with_its_reason_capped(project, server, capsys
     assert server.count == 0
 
 
-SLOW_CALL = 1.0  # seconds the fake model takes to answer
+def held_calls(server: FakeServer) -> threading.Event:
+    """Each call the fake model gets waits, unanswered, until the event returned is set."""
+    release = threading.Event()
+
+    def held(request: Any) -> Reply:
+        release.wait(timeout=60)
+        return answer("ok", input_tokens=10, output_tokens=5)
+
+    server.handler = held
+    return release
 
 
 def test_ctrl_c_suspends_a_local_batch_at_the_next_loop_top_writes_out_and_exits_3(project, server):
-    server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=5, delay=SLOW_CALL)
+    release = held_calls(server)
     write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(6)))
     command = [sys.executable, "-m", "mklang", "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db"]
     command += ["--config", "mklang.toml", "--concurrency", "2", "--out", "out.jsonl", "--format", "json"]
     process = subprocess.Popen(
         command, cwd=project, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    wait_for(lambda: server.count >= 2, process, "two calls were in flight")
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=30)
+    said = Lines(process)
+    try:
+        wait_for(lambda: server.count >= 2, process, "two calls were in flight")
+        process.send_signal(signal.SIGINT)
+        wait_for(lambda: said.having("interrupt received"), process, "the batch heard the interrupt")
+    finally:
+        release.set()  # the calls in flight answer; each run stops at its next loop-top
+    process.wait(timeout=30)
+    err = "\n".join(said.done())
     assert process.returncode == 3 and "Traceback" not in err, err
-    assert "interrupt received" in err and json.loads(out)["pending"] == 6
+    assert json.loads(process.stdout.read())["pending"] == 6
     results = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
     assert [line["status"] for line in results] == ["pending"] * 6
     assert server.count == 2  # the calls in flight ended; no run went on to its next call, none started
@@ -455,20 +471,26 @@ def test_ctrl_c_suspends_a_local_batch_at_the_next_loop_top_writes_out_and_exits
 
 
 def test_a_second_ctrl_c_exits_a_local_batch_at_once(project, server):
-    server.handler = lambda request: answer("ok", input_tokens=10, output_tokens=5, delay=30)
+    release = held_calls(server)
     write_inputs(project, {"id": "r-0", "topic": "0"})
     command = [sys.executable, "-m", "mklang", "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db"]
     command += ["--config", "mklang.toml"]
     process = subprocess.Popen(
         command, cwd=project, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    wait_for(lambda: server.count >= 1, process, "a call was in flight")
-    process.send_signal(signal.SIGINT)
-    time.sleep(0.3)
-    process.send_signal(signal.SIGINT)
-    began = time.monotonic()
-    _, err = process.communicate(timeout=10)
-    assert process.returncode == 130 and time.monotonic() - began < 5 and "interrupted again: exiting now" in err
+    said = Lines(process)
+    try:
+        wait_for(lambda: server.count >= 1, process, "a call was in flight")
+        process.send_signal(signal.SIGINT)
+        wait_for(lambda: said.having("interrupt received"), process, "the batch heard the first interrupt")
+        process.send_signal(signal.SIGINT)
+        began = time.monotonic()
+        process.wait(timeout=10)
+        waited = time.monotonic() - began
+    finally:
+        release.set()
+    lines = said.done()
+    assert process.returncode == 130 and waited < 5 and "mklang: interrupted again: exiting now" in lines[-1], lines
 
 
 # Broker URLs ------------------------------------------------------------------------------------
