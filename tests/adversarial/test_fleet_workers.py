@@ -23,7 +23,21 @@ from support.batches import CALLS, MACHINE, reply, results, write_items
 from support.batches import batch_project as batch_project  # the fixture `project`
 from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, model_config, run_cli, wait_for
-from support.fleet import RABBITMQ, Lines, batch, drop_queue, queue_of, served_batch, start, stop, worker
+from support.fleet import (
+    NO_HANG,
+    RABBITMQ,
+    Lines,
+    batch,
+    drop_queue,
+    followed,
+    here,
+    now_and_then,
+    queue_of,
+    served_batch,
+    serving,
+    stop,
+    worker,
+)
 from support.fleet import fleet_key as fleet_key  # a fixture, autouse
 from support.services import require_server
 
@@ -122,16 +136,20 @@ def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(proje
         except AssertionError:
             raise AssertionError(said.lines) from None
         assert server.count == 0  # no forged message made a call
-        running = batch(project, postgres_uri, RABBITMQ)
-        stdout, stderr = running.communicate(timeout=180)
-        assert running.returncode == 0, stderr
-        assert json.loads(stdout)["done"] == 1 and server.count == CALLS
+        done = followed(project, postgres_uri, RABBITMQ)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["done"] == 1 and server.count == CALLS
         store = open_store(postgres_uri)
+
+        def reported_again(run: str, before: dict[str, Any] | None) -> None:
+            """Wait until the worker replaced `run`'s report `before` (None: there was none)."""
+            wait_for(now_and_then(lambda: read_note(store, run) != before), one, f"{run} was reported", 120)
+
         try:
             first = read_note(store, "item-0")
             for _ in range(2):  # a replayed honest message: the run is finished, nothing is paid again
                 publish(queue, *signed_task(postgres_uri, "item-0"))
-            wait_for(lambda: read_note(store, "item-0")["id"] != first["id"], one, "the replay was reported", 120)
+            reported_again("item-0", first)
             assert read_note(store, "item-0")["outcome"]["status"] == "done"
             assert parse(store.read("item-0"), "item-0").status == "done"
             # A record written by someone without the fleet key (the database is reachable, the key is not):
@@ -143,7 +161,7 @@ def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(proje
                 ).encode(),
             )
             publish(queue, *signed_task(postgres_uri, "item-1"))
-            wait_for(lambda: read_note(store, "item-1") is not None, one, "the forged record was reported", 120)
+            reported_again("item-1", None)
             refused = read_note(store, "item-1")["outcome"]
             assert refused["status"] == "failed" and "run record of item-1 is not signed" in refused["reason"], refused
             assert store.read("item-1") is None and store.runs() == ["item-0"]
@@ -153,9 +171,9 @@ def test_forged_task_messages_reach_no_run_and_a_replayed_one_pays_nothing(proje
             del envelope["signature"]
             envelope["result"] = "forged"
             store.write("item-0", json.dumps(envelope).encode(), generation=envelope["generation"] + 1)
-            before = read_note(store, "item-0")["id"]
+            before = read_note(store, "item-0")
             publish(queue, *signed_task(postgres_uri, "item-0"))
-            wait_for(lambda: read_note(store, "item-0")["id"] != before, one, "the edited run was reported", 120)
+            reported_again("item-0", before)
             edited = read_note(store, "item-0")["outcome"]
             assert (edited["status"], edited["result"]) == ("failed", None), edited
             assert "not signed" in edited["reason"]
@@ -177,7 +195,9 @@ def test_a_forged_progress_note_is_never_reported_done(project, server, postgres
     running = batch(project, postgres_uri, RABBITMQ, "--stall-timeout", "20s")  # no worker serves it
     store = open_store(postgres_uri)
     try:
-        wait_for(lambda: store.read_note("record:item-1") is not None, running, "both runs were enqueued", 120)
+        wait_for(
+            now_and_then(lambda: store.read_note("record:item-1") is not None), running, "both runs were enqueued", 120
+        )
         forged = {"id": "f", "worker": "1@x", "outcome": {"id": "item-0", "status": "done", "result": "forged"}}
         store.write_note("run:item-0", json.dumps(forged).encode())  # unsigned
         from mklang.checkpoint.signing import sign
@@ -208,24 +228,20 @@ def test_two_projects_with_the_same_store_uri_text_never_share_a_queue(tmp_path,
         write_items(folder, 2)
         projects.append(folder)
     uri = "sqlite:///runs.db"  # the same text, two databases
+    their_store = f"sqlite:///{projects[0]}/runs.db"
+    queue_of(their_store)  # the store is made here, not by this and the worker at once
     theirs = worker(projects[0], uri, RABBITMQ)
     said = Lines(theirs)
-    ours = batch(projects[1], uri, RABBITMQ, "--stall-timeout", "4s")
+    serving(their_store, theirs)  # it would take our runs at once if it could
     try:
-        stdout, stderr = ours.communicate(timeout=120)
+        ours = followed(projects[1], uri, RABBITMQ, "--stall-timeout", "1s")
     finally:
-        stop(ours, theirs)
+        stop(theirs)
         for folder in projects:
-            store = open_store(f"sqlite:///{folder}/runs.db")
-            queue = queue_of(f"sqlite:///{folder}/runs.db")
-            store.close()
-            from mklang.distributed import celery_app
-
-            with celery_app(RABBITMQ).connection_for_write() as connection:
-                connection.default_channel.queue_delete(queue)
-    assert ours.returncode == 3, stderr  # not run: no worker of this store exists
-    assert json.loads(stdout)["pending"] == 2
-    assert server.count == 0 and not said.having("run item-")
+            drop_queue(f"sqlite:///{folder}/runs.db")
+    assert ours.returncode == 3, ours.stderr  # not run: no worker of this store exists
+    assert json.loads(ours.stdout)["pending"] == 2
+    assert server.count == 0 and not [line for line in said.done() if "item-" in line]  # it took none of ours
     assert queue_of(f"sqlite:///{projects[0]}/runs.db") != queue_of(f"sqlite:///{projects[1]}/runs.db")
 
 
@@ -326,20 +342,18 @@ def test_a_celery_batch_needs_no_provider_here_and_says_a_given_one_is_not_used(
     (project / "mklang.toml").rename(project / "worker.toml")  # only the worker has a model configured
     one = worker(project, postgres_uri, RABBITMQ, config="worker.toml")
     try:
-        plain = start(
+        plain = here(
             project, "batch", "twostep.mk", "--inputs", "items.jsonl", "--store", postgres_uri,
-            "--executor", "celery", "--broker", RABBITMQ, "--format", "json",
+            "--executor", "celery", "--broker", RABBITMQ, "--format", "json", *NO_HANG,
         )  # fmt: skip
-        stdout, stderr = plain.communicate(timeout=180)
-        assert plain.returncode == 0, stderr
-        assert json.loads(stdout)["done"] == 2 and "not used" not in stderr
-        given = start(
+        assert plain.returncode == 0, plain.stderr
+        assert json.loads(plain.stdout)["done"] == 2 and "not used" not in plain.stderr
+        given = here(
             project, "batch", "twostep.mk", "--inputs", "items.jsonl", "--store", postgres_uri,
-            "--executor", "celery", "--broker", RABBITMQ, "--format", "json", "--provider", "anthropic",
+            "--executor", "celery", "--broker", RABBITMQ, "--format", "json", "--provider", "anthropic", *NO_HANG,
         )  # fmt: skip
-        stdout, stderr = given.communicate(timeout=180)
-        assert given.returncode == 0, stderr
-        assert "--provider not used with --executor celery" in stderr
+        assert given.returncode == 0, given.stderr
+        assert "--provider not used with --executor celery" in given.stderr
     finally:
         stop(one)
     assert server.count == 2 * CALLS
@@ -351,16 +365,15 @@ def test_a_batch_dollar_ceiling_a_workers_model_has_no_price_for_fails_its_runs_
     (project / "mklang.toml").rename(project / "worker.toml")  # the worker's model has no price
     one = worker(project, postgres_uri, RABBITMQ, config="worker.toml")
     try:
-        running = start(
+        done = here(
             project, "batch", "twostep.mk", "--inputs", "items.jsonl", "--store", postgres_uri,
             "--executor", "celery", "--broker", RABBITMQ, "--format", "json", "--out", "out.jsonl",
-            "--batch-max-cost", "1",
+            "--batch-max-cost", "1", *NO_HANG,
         )  # fmt: skip
-        stdout, stderr = running.communicate(timeout=180)
     finally:
         stop(one)
-    assert running.returncode == 1, stderr
-    assert json.loads(stdout)["failed"] == 2
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["failed"] == 2
     reasons = {line["reason"] for line in results(project / "out.jsonl")}
     assert len(reasons) == 1 and "--batch-max-cost needs a price for local:m" in reasons.pop()
     assert server.count == 0  # refused before any call: a ceiling that cannot hold runs nothing
@@ -419,14 +432,13 @@ def test_a_report_copied_from_another_run_is_not_its_result(project, server, pos
     one = worker(project, postgres_uri, RABBITMQ)
     store = open_store(postgres_uri)
     try:
-        first = batch(project, postgres_uri, RABBITMQ)
-        _, stderr = first.communicate(timeout=180)
-        assert first.returncode == 0, stderr
+        first = followed(project, postgres_uri, RABBITMQ)
+        assert first.returncode == 0, first.stderr
         copied = store.read_note("run:item-0")  # signed by the worker, about item-0
         stop(one)
         write_items(project, 2)
         second = batch(project, postgres_uri, RABBITMQ, "--stall-timeout", "20s")
-        wait_for(lambda: store.read_note("record:item-1") is not None, second, "item-1 was enqueued", 120)
+        wait_for(now_and_then(lambda: store.read_note("record:item-1") is not None), second, "item-1 was enqueued", 120)
         store.write_note("run:item-1", copied)
         _, stderr = second.communicate(timeout=120)
     finally:

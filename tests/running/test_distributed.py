@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 
 import jsonschema
@@ -29,7 +27,7 @@ from support import ROOT
 from support.batches import CALLS, reply, results, write_items
 from support.batches import batch_project as batch_project  # the fixture `project`
 from support.batches import batch_server as batch_server  # the fixture `server`
-from support.commands import cli_env, wait_for
+from support.commands import cli, cli_env, wait_for
 from support.fleet import (
     RABBITMQ,
     REDIS,
@@ -37,9 +35,11 @@ from support.fleet import (
     Lines,
     batch,
     drop_queue,
+    followed,
     queue_depth,
     queue_of,
     served_batch,
+    serving,
     start,
     stop,
     worker,
@@ -54,9 +54,10 @@ from mklang.stores import open_store
 
 def test_a_worker_killed_mid_batch_loses_only_its_calls_in_flight(project, server, postgres_uri):
     require_server("RabbitMQ")
-    items = 200
+    items = 40
     write_items(project, items)
     workers = [worker(project, postgres_uri, RABBITMQ) for _ in range(2)]
+    serving(postgres_uri, *workers)  # both take runs from the first message on
     running = batch(project, postgres_uri, RABBITMQ)
     try:
         wait_for(lambda: server.count >= items // 2, running, "a quarter of the calls were paid", timeout=180)
@@ -88,9 +89,9 @@ def test_a_worker_logs_one_line_per_run_taken_and_finished_and_writes_each_runs_
     }
     assert all(line["tokens"] > 0 and "time" in line for line in finished.values())
     events = [json.loads(line) for line in (project / "events.jsonl").read_text().splitlines()]
-    schema = json.loads((ROOT / "docs" / "events.schema.json").read_text(encoding="utf-8"))
+    schema = jsonschema.Draft202012Validator(json.loads((ROOT / "docs" / "events.schema.json").read_text("utf-8")))
     for event in events:
-        jsonschema.validate(event, schema)
+        schema.validate(event)
     ends = {event["run"]: event for event in events if event["event"] == "run.finished"}
     assert sorted(ends) == [f"item-{n}" for n in range(3)]  # each event names the run it belongs to
     assert {event["run"] for event in events} == set(ends)
@@ -169,18 +170,17 @@ def test_a_run_a_worker_cannot_set_up_is_failed_once_and_the_batch_ends(project,
     write_items(project, 3)
     broken = worker(project, postgres_uri, RABBITMQ, config="missing.toml")  # this worker's host cannot be built
     said = Lines(broken)
-    running = batch(project, postgres_uri, RABBITMQ)
     try:
-        stdout, stderr = running.communicate(timeout=180)
-        assert running.returncode == 1, stderr  # failed runs: as with the local executor
-        totals = json.loads(stdout)
+        done = followed(project, postgres_uri, RABBITMQ)
+        assert done.returncode == 1, done.stderr  # failed runs: as with the local executor
+        totals = json.loads(done.stdout)
         assert (totals["failed"], totals["done"], totals["pending"], totals["exit_code"]) == (3, 0, 0, 1)
         out = results(project / "out.jsonl")
         assert {line["status"] for line in out} == {"failed"}
         assert all("missing.toml" in line["reason"] and "\n" not in line["reason"] for line in out), out
         assert queue_depth(postgres_uri) == 0  # acknowledged: not redelivered
     finally:
-        stop(running, broken)
+        stop(broken)
     assert len([line for line in said.done() if " failed: " in line]) == 3  # each run failed once
     assert server.count == 0
 
@@ -190,10 +190,10 @@ def test_a_checkpoint_that_fails_verification_on_the_worker_is_failed(project, s
     write_items(project, 3)
     foreign = project / "foreign"  # item-0 was suspended by someone holding another key
     foreign.mkdir()
-    suspended = subprocess.run(
-        [sys.executable, "-m", "mklang", "run", "twostep.mk", "--set", "topic=t-0", "--config", "mklang.toml",
-         "--checkpoint", f"{postgres_uri}#item-0", "--max-tokens", "1", "--format", "json"],
-        cwd=project, capture_output=True, text=True, timeout=120,
+    suspended = cli(
+        "run", "twostep.mk", "--set", "topic=t-0", "--config", "mklang.toml", "--checkpoint", f"{postgres_uri}#item-0",
+        "--max-tokens", "1", "--format", "json",
+        cwd=project,
         env=cli_env(MKLANG_CHECKPOINT_KEY="another user's checkpoint key, 32 bytes or more", XDG_CONFIG_HOME=str(foreign)),
     )  # fmt: skip
     assert suspended.returncode == 3, suspended.stderr
@@ -209,15 +209,13 @@ def test_a_checkpoint_that_fails_verification_on_the_worker_is_failed(project, s
 def test_a_batch_no_worker_serves_stops_following_after_its_stall_timeout(project, postgres_uri):
     require_server("RabbitMQ")
     write_items(project, 3)
-    running = batch(project, postgres_uri, RABBITMQ, "--stall-timeout", "2s")
     try:
-        stdout, stderr = running.communicate(timeout=120)
-        assert running.returncode == 3, stderr  # not finished: re-run to continue
-        assert json.loads(stdout)["pending"] == 3
-        assert "no run was reported for 2s" in stderr and queue_of(postgres_uri) in stderr
+        done = followed(project, postgres_uri, RABBITMQ, "--stall-timeout", "1s")
+        assert done.returncode == 3, done.stderr  # not finished: re-run to continue
+        assert json.loads(done.stdout)["pending"] == 3
+        assert "no run was reported for 1s" in done.stderr and queue_of(postgres_uri) in done.stderr
         assert queue_depth(postgres_uri) == 3  # the runs stay queued for a worker
     finally:
-        stop(running)
         drop_queue(postgres_uri)
 
 
@@ -232,11 +230,11 @@ def test_batch_wide_ceilings_hold_across_two_workers_and_a_rerun_with_more_finis
         config.write('\n[prices."local:m"]\ninput = 1000000\noutput = 1000000\n')
     write_items(project, items)
     workers = [worker(project, postgres_uri, RABBITMQ) for _ in range(2)]
+    serving(postgres_uri, *workers)  # both spend against the ceiling from the first run on
     try:
-        first = batch(project, postgres_uri, RABBITMQ, ceiling_option, str(ceiling))
-        stdout, stderr = first.communicate(timeout=180)
-        assert first.returncode == 3, stderr  # some suspended: a re-run with more continues them
-        totals = json.loads(stdout)
+        first = followed(project, postgres_uri, RABBITMQ, ceiling_option, str(ceiling))
+        assert first.returncode == 3, first.stderr  # some suspended: a re-run with more continues them
+        totals = json.loads(first.stdout)
         spent = server.count * tokens_per_call
         assert totals["usage"]["input_tokens"] + totals["usage"]["output_tokens"] == spent
         # Over the ceiling by at most the calls in flight when it was reached: one per worker thread.
@@ -244,10 +242,10 @@ def test_batch_wide_ceilings_hold_across_two_workers_and_a_rerun_with_more_finis
         out = results(project / "out.jsonl")
         assert {line["reason"] for line in out if line["status"] == "suspended"} == {"batch-ceiling"}
         assert totals["suspended"] > 0 and totals["done"] + totals["suspended"] == items
-        again = batch(project, postgres_uri, RABBITMQ, ceiling_option, str(items * CALLS * tokens_per_call))
-        stdout, stderr = again.communicate(timeout=180)
-        assert again.returncode == 0, stderr
-        assert json.loads(stdout)["done"] == items
+        more = str(items * CALLS * tokens_per_call)
+        again = followed(project, postgres_uri, RABBITMQ, ceiling_option, more)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["done"] == items
     finally:
         stop(*workers)
     assert server.count == items * CALLS  # the re-run paid only what the first had not
@@ -260,9 +258,11 @@ def test_a_run_locked_elsewhere_waits_for_the_lock_when_it_is_soon_released(proj
     store = open_store(postgres_uri)
     held = store.lock("item-0")  # as a worker killed a moment ago whose session has not ended yet
     one = worker(project, postgres_uri, RABBITMQ)
+    said = Lines(one)
     running = batch(project, postgres_uri, RABBITMQ)
     try:
-        wait_for(lambda: read_note(store, "item-1") is not None, running, "item-1 was reported", timeout=120)
+        both = ('run-taken run="item-0"', 'run-finished run="item-1"')
+        wait_for(lambda: all(map(said.having, both)), running, "item-0 was taken and item-1 run", timeout=120)
         assert read_note(store, "item-0") is None  # the worker waits for its lock
         held.release()
         stdout, stderr = running.communicate(timeout=120)

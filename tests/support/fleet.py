@@ -5,13 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mklang.distributed import celery_app, queue_for
 from mklang.stores import open_store
-from support.commands import cli_env
+from support.commands import cli, cli_env
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -26,18 +29,30 @@ def fleet_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", FLEET_KEY)
 
 
-def start(project: Path, *args: str) -> subprocess.Popen[str]:
-    """A process with a home of its own: only the fleet key in MKLANG_CHECKPOINT_KEY is shared."""
+def home_env(project: Path) -> dict[str, str]:
+    """The environment of a `mklang` process with a home of its own: only the fleet key in
+    MKLANG_CHECKPOINT_KEY is shared."""
     home = project / f"home-{len(list(project.glob('home-*')))}"
     home.mkdir()
+    return cli_env(MKLANG_CHECKPOINT_KEY=FLEET_KEY, XDG_CONFIG_HOME=str(home))
+
+
+def start(project: Path, *args: str) -> subprocess.Popen[str]:
+    """A `mklang` process with a home of its own, for what a test does while it runs."""
     return subprocess.Popen(
         [sys.executable, "-m", "mklang", *args],
         cwd=project,
-        env=cli_env(MKLANG_CHECKPOINT_KEY=FLEET_KEY, XDG_CONFIG_HOME=str(home)),
+        env=home_env(project),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def here(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`mklang` run to its end in this process (its entry function), with a home of its own: a command
+    whose process is not what a test is about costs no interpreter start."""
+    return cli(*args, cwd=project, env=home_env(project))
 
 
 def worker(project: Path, store: str, broker: str, config: str = "mklang.toml") -> subprocess.Popen[str]:
@@ -55,9 +70,9 @@ def worker(project: Path, store: str, broker: str, config: str = "mklang.toml") 
     )
 
 
-def batch(project: Path, store: str, broker: str, *options: str) -> subprocess.Popen[str]:
-    return start(
-        project,
+def batch_command(store: str, broker: str, *options: str) -> list[str]:
+    """A Celery `mklang batch` of the project's twostep.mk over its items.jsonl, results in out.jsonl."""
+    return [
         "batch",
         "twostep.mk",
         "--inputs",
@@ -75,7 +90,23 @@ def batch(project: Path, store: str, broker: str, *options: str) -> subprocess.P
         "--format",
         "json",
         *options,
-    )
+    ]
+
+
+def batch(project: Path, store: str, broker: str, *options: str) -> subprocess.Popen[str]:
+    """The batch in a process of its own, for a test that acts while it follows its runs."""
+    return start(project, *batch_command(store, broker, *options))
+
+
+# A Celery batch run in this process stops following once no run was reported for this long (its
+# workers died): the test fails where it would hang, having no timeout a subprocess would.
+NO_HANG = ("--stall-timeout", "120s")
+
+
+def followed(project: Path, store: str, broker: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """The batch run to its end in this process."""
+    guard = () if "--stall-timeout" in options else NO_HANG
+    return here(project, *batch_command(store, broker, *guard, *options))
 
 
 class Lines:
@@ -98,6 +129,20 @@ class Lines:
         return self.lines
 
 
+def now_and_then(condition: Callable[[], Any], every: float = 0.05) -> Callable[[], Any]:
+    """`condition` for `wait_for`, asked at most every `every` seconds (false in between): one that reads
+    the store leaves the CPU to the processes the test waits for."""
+    asked = [0.0]
+
+    def seldom() -> Any:
+        if time.monotonic() - asked[0] < every:
+            return False
+        asked[0] = time.monotonic()
+        return condition()
+
+    return seldom
+
+
 def queue_of(uri: str) -> str:
     store = open_store(uri)
     try:
@@ -106,10 +151,36 @@ def queue_of(uri: str) -> str:
         store.close()
 
 
+def _queue_state(connection: Any, queue: str) -> tuple[int, int]:
+    """A queue on RabbitMQ: messages waiting and workers consuming; (0, 0) before any declared it."""
+    from amqp.exceptions import NotFound
+
+    channel = connection.channel()
+    try:
+        declared = channel.queue_declare(queue, passive=True)
+    except NotFound:  # the broker closed the channel
+        return 0, 0
+    channel.close()
+    return declared.message_count, declared.consumer_count
+
+
 def queue_depth(store: str, broker: str = RABBITMQ) -> int:
     """Messages waiting in the store's queue (RabbitMQ)."""
     with celery_app(broker).connection_for_write() as connection:
-        return connection.default_channel.queue_declare(queue_of(store), passive=True).message_count
+        return _queue_state(connection, queue_of(store))[0]
+
+
+def serving(store: str, *workers: subprocess.Popen[str]) -> None:
+    """Wait until `workers` all consume the store's queue (RabbitMQ), else stop them and fail: a test about
+    what workers do with a batch's runs does not start the batch while one of them is still starting."""
+    queue = queue_of(store)
+    deadline = time.monotonic() + 120
+    with celery_app(RABBITMQ).connection_for_write() as connection:
+        while _queue_state(connection, queue)[1] < len(workers):
+            if any(process.poll() is not None for process in workers) or time.monotonic() > deadline:
+                stop(*workers)
+                raise AssertionError(f"the workers ended or stalled before they all consumed {queue}")
+            time.sleep(0.05)
 
 
 def drop_queue(store: str, broker: str = RABBITMQ) -> None:
@@ -125,11 +196,10 @@ def stop(*processes: subprocess.Popen[str]) -> None:
 
 
 def served_batch(project: Path, store: str, broker: str, *workers: subprocess.Popen[str]) -> tuple[int, str, str]:
-    """A Celery `mklang batch` of `project` run to its end while `workers` serve it, then every process
-    stopped: the batch's exit code, stdout and stderr."""
-    running = batch(project, store, broker)
+    """A Celery `mklang batch` of `project` run to its end (in this process) while `workers` serve it, then
+    every worker stopped: the batch's exit code, stdout and stderr."""
     try:
-        stdout, stderr = running.communicate(timeout=180)
+        done = followed(project, store, broker)
     finally:
-        stop(running, *workers)
-    return running.returncode, stdout, stderr
+        stop(*workers)
+    return done.returncode, done.stdout, done.stderr
