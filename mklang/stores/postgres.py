@@ -136,7 +136,7 @@ class PostgresStore(SqlStore):
 
     def _where(self) -> str:
         """The URI as errors name it: its password hidden."""
-        return redacted(self.conninfo.split("?", 1)[0])
+        return redacted(self.conninfo.partition("?")[0])
 
     @contextlib.contextmanager
     def _connection(self, run: str | None) -> Iterator[Any]:

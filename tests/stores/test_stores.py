@@ -140,6 +140,14 @@ def test_summaries_page_runs_newest_started_first_and_say_which_were_written_sin
     assert (written.run, written.status, written.reason) == ("b", "suspended", "Publish?")
     assert written.started is not None and written.updated is not None and written.started < written.updated
     assert [s.run for s in store.summaries(RunQuery(statuses=("suspended",)))] == ["b"]
+    assert [s.run for s in store.summaries(RunQuery(since=written.updated))] == ["b"]  # at `since` is since
+
+
+def test_a_query_in_python_takes_unknown_times_for_the_earliest():
+    """As the SQL stores order and filter NULL times (a run summarized before times were kept)."""
+    known, unknown = RunSummary("k", started=0.5, updated=0.5), RunSummary("u")
+    assert RunQuery().page([unknown, known]) == [known, unknown]
+    assert RunQuery(since=0.5).page([unknown, known]) == [known]
 
 
 def test_notes_are_replaced_whole_and_listed_as_no_run(store):
