@@ -25,7 +25,7 @@ from support.commands import cli, cli_env, model_config, wait_for
 import mklang as api
 from mklang.batching import Batch, Item, batch_id, described, location, target
 from mklang.checkpoint.envelope import load
-from mklang.errors import MklangError, first_line
+from mklang.errors import MklangError, UsageError, first_line
 from mklang.inspection import describe
 from mklang.providers.base import Usage
 from mklang.service import Outcome
@@ -262,6 +262,12 @@ def test_a_batchs_summary_counts_each_status_and_its_exit_code_says_whether_a_re
     lines = (tmp_path / "out.jsonl").read_bytes().decode("utf-8").splitlines()
     assert [json.loads(line) for line in lines] == [o.to_json() for o in outcomes]
     assert '"é"' in lines[0]  # text as it is, not escaped
+    with pytest.raises(UsageError) as unwritable:
+        write_results(tmp_path / "no-folder" / "out.jsonl", outcomes)
+    assert (
+        str(unwritable.value)
+        == f"{tmp_path / 'no-folder' / 'out.jsonl'}: cannot write the results: No such file or directory"
+    )
 
 
 @pytest.mark.parametrize(
@@ -351,13 +357,17 @@ class Recorded:
 
 
 def test_each_run_of_a_batch_starts_with_the_batchs_settings_and_is_observed_by_its_name(tmp_path, twostep):
+    """And the machine's text is kept in the store once for the batch, not once per run."""
     observer, items = Recorded(), [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(2)]
     settings = dict(max_time=600, untrusted_flow="halt", hitl=True)
-    store = open_store(str(tmp_path / "runs"))
+    store, kept = open_store(str(tmp_path / "runs")), []
+    add_note = store.add_note
+    store.add_note = lambda key, text: kept.append(key) or add_note(key, text)
     try:
         _runs_of(twostep, store, Priced(), observer=observer, **settings).run(items)
     finally:
         store.close()
+    assert kept == [f"machine:{hashlib.sha256(MACHINE.encode()).hexdigest()}"]
     for item in items:
         started = load(locate(tmp_path / "runs" / item.run))
         assert (started.budgets.max_time, started.untrusted_flow, started.hitl) == (600, "halt", True)

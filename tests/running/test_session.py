@@ -162,6 +162,46 @@ def test_preflight_refuses_a_tool_or_hook_without_implementation_before_anything
     preflight(machine, Host(provider=provider, tools={"publish": lambda text: "url"}))
 
 
+UNDECLARED = """\
+mklang 0.4
+machine post
+entry send
+budget 5
+
+tool archive "Keep the text."
+hook audit "Check a post."
+
+state send {
+  tool publish { text: "{{line}}" }
+  output url
+  when "posted" hook plausible -> add
+  otherwise -> add
+}
+
+state add {
+  tool calc { expression: "1 + 1" }
+  output total
+  otherwise -> END
+}
+"""
+
+
+def test_preflight_asks_for_every_tool_and_hook_declared_or_used_but_the_built_in_ones(tmp_path):
+    """Every tool and hook a machine declares or uses (using one undeclared is only warned of) needs
+    an implementation before anything is paid; `calc` is built in."""
+    from mklang.syntax import load_file
+
+    (tmp_path / "post.mk").write_text(UNDECLARED, encoding="utf-8")
+    machine, tools, hooks = load_file(tmp_path / "post.mk"), {}, {}
+    for kind, name, given in [("tool", "archive", tools), ("tool", "publish", tools), ("hook", "audit", hooks),
+                              ("hook", "plausible", hooks)]:  # fmt: skip
+        with pytest.raises(UsageError) as refused:
+            preflight(machine, Host(provider=object(), tools=tools, hooks=hooks))
+        assert str(refused.value).startswith(f'{kind} "{name}" has no implementation')
+        given[name] = print
+    preflight(machine, Host(provider=object(), tools=tools, hooks=hooks))
+
+
 def test_preflight_checks_the_machines_a_run_calls_and_their_hooks(tmp_path):
     from mklang.syntax import load_file
 
