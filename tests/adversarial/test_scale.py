@@ -47,7 +47,6 @@ state three {
 }
 """
 TRIALS = 20
-PAIRS_AT_ONCE = 5
 CALLS_LEFT = 2  # a suspended run resumes at `two`
 
 
@@ -67,13 +66,18 @@ def suspended(tmp_path_factory):
         yield folder, config, server
 
 
-# A resume factory: it imports mklang once, then for each line "CHECKPOINT OFFSET"
+# A resume factory: it imports what a resume uses once, then for each line "CHECKPOINT OFFSET"
 # forks one `mklang resume CHECKPOINT`, waits OFFSET seconds, forks a second,
 # and prints both exit codes. Forked after the imports, a resume costs only
-# its own work, so many trials stay quick while each resume is a real process.
+# its own work (a tenth of the CPU of one that imports them), so many trials stay
+# quick while each resume is a real process.
 FACTORY = """
 import os, sys, time
-import mklang.cli, mklang.cli.app, mklang.cli.run_cmds, mklang.session, mklang.providers.http
+import genai_prices.data
+import mklang.checker, mklang.cli, mklang.cli.app, mklang.cli.run_cmds, mklang.host.plugins, mklang.service
+import mklang.checkpoint.compat, mklang.checkpoint.envelope, mklang.checkpoint.journal, mklang.checkpoint.segments
+import mklang.checkpoint.trust, mklang.providers.cassette, mklang.providers.factory, mklang.providers.openai
+import mklang.session, mklang.stores.file, mklang.syntax.build, mklang.yaml_composer
 
 def resume(checkpoint, config):
     pid = os.fork()
