@@ -17,7 +17,13 @@ from mklang.vocabulary import TIERS
 MACHINE_FILES = sorted(ROOT.glob("examples/**/*.mk")) + sorted(ROOT.glob("machines/*.mk"))
 KEYWORDS = {"true", "false", "null", "END"}
 
-names = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True).filter(lambda n: n not in KEYWORDS)
+# [a-z_][a-z0-9_]{0,8}, drawn as its two parts: a regex strategy takes three times as long per name.
+LOWER = "abcdefghijklmnopqrstuvwxyz"
+names = (
+    st.tuples(st.sampled_from(LOWER + "_"), st.text(LOWER + "0123456789_", max_size=8))
+    .map("".join)
+    .filter(lambda n: n not in KEYWORDS)
+)
 paths = st.lists(names, min_size=1, max_size=3).map(".".join)
 prose = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 blocks = st.lists(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20), min_size=2, max_size=4).map(
