@@ -2,7 +2,9 @@
 
 Each test kills a real `mklang` process with SIGKILL at an injected crash
 point (`MKLANG_KILL_AT`, mklang.faults) in one of the windows that used to
-lose a run, skip a human's approval, or pay twice, then resumes it:
+lose a run, skip a human's approval, or pay twice, then resumes it (the runs
+and resumes that are not killed go through the CLI's entry function, in this
+process):
 
 - after the END step is journaled, before the final envelope (was:
   `internal error: KeyError: 'END'` forever);
@@ -25,7 +27,7 @@ import signal
 from pathlib import Path
 
 from support import ROOT
-from support.commands import cli_env, mklang
+from support.commands import cli, cli_env, mklang
 
 from mklang.checkpoint.envelope import load
 from mklang.engine.runner import FENCE_NOTICE
@@ -39,15 +41,20 @@ NESTED = ROOT / "examples" / "nested"
 COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 
 
+def _command(*args: str, kill: str | None):
+    """A command killed at crash point `kill` in a real process; one not killed in this process."""
+    if kill is None:
+        return cli(*args)
+    return mklang(*args, env=cli_env(MKLANG_KILL_AT=kill))
+
+
 def _run(machine: Path, scenario: str, checkpoint: Path, kill: str | None = None):
-    env = cli_env(**({"MKLANG_KILL_AT": kill} if kill else {}))
     args = ["run", str(machine), "--script", str(machine.parent / "scenarios.yaml"), "--scenario", scenario]
-    return mklang(*args, "--checkpoint", str(checkpoint), "--format", "json", env=env)
+    return _command(*args, "--checkpoint", str(checkpoint), "--format", "json", kill=kill)
 
 
 def _resume(checkpoint: Path, *args: str, kill: str | None = None):
-    env = cli_env(**({"MKLANG_KILL_AT": kill} if kill else {}))
-    return mklang("resume", str(checkpoint), *args, "--format", "json", env=env)
+    return _command("resume", str(checkpoint), *args, "--format", "json", kill=kill)
 
 
 def _same(done, reference) -> dict:
@@ -87,7 +94,7 @@ def test_a_run_killed_after_it_asked_a_human_waits_for_the_reply_and_never_publi
         checkpoint = tmp_path / f"{kill}.json"
         _killed(_run(APPROVAL / "approval.mk", "ask-then-publish", checkpoint, kill=kill))
         if kill == "journal.step:1":
-            shown = json.loads(mklang("show", str(checkpoint), "--format", "json").stdout)
+            shown = json.loads(cli("show", str(checkpoint), "--format", "json").stdout)
             assert (shown["status"], shown["reply_to"]) == ("running", "approval.answer")  # died waiting for it
         waiting = _resume(checkpoint)  # without a reply it asks again, and again
         assert waiting.returncode == 3, waiting.stderr
