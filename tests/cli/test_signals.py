@@ -5,7 +5,9 @@ an outline, a fan-out of four drafts and an assembly. The first SIGINT or
 SIGTERM suspends it at the next loop-top (exit 3 with a checkpoint, 130
 without); a second one exits at once and leaves the last durable checkpoint;
 SIGKILL leaves a `running` checkpoint that `mklang show` explains. Every
-resumed run must equal the uninterrupted one.
+resumed run must equal the uninterrupted one. The runs that get signals are
+real processes; the reference run, the resumes and `show` go through the
+CLI's entry function, in this process.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.commands import cli_env, mklang, wait_for
+from support.commands import cli, cli_env, wait_for
 from support.examples import KILL_9
 
 from mklang.checkpoint.envelope import load
@@ -84,7 +86,7 @@ def model_calls(data: dict) -> int:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
-    done = mklang(*RUN, cwd=tmp_path_factory.mktemp("reference"))
+    done = cli(*RUN, cwd=tmp_path_factory.mktemp("reference"))
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert model_calls(data) == MODEL_CALLS
@@ -107,7 +109,7 @@ def test_a_signal_suspends_at_the_next_loop_top_and_resume_completes_the_run(sig
     assert (data["status"], data["reason"], data["at"]) == ("suspended", "interrupted", "draft")
     assert [step["state"] for step in data["trace"]] == ["outline"]
     assert load(checkpoint).status == "suspended" and load(checkpoint).reason == "interrupted"
-    resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
+    resumed = cli("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     resumed_data = json.loads(resumed.stdout)
     assert comparable(resumed_data) == comparable(reference)
@@ -136,7 +138,7 @@ def test_a_second_signal_exits_at_once_and_the_checkpoint_resumes(reference, tmp
     assert (code, data) == (130, None), stderr
     assert "exiting now" in stderr
     assert load(checkpoint).status == "running"  # the last durable state of a run that did not finish
-    resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
+    resumed = cli("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert comparable(json.loads(resumed.stdout)) == comparable(reference)
 
@@ -155,7 +157,7 @@ def killed(tmp_path_factory) -> Path:
 
 
 def test_show_says_a_killed_run_was_interrupted_and_where(killed):
-    shown = mklang("show", str(killed), "--summary", "--format", "json", cwd=killed.parent)
+    shown = cli("show", str(killed), "--summary", "--format", "json", cwd=killed.parent)
     assert shown.returncode == 0
     summary = json.loads(shown.stdout)
     assert (summary["status"], summary["resumable"]) == ("running", True)
@@ -164,7 +166,7 @@ def test_show_says_a_killed_run_was_interrupted_and_where(killed):
     assert [(f["machine"], f["state"], f["steps"]) for f in summary["frames"]] == [("report", "draft", 1)]
     assert summary["tokens"]["spent"] == 180
     assert [step["state"] for step in summary["last_steps"]] == ["outline"]
-    text = mklang("show", str(killed), "--summary", "--format", "text", cwd=killed.parent)
+    text = cli("show", str(killed), "--summary", "--format", "text", cwd=killed.parent)
     assert "interrupted" in text.stdout and "report at draft" in text.stdout
 
 
@@ -172,7 +174,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result_paying_only_what_was_l
     checkpoint = tmp_path / "cp.json"  # a copy: the other tests read the killed checkpoint as it was
     for suffix in ("", ".journal"):
         shutil.copy(f"{killed}{suffix}", f"{checkpoint}{suffix}")
-    resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
+    resumed = cli("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     data = json.loads(resumed.stdout)
     assert comparable(data) == comparable(reference)
