@@ -15,7 +15,7 @@ import sys
 import time
 
 import yaml
-from support.commands import cli_env, mklang, wait_for
+from support.commands import cli, cli_env, wait_for
 from support.examples import KILL_9
 
 from mklang.stores import locate
@@ -64,10 +64,10 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
     process = _slow_run(tmp_path, checkpoint)
     wait_for(lambda: holder(checkpoint) == process.pid, process, "the run took its lock and named itself")
 
-    refused = mklang("resume", str(checkpoint), cwd=tmp_path)
+    refused = cli("resume", str(checkpoint), cwd=tmp_path)  # this process, not the one holding the lock
     assert refused.returncode == 2
     assert f"still going in process {process.pid}" in refused.stderr
-    shown = json.loads(mklang("show", str(checkpoint), "--summary", "--format", "json", cwd=tmp_path).stdout)
+    shown = json.loads(cli("show", str(checkpoint), "--summary", "--format", "json", cwd=tmp_path).stdout)
     assert (shown["status"], shown.get("running_pid"), shown["resumable"]) == ("running", process.pid, False), shown
 
     process.send_signal(signal.SIGKILL)
@@ -76,10 +76,10 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
     while holder(checkpoint) is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert holder(checkpoint) is None  # the kernel released the lock with the process
-    shown = json.loads(mklang("show", str(checkpoint), "--summary", "--format", "json", cwd=tmp_path).stdout)
+    shown = json.loads(cli("show", str(checkpoint), "--summary", "--format", "json", cwd=tmp_path).stdout)
     assert shown["resumable"] and "interrupted" in shown["interrupted"]
     _write_script(tmp_path, 0)  # the resumed run need not wait
-    resumed = mklang("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
+    resumed = cli("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert holder(checkpoint) is None  # a finished run holds no lock (its file stays: never unlinked)
 
