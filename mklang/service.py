@@ -387,12 +387,13 @@ def _verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
 def _rebuild(location: Location, envelope: Envelope, verified: _Verified) -> Resumable:
     """The recorded frames on the machines they run, the root machine first."""
     from mklang.checkpoint.compat import rebuild
-    from mklang.checkpoint.segments import reader
+    from mklang.checkpoint.segments import reader, require_present
 
     loader = MachineLoader()
     machine_for = _frame_reader(location, envelope.machines, verified.paths, loader)
     read = reader(location.store, location.run, str(location), trusted=verified.trusted)
     chain = [rebuild(frame, machine_for(frame), str(location), read) for frame in map(dict, envelope.frames)]
+    require_present(location, chain)
     if verified.paths.root is not None and chain[0].machine.path != str(verified.paths.root):
         raise CheckpointError(f"{location}: the first frame does not run the root machine {verified.paths.root}")
     if envelope.reason == "escalated" and "ask" not in envelope.frames[-1]:

@@ -127,13 +127,31 @@ def _raw(store: RunStore, run: str, where: str, segment: Segment) -> bytes:
     """The bytes of `segment`, refused unless they have its sha256."""
     raw = store.read_segment(run, segment.name)
     if raw is None:
-        raise CheckpointError(
-            f"{where}: trace segment {segment.name} is missing from the run's store (removed, or the "
-            f"checkpoint was copied without it; {_FOLDER_HINT})"
-        )
+        raise _missing(where, segment)
     if hashlib.sha256(raw).hexdigest() != segment.name:
         raise CheckpointError(f"{where}: trace segment {segment.name} was edited after it was written")
     return raw
+
+
+def require_present(location: Location, chain: list[Frame]) -> None:
+    """Refuse a run to be resumed whose traces name a segment its store does not hold, before
+    anything runs: listing the names reads no segment. (A store that cannot list them refuses
+    a missing one when the trace is read.)"""
+    names = getattr(location.store, "segment_names", None)
+    if names is None:
+        return
+    held = names(location.run)
+    for frame in chain:
+        for segment in frame.trace.segments:
+            if segment.name not in held:
+                raise _missing(str(location), segment)
+
+
+def _missing(where: str, segment: Segment) -> CheckpointError:
+    return CheckpointError(
+        f"{where}: trace segment {segment.name} is missing from the run's store (removed, or the "
+        f"checkpoint was copied without it; {_FOLDER_HINT})"
+    )
 
 
 def reader(store: RunStore, run: str, where: str, *, trusted: bool) -> SegmentReader:

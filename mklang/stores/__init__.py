@@ -79,6 +79,9 @@ class RunStore(Protocol):
     def read_segment(self, run: str, name: str) -> bytes | None:
         """The run's trace segment `name` as stored (its reader checks the sha256), or None."""
 
+    def segment_names(self, run: str) -> set[str]:
+        """The names of the run's trace segments the store holds: listing them reads none."""
+
     def lock(self, run: str) -> RunLock:
         """Lock the run for this process, or raise `CheckpointError` naming who holds it."""
 

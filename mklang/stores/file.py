@@ -125,6 +125,14 @@ class FileStore:
     def read_segment(self, run: str, name: str) -> bytes | None:
         return _read_if_there(self._segments(run) / name, "the trace segment")
 
+    def segment_names(self, run: str) -> set[str]:
+        try:
+            return set(os.listdir(self._segments(run)))
+        except FileNotFoundError:
+            return set()
+        except OSError as error:
+            raise CheckpointError(f"{self._segments(run)}: cannot list the trace segments: {error.strerror}") from None
+
     def lock(self, run: str) -> FileLock:
         return FileLock(self.folder / f"{run}.lock", str(self._path(run)))
 

@@ -95,6 +95,9 @@ class SqlStore:
         rows = self._rows("SELECT body FROM mklang_segments WHERE run = ? AND name = ?", run, name, run=run)
         return bytes(rows[0][0]) if rows else None
 
+    def segment_names(self, run: str) -> set[str]:
+        return {str(row[0]) for row in self._rows("SELECT name FROM mklang_segments WHERE run = ?", run, run=run)}
+
     def runs(self) -> list[str]:
         return [str(row[0]) for row in self._rows("SELECT run FROM mklang_runs ORDER BY run")]
 

@@ -153,15 +153,36 @@ def test_an_edited_segment_is_refused_when_the_trace_is_read(tmp_path):
     _unreadable(where, f"cp.json: trace segment {name} was edited after it was written")
 
 
-def test_a_missing_segment_is_refused_when_the_trace_is_read(tmp_path):
+def test_a_missing_segment_is_refused_before_a_resume_runs_and_when_the_trace_is_read(tmp_path):
     where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
+    name = _segments(where)[0][0]
+    _segment_file(where, name).unlink()
+    before = (tmp_path / "cp.json").read_bytes()
+    with pytest.raises(CheckpointError, match=f"cp.json: trace segment {name} is missing from the run's store"):
+        _finish(where)  # the names are listed, no segment is read
+    assert (tmp_path / "cp.json").read_bytes() == before
+    _unreadable(where, f"cp.json: trace segment {name} is missing")
+
+
+class UnlistedStore(FileStore):
+    """A store written before stores listed their segments: it reads and writes them, no more."""
+
+    def __getattribute__(self, name: str):
+        if name == "segment_names":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_a_store_that_cannot_list_its_segments_refuses_a_missing_one_when_the_trace_is_read(tmp_path):
+    store = UnlistedStore(tmp_path)
+    where = Location(store, "cp.json", str(tmp_path / "cp.json"), str(tmp_path / "cp.json"), tmp_path / "cp.json")
+    _suspended(where, tmp_path)
     name = _segments(where)[0][0]
     _segment_file(where, name).unlink()
     done = _finish(where)  # the resume itself reads no segment
     assert done.status == "done"
     with pytest.raises(CheckpointError, match=f"trace segment {name} is missing from the run's store"):
         done.trace  # noqa: B018 - reading it is what is refused
-    _unreadable(where, f"cp.json: trace segment {name} is missing")
 
 
 def test_a_segment_of_another_run_under_this_runs_name_is_refused(tmp_path):
@@ -380,19 +401,25 @@ def test_a_segment_edited_at_the_source_is_refused_when_a_store_without_segments
         resume(load(where), host, checkpoint=locate("old://.#moved"), budget=STEPS + 1)
 
 
+SCRIPT = 'scenarios:\n  - name: finish\n    llm: {produce: ["y"], judge: [0]}\n'
+
+
 def test_a_checkpoint_file_copied_without_its_segments_folder_says_to_copy_that_folder(tmp_path):
     where = _suspended(locate(tmp_path / "cp.json"), tmp_path)
-    _finish(where)
     (tmp_path / "copy").mkdir()
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    for name in ("cp.json", "grow.mk"):
+        shutil.copy(tmp_path / name, tmp_path / "copy" / name)
     copied = tmp_path / "copy" / "cp.json"
-    copied.write_bytes((tmp_path / "cp.json").read_bytes())
     first = _segments(where)[0][0]
-    for command in (["show", str(copied)], ["show", str(copied), "--format", "json"]):
-        shown = cli(*command)
-        assert shown.returncode == 2 and len(shown.stderr.strip().splitlines()) == 1
-        assert f"trace segment {first} is missing from the run's store" in shown.stderr
-        assert (
-            "copied without it; a checkpoint file needs the .mklang-segments/ folder beside it copied" in shown.stderr
-        )
+    resume_it = ["resume", str(copied), "--budget", str(STEPS + 1), "--script", str(tmp_path / "script.yaml")]
+    for command in (["show", str(copied)], ["show", str(copied), "--format", "json"], resume_it):
+        refused = cli(*command)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+        assert f"trace segment {first} is missing from the run's store" in refused.stderr
+        hint = "copied without it; a checkpoint file needs the .mklang-segments/ folder beside it copied with it"
+        assert hint in refused.stderr
+    assert load(locate(copied)).status == "suspended"  # the resume ran nothing
     shutil.copytree(tmp_path / ".mklang-segments", tmp_path / "copy" / ".mklang-segments")
-    assert cli("show", str(copied), "--format", "json").returncode == 0
+    resumed = cli(*resume_it, "--format", "json")
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["status"] == "done"

@@ -114,6 +114,11 @@ def test_a_trace_segment_is_kept_under_its_name_for_its_run_and_never_replaced(s
     store.write_segment("b", "s1", b"of another run")
     assert [store.read_segment("a", name) for name in ("s1", "s2", "s3")] == [b"first", b"next", None]
     assert (store.read_segment("b", "s1"), store.read_segment("b", "s2")) == (b"of another run", None)
+    assert (store.segment_names("a"), store.segment_names("b"), store.segment_names("c")) == (
+        {"s1", "s2"},
+        {"s1"},
+        set(),
+    )
     assert store.runs() == []  # segments are not runs
 
 
