@@ -6,7 +6,7 @@ caller chooses is a keyword of `mklang.run` and `Host.build`, a command-line
 option, and a field of the checkpoint's `HostSettings`, and on resume a
 checkpoint signed with your key may fill it in (ADR 0014). `SETTINGS` says
 all of that once; the typed declarations (the envelope's pydantic model, the
-API's signatures) are written out for the type checker, and
+API's keyword dictionaries, ADR 0042) are written out for the type checker, and
 tests/host/test_settings.py holds them to it. Plain Python, so the command
 line reads it without importing pydantic.
 """
