@@ -138,7 +138,12 @@ class Child:
             self.process.send_signal(signal.SIGTERM)
 
     def how_it_ended(self) -> str:
+        """Once its output has ended: wait for it, close its pipes, and say how it ended."""
         code = self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                with suppress(BrokenPipeError):
+                    pipe.close()
         if code < 0:
             return f"was killed by {signal.Signals(-code).name}"
         return f"ended with exit code {code}"
@@ -202,10 +207,11 @@ def spread(
 
 
 def _read_lines(each: Child, lines: queue.Queue[tuple[Child, str | None]]) -> None:
-    """Every line a child writes, then None at its end."""
+    """Every whole line a child writes, then None at its end (a child killed mid-line leaves a part)."""
     assert each.process.stdout is not None
     for line in each.process.stdout:
-        lines.put((each, line))
+        if line.endswith("\n"):
+            lines.put((each, line))
     lines.put((each, None))
 
 

@@ -210,3 +210,27 @@ def test_a_batch_that_cannot_be_spread_is_refused_before_any_run(project, server
     write_items(project, 2)
     refused(cli(*BATCH, "--store", "sqlite:///runs.db", *options, cwd=project), needle)
     assert server.count == 0 and not (project / "runs.db").exists()
+
+
+def test_each_process_gets_every_nth_item_and_its_even_part_of_the_concurrency():
+    from mklang.batching import Item
+    from mklang.cli.local_batch import shares
+
+    items = [Item(f"r-{n}", {}) for n in range(5)]
+    split = [([item.run for item in share], runs) for share, runs in shares(items, 5, 2)]
+    assert split == [(["r-0", "r-2", "r-4"], 3), (["r-1", "r-3"], 2)]
+    assert [runs for _, runs in shares(items, 7, 3)] == [3, 2, 2]
+    assert [len(share) for share, _ in shares(items[:2], 8, 4)] == [1, 1]  # a process with no item is not started
+
+
+def test_a_line_a_killed_process_left_half_written_is_not_read_as_an_outcome():
+    import io
+    import queue
+    from types import SimpleNamespace
+
+    from mklang.cli.local_batch import _read_lines
+
+    killed = SimpleNamespace(process=SimpleNamespace(stdout=io.StringIO('{"id": "r-0"}\n{"id": "r-')))
+    lines: queue.Queue = queue.Queue()
+    _read_lines(killed, lines)
+    assert [lines.get_nowait()[1] for _ in range(lines.qsize())] == ['{"id": "r-0"}\n', None]
