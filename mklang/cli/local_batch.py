@@ -61,6 +61,7 @@ class LocalBatch:
         stop: threading.Event,
         observer: EventSink | None,
     ) -> Batch:
+        """The batch that runs this plan's items in this process (a child's share, or all of them)."""
         return Batch(
             machine,
             store,
