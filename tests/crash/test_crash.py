@@ -1,7 +1,7 @@
 """SIGKILL at chosen moments, resume, and get the uninterrupted run (SPEC section 7).
 
-A real `mklang run --checkpoint` subprocess talks to a real HTTP model
-server on 127.0.0.1 (OpenAI wire format) and to a host tool with a side
+A real `mklang run --checkpoint` process (forked from one that has imported
+mklang: support/forks.py) talks to a real HTTP model server on 127.0.0.1 (OpenAI wire format) and to a host tool with a side
 effect (a ledger file), through a fan-out, a nested call whose result is
 judged, and tools at both levels. It is killed with SIGKILL at injected
 crash points (`MKLANG_KILL_AT`, mklang.faults), by the server while a
@@ -33,16 +33,16 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.commands import cli_env
+from support.commands import cli, cli_env
 from support.crashes import finished_outcome
 from support.fakeserver import FakeServer, Request, answer
+from support.forks import Forks
 
 HERE = Path(__file__).parent
 MACHINE = HERE / "crash.mk"
@@ -111,8 +111,8 @@ def _comparable(result: dict) -> dict:
 class Round:
     """One run driven through kills and resumes, counting what each process paid for."""
 
-    def __init__(self, server: Server, config: Path, folder: Path, machine: Path = MACHINE):
-        self.server, self.config, self.machine = server, config, machine
+    def __init__(self, server: Server, config: Path, forks: Forks, folder: Path, machine: Path = MACHINE):
+        self.server, self.config, self.forks, self.machine = server, config, forks, machine
         self.checkpoint = folder / "cp.json"
         self.ledger = folder / "ledger"
         self.lost_requests = 0  # model requests a killed process made but never journaled
@@ -125,26 +125,24 @@ class Round:
             args += ["--checkpoint", str(self.checkpoint), "--concurrency", str(CONCURRENCY)]
         else:
             args = ["resume", str(self.checkpoint)]
-        return [sys.executable, "-m", "mklang", *args, "--format", "json"]
+        return [*args, "--format", "json"]
 
     def process(self, first: bool, kill: str | None) -> subprocess.CompletedProcess | None:
-        """Run or resume once, killed as `kill` says (POINT:N, or server:N for the N-th
-        request of this process, answered never); the result, or None when killed."""
+        """Run or resume once in a real process, killed as `kill` says (POINT:N, or server:N for
+        the N-th request of this process, answered never); the result, or None when killed."""
         env = cli_env(CRASH_LEDGER=str(self.ledger))
         if kill and not kill.startswith("server:"):
             env["MKLANG_KILL_AT"] = kill
         requests, tools = self.server.fake.count, len(self._ledger())
         generation = next(iter(self._journal()), {}).get("g")
-        process = subprocess.Popen(
-            self.command(first), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
+        process = self.forks.start(self.command(first), env)
         if kill and kill.startswith("server:"):
             self.server.kill_at(process.pid, int(kill.split(":")[1]))
-        stdout, stderr = process.communicate(timeout=120)
+        done = process.wait()
         self.server.disarm()
-        if process.returncode != -signal.SIGKILL:
-            assert "Traceback" not in stderr, stderr
-            return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        if done.returncode != -signal.SIGKILL:
+            assert "Traceback" not in done.stderr, done.stderr
+            return done
         self.kills += 1
         journaled = self._journaled(generation)
         self.lost_requests += self.server.fake.count - requests - sum(journaled[k] for k in MODEL_KINDS)
@@ -191,10 +189,10 @@ class Round:
         return _comparable(json.loads(done.stdout))
 
 
-def _uninterrupted(server: Server, config: Path, folder: Path, machine: Path) -> dict[str, Any]:
+def _uninterrupted(server: Server, config: Path, forks: Forks, folder: Path, machine: Path) -> dict[str, Any]:
     """What a run of `machine` killed nowhere gives, and what it paid for."""
     before = server.fake.count
-    run = Round(server, config, folder, machine)
+    run = Round(server, config, forks, folder, machine)
     result = run.finish(None, None)
     return {
         "result": result,
@@ -205,13 +203,20 @@ def _uninterrupted(server: Server, config: Path, folder: Path, machine: Path) ->
 
 
 @pytest.fixture(scope="module")
-def reference(server, config, tmp_path_factory):
-    return _uninterrupted(server, config, tmp_path_factory.mktemp("reference"), MACHINE)
+def forks():
+    factory = Forks()
+    yield factory
+    factory.close()
 
 
 @pytest.fixture(scope="module")
-def long_reference(server, config, tmp_path_factory):
-    return _uninterrupted(server, config, tmp_path_factory.mktemp("long-reference"), LONG)
+def reference(server, config, forks, tmp_path_factory):
+    return _uninterrupted(server, config, forks, tmp_path_factory.mktemp("reference"), MACHINE)
+
+
+@pytest.fixture(scope="module")
+def long_reference(server, config, forks, tmp_path_factory):
+    return _uninterrupted(server, config, forks, tmp_path_factory.mktemp("long-reference"), LONG)
 
 
 def test_the_reference_run_exercises_every_kind_of_call(reference):
@@ -249,10 +254,10 @@ def _check_round(run: Round, result: dict, reference: dict, server: Server, befo
 
 @pytest.mark.parametrize(("first", "second"), ROUNDS, ids=[f"{a}-then-{b}" for a, b in ROUNDS])
 def test_killed_at_a_crash_point_and_again_during_the_resume_gives_the_uninterrupted_run(
-    first, second, reference, server, config, tmp_path
+    first, second, reference, server, config, forks, tmp_path
 ):
     before = server.fake.count
-    run = Round(server, config, tmp_path)
+    run = Round(server, config, forks, tmp_path)
     result = run.finish(first, second)
     _check_round(run, result, reference, server, before)
 
@@ -286,10 +291,10 @@ SEALED_ROUNDS = [
 
 @pytest.mark.parametrize(("first", "second"), SEALED_ROUNDS, ids=[f"{a}-then-{b}" for a, b in SEALED_ROUNDS])
 def test_killed_around_a_trace_segment_gives_the_uninterrupted_run(
-    first, second, long_reference, server, config, tmp_path
+    first, second, long_reference, server, config, forks, tmp_path
 ):
     before = server.fake.count
-    run = Round(server, config, tmp_path, LONG)
+    run = Round(server, config, forks, tmp_path, LONG)
     result = run.finish(first, second)
     assert run.kills == (2 if second else 1)
     _check_round(run, result, long_reference, server, before)
@@ -297,13 +302,13 @@ def test_killed_around_a_trace_segment_gives_the_uninterrupted_run(
 
 
 @pytest.mark.skipif(not SEEDED_ROUNDS, reason="set MKLANG_CRASH_ROUNDS=N to run N seeded rounds")
-def test_seeded_rounds_of_two_kills_at_random_points(reference, server, config, tmp_path):
+def test_seeded_rounds_of_two_kills_at_random_points(reference, server, config, forks, tmp_path):
     """Each round: SIGKILL the run at a random point of any kind (`*:N`), the resume too."""
     points = 55  # crash points one uninterrupted run reaches
     for seed in range(SEEDED_ROUNDS):
         rng = random.Random(seed)
         before = server.fake.count
-        run = Round(server, config, tmp_path / f"round-{seed}")
+        run = Round(server, config, forks, tmp_path / f"round-{seed}")
         run.checkpoint.parent.mkdir()
         first = f"*:{rng.randint(1, points)}"
         second = f"*:{rng.randint(1, points // 2)}"
@@ -312,11 +317,6 @@ def test_seeded_rounds_of_two_kills_at_random_points(reference, server, config, 
 
 
 def test_a_finished_run_refuses_to_resume(reference):
-    again = subprocess.run(
-        [sys.executable, "-m", "mklang", "resume", str(reference["checkpoint"])],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-    )
+    again = cli("resume", str(reference["checkpoint"]))
     assert again.returncode == 2
     assert "cannot be resumed" in again.stderr and "Traceback" not in again.stderr

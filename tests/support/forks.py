@@ -1,0 +1,156 @@
+"""Real `mklang` processes without an interpreter's start-up each, for the tests that kill them.
+
+`Forks` starts this file as a factory once: it imports what a run and a resume
+use, then forks one child per command it is sent. The child takes the
+command's folder and environment (MKLANG_KILL_AT included), runs the CLI's
+entry function and exits with its code, so it is a real process: it can be
+killed with SIGKILL at a crash point, by a test's server or by the test, and
+what it wrote survives as it would for `python -m mklang`. It costs a tenth
+of the CPU of a new interpreter importing the same modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Imported by the factory before it forks: what `mklang run` and `mklang resume` load.
+PRELOADED = (
+    "genai_prices.data",
+    "mklang.checker",
+    "mklang.checkpoint.compat",
+    "mklang.checkpoint.envelope",
+    "mklang.checkpoint.journal",
+    "mklang.checkpoint.segments",
+    "mklang.checkpoint.trust",
+    "mklang.cli.app",
+    "mklang.cli.run_cmds",
+    "mklang.host.plugins",
+    "mklang.providers.cassette",
+    "mklang.providers.factory",
+    "mklang.providers.openai",
+    "mklang.scenarios",
+    "mklang.service",
+    "mklang.session",
+    "mklang.stores.file",
+    "mklang.syntax.build",
+    "mklang.yaml_composer",
+)
+
+
+class Forked:
+    """One forked `mklang` command: its pid at once, its exit code and output once it ends."""
+
+    def __init__(self, forks: Forks, pid: int, output: Path):
+        self._forks, self.pid, self._output = forks, pid, output
+
+    def wait(self, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Wait for the command to end (a negative code: the signal that killed it); kill it and
+        fail after `timeout` seconds."""
+        code = self._forks.ask({"wait": self.pid, "timeout": timeout}).strip()
+        assert code != "timeout", f"forked command {self.pid} ran longer than {timeout} s"
+        stdout, stderr = (Path(f"{self._output}.{name}").read_text() for name in ("out", "err"))
+        return subprocess.CompletedProcess([str(self.pid)], int(code), stdout, stderr)
+
+
+class Forks:
+    """The factory of forked commands (one per test module, as a fixture)."""
+
+    def __init__(self) -> None:
+        self._folder = tempfile.mkdtemp(prefix="mklang-forks-")
+        self._count = 0
+        self._factory = subprocess.Popen(
+            # -P: this folder's modules are not put on the factory's path, where they could hide others.
+            [sys.executable, "-P", __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, request: dict) -> str:
+        assert self._factory.stdin is not None and self._factory.stdout is not None
+        self._factory.stdin.write(json.dumps(request) + "\n")
+        self._factory.stdin.flush()
+        answer = self._factory.stdout.readline()
+        assert answer, "the factory of forked commands died"
+        return answer
+
+    def start(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> Forked:
+        """Start `mklang ARGS` in a forked child with environment `env`, in folder `cwd`."""
+        self._count += 1
+        output = Path(self._folder) / str(self._count)
+        folder = str(cwd or os.getcwd())
+        pid = int(self.ask({"args": args, "env": env, "cwd": folder, "output": str(output)}))
+        return Forked(self, pid, output)
+
+    def close(self) -> None:
+        assert self._factory.stdin is not None
+        self._factory.stdin.close()
+        self._factory.wait(timeout=30)
+
+
+def _child(request: dict) -> None:
+    """In the forked child: become the command, run it, exit with its code."""
+    from mklang import faults
+    from mklang.cli import main
+
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the factory's requests are not the command's input
+    for stream, name in ((1, "out"), (2, "err")):
+        os.dup2(os.open(f"{request['output']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), stream)
+    faults._from_environment()  # as importing mklang does in a new process
+    code = 1
+    try:
+        main(request["args"])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _exit_code(pid: int, timeout: float) -> str:
+    """A child's exit code once it ends, or "timeout" (and the child killed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if ended:
+            return str(os.waitstatus_to_exitcode(status))
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout"
+        time.sleep(0.002)
+
+
+def _serve() -> None:
+    import importlib
+
+    for module in PRELOADED:
+        importlib.import_module(module)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "wait" in request:
+            print(_exit_code(request["wait"], request["timeout"]), flush=True)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child(request)
+            finally:
+                os._exit(1)  # the child never goes back to serving requests
+        print(pid, flush=True)
+
+
+if __name__ == "__main__":
+    _serve()
