@@ -1,10 +1,10 @@
 """No crash window, tried the way a kill -9 at the worst moment would.
 
-Each test kills a real `mklang` process with SIGKILL at an injected crash
-point (`MKLANG_KILL_AT`, mklang.faults) in one of the windows that used to
-lose a run, skip a human's approval, or pay twice, then resumes it (the runs
-and resumes that are not killed go through the CLI's entry function, in this
-process):
+Each test kills a real `mklang` process (forked: support/forks.py) with
+SIGKILL at an injected crash point (`MKLANG_KILL_AT`, mklang.faults) in one
+of the windows that used to lose a run, skip a human's approval, or pay
+twice, then resumes it (the runs and resumes that are not killed go through
+the CLI's entry function, in this process):
 
 - after the END step is journaled, before the final envelope (was:
   `internal error: KeyError: 'END'` forever);
@@ -27,7 +27,8 @@ import signal
 from pathlib import Path
 
 from support import ROOT
-from support.commands import cli, cli_env, mklang
+from support.commands import cli, cli_env
+from support.forks import forked
 
 from mklang.checkpoint.envelope import load
 from mklang.engine.runner import FENCE_NOTICE
@@ -45,7 +46,7 @@ def _command(*args: str, kill: str | None):
     """A command killed at crash point `kill` in a real process; one not killed in this process."""
     if kill is None:
         return cli(*args)
-    return mklang(*args, env=cli_env(MKLANG_KILL_AT=kill))
+    return forked(*args, env=cli_env(MKLANG_KILL_AT=kill))
 
 
 def _run(machine: Path, scenario: str, checkpoint: Path, kill: str | None = None):

@@ -1,13 +1,13 @@
 """SIGKILL at chosen moments, resume, and get the uninterrupted run (SPEC section 7).
 
 A real `mklang run --checkpoint` process (forked from one that has imported
-mklang: support/forks.py) talks to a real HTTP model server on 127.0.0.1 (OpenAI wire format) and to a host tool with a side
-effect (a ledger file), through a fan-out, a nested call whose result is
-judged, and tools at both levels. It is killed with SIGKILL at injected
-crash points (`MKLANG_KILL_AT`, mklang.faults), by the server while a
-request is in flight, or by the tool after its side effect; the resume is
-killed a second time; a last resume must give the uninterrupted run
-(status, trace, context, result, usage).
+mklang: support/forks.py) talks to a real HTTP model server on 127.0.0.1
+(OpenAI wire format) and to a host tool with a side effect (a ledger file),
+through a fan-out, a nested call whose result is judged, and tools at both
+levels. It is killed with SIGKILL at injected crash points (`MKLANG_KILL_AT`,
+mklang.faults), by the server while a request is in flight, or by the tool
+after its side effect; the resume is killed a second time; a last resume
+must give the uninterrupted run (status, trace, context, result, usage).
 
 A second machine (`long.mk`) writes pages whose trace passes 64 KB, so
 that its finish seals the trace into a segment (ADR 0040): it is killed
@@ -42,7 +42,7 @@ import pytest
 from support.commands import cli, cli_env
 from support.crashes import finished_outcome
 from support.fakeserver import FakeServer, Request, answer
-from support.forks import Forks
+from support.forks import start
 
 HERE = Path(__file__).parent
 MACHINE = HERE / "crash.mk"
@@ -111,8 +111,8 @@ def _comparable(result: dict) -> dict:
 class Round:
     """One run driven through kills and resumes, counting what each process paid for."""
 
-    def __init__(self, server: Server, config: Path, forks: Forks, folder: Path, machine: Path = MACHINE):
-        self.server, self.config, self.forks, self.machine = server, config, forks, machine
+    def __init__(self, server: Server, config: Path, folder: Path, machine: Path = MACHINE):
+        self.server, self.config, self.machine = server, config, machine
         self.checkpoint = folder / "cp.json"
         self.ledger = folder / "ledger"
         self.lost_requests = 0  # model requests a killed process made but never journaled
@@ -135,7 +135,7 @@ class Round:
             env["MKLANG_KILL_AT"] = kill
         requests, tools = self.server.fake.count, len(self._ledger())
         generation = next(iter(self._journal()), {}).get("g")
-        process = self.forks.start(self.command(first), env)
+        process = start(self.command(first), env)
         if kill and kill.startswith("server:"):
             self.server.kill_at(process.pid, int(kill.split(":")[1]))
         done = process.wait()
@@ -189,10 +189,10 @@ class Round:
         return _comparable(json.loads(done.stdout))
 
 
-def _uninterrupted(server: Server, config: Path, forks: Forks, folder: Path, machine: Path) -> dict[str, Any]:
+def _uninterrupted(server: Server, config: Path, folder: Path, machine: Path) -> dict[str, Any]:
     """What a run of `machine` killed nowhere gives, and what it paid for."""
     before = server.fake.count
-    run = Round(server, config, forks, folder, machine)
+    run = Round(server, config, folder, machine)
     result = run.finish(None, None)
     return {
         "result": result,
@@ -203,20 +203,13 @@ def _uninterrupted(server: Server, config: Path, forks: Forks, folder: Path, mac
 
 
 @pytest.fixture(scope="module")
-def forks():
-    factory = Forks()
-    yield factory
-    factory.close()
+def reference(server, config, tmp_path_factory):
+    return _uninterrupted(server, config, tmp_path_factory.mktemp("reference"), MACHINE)
 
 
 @pytest.fixture(scope="module")
-def reference(server, config, forks, tmp_path_factory):
-    return _uninterrupted(server, config, forks, tmp_path_factory.mktemp("reference"), MACHINE)
-
-
-@pytest.fixture(scope="module")
-def long_reference(server, config, forks, tmp_path_factory):
-    return _uninterrupted(server, config, forks, tmp_path_factory.mktemp("long-reference"), LONG)
+def long_reference(server, config, tmp_path_factory):
+    return _uninterrupted(server, config, tmp_path_factory.mktemp("long-reference"), LONG)
 
 
 def test_the_reference_run_exercises_every_kind_of_call(reference):
@@ -254,10 +247,10 @@ def _check_round(run: Round, result: dict, reference: dict, server: Server, befo
 
 @pytest.mark.parametrize(("first", "second"), ROUNDS, ids=[f"{a}-then-{b}" for a, b in ROUNDS])
 def test_killed_at_a_crash_point_and_again_during_the_resume_gives_the_uninterrupted_run(
-    first, second, reference, server, config, forks, tmp_path
+    first, second, reference, server, config, tmp_path
 ):
     before = server.fake.count
-    run = Round(server, config, forks, tmp_path)
+    run = Round(server, config, tmp_path)
     result = run.finish(first, second)
     _check_round(run, result, reference, server, before)
 
@@ -291,10 +284,10 @@ SEALED_ROUNDS = [
 
 @pytest.mark.parametrize(("first", "second"), SEALED_ROUNDS, ids=[f"{a}-then-{b}" for a, b in SEALED_ROUNDS])
 def test_killed_around_a_trace_segment_gives_the_uninterrupted_run(
-    first, second, long_reference, server, config, forks, tmp_path
+    first, second, long_reference, server, config, tmp_path
 ):
     before = server.fake.count
-    run = Round(server, config, forks, tmp_path, LONG)
+    run = Round(server, config, tmp_path, LONG)
     result = run.finish(first, second)
     assert run.kills == (2 if second else 1)
     _check_round(run, result, long_reference, server, before)
@@ -302,13 +295,13 @@ def test_killed_around_a_trace_segment_gives_the_uninterrupted_run(
 
 
 @pytest.mark.skipif(not SEEDED_ROUNDS, reason="set MKLANG_CRASH_ROUNDS=N to run N seeded rounds")
-def test_seeded_rounds_of_two_kills_at_random_points(reference, server, config, forks, tmp_path):
+def test_seeded_rounds_of_two_kills_at_random_points(reference, server, config, tmp_path):
     """Each round: SIGKILL the run at a random point of any kind (`*:N`), the resume too."""
     points = 55  # crash points one uninterrupted run reaches
     for seed in range(SEEDED_ROUNDS):
         rng = random.Random(seed)
         before = server.fake.count
-        run = Round(server, config, forks, tmp_path / f"round-{seed}")
+        run = Round(server, config, tmp_path / f"round-{seed}")
         run.checkpoint.parent.mkdir()
         first = f"*:{rng.randint(1, points)}"
         second = f"*:{rng.randint(1, points // 2)}"

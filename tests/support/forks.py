@@ -11,6 +11,7 @@ of the CPU of a new interpreter importing the same modules.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -60,7 +61,7 @@ class Forked:
 
 
 class Forks:
-    """The factory of forked commands (one per test module, as a fixture)."""
+    """The factory of forked commands (one per test process: `start` and `forked` share it)."""
 
     def __init__(self) -> None:
         self._folder = tempfile.mkdtemp(prefix="mklang-forks-")
@@ -93,6 +94,25 @@ class Forks:
         assert self._factory.stdin is not None
         self._factory.stdin.close()
         self._factory.wait(timeout=30)
+
+
+_shared: Forks | None = None
+
+
+def start(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Forked:
+    """Start `mklang ARGS` in a real process forked by this test process's factory."""
+    global _shared
+    if _shared is None:
+        _shared = Forks()
+        atexit.register(_shared.close)
+    return _shared.start(args, env, cwd)
+
+
+def forked(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`mklang ARGS` in a forked real process, to its end: as `commands.mklang` runs it, no traceback."""
+    done = start(list(args), env, cwd).wait()
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
 
 
 def _child(request: dict) -> None:
