@@ -79,6 +79,25 @@ def test_a_dollar_limit_is_refused_for_a_scripted_model_naming_the_option_given(
     assert str(refused.value) == f"{priced_for} needs model prices, and a scripted model has none: use --max-tokens"
 
 
+def test_a_host_built_from_the_config_routes_its_tiers_and_takes_its_read_only_tools(tmp_path, monkeypatch):
+    """What `mklang run --config` hosts a run with; --provider and --model replace what the config routes;
+    a cassette replays with no config read (a broken one in the working folder is not in the way)."""
+    config = tmp_path / "mklang.toml"
+    config.write_text(
+        '[providers.local]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n[tiers]\ndefault = "local:m"\n'
+        '[tools]\nread_only = ["issue_refund"]\n'
+    )
+    with Host.build(config=config) as built:
+        assert (built.provider.route_of("fast"), built.read_only_tools) == (("local", "m"), {"issue_refund"})
+    with Host.build(config=config, provider="ollama", model="llama3") as chosen:
+        assert chosen.provider.route_of("fast") == ("ollama", "llama3")
+    (tmp_path / "replay.yaml").write_text("mklang_cassette: 1\nexchanges: []\n", encoding="utf-8")
+    config.write_text("[tiers\n")
+    monkeypatch.chdir(tmp_path)
+    with Host.build(replay="replay.yaml") as replaying:
+        assert replaying.read_only_tools == frozenset() and replaying.recorded().replay == str(tmp_path / "replay.yaml")
+
+
 def test_a_scenario_needs_a_script():
     with pytest.raises(UsageError) as refused:
         Host.build(scenario="ask-then-publish", provider="scripted")
@@ -104,6 +123,16 @@ def test_a_scripted_host_records_the_script_and_scenario_it_answers_from(tmp_pat
     alone = Host.for_scenario(load_script(SCRIPT)[1])
     assert alone.settings == {"scenario": load_script(SCRIPT)[1].name, "script": str(SCRIPT.resolve())}
     assert Host.for_scenario(Scenario("inline")).settings == {"scenario": "inline", "script": None}  # no file
+
+
+def test_a_script_of_one_scenario_answers_from_it_and_records_its_name_else_one_must_be_picked(tmp_path):
+    """The recorded name is what `mklang resume` answers from; a script's errors name the script."""
+    (tmp_path / "one.yaml").write_text("scenarios:\n  - name: only\n", encoding="utf-8")
+    host = Host.build(script=tmp_path / "one.yaml")
+    assert (host.scenario.name, host.recorded().scenario) == ("only", "only")
+    with pytest.raises(UsageError) as unpicked:
+        Host.build(script=SCRIPT)
+    assert str(unpicked.value).startswith(f"{SCRIPT} holds 4 scenarios: pick one with --scenario (")
 
 
 def test_a_run_setting_is_the_callers_else_the_scenarios_else_the_default():

@@ -281,15 +281,9 @@ def test_the_host_config_classifies_tools_read_only(machine_path, tmp_path):
     assert read_only == {"issue_refund"}
     machine, provider = _refund(machine_path)
     tools = {"issue_refund": _search_kb, "search_kb": _search_kb}
-    host = Host(provider, tools, HOOKS, read_only_tools=read_only)  # as `Host.build` makes it from the config
+    host = Host(provider, tools, HOOKS, read_only_tools=read_only)  # as `Host.build` makes it (test_session.py)
     result = start(machine, TICKET, host, untrusted_flow="halt")
     assert result.status == "done" and "untrusted_control_flow" not in result.trace[1]
-    config.write_text(
-        '[providers.local]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n[tiers]\ndefault = "local:m"\n'
-        '[tools]\nread_only = ["issue_refund"]\n'
-    )
-    with Host.build(config=config) as built:  # what `mklang run --config` hosts a run with
-        assert built.read_only_tools == {"issue_refund"}
     config.write_text('[tools]\nread_only = "issue_refund"\n')
     with pytest.raises(UsageError, match=r"\[tools\] read_only must be a list of tool names"):
         load_config(config)
