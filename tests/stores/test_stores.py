@@ -11,6 +11,7 @@ sessions, and errors that name the store.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -782,6 +783,33 @@ def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
     with pytest.raises(CheckpointError) as caught:
         store.drop_note("batch:b")
     assert str(caught.value) == f"{note}: cannot remove the note: Is a directory"
+    unreadable = tmp_path / ".mklang-segments" / hashed_name("third.json") / "s1"
+    unreadable.mkdir(parents=True)
+    with pytest.raises(CheckpointError) as caught:
+        store.read_segment("third.json", "s1")
+    assert str(caught.value) == f"{unreadable}: cannot read the trace segment: Is a directory"
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(CheckpointError) as caught:
+        store.remove("folder.json")
+    assert str(caught.value) == f"{tmp_path / 'folder.json'}: cannot remove it: Is a directory"
+
+
+def test_the_file_store_reads_the_notes_spend_and_segments_an_earlier_release_wrote(tmp_path):
+    """Their files are named by the first 32 hex digits of the sha256 of the key's UTF-8 bytes, for good."""
+
+    def named(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+    (tmp_path / ".mklang-notes").mkdir()
+    (tmp_path / ".mklang-notes" / named("store:identity")).write_bytes(b"the fleet's queue")
+    (tmp_path / ".mklang-spend" / named("batch-é")).mkdir(parents=True)
+    (tmp_path / ".mklang-spend" / named("batch-é") / named("run-1")).write_text("12 0.25")
+    (tmp_path / ".mklang-segments" / named("run-1")).mkdir(parents=True)
+    (tmp_path / ".mklang-segments" / named("run-1") / "s1").write_bytes(b"steps")
+    store = FileStore(tmp_path)
+    assert store.read_note("store:identity") == b"the fleet's queue"
+    assert store.spend("batch-é") == (12, 0.25)
+    assert store.read_segment("run-1", "s1") == b"steps"
 
 
 def test_a_lock_file_is_owner_only_never_followed_through_a_link_and_released_once(tmp_path):
