@@ -36,12 +36,16 @@ class SqlStore:
     GREATEST = "MAX"  # the dialect's maximum of two values
 
     def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
-        """Run one statement (about `run`, when it is; fsynced unless not `durable`): its rows."""
+        """Run one statement that writes (about `run`, when it is; fsynced unless not `durable`): its rows."""
         raise NotImplementedError
+
+    def _select(self, sql: str, *args: object, run: str | None = None) -> list[tuple[Any, ...]]:
+        """Run one query (about `run`, when it is): its rows. A store may read apart from its writes."""
+        return self._rows(sql, *args, run=run)
 
     def _blob(self, sql: str, key: str, run: str | None = None) -> bytes | None:
         """The one value `sql` selects for `key`, or None."""
-        rows = self._rows(sql, key, run=run)
+        rows = self._select(sql, key, run=run)
         return bytes(rows[0][0]) if rows else None
 
     def read(self, run: str) -> bytes | None:
@@ -69,11 +73,11 @@ class SqlStore:
             )
 
     def generation(self, run: str) -> int:
-        rows = self._rows("SELECT generation FROM mklang_runs WHERE run = ?", run, run=run)
+        rows = self._select("SELECT generation FROM mklang_runs WHERE run = ?", run, run=run)
         return int(rows[0][0]) if rows else 0
 
     def read_journal(self, run: str) -> bytes:
-        rows = self._rows("SELECT line FROM mklang_journal WHERE run = ? ORDER BY seq", run, run=run)
+        rows = self._select("SELECT line FROM mklang_journal WHERE run = ? ORDER BY seq", run, run=run)
         return b"".join(bytes(row[0]) for row in rows)
 
     def append(self, run: str, payload: bytes, *, durable: bool) -> None:
@@ -92,14 +96,14 @@ class SqlStore:
         )
 
     def read_segment(self, run: str, name: str) -> bytes | None:
-        rows = self._rows("SELECT body FROM mklang_segments WHERE run = ? AND name = ?", run, name, run=run)
+        rows = self._select("SELECT body FROM mklang_segments WHERE run = ? AND name = ?", run, name, run=run)
         return bytes(rows[0][0]) if rows else None
 
     def segment_names(self, run: str) -> set[str]:
         return {str(row[0]) for row in self._rows("SELECT name FROM mklang_segments WHERE run = ?", run, run=run)}
 
     def runs(self) -> list[str]:
-        return [str(row[0]) for row in self._rows("SELECT run FROM mklang_runs ORDER BY run")]
+        return [str(row[0]) for row in self._select("SELECT run FROM mklang_runs ORDER BY run")]
 
     def summarize(self, run: str, summary: RunSummary) -> None:
         # Display only: not worth an fsync of its own (the envelope's, or the next one, carries it).
@@ -151,13 +155,13 @@ class SqlStore:
                 None if started is None else float(started),
                 None if updated is None else float(updated),
             )
-            for run, run_id, machine, status, reason, tokens, cost, started, updated in self._rows(sql, *args)
+            for run, run_id, machine, status, reason, tokens, cost, started, updated in self._select(sql, *args)
         ]
 
     def _backfill(self) -> None:
         """Summarize the runs a database holds from before summaries, from their envelopes (once:
         a run summarized has a status); their times stay unknown."""
-        for run, envelope in self._rows("SELECT run, envelope FROM mklang_runs WHERE status IS NULL"):
+        for run, envelope in self._select("SELECT run, envelope FROM mklang_runs WHERE status IS NULL"):
             peeked = peek_summary(str(run), bytes(envelope), None)
             if peeked.status is None:
                 continue  # not an envelope this version reads: the listing shows it as unknown
@@ -210,7 +214,7 @@ class SqlStore:
         self._rows("DELETE FROM mklang_notes WHERE key = ?", key)
 
     def spend(self, batch: str) -> tuple[int, float]:
-        rows = self._rows(
+        rows = self._select(
             "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0.0) FROM mklang_spend WHERE batch = ?", batch
         )
         return int(rows[0][0]), float(rows[0][1])

@@ -6,7 +6,16 @@ commit reaches the OS (it survives the process dying); envelopes and
 durable journal lines are also synced (`synchronous=FULL`: they survive a
 power cut), other journal lines are not (`NORMAL`), so the durability
 setting decides the fsyncs of a step as in the file store. A synced commit
-syncs the ones before it too: the WAL is one file, written in order. Runs
+syncs the ones before it too: the WAL is one file, written in order.
+
+Writes are group-committed (ADR 0041): the writes that this process's
+threads make while a commit is under way wait in a queue, and the next
+commit takes all of them in one transaction with one sync (synced when any
+of them asks to be). Each writer returns only once the commit holding its
+rows is done, so what a caller was told is written is committed, as
+before; a write that fails fails its own caller, and a commit that fails
+fails the callers whose rows it held. Reads go through a connection of
+their own and never wait for a commit. Runs
 are rows: `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, synced like envelopes);
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
@@ -22,6 +31,8 @@ import contextlib
 import os
 import sqlite3
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -49,11 +60,11 @@ CREATE TABLE IF NOT EXISTS mklang_spend (
 
 
 class SqliteStore(SqlStore):
-    """Runs as rows of one SQLite database; one connection shared by this process's threads."""
+    """Runs as rows of one SQLite database: one connection that writes, its commits shared by this
+    process's threads (`GroupCommit`), and one that reads."""
 
     def __init__(self, path: Path, *, create: bool = True):
         self.path = path
-        self._guard = threading.Lock()
         if not create and not path.is_file():
             raise UsageError(
                 f"sqlite:///{path}: no such SQLite checkpoint store: {path} does not exist "
@@ -61,18 +72,23 @@ class SqliteStore(SqlStore):
             )
         try:
             _create_private(path)
-            self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            self._db = self._connect()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._synced = True  # the connection's setting: FULL (True) or NORMAL
             self._db.executescript(SCHEMA)
             self._migrate()
+            self._reader = self._connect()
         except (sqlite3.Error, OSError) as error:
             why = error.strerror if isinstance(error, OSError) else error
             raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {why}") from None
+        self._writes = GroupCommit(self._db, self._failed)
+        self._read_guard = threading.Lock()
         self._backfill()
         if create:
             path.with_name(f"{path.name}.locks").mkdir(mode=0o700, exist_ok=True)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
 
     def _migrate(self) -> None:
         """Add the columns a database of an earlier release lacks (one process at a time)."""
@@ -94,30 +110,28 @@ class SqliteStore(SqlStore):
             raise UsageError(f"{uri}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db")
         return cls(Path(unquote(parts.path[1:])), create=create)
 
-    def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
-        with self._guard:
-            try:
-                self._sync(durable)
-                return self._db.execute(sql, args).fetchall()
-            except sqlite3.Error as error:
-                raise CheckpointError(f"{self.path}: SQLite checkpoint store: {error}") from None
+    def _failed(self, error: object) -> CheckpointError:
+        return CheckpointError(f"{self.path}: SQLite checkpoint store: {error}")
 
-    def _sync(self, synced: bool) -> None:
-        """Whether the next commit is fsynced (the caller holds the guard, outside a transaction)."""
-        if synced != self._synced:
-            self._db.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
-            self._synced = synced
+    def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
+        return self._writes.commit([(sql, args)], durable=durable)
+
+    def _select(self, sql: str, *args: object, run: str | None = None) -> list[tuple[Any, ...]]:
+        with self._read_guard:
+            try:
+                return self._reader.execute(sql, args).fetchall()
+            except sqlite3.Error as error:
+                raise self._failed(error) from None
 
     def start_journal(self, run: str, payload: bytes) -> None:
-        with self._guard:
-            try:
-                self._sync(True)
-                with self._db:  # one transaction: the old generation or the new one
-                    self._db.execute("BEGIN IMMEDIATE")
-                    self._db.execute("DELETE FROM mklang_journal WHERE run = ?", (run,))
-                    self._db.execute("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", (run, payload))
-            except sqlite3.Error as error:
-                raise CheckpointError(f"{self.path}: SQLite checkpoint store: {error}") from None
+        # One writer's rows: the old generation or the new one, never a mix.
+        self._writes.commit(
+            [
+                ("DELETE FROM mklang_journal WHERE run = ?", (run,)),
+                ("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", (run, payload)),
+            ],
+            durable=True,
+        )
 
     def _lock_path(self, run: str) -> Path:
         return self.path.with_name(f"{self.path.name}.locks") / f"{hashed_name(run)}.lock"
@@ -129,7 +143,123 @@ class SqliteStore(SqlStore):
         return lock_holder(self._lock_path(run))
 
     def close(self) -> None:
+        self._writes.close()
+        with self._read_guard:
+            self._reader.close()
+
+
+Statement = tuple[str, tuple[object, ...]]
+
+
+@dataclass
+class Writer:
+    """One caller's statements waiting for a commit, and what became of them."""
+
+    statements: list[Statement]
+    durable: bool
+    turn: threading.Event = field(default_factory=threading.Event)  # set: committed, or its turn to lead
+    done: bool = False
+    rows: list[tuple[Any, ...]] = field(default_factory=list)  # what its last statement returned
+    error: CheckpointError | None = None
+
+
+class GroupCommit:
+    """The writes of many threads committed together on one connection, one sync per commit.
+
+    A writer queues its statements. One that finds no commit under way leads: it takes every writer
+    queued so far, runs their statements in one transaction, commits it (synced when any of them is
+    `durable`), releases each of them and hands the lead to the first writer that queued meanwhile,
+    so no thread goes on committing for others once its own rows are in. A statement that fails is
+    undone alone and fails its own writer; a commit that fails fails every writer it held.
+    """
+
+    def __init__(self, db: sqlite3.Connection, failed: Callable[[object], CheckpointError]):
+        self._db = db
+        self._failed = failed  # the one-line error a failure is reported as
+        self._queue: list[Writer] = []
+        self._leading = False  # a writer leads the next commit, or one is under way
+        self._guard = threading.Lock()  # the queue and the lead
+        self._connection = threading.Lock()  # the connection: the leader's, or close()'s
+        self._synced = True  # the connection's setting: FULL (True) or NORMAL
+
+    def commit(self, statements: list[Statement], *, durable: bool) -> list[tuple[Any, ...]]:
+        """Run `statements` in the next commit, all or none; their last one's rows once it is done."""
+        writer = Writer(statements, durable)
         with self._guard:
+            self._queue.append(writer)
+            leads, self._leading = not self._leading, True
+        if not leads:
+            writer.turn.wait()
+        if not writer.done:
+            self._lead()
+        if writer.error is not None:
+            raise writer.error
+        return writer.rows
+
+    def _lead(self) -> None:
+        with self._guard:
+            group, self._queue = self._queue, []
+        finished = False
+        try:
+            with self._connection:
+                self._transaction(group)
+            finished = True
+        finally:
+            for writer in group:
+                if not finished:  # the leader was interrupted (KeyboardInterrupt) mid-commit
+                    writer.error = writer.error or self._failed("the commit was interrupted")
+                writer.done = True
+                writer.turn.set()
+            with self._guard:
+                if self._queue:
+                    self._queue[0].turn.set()
+                else:
+                    self._leading = False
+
+    def _transaction(self, group: list[Writer]) -> None:
+        db = self._db
+        try:
+            if db.in_transaction:  # left open by an interrupted commit
+                db.execute("ROLLBACK")
+            self._sync(any(writer.durable for writer in group))
+            db.execute("BEGIN IMMEDIATE")
+            for writer in group:
+                self._run(writer)
+            db.execute("COMMIT")
+        except sqlite3.Error as error:
+            with contextlib.suppress(sqlite3.Error):
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+            for writer in group:
+                writer.error = writer.error or self._failed(error)
+
+    def _run(self, writer: Writer) -> None:
+        """Run one writer's statements; one that fails is undone with the others of its writer, unless
+        the transaction itself is lost (SQLite rolled it back), which fails the whole group."""
+        db = self._db
+        several = len(writer.statements) > 1  # a savepoint undoes all of them; SQLite undoes one alone
+        if several:
+            db.execute("SAVEPOINT writer")
+        try:
+            for sql, args in writer.statements:
+                writer.rows = db.execute(sql, args).fetchall()
+        except sqlite3.Error as error:
+            if not db.in_transaction:
+                raise
+            if several:
+                db.execute("ROLLBACK TO writer")
+            writer.error, writer.rows = self._failed(error), []
+        if several:
+            db.execute("RELEASE writer")
+
+    def _sync(self, synced: bool) -> None:
+        """Whether the next commit is fsynced (set outside a transaction)."""
+        if synced != self._synced:
+            self._db.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
+            self._synced = synced
+
+    def close(self) -> None:
+        with self._connection:
             self._db.close()
 
 
