@@ -700,7 +700,7 @@ def _drive(
     Budgets, concurrency, hitl and the untrusted-flow policy come from the envelope. With `change`
     the stored envelope is continued in place (`StoreJournal.resume`); otherwise a snapshot of
     `chain` starts the run's journal. A `resumed` suspension that has spent its caps launches
-    nothing (`continue_run`).
+    nothing (`continue_run`); a run neither `resumed` nor `recovered` is a new one (`start`).
     """
     from mklang.checkpoint.journal import StoreJournal, durability_setting
 
@@ -714,6 +714,7 @@ def _drive(
             answers=answers,
             durability=durability_setting(),
             paths=MachinePaths(chain[0].machine.path),
+            new_run=not (resumed or recovered),
         )
         if change is None:
             journal.snapshot(chain, status="running")

@@ -263,12 +263,13 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def dump_signed(envelope: Envelope) -> tuple[bytes, str]:
-    """The file bytes of `envelope`, signed with the checkpoint key, and the signature's MAC.
+def dump_signed(envelope: Envelope, key: bytes | None = None) -> tuple[bytes, str]:
+    """The file bytes of `envelope`, signed with `key` (by default the checkpoint key, read now), and
+    the signature's MAC.
 
     Encoded once, in field order (ADR 0036): the MAC covers the bytes as written.
     """
-    signed, signature = sign_encoded(_encoded(envelope), checkpoint_key(), envelope.trace)
+    signed, signature = sign_encoded(_encoded(envelope), key or checkpoint_key(), envelope.trace)
     return signed, signature["hmac"]
 
 
@@ -288,9 +289,8 @@ def save(target: str | Path | Location, envelope: Envelope) -> None:
 
 
 def store_envelope(store: RunStore, run: str, envelope: Envelope, payload: bytes) -> None:
-    """Write an envelope's bytes `payload` to a store, then the summary a listing shows of it."""
-    store.write(run, payload, generation=envelope.generation)
-    store.summarize(run, summary_of(run, envelope))
+    """Write an envelope's bytes `payload` to a store, with the summary a listing shows of it."""
+    store.write(run, payload, generation=envelope.generation, summary=summary_of(run, envelope))
 
 
 def summary_of(run: str, envelope: Envelope) -> RunSummary:

@@ -48,7 +48,7 @@ from typing import Any, Literal, Protocol
 
 from mklang import faults
 from mklang.checkpoint import generations
-from mklang.checkpoint.envelope import FORMAT, Envelope, dump, dump_signed, store_envelope, summary_of
+from mklang.checkpoint.envelope import FORMAT, Envelope, dump_signed, store_envelope, summary_of
 from mklang.checkpoint.paths import MachinePaths, portable_host
 from mklang.checkpoint.segments import trace_fields
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
@@ -96,9 +96,16 @@ class StoreJournal:
         hashes: dict[str, str] | None = None,
         durability: Durability = "call",
         paths: MachinePaths | None = None,
+        new_run: bool = False,
     ):
         self.store, self.run, self.anchor = location.store, location.run, location.anchor
         self.paths = paths or MachinePaths(None)  # how machine files are named in the files
+        # Named once: the root machine and the host's files do not move while the run goes on.
+        self._root = self.paths.root_from(self.anchor)
+        self._host = portable_host(envelope.host, self.anchor)
+        # The first envelope of a new run id is not remembered (ADR 0022): no envelope of the run is
+        # older, so there is nothing a restored copy of it could repeat.
+        self._remembers = not new_run
         self.durability = durability
         self.hashes = hashes if hashes is not None else {}  # live: grows as machines load
         self.envelope = envelope  # the template every snapshot is written from
@@ -126,14 +133,16 @@ class StoreJournal:
                 **fields,
             )
         )
-        payload, self._mac = dump_signed(envelope)
+        payload, self._mac = dump_signed(envelope, self._key)
         self._write(envelope, payload)
         self._open_generation({"k": "gen", "g": generation}, len(payload))
 
     def _write(self, envelope: Envelope, payload: bytes) -> None:
         """Store the next generation's envelope; the user's state folder remembers it (ADR 0022)."""
         store_envelope(self.store, self.run, envelope, payload)
-        generations.remember(envelope.run_id, envelope.generation)
+        if self._remembers:
+            generations.remember(envelope.run_id, envelope.generation)
+        self._remembers = True
         self.envelope = envelope
 
     def resume(self, change: dict[str, Any], envelope_bytes: int) -> None:
@@ -157,9 +166,9 @@ class StoreJournal:
         the host's files relative to the checkpoint's, so the files can move together.
         """
         update: dict[str, Any] = {"format": FORMAT, "machines": self.paths.names(self.hashes)}
-        if self.paths.root is not None:
-            update["machine"] = self.envelope.machine.model_copy(update={"path": self.paths.root_from(self.anchor)})
-        host = portable_host(self.envelope.host, self.anchor)
+        if self._root is not None:
+            update["machine"] = self.envelope.machine.model_copy(update={"path": self._root})
+        host = self._host
         update["host"] = host if self.host_state is None else host.model_copy(update={"state": self.host_state.save()})
         return update
 
@@ -257,7 +266,7 @@ class StoreJournal:
                 **fields,
             )
         )
-        self._write(envelope, dump(envelope))
+        self._write(envelope, dump_signed(envelope, self._key)[0])
         self.store.drop_journal(self.run)
 
     def _frame(self, frame: Frame, *, seal: bool = True) -> dict[str, Any]:

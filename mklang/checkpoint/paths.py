@@ -12,6 +12,7 @@ plugin files) are named relative to the checkpoint's folder, as the root is.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,7 @@ class MachinePaths:
         if path is None or not Path(path).is_absolute():
             return path
         file = Path(path)
-        if any(file.parent == folder.resolve() for folder in stdlib_dirs()):
+        if file.parent in _stdlib_folders():
             return STDLIB + file.name
         return Path(os.path.relpath(file, self.folder)).as_posix()
 
@@ -61,6 +62,12 @@ class MachinePaths:
         if self.root is None:
             return None
         return Path(os.path.relpath(self.root, Path(checkpoint).resolve().parent)).as_posix()
+
+
+@functools.cache
+def _stdlib_folders() -> frozenset[Path]:
+    """The standard library's folders, resolved once: they do not move while mklang runs."""
+    return frozenset(folder.resolve() for folder in stdlib_dirs())
 
 
 def root_file(recorded: str, checkpoint: str | Path) -> Path:

@@ -52,8 +52,9 @@ class RunStore(Protocol):
     def read(self, run: str) -> bytes | None:
         """The run's envelope, or None when the store holds no such run."""
 
-    def write(self, run: str, payload: bytes, *, generation: int) -> None:
-        """Replace the run's envelope (of `generation`) atomically: a reader sees the old or the new one.
+    def write(self, run: str, payload: bytes, *, generation: int, summary: RunSummary | None = None) -> None:
+        """Replace the run's envelope (of `generation`) atomically: a reader sees the old or the new one;
+        with `summary`, then keep it as `summarize` does (a store with rows, in the same statement).
 
         A store that keeps generations refuses one older than it holds (ADR 0022)."""
 

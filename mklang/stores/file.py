@@ -53,12 +53,14 @@ class FileStore:
     def read(self, run: str) -> bytes | None:
         return _read_if_there(self._path(run), "the checkpoint")
 
-    def write(self, run: str, payload: bytes, *, generation: int) -> None:
+    def write(self, run: str, payload: bytes, *, generation: int, summary: RunSummary | None = None) -> None:
         # A file is copied and restored whole: the user's state folder remembers its generation.
         try:
             write_atomic(self._path(run), payload, point="envelope")
         except OSError as error:
             raise CheckpointError(f"{self._path(run)}: cannot write the checkpoint: {error.strerror}") from None
+        if summary is not None:
+            self.summarize(run, summary)
 
     def generation(self, run: str) -> int:
         return 0

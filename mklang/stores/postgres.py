@@ -157,9 +157,13 @@ class PostgresStore(SqlStore):
             raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {first_line(error)}") from None
 
     def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
-        # Every statement here waits for its commit's flush; `append` is where lines need not.
         with self._connection(run) as db:
-            cursor = db.execute(sql.replace("?", "%s"), args or None)
+            if durable:
+                cursor = db.execute(sql.replace("?", "%s"), args or None)
+            else:  # the flush wait turned off for its own transaction, in the same message: one round trip
+                cursor = _psycopg().ClientCursor(db)  # binding on the client allows several statements
+                cursor.execute(UNFLUSHED + sql.replace("?", "%s"), args or None)
+                cursor.nextset()
             return cursor.fetchall() if cursor.description else []
 
     def append(self, run: str, payload: bytes, *, durable: bool) -> None:
@@ -251,6 +255,8 @@ UNFLUSHED_APPEND = Prepared(
     b"WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
     b"INSERT INTO mklang_journal (run, line) SELECT $1, $2 FROM unflushed",
 )
+# Put before a statement that need not wait for the flush (`_rows`), as `UNFLUSHED_APPEND` does for lines.
+UNFLUSHED = "SELECT set_config('synchronous_commit', 'off', true); "
 SCHEMA_LOCK_KEY = 0x6D6B6C616E67  # "mklang": serializes creating the tables
 
 

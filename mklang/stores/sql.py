@@ -27,6 +27,14 @@ SUMMARY_COLUMNS = (
     ("updated", "REAL", "DOUBLE PRECISION"),
 )
 SUMMARY_SELECT = "SELECT run, run_id, machine, status, reason, tokens, cost, started, updated FROM mklang_runs"
+# An envelope written with its summary: the columns the summary sets, as `write` inserts and updates them
+# (`started` is kept while the run id stays the same).
+SUMMARIZED = ", run_id, machine, status, reason, tokens, cost"
+SUMMARIZED_SET = (
+    ", started = CASE WHEN mklang_runs.run_id = excluded.run_id AND mklang_runs.started IS NOT NULL "
+    "THEN mklang_runs.started ELSE excluded.started END, run_id = excluded.run_id, machine = excluded.machine, "
+    "status = excluded.status, reason = excluded.reason, tokens = excluded.tokens, cost = excluded.cost"
+)
 
 
 class SqlStore:
@@ -51,19 +59,23 @@ class SqlStore:
     def read(self, run: str) -> bytes | None:
         return self._blob("SELECT envelope FROM mklang_runs WHERE run = ?", run, run=run)
 
-    def write(self, run: str, payload: bytes, *, generation: int) -> None:
-        """The row keeps the generation written last and refuses an older one (ADR 0022), and when
-        the run was first and last written."""
+    def write(self, run: str, payload: bytes, *, generation: int, summary: RunSummary | None = None) -> None:
+        """The row keeps the generation written last and refuses an older one (ADR 0022), when the
+        run was first and last written, and `summary`, all in one statement."""
         now = time.time()
+        summarized = () if summary is None else _summary_values(summary)
         written = self._rows(
-            "INSERT INTO mklang_runs (run, envelope, generation, started, updated) VALUES (?, ?, ?, ?, ?) "
+            f"INSERT INTO mklang_runs (run, envelope, generation, started, updated{SUMMARIZED * bool(summarized)}) "
+            f"VALUES (?, ?, ?, ?, ?{', ?' * len(summarized)}) "
             "ON CONFLICT (run) DO UPDATE SET envelope = excluded.envelope, generation = excluded.generation, "
-            "updated = excluded.updated WHERE mklang_runs.generation <= excluded.generation RETURNING generation",
+            f"updated = excluded.updated{SUMMARIZED_SET * bool(summarized)} "
+            "WHERE mklang_runs.generation <= excluded.generation RETURNING generation",
             run,
             payload,
             generation,
             now,
             now,
+            *summarized,
             run=run,
         )
         if not written:
@@ -84,7 +96,8 @@ class SqlStore:
         self._rows("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", run, payload, run=run, durable=durable)
 
     def drop_journal(self, run: str) -> None:
-        self._rows("DELETE FROM mklang_journal WHERE run = ?", run, run=run)
+        # Not synced: should a power cut undo it, a journal older than its envelope's generation is never read.
+        self._rows("DELETE FROM mklang_journal WHERE run = ?", run, run=run, durable=False)
 
     def write_segment(self, run: str, name: str, payload: bytes) -> None:
         self._rows(
@@ -113,12 +126,7 @@ class SqlStore:
             "run_id = ?, machine = ?, status = ?, reason = ?, tokens = ?, cost = ?, updated = ? WHERE run = ?",
             summary.run_id,
             now,
-            summary.run_id,
-            summary.machine,
-            summary.status,
-            summary.reason,
-            summary.tokens,
-            summary.cost_usd,
+            *_summary_values(summary),
             now,
             run,
             run=run,
@@ -218,3 +226,8 @@ class SqlStore:
             "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0.0) FROM mklang_spend WHERE batch = ?", batch
         )
         return int(rows[0][0]), float(rows[0][1])
+
+
+def _summary_values(summary: RunSummary) -> tuple[object, ...]:
+    """What a summary keeps, in the order of `SUMMARIZED`."""
+    return summary.run_id, summary.machine, summary.status, summary.reason, summary.tokens, summary.cost_usd

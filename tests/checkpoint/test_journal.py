@@ -906,3 +906,24 @@ def test_each_journal_line_is_a_crash_point_reached_once_the_line_is_in_the_file
         ("journal.enter", "enter"),
         ("journal.halt", "halt"),
     ]
+
+
+def test_a_new_runs_first_envelope_is_not_remembered_and_every_later_one_is(tmp_path, monkeypatch):
+    """Only a newer envelope makes a restored copy a rollback (ADR 0022): the first envelope of a
+    new run id has none older, so its generation is not worth a record; a recovery's is."""
+    from mklang.checkpoint import generations
+
+    remembered: list[int] = []
+    monkeypatch.setattr(generations, "remember", lambda run_id, generation: remembered.append(generation))
+    machine = load_file(EXAMPLES / "nested" / "brief.mk")
+    scenario = load_script(EXAMPLES / "nested" / "scenarios.yaml")[0]
+    checkpoint = tmp_path / "cp.json"
+    with pytest.raises(Crash):
+        start(machine, None, Host.for_scenario(scenario), checkpoint=checkpoint, observer=CrashAt(2))
+    assert (load(checkpoint).generation, remembered) == (1, [])
+    resume(checkpoint, Host.for_scenario(scenario))
+    # The generation resumed, the recovery's snapshot, then its finish.
+    assert (load(checkpoint).generation, remembered) == (3, [1, 2, 3])
+    remembered.clear()
+    start(machine, None, Host.for_scenario(scenario), checkpoint=tmp_path / "other.json")
+    assert remembered == [2]  # a run that goes from start to done: its last envelope only

@@ -156,6 +156,25 @@ def test_a_query_in_python_takes_unknown_times_for_the_earliest():
     assert RunQuery(since=0.5).page([unknown, known]) == [known]
 
 
+def test_an_envelope_written_with_its_summary_keeps_it_and_its_start_while_the_run_id_stays(store, monkeypatch):
+    clock = iter(range(1_000, 2_000))
+    monkeypatch.setattr(time, "time", lambda: float(next(clock)))
+    store.write("a", ENVELOPE, generation=1, summary=RunSummary("a", run_id="first", status="running"))
+    store.write("a", ENVELOPE, generation=2, summary=RunSummary("a", run_id="first", status="done", tokens=7))
+    (kept,) = store.summaries(RunQuery())
+    assert (kept.run_id, kept.status, kept.tokens, kept.started, kept.updated) == ("first", "done", 7, 1000.0, 1001.0)
+    store.write("a", ENVELOPE, generation=3)  # without a summary: the one kept stays
+    assert store.summaries(RunQuery())[0].status == "done"
+    store.write("a", ENVELOPE, generation=4, summary=RunSummary("a", run_id="second", status="halted", reason="x"))
+    (replaced,) = store.summaries(RunQuery())
+    assert (replaced.run_id, replaced.status, replaced.reason) == ("second", "halted", "x")
+    assert replaced.started == replaced.updated > kept.updated  # another run id: started anew
+    if not isinstance(store, FileStore):  # a refused generation keeps the summary it had
+        with pytest.raises(CheckpointError):
+            store.write("a", ENVELOPE, generation=1, summary=RunSummary("a", run_id="old", status="running"))
+        assert store.summaries(RunQuery())[0].run_id == "second"
+
+
 def test_notes_are_replaced_whole_and_listed_as_no_run(store):
     assert store.read_note("run:a") is None
     store.write_note("run:a", b'{"first": 1}')
@@ -1163,9 +1182,9 @@ def test_a_judged_step_on_postgres_is_three_round_trips_and_flushes_once_with_st
     short, long = counts
     assert (long.exchanges - short.exchanges, long.commits - short.commits) == (3 * 10, 3 * 10)
     assert long.flushed - short.flushed == flushed * 10
-    # Besides the steps, a run waits for 7 flushes: making sure of the tables, the first envelope, its
-    # summary and journal, the last envelope, its summary, and dropping the journal.
-    assert short.flushed == flushed * 10 + 7
+    # Besides the steps, a run waits for 4 flushes: making sure of the tables, the first envelope (its
+    # summary in the same statement) and its journal, and the last envelope; dropping the journal does not.
+    assert short.flushed == flushed * 10 + 4
 
 
 def test_a_connection_the_server_replaced_prepares_the_journal_lines_again(postgres, postgres_uri):
@@ -1221,3 +1240,29 @@ def test_postgres_turns_off_the_flush_wait_for_one_line_only(postgres):
         assert db.execute("SHOW synchronous_commit").fetchone() == ("on",)
     assert PostgresStore(postgres.conninfo).read_journal("a") == b"gen\nstep\n"  # committed: on the server
     lock.release()
+
+
+def test_postgres_keeps_a_summary_and_drops_a_journal_in_one_round_trip_each_without_waiting_for_the_flush(
+    postgres, postgres_uri
+):
+    from support.pgtrace import counted
+
+    postgres.write("a", ENVELOPE, generation=1)
+    counts = []
+    for times in (2, 4):
+        with counted() as whole:
+            store = PostgresStore(postgres_uri)
+            for number in range(times):
+                store.summarize("a", RunSummary("a", run_id="r", status="running", tokens=number))
+                store.start_journal("a", b"gen\n")
+                store.drop_journal("a")
+            store.close()
+        counts.append(whole)
+    short, long = counts
+    # Each pair: the summary and the dropped journal one exchange and one unflushed commit each; the
+    # journal's start (between them) one exchange per statement, flushed.
+    assert long.exchanges - short.exchanges == 2 * (2 + 4)
+    assert (long.commits - short.commits, long.flushed - short.flushed) == (2 * 3, 2 * 1)
+    assert postgres.summaries(RunQuery())[0].tokens == 3
+    assert postgres.read_journal("a") == b""
+    assert postgres._db.execute("SHOW synchronous_commit").fetchone() == ("on",)
