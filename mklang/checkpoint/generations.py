@@ -31,15 +31,16 @@ def state_folder() -> Path:
     return Path(state_home) / "mklang"
 
 
-def _record(run_id: str) -> Path:
-    # Run ids come from files: the record is named by their hash.
-    return state_folder() / "generations" / hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:32]
+def _record(run_id: str) -> str:
+    # Run ids come from files: the record is named by their hash. A string: a run's finish names it twice.
+    digest = hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:32]
+    return os.path.join(state_folder(), "generations", digest)
 
 
 def seen(run_id: str) -> int:
     """The highest generation of `run_id` this user has written or resumed (0: none)."""
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        return int(_record(run_id).read_text(encoding="ascii"))
+    with contextlib.suppress(FileNotFoundError, ValueError), open(_record(run_id), encoding="ascii") as record:
+        return int(record.read())
     return 0
 
 
@@ -49,7 +50,7 @@ def remember(run_id: str, generation: int) -> None:
         return
     record = _record(run_id)
     try:
-        record.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
         write_atomic(record, str(generation).encode("ascii"))
     except OSError as error:
         raise CheckpointError(f"{record}: cannot record the run's generation: {error.strerror}") from None

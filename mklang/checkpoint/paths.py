@@ -32,6 +32,7 @@ class MachinePaths:
 
     def __init__(self, root: str | Path | None):
         self.root = Path(root).resolve() if root else None
+        self._names: dict[str, str] = {}  # every snapshot names the same files again: named once each
 
     @property
     def folder(self) -> Path:
@@ -39,12 +40,17 @@ class MachinePaths:
 
     def name(self, path: str | None) -> str | None:
         """The recorded name of a machine file (`None` for a machine without a file)."""
-        if path is None or not Path(path).is_absolute():
+        if path is None or not os.path.isabs(path):
             return path
-        file = Path(path)
-        if file.parent in _stdlib_folders():
-            return STDLIB + file.name
-        return Path(os.path.relpath(file, self.folder)).as_posix()
+        named = self._names.get(path)
+        if named is None:
+            file = Path(path)
+            if file.parent in _stdlib_folders():
+                named = STDLIB + file.name
+            else:
+                named = Path(os.path.relpath(file, self.folder)).as_posix()
+            self._names[path] = named
+        return named
 
     def names(self, hashes: dict[str, str]) -> dict[str, str]:
         return {str(self.name(path)): digest for path, digest in hashes.items()}
