@@ -87,9 +87,23 @@ def _read_or_create(path: Path) -> bytes:
     return _read_key(path)
 
 
+# The key file read last: which file it was (`_identity`) and its key. A run signs and checks with
+# the key several times; the file is read again only when it is another file or has changed since.
+_last_read: tuple[tuple[object, ...], bytes] | None = None
+
+
+def _identity(path: Path, status: os.stat_result) -> tuple[object, ...]:
+    """What changes when the key file is replaced, rewritten, or its owner or mode changed."""
+    return str(path), status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size, status.st_mode, status.st_uid
+
+
 def _read_key(path: Path) -> bytes:
     """The key in `path`, refused (as ssh refuses a private key) unless only this user can read or write it:
     a key another user planted or can read lets them sign checkpoints that choose code and endpoints."""
+    global _last_read
+    last = _last_read
+    if last is not None and last[0] == _identity(path, os.stat(path, follow_symlinks=False)):
+        return last[1]  # the same file, unchanged: checked when it was read
     descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(descriptor, "rb") as handle:
         status = os.fstat(handle.fileno())
@@ -106,6 +120,7 @@ def _read_key(path: Path) -> bytes:
         key = handle.read().strip()
     if not key:
         raise CheckpointError(f"{path}: the checkpoint key file is empty")
+    _last_read = _identity(path, status), key
     return key
 
 

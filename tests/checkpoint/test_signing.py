@@ -365,3 +365,24 @@ def test_a_journal_mac_edited_into_any_bytes_is_refused_not_an_internal_error(fo
 def test_a_line_that_is_only_a_mac_is_refused_even_with_the_right_mac():
     mac = hmac.new(KEY, b"envelope mac\n}", "sha256").hexdigest()
     assert check_lines([b',"h":"' + mac.encode() + b'"}'], "envelope mac", KEY) == 0
+
+
+def test_the_key_file_is_read_again_once_it_is_replaced_rewritten_or_opened_to_others(config_home):
+    path = config_home / "mklang" / "checkpoint.key"
+    first = checkpoint_key()
+    path.chmod(0o640)
+    with pytest.raises(CheckpointError, match="readable or writable by others"):
+        checkpoint_key()
+    path.chmod(0o600)
+    assert checkpoint_key() == first
+    path.write_bytes(b"a longer key than the first one was, written in place\n")
+    assert checkpoint_key() == b"a longer key than the first one was, written in place"
+    other = path.with_name("other.key")
+    other.write_bytes(b"a key put in its place by a rename\n")
+    other.chmod(0o600)
+    other.replace(path)
+    assert checkpoint_key() == b"a key put in its place by a rename"
+    path.unlink()
+    path.symlink_to(other.with_name("elsewhere"))
+    with pytest.raises(CheckpointError, match="cannot read or create the checkpoint key"):
+        checkpoint_key()
