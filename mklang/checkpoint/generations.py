@@ -27,8 +27,8 @@ ALLOW_FLAG = "--allow-rollback"
 
 def state_folder() -> Path:
     """The user's mklang state folder: $XDG_STATE_HOME/mklang, else ~/.local/state/mklang."""
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "mklang"
+    state_home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state_home, "mklang")
 
 
 def _record(run_id: str) -> str:

@@ -47,8 +47,8 @@ _MAC_SUFFIX_LENGTH = len(',"h":""}') + 64
 
 def key_file() -> Path:
     """Where the per-user key lives: $XDG_CONFIG_HOME/mklang, else ~/.config/mklang."""
-    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config_home) / "mklang" / "checkpoint.key"
+    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(config_home, "mklang", "checkpoint.key")
 
 
 MIN_KEY_BYTES = 32
