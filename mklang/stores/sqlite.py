@@ -8,7 +8,7 @@ power cut), other journal lines are not (`NORMAL`), so the durability
 setting decides the fsyncs of a step as in the file store. A synced commit
 syncs the ones before it too: the WAL is one file, written in order.
 
-Writes are group-committed (ADR 0041): the writes that this process's
+Writes are group-committed (ADR 0043): the writes that this process's
 threads make while a commit is under way wait in a queue, and the next
 commit takes all of them in one transaction with one sync (synced when any
 of them asks to be). Each writer returns only once the commit holding its

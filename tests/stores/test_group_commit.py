@@ -1,4 +1,4 @@
-"""SQLite's group commit (ADR 0041): the writes of many threads in one transaction, one sync each.
+"""SQLite's group commit (ADR 0043): the writes of many threads in one transaction, one sync each.
 
 What it must keep: a writer returns only once its rows are committed (a
 process killed right after finds them), a group holding a durable write is
