@@ -206,7 +206,7 @@ class Batch:
         ledger: Ledger | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
         stop: threading.Event | None = None,
-        hitl: bool = False,
+        hitl: bool,
         kept_texts: bool = False,
         texts: dict[str, str] | None = None,
         observer: EventSink | None = None,

@@ -293,14 +293,14 @@ def twostep(tmp_path: Path) -> api.Machine:
     return api.load(tmp_path / "twostep.mk")
 
 
-def _runs_of(machine: api.Machine, store: FileStore, provider: Priced, **options) -> Batch:
+def _runs_of(machine: api.Machine, store: FileStore, provider: Priced, hitl: bool = False, **options) -> Batch:
     """A batch of `machine` over the folder store `store`, each run answered by `provider`."""
     from contextlib import nullcontext
 
     from mklang.session import Host
 
     host = Host(provider=provider)
-    return Batch(machine, store, str(store.folder), lambda: nullcontext(host), **options)
+    return Batch(machine, store, str(store.folder), lambda: nullcontext(host), hitl=hitl, **options)
 
 
 def test_an_interrupted_batch_starts_no_run_and_reports_each_pending(tmp_path, twostep):
@@ -411,6 +411,17 @@ def test_a_batch_names_and_anchors_each_run_as_show_and_resume_find_it(kind, tmp
     finally:
         store.close()
         found.store.close()
+
+
+def test_a_batch_whose_machine_file_is_gone_fails_each_run_saying_why(tmp_path, twostep):
+    (tmp_path / "twostep.mk").unlink()
+    store = open_store(str(tmp_path / "runs"))
+    try:
+        outcomes = _runs_of(twostep, store, Priced()).run([Item(f"item-{n}", {"topic": "t"}) for n in range(2)])
+    finally:
+        store.close()
+    why = f"the batch: cannot keep the text of {tmp_path / 'twostep.mk'} in the store: No such file or directory"
+    assert [(o.status, o.reason) for o in outcomes] == [("failed", why)] * 2
 
 
 def test_a_batch_given_kept_texts_starts_its_runs_with_them_and_continues_them_past_an_edit(tmp_path, twostep):
