@@ -137,33 +137,24 @@ def start(
     budget = host.run_setting("budget", None)
     if budget is not None:
         machine = machine.replace(budget=int(budget))
-    max_tokens = host.run_setting("max_tokens", options.get("max_tokens"))
-    max_cost = host.run_setting("max_cost", options.get("max_cost"))
-    max_time = options.get("max_time")
-    concurrency = host.run_setting("concurrency", options.get("concurrency"), DEFAULT_RUN_CONCURRENCY)
-    hitl = bool(host.run_setting("hitl", options.get("hitl"), False))
-    untrusted_flow = host.run_setting("on_untrusted_flow", options.get("untrusted_flow"), "report")
+    # What the run goes by, in memory or in its envelope: the caller's, else the scenario's, else the default.
+    flow = host.run_setting("on_untrusted_flow", options.get("untrusted_flow"))
+    chosen: RunOptions = {
+        "max_tokens": host.run_setting("max_tokens", options.get("max_tokens")),
+        "max_cost": host.run_setting("max_cost", options.get("max_cost")),
+        "max_time": options.get("max_time"),
+        "concurrency": host.run_setting("concurrency", options.get("concurrency"), DEFAULT_RUN_CONCURRENCY),
+        "hitl": bool(host.run_setting("hitl", options.get("hitl"), False)),
+        "untrusted_flow": check_policy(flow or "report"),
+    }
     checkpoint, control, observer = options.get("checkpoint"), options.get("control"), options.get("observer")
     replace = options.get("replace", False)
     if checkpoint is None:
         if replace:
             raise UsageError("replace=True replaces the run at a checkpoint: it needs checkpoint=")
         with traced(observer, None) as (observer, _):
-            return run(
-                machine,
-                context,
-                provider=host.provider,
-                suspendable=suspendable,
-                max_tokens=max_tokens,
-                max_cost=max_cost,
-                max_time=max_time,
-                concurrency=concurrency,
-                hitl=hitl,
-                untrusted_flow=untrusted_flow,
-                control=control,
-                observer=observer,
-                **host.toolbox(),
-            )
+            in_memory: RunOptions = {**chosen, **host.toolbox(), "control": control, "observer": observer}
+            return run(machine, context, provider=host.provider, suspendable=suspendable, **in_memory)
     from mklang.checkpoint.envelope import Budgets, Envelope, MachineRef
 
     loader = MachineLoader()
@@ -176,10 +167,10 @@ def start(
         machine=MachineRef(name=machine.name, path=machine.path, sha256=loader.hashes.get(machine.path or "")),
         texts=texts if texts is not None else keep_texts(location.store, machine, location),
         frames=[],
-        budgets=Budgets(max_tokens=max_tokens, max_cost=max_cost, max_time=max_time),
-        hitl=hitl,
-        untrusted_flow=check_policy(untrusted_flow or "report"),
-        concurrency=concurrency,
+        budgets=Budgets(max_tokens=chosen["max_tokens"], max_cost=chosen["max_cost"], max_time=chosen["max_time"]),
+        hitl=chosen["hitl"],
+        untrusted_flow=chosen["untrusted_flow"],
+        concurrency=chosen["concurrency"],
         host=host.recorded(),
     )
     frame = Frame.start(machine, context or {})

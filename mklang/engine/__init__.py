@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypedDict, Unpack
 
-from mklang.effects import check_policy
+from mklang.effects import FlowPolicy, check_policy
 from mklang.engine import events
 from mklang.engine.events import EventSink
 from mklang.engine.frame import Frame
@@ -100,7 +100,7 @@ class RunOptions(Toolbox, total=False):
     hitl: bool
     control: Control | None
     observer: EventSink | None
-    untrusted_flow: str
+    untrusted_flow: FlowPolicy
 
 
 def make_runtime(
