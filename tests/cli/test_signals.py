@@ -6,8 +6,8 @@ SIGTERM suspends it at the next loop-top (exit 3 with a checkpoint, 130
 without); a second one exits at once and leaves the last durable checkpoint;
 SIGKILL leaves a `running` checkpoint that `mklang show` explains. Every
 resumed run must equal the uninterrupted one. The runs that get signals are
-real processes; the reference run, the resumes and `show` go through the
-CLI's entry function, in this process.
+real processes (forked: support/forks.py); the reference run, the resumes
+and `show` go through the CLI's entry function, in this process.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import forks
 from support.commands import cli, cli_env, wait_for
 from support.examples import KILL_9
 
@@ -43,15 +44,8 @@ MODEL_CALLS = 8  # outline + its judge, four drafts, assembly + its judge
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 
 
-def start(cwd: Path, *options: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mklang", *RUN, *options],
-        cwd=cwd,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def start(cwd: Path, *options: str) -> forks.Forked:
+    return forks.start([*RUN, *options], cli_env(), cwd)
 
 
 def journaled_calls(checkpoint: Path) -> int:
@@ -70,9 +64,10 @@ def handlers_installed(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
-def finish(process: subprocess.Popen) -> tuple[int, dict | None, str]:
+def finish(process: forks.Forked) -> tuple[int, dict | None, str]:
     stdout, stderr = process.communicate(timeout=60)
     assert "Traceback" not in stderr, stderr
+    assert process.returncode is not None
     return process.returncode, (json.loads(stdout) if stdout.strip() else None), stderr
 
 
@@ -93,7 +88,7 @@ def reference(tmp_path_factory) -> dict:
     return data
 
 
-def interrupted_run(cwd: Path, checkpoint: Path, signum: int) -> subprocess.Popen:
+def interrupted_run(cwd: Path, checkpoint: Path, signum: int) -> forks.Forked:
     """A checkpointed run that got `signum` while the outline's judge was in flight."""
     process = start(cwd, "--checkpoint", str(checkpoint))
     wait_for(lambda: journaled_calls(checkpoint) >= 1, process, "the outline was written")
@@ -132,7 +127,7 @@ def test_without_a_checkpoint_a_signal_stops_the_run_with_exit_130(tmp_path):
 def test_a_second_signal_exits_at_once_and_the_checkpoint_resumes(reference, tmp_path):
     checkpoint = tmp_path / "cp.json"
     process = interrupted_run(tmp_path, checkpoint, signal.SIGINT)
-    assert "interrupt received" in process.stderr.readline()  # the first one was handled
+    assert "interrupt received" in process.stderr_line()  # the first one was handled
     process.send_signal(signal.SIGINT)
     code, data, stderr = finish(process)
     assert (code, data) == (130, None), stderr

@@ -46,18 +46,47 @@ PRELOADED = (
 
 
 class Forked:
-    """One forked `mklang` command: its pid at once, its exit code and output once it ends."""
+    """One forked `mklang` command: its pid at once, its exit code and output once it ends; as
+    much of `subprocess.Popen` as the tests that signal a run use."""
 
     def __init__(self, forks: Forks, pid: int, output: Path):
         self._forks, self.pid, self._output = forks, pid, output
+        self.returncode: int | None = None
 
-    def wait(self, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Wait for the command to end (a negative code: the signal that killed it); kill it and
-        fail after `timeout` seconds."""
+    def poll(self) -> int | None:
+        """The exit code once the command ended (a negative one: the signal that killed it), else None."""
+        if self.returncode is None:
+            code = self._forks.ask({"poll": self.pid}).strip()
+            self.returncode = int(code) if code else None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def stderr_line(self, timeout: float = 30) -> str:
+        """The first line the command wrote to stderr, once it is whole."""
+        deadline = time.monotonic() + timeout
+        while "\n" not in (written := Path(f"{self._output}.err").read_text()) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return written.partition("\n")[0]
+
+    def communicate(self, timeout: float = 120) -> tuple[str, str]:
+        """Wait for the command to end; its stdout and stderr. It is killed, and the test fails,
+        after `timeout` seconds."""
         code = self._forks.ask({"wait": self.pid, "timeout": timeout}).strip()
         assert code != "timeout", f"forked command {self.pid} ran longer than {timeout} s"
+        self.returncode = int(code)
         stdout, stderr = (Path(f"{self._output}.{name}").read_text() for name in ("out", "err"))
-        return subprocess.CompletedProcess([str(self.pid)], int(code), stdout, stderr)
+        return stdout, stderr
+
+    def wait(self, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Wait for the command to end, as `communicate` does: its code and output."""
+        stdout, stderr = self.communicate(timeout)
+        assert self.returncode is not None
+        return subprocess.CompletedProcess([str(self.pid)], self.returncode, stdout, stderr)
 
 
 class Forks:
@@ -139,18 +168,26 @@ def _child(request: dict) -> None:
         os._exit(code)
 
 
+_ENDED: dict[int, str] = {}  # in the factory: exit codes of the children it reaped
+
+
 def _exit_code(pid: int, timeout: float) -> str:
-    """A child's exit code once it ends, or "timeout" (and the child killed)."""
+    """A child's exit code once it ends, "" if it still runs after `timeout` seconds (0: it is
+    not waited for), or "timeout" (and the child killed) for a longer wait."""
     deadline = time.monotonic() + timeout
-    while True:
+    while pid not in _ENDED:
         ended, status = os.waitpid(pid, os.WNOHANG)
         if ended:
-            return str(os.waitstatus_to_exitcode(status))
-        if time.monotonic() > deadline:
+            _ENDED[pid] = str(os.waitstatus_to_exitcode(status))
+        elif not timeout:
+            return ""
+        elif time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             return "timeout"
-        time.sleep(0.002)
+        else:
+            time.sleep(0.002)
+    return _ENDED[pid]
 
 
 def _serve() -> None:
@@ -162,6 +199,9 @@ def _serve() -> None:
         request = json.loads(line)
         if "wait" in request:
             print(_exit_code(request["wait"], request["timeout"]), flush=True)
+            continue
+        if "poll" in request:
+            print(_exit_code(request["poll"], 0), flush=True)
             continue
         pid = os.fork()
         if pid == 0:
