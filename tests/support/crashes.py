@@ -132,13 +132,20 @@ def outcome(result) -> dict[str, Any]:
 
 
 class Points:
-    """Counts the crash points a run reaches, and how many answers were lost in flight."""
+    """Counts the crash points a run reaches, in order, and how many answers were lost in flight."""
 
     def __init__(self):
         self.seen: Counter = Counter()
+        self.order: list[str] = []
 
     def __call__(self, point: str) -> None:
         self.seen[point] += 1
+        self.order.append(point)
+
+    def left_after(self, point: str, count: int) -> int:
+        """How many points the run reached after the count-th `point`."""
+        at = [i for i, name in enumerate(self.order) if name == point][count - 1]
+        return len(self.order) - at - 1
 
     @property
     def lost(self) -> int:
