@@ -58,16 +58,22 @@ def test_a_worker_killed_mid_batch_loses_only_its_calls_in_flight(project, serve
     write_items(project, items)
     workers = [worker(project, postgres_uri, RABBITMQ) for _ in range(2)]
     serving(postgres_uri, *workers)  # both take runs from the first message on
-    running = batch(project, postgres_uri, RABBITMQ)
+    killed = threading.Event()
+
+    def kill_at_a_quarter(request):  # the model kills the first worker once a quarter of the calls were paid
+        if server.count >= items // 2 and not killed.is_set():
+            killed.set()
+            workers[0].kill()
+        return reply(request)
+
+    server.handler = kill_at_a_quarter
     try:
-        wait_for(lambda: server.count >= items // 2, running, "a quarter of the calls were paid", timeout=180)
-        workers[0].send_signal(signal.SIGKILL)
-        workers[0].communicate()
-        stdout, stderr = running.communicate(timeout=300)
+        done = followed(project, postgres_uri, RABBITMQ)
     finally:
-        stop(running, *workers)
-    assert running.returncode == 0, stderr
-    assert json.loads(stdout)["done"] == items
+        stop(*workers)
+    assert killed.is_set() and workers[0].returncode == -signal.SIGKILL
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["done"] == items
     out = results(project / "out.jsonl")
     assert [line["result"] for line in out] == [f"answer {n}" for n in range(items)]  # as an uninterrupted batch
     assert items * CALLS <= server.count <= items * CALLS + WORKER_CONCURRENCY
