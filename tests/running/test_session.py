@@ -81,7 +81,8 @@ def test_a_dollar_limit_is_refused_for_a_scripted_model_naming_the_option_given(
 
 def test_a_host_built_from_the_config_routes_its_tiers_and_takes_its_read_only_tools(tmp_path, monkeypatch):
     """What `mklang run --config` hosts a run with; --provider and --model replace what the config routes;
-    a cassette replays with no config read (a broken one in the working folder is not in the way)."""
+    --record records what it answers; a cassette replays with no config read (a broken one in the
+    working folder is not in the way)."""
     config = tmp_path / "mklang.toml"
     config.write_text(
         '[providers.local]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n[tiers]\ndefault = "local:m"\n'
@@ -91,11 +92,12 @@ def test_a_host_built_from_the_config_routes_its_tiers_and_takes_its_read_only_t
         assert (built.provider.route_of("fast"), built.read_only_tools) == (("local", "m"), {"issue_refund"})
     with Host.build(config=config, provider="ollama", model="llama3") as chosen:
         assert chosen.provider.route_of("fast") == ("ollama", "llama3")
-    (tmp_path / "replay.yaml").write_text("mklang_cassette: 1\nexchanges: []\n", encoding="utf-8")
+    with Host.build(config=config, record=tmp_path / "calls.yaml"):
+        assert (tmp_path / "calls.yaml").is_file()  # a recording's cassette is written from the start
     config.write_text("[tiers\n")
     monkeypatch.chdir(tmp_path)
-    with Host.build(replay="replay.yaml") as replaying:
-        assert replaying.read_only_tools == frozenset() and replaying.recorded().replay == str(tmp_path / "replay.yaml")
+    with Host.build(replay="calls.yaml") as replaying:
+        assert replaying.read_only_tools == frozenset() and replaying.recorded().replay == str(tmp_path / "calls.yaml")
 
 
 def test_a_scenario_needs_a_script():
