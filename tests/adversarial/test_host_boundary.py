@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
-from support.commands import cli, cli_env, mklang, refused
+from support.commands import cli, cli_env, refused
 from support.fakeserver import Reply, Request, answer, raw
+from support.forks import forked
 from support.services import postgres_schema
 
 from mklang.providers.base import Produced, Verdict
@@ -47,7 +48,7 @@ def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not
     assert suspended.returncode == 3, suspended.stderr
     backup = (approval / "cp.json").read_bytes()
     # The approving resume dies just after its journal's first line (which records the approval).
-    killed = mklang(
+    killed = forked(
         "resume", "cp.json", "--set", "approval.answer=yes", *APPROVAL, cwd=approval,
         env=cli_env(MKLANG_KILL_AT="journal.gen:1"),
     )  # fmt: skip
@@ -68,7 +69,7 @@ def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not
 
 
 def test_a_truncated_journal_is_reported_before_what_it_lost_is_paid_again(approval):
-    killed = mklang(
+    killed = forked(
         "run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval,
         env=cli_env(MKLANG_KILL_AT="journal.call:1"),
     )  # fmt: skip

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import yaml
 from support.commands import cli, cli_env, wait_for
 from support.examples import KILL_9
+from support.forks import Forked, start
 
 from mklang.stores import locate
 
@@ -33,30 +32,12 @@ def _write_script(folder, delay_ms: int) -> None:
     (folder / "slow.yaml").write_text(yaml.safe_dump({"scenarios": [scenario]}))
 
 
-def _slow_run(folder, checkpoint) -> subprocess.Popen:
-    """The kill-9 example with a model that answers after a minute: the run is
-    surely still going while the test acts, however loaded the machine is."""
+def _slow_run(folder, checkpoint) -> Forked:
+    """The kill-9 example with a model that answers after a minute, in a real (forked) process:
+    the run is surely still going while the test acts, however loaded the machine is."""
     _write_script(folder, 60_000)
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mklang",
-            "run",
-            str(KILL_9 / "report.mk"),
-            "--script",
-            str(folder / "slow.yaml"),
-            "--checkpoint",
-            str(checkpoint),
-            "--format",
-            "json",
-        ],
-        cwd=folder,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = ["run", str(KILL_9 / "report.mk"), "--script", str(folder / "slow.yaml")]
+    return start([*args, "--checkpoint", str(checkpoint), "--format", "json"], cli_env(), folder)
 
 
 def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp_path):
