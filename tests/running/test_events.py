@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from conformance.harness import write_machines
 from support import ROOT
-from support.commands import cli, mklang
+from support.commands import cli
 from support.crashes import Crash, crash
 from support.examples import EXAMPLES
 
@@ -337,7 +337,7 @@ def test_a_batchs_events_carry_each_runs_name(tmp_path):
 
 def test_events_on_stderr_leave_the_json_result_on_stdout_alone(tmp_path):
     digest = EXAMPLES / "map-reduce"
-    done = mklang(
+    done = cli(
         "run", str(digest / "digest.mk"), "--script", str(digest / "scenarios.yaml"),
         "--scenario", "three-sections", "--events", "-", "-q", "--format", "json",
     )  # fmt: skip
