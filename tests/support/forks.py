@@ -162,7 +162,8 @@ def _child(request: dict) -> None:
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    finally:
+    finally:  # what an interpreter does on its way out (exit handlers flush telemetry), not more
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
