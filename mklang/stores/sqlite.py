@@ -15,7 +15,10 @@ of them asks to be). Each writer returns only once the commit holding its
 rows is done, so what a caller was told is written is committed, as
 before; a write that fails fails its own caller, and a commit that fails
 fails the callers whose rows it held. Reads go through a connection of
-their own and never wait for a commit. Runs
+their own and never wait for a commit. Processes sharing the database take
+turns at its one writer on an `flock` of `<database>.locks/writer.lock`,
+so the next is woken when the writer is free, not when SQLite's busy
+handler next polls. Runs
 are rows: `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, synced like envelopes);
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
@@ -28,10 +31,11 @@ when the process dies, never unlinked, opened without following symlinks.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,11 +85,12 @@ class SqliteStore(SqlStore):
         except (sqlite3.Error, OSError) as error:
             why = error.strerror if isinstance(error, OSError) else error
             raise CheckpointError(f"{path}: cannot open the SQLite checkpoint store: {why}") from None
-        self._writes = GroupCommit(self._db, self._failed)
+        locks = path.with_name(f"{path.name}.locks")
+        if create:
+            locks.mkdir(mode=0o700, exist_ok=True)
+        self._writes = GroupCommit(self._db, self._failed, locks / "writer.lock")
         self._read_guard = threading.Lock()
         self._backfill()
-        if create:
-            path.with_name(f"{path.name}.locks").mkdir(mode=0o700, exist_ok=True)
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
@@ -173,9 +178,10 @@ class GroupCommit:
     undone alone and fails its own writer; a commit that fails fails every writer it held.
     """
 
-    def __init__(self, db: sqlite3.Connection, failed: Callable[[object], CheckpointError]):
+    def __init__(self, db: sqlite3.Connection, failed: Callable[[object], CheckpointError], turns: Path):
         self._db = db
         self._failed = failed  # the one-line error a failure is reported as
+        self._turns = _lock_file(turns)  # None where it cannot be made: SQLite's busy handler alone then
         self._queue: list[Writer] = []
         self._leading = False  # a writer leads the next commit, or one is under way
         self._guard = threading.Lock()  # the queue and the lead
@@ -201,7 +207,7 @@ class GroupCommit:
             group, self._queue = self._queue, []
         finished = False
         try:
-            with self._connection:
+            with self._connection, self._turn():
                 self._transaction(group)
             finished = True
         finally:
@@ -215,6 +221,20 @@ class GroupCommit:
                     self._queue[0].turn.set()
                 else:
                     self._leading = False
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """This process's turn at the database's one writer among the processes sharing it, waited for
+        in the kernel, which wakes the next process when it is released; SQLite's own busy handler
+        sleeps and polls (1, 2, 5, 10 ms ...), and every writer of the process waits with it."""
+        if self._turns is None:
+            yield
+            return
+        fcntl.flock(self._turns, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._turns, fcntl.LOCK_UN)
 
     def _transaction(self, group: list[Writer]) -> None:
         db = self._db
@@ -261,6 +281,17 @@ class GroupCommit:
     def close(self) -> None:
         with self._connection:
             self._db.close()
+            if self._turns is not None:
+                os.close(self._turns)
+                self._turns = None
+
+
+def _lock_file(path: Path) -> int | None:
+    """A descriptor of the lock file at `path` (made owner-only, never through a symlink), or None."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
 
 
 def _create_private(path: Path) -> None:

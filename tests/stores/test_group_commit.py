@@ -11,8 +11,12 @@ the others are queued behind it.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
@@ -240,3 +244,29 @@ def test_the_store_after_close_takes_no_write(tmp_path):
     store.close()
     with pytest.raises(CheckpointError, match="Cannot operate on a closed database"):
         store.append("a", b"line\n", durable=True)
+
+
+def test_processes_sharing_the_database_take_turns_at_its_writer_on_a_lock_file(store, tmp_path):
+    turns = tmp_path / "runs.db.locks" / "writer.lock"
+    other = os.open(turns, os.O_RDWR)  # another open file: as another process's, its flock excludes ours
+    fcntl.flock(other, fcntl.LOCK_EX)
+    waiting = threading.Thread(target=store.append, args=("a", b"line\n"), kwargs={"durable": True})
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and store.read_journal("a") == b""  # waits for its turn, not in a transaction
+    fcntl.flock(other, fcntl.LOCK_UN)
+    os.close(other)
+    waiting.join(10)
+    assert not waiting.is_alive() and store.read_journal("a") == b"line\n"
+    assert stat.S_IMODE(turns.stat().st_mode) == 0o600
+
+
+def test_a_store_without_its_locks_folder_writes_without_taking_turns(tmp_path):
+    SqliteStore(tmp_path / "runs.db").close()
+    shutil.rmtree(tmp_path / "runs.db.locks")
+    store = SqliteStore(tmp_path / "runs.db", create=False)  # a command that only reads makes no folder
+    try:
+        store.write("a", b"{}", generation=1)
+        assert store.read("a") == b"{}" and not (tmp_path / "runs.db.locks").exists()
+    finally:
+        store.close()
