@@ -89,7 +89,7 @@ class PostgresStore(SqlStore):
         self._guard = threading.Lock()
         self._who = f"{os.getpid()}@{socket.gethostname()}"
         self._db = self._connect(f"mklang-data {self._who}")
-        if not create and self._rows("SELECT to_regclass('mklang_runs')")[0][0] is None:
+        if not create and self._select("SELECT to_regclass('mklang_runs')")[0][0] is None:
             self._db.close()
             raise UsageError(
                 f"{self._where()}: no mklang checkpoint store in this database and schema (no table mklang_runs): "
@@ -98,7 +98,7 @@ class PostgresStore(SqlStore):
         self._create_tables()  # and the columns a store of an earlier release lacks
         self._backfill()
         # Locks are per database; runs of the same name in two schemas must not share one.
-        self._schema = str(self._rows("SELECT current_schema()")[0][0])
+        self._schema = str(self._select("SELECT current_schema()")[0][0])
         self._held: dict[str, Any] = {}  # run -> the connection holding its lock
         self._idle: list[Any] = []  # released lock connections, kept for the next lock
         self._pool_guard = threading.Lock()
@@ -216,7 +216,7 @@ class PostgresStore(SqlStore):
 
     def holder(self, run: str) -> str | None:
         key = self.lock_key(run) & 0xFFFFFFFFFFFFFFFF  # pg_locks shows the key's halves unsigned
-        rows = self._rows(
+        rows = self._select(
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.database = "
             "(SELECT oid FROM pg_database WHERE datname = current_database()) "
