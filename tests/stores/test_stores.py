@@ -785,6 +785,10 @@ def test_file_store_errors_name_the_file_and_say_what_failed(tmp_path):
         == f"{tmp_path / 'missing' / 'cp.json'}: cannot lock the checkpoint: No such file or directory"
     )
     missing.drop_journal("cp.json")  # nothing to drop is fine
+
+
+def test_file_store_errors_of_segments_notes_and_removal_name_the_file_and_say_what_failed(tmp_path):
+    store = FileStore(tmp_path)
     store.write("other.json", ENVELOPE, generation=1)
     segments = tmp_path / ".mklang-segments" / hashed_name("other.json")
     segments.parent.mkdir()
@@ -1079,6 +1083,17 @@ def test_a_run_whose_lock_session_ended_cannot_write_and_its_store_goes_on(postg
     assert postgres.read("a") == b"before"
     assert postgres.read_journal("a") == b""
     postgres.lock("a").release()
+
+
+def test_a_run_whose_lock_session_ended_takes_no_more_journal_lines(postgres, postgres_uri):
+    lock = postgres.lock("a")
+    postgres.start_journal("a", b"gen\n")
+    postgres.append("a", b"step\n", durable=False)
+    end_sessions(postgres_uri, f"mklang {me()}")
+    with pytest.raises(CheckpointError, match="PostgreSQL checkpoint store"):
+        postgres.append("a", b"late\n", durable=True)
+    lock.release()
+    assert postgres.read_journal("a") == b"gen\nstep\n"
 
 
 def test_a_store_whose_sessions_the_server_ended_locks_and_reads_again(postgres, postgres_uri):
