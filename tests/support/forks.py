@@ -7,6 +7,10 @@ entry function and exits with its code, so it is a real process: it can be
 killed with SIGKILL at a crash point, by a test's server or by the test, and
 what it wrote survives as it would for `python -m mklang`. It costs a tenth
 of the CPU of a new interpreter importing the same modules.
+
+What a module reads from the environment as it is imported is the test
+process's (the child re-reads MKLANG_KILL_AT): the colours of terminal output
+(NO_COLOR) are not for a forked command to test.
 """
 
 from __future__ import annotations
