@@ -2,7 +2,7 @@
 
 One test per attack; the limits are in docs/limits.md.
 Commands run in this process through the CLI's entry function; the inputs that
-could hang a run go to a real `python -m mklang` process with a timeout.
+could hang a run go to a real (forked) `mklang` process with a timeout.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
-from support.commands import cli, cli_env, mklang, refused
+from support.commands import cli, cli_env, refused
 from support.fakeserver import FakeServer, answer, error, refusal
+from support.forks import forked
 from support.yaml_machines import EVERYTHING, mutate
 
 from mklang.limits import MAX_DEPTH, json_depth, text_depth
@@ -130,7 +131,7 @@ def script(input_yaml: str = "      topic: x\n", produce: str = '{"a": 1}') -> s
 def test_alias_bomb_in_a_scenario_input_is_refused(machine: Path, tmp_path: Path):
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(script(alias_bomb("      ")))
-    done = mklang("run", str(machine), "--script", str(bomb), timeout=20)
+    done = forked("run", str(machine), "--script", str(bomb), env=cli_env(), timeout=20)
     refused(done, f"{bomb}:", "values once aliases are expanded")
 
 
@@ -141,7 +142,7 @@ def test_alias_bomb_in_a_yaml_machine_context_is_a_diagnostic(tmp_path: Path):
         + alias_bomb("  ")
         + "states:\n  a:\n    tool: t\n    output: o\n    gates:\n      - {to: END}\n"
     )
-    done = mklang("check", str(path), timeout=20)
+    done = forked("check", str(path), env=cli_env(), timeout=20)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{path}:" in done.stderr and "once aliases are expanded" in done.stderr
 

@@ -141,9 +141,11 @@ def start(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Fork
     return _shared.start(args, env, cwd)
 
 
-def forked(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def forked(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """`mklang ARGS` in a forked real process, to its end: as `commands.mklang` runs it, no traceback."""
-    done = start(list(args), env, cwd).wait()
+    done = start(list(args), env, cwd).wait(timeout)
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
