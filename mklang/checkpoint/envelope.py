@@ -8,6 +8,7 @@ older formats are migrated forward on load by the functions in `MIGRATIONS`.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -290,7 +291,22 @@ def save(target: str | Path | Location, envelope: Envelope) -> None:
 
 def store_envelope(store: RunStore, run: str, envelope: Envelope, payload: bytes) -> None:
     """Write an envelope's bytes `payload` to a store, with the summary a listing shows of it."""
-    store.write(run, payload, generation=envelope.generation, summary=summary_of(run, envelope))
+    summary = summary_of(run, envelope)
+    if _writes_summaries(store):
+        store.write(run, payload, generation=envelope.generation, summary=summary)
+    else:  # a store a package registered before `write` took the summary along (ADR 0043)
+        store.write(run, payload, generation=envelope.generation)
+        store.summarize(run, summary)
+
+
+_SUMMARIES_WRITTEN: dict[type, bool] = {}  # by store class: whether its `write` takes `summary`
+
+
+def _writes_summaries(store: RunStore) -> bool:
+    kind = type(store)
+    if kind not in _SUMMARIES_WRITTEN:
+        _SUMMARIES_WRITTEN[kind] = "summary" in inspect.signature(store.write).parameters
+    return _SUMMARIES_WRITTEN[kind]
 
 
 def summary_of(run: str, envelope: Envelope) -> RunSummary:

@@ -175,6 +175,24 @@ def test_an_envelope_written_with_its_summary_keeps_it_and_its_start_while_the_r
         assert store.summaries(RunQuery())[0].run_id == "second"
 
 
+class SummarylessStore(FileStore):
+    """A store a package registered before `write` took a summary along: it keeps summaries
+    only through `summarize`."""
+
+    def write(self, run: str, payload: bytes, *, generation: int) -> None:  # type: ignore[override]
+        super().write(run, payload, generation=generation)
+
+
+def test_a_store_whose_write_takes_no_summary_is_summarized_after_each_envelope(tmp_path):
+    store = SummarylessStore(tmp_path)
+    where = Location(store, "cp.json", str(tmp_path / "cp.json"), str(tmp_path / "cp.json"), tmp_path / "cp.json")
+    machine = load_file(EXAMPLES / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    assert start(machine, None, Host.for_scenario(scenario), checkpoint=where).status == "suspended"
+    (kept,) = store.summaries(RunQuery())
+    assert (kept.run, kept.status) == ("cp.json", "suspended")
+
+
 def test_notes_are_replaced_whole_and_listed_as_no_run(store):
     assert store.read_note("run:a") is None
     store.write_note("run:a", b'{"first": 1}')
