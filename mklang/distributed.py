@@ -477,7 +477,7 @@ def start_worker(
     worker_shutting_down.connect(stop, weak=False)
     worker_ready.connect(_say_malformed_messages, weak=False)
     # Celery's worker itself, not its command line, which imports an interactive shell (click-repl,
-    # prompt_toolkit) a worker never uses: the worker starts about half a second sooner.
+    # prompt_toolkit) a worker never uses: a fifth of a worker's start-up CPU (about 0.15 s).
     app.Worker(
         pool_cls="threads",
         concurrency=concurrency,
