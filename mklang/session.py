@@ -88,18 +88,12 @@ class Host:
             from mklang.host.config import load_config
             from mklang.providers.factory import make_provider
 
-            replay, config = chosen["replay"], chosen["config"]
-            loaded = None if replay else load_config(config, provider=provider, model=model)
+            replay = chosen["replay"]
+            # Loaded here once, for its read-only tools too: a cassette replays with no config.
+            loaded = None if replay else load_config(chosen["config"], provider=provider, model=model)
             host = cls(
                 provider=make_provider(
-                    provider=provider,
-                    model=model,
-                    config_path=config,
-                    record=chosen["record"],
-                    replay=replay,
-                    max_cost=max_cost,
-                    config=loaded,
-                    priced_for=priced_for,
+                    record=chosen["record"], replay=replay, max_cost=max_cost, config=loaded, priced_for=priced_for
                 ),
                 settings=settings,
                 read_only_tools=loaded.read_only_tools if loaded else frozenset(),

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 from support.commands import cli
+from support.plugins import install_entry_points
 
 from mklang.errors import UsageError
 from mklang.host.plugins import load_plugins
@@ -25,21 +26,12 @@ def test_calc_refuses_anything_but_arithmetic(expression):
         calc({"expression": expression})
 
 
-def _install_entry_point(folder, group, name, module, source):
-    (folder / f"{module}.py").write_text(textwrap.dedent(source))
-    info = folder / "mklang_test_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mklang-test-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {module}:{name}\n")
-
-
 def test_entry_points_register_tools_and_the_host_api_wins(tmp_path, monkeypatch):
-    _install_entry_point(
+    install_entry_points(
         tmp_path,
-        "mklang.tools",
-        "shout",
         "shout_plugin",
         "def shout(arguments):\n    return arguments['text'].upper()\n",
+        {"mklang.tools": "shout"},
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = Registry("mklang.tools", BUILTIN_TOOLS)

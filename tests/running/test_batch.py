@@ -171,6 +171,9 @@ def test_bad_batch_input_is_a_usage_error(project):
     (project / "items.jsonl").write_text('{"id": 1}\n{"id": 1}\n')
     twice = batch(project, "--store", "sqlite:///runs.db")
     assert twice.returncode == 2 and "appears twice" in twice.stderr
+    (project / "items.jsonl").unlink()
+    missing = batch(project, "--store", "sqlite:///runs.db")
+    assert missing.returncode == 2 and "items.jsonl: cannot read the --inputs file: " in missing.stderr
 
 
 class Priced:

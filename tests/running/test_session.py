@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from support.examples import EXAMPLES
+from support.plugins import install_entry_points
 from support.runs import CALLS_CHILD, HOOKED_CHILD
 
 import mklang
@@ -231,6 +232,18 @@ def test_preflight_asks_for_every_tool_and_hook_declared_or_used_but_the_built_i
         assert str(refused.value).startswith(f'{kind} "{name}" has no implementation')
         given[name] = print
     preflight(machine, Host(provider=object(), tools=tools, hooks=hooks))
+
+
+def test_preflight_takes_the_tools_and_hooks_installed_plugins_provide(tmp_path, monkeypatch):
+    from mklang.syntax import load_file
+
+    source = "def publish(arguments):\n    return 'url'\n\ndef plausible(output, context):\n    return True\n"
+    install_entry_points(tmp_path, "post_plugin", source, {"mklang.tools": "publish", "mklang.hooks": "plausible"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "post.mk").write_text(UNDECLARED, encoding="utf-8")
+    preflight(
+        load_file(tmp_path / "post.mk"), Host(provider=object(), tools={"archive": print}, hooks={"audit": print})
+    )
 
 
 def test_preflight_checks_the_machines_a_run_calls_and_their_hooks(tmp_path):
