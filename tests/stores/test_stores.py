@@ -149,6 +149,14 @@ def test_summaries_page_runs_newest_started_first_and_say_which_were_written_sin
     assert [s.run for s in store.summaries(RunQuery(since=written.updated))] == ["b"]  # at `since` is since
 
 
+def test_summaries_filter_by_every_condition_at_once_and_keep_zero_spend(store):
+    for run, machine, status in (("a", "m", "done"), ("b", "m", "halted"), ("c", "other", "done")):
+        store.write(run, ENVELOPE, generation=1)
+        store.summarize(run, RunSummary(run, run_id=f"id-{run}", machine=machine, status=status))
+    (done,) = store.summaries(RunQuery(statuses=("done",), machine="m", since=0.0))
+    assert (done.run, done.tokens, done.cost_usd) == ("a", 0, 0.0)
+
+
 def test_a_query_in_python_takes_unknown_times_for_the_earliest():
     """As the SQL stores order and filter NULL times (a run summarized before times were kept)."""
     known, unknown = RunSummary("k", started=0.5, updated=0.5), RunSummary("u")
