@@ -1,6 +1,7 @@
 """The machines and scenario scripts that the published mklang 1.4.0 package ships.
 
-The wheel is fetched with pip once per test session. Each of its twelve YAML
+The wheel is fetched with pip, and run by its own interpreter, once per test run
+(the xdist workers share what the first of them built). Each of its twelve YAML
 machines checks clean, converts with `fmt` to a `.mk` that checks clean and
 is a fixed point of `fmt`, and passes its own `.test.yaml` with `mklang
 test`, unchanged. The one exception is the 1.x console's own machine
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.runs import run_scenario
+from support.shared import built_once
 from typer.testing import CliRunner
 
 import mklang.cli.run_cmds  # registers `test`
@@ -80,59 +82,84 @@ AGENT_FAILURES = {
 
 
 @pytest.fixture(scope="session")
-def wheel_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `mklang/data` folder of the published wheel, fetched with pip for the session."""
-    folder = tmp_path_factory.mktemp("mklang-1x")
-    fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", RELEASE, "-d", folder],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    wheels = sorted(folder.glob("mklang-*.whl"))
-    if fetched.returncode != 0 or not wheels:
-        why = (fetched.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-        message = f"pip cannot fetch {RELEASE}: {why}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message} (CI must run the 1.x compatibility tests)")
-        pytest.skip(message)
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        wheel.extractall(folder / "wheel")
-    return folder / "wheel" / "mklang" / "data"
+def wheel_data(request: pytest.FixtureRequest) -> Path:
+    """The `mklang/data` folder of the published wheel, fetched with pip once for the test run."""
+
+    def fetch(folder: Path) -> None:
+        fetched = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                RELEASE,
+                "-d",
+                folder,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        wheels = sorted(folder.glob("mklang-*.whl"))
+        if fetched.returncode != 0 or not wheels:
+            why = (fetched.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            message = f"pip cannot fetch {RELEASE}: {why}"
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{message} (CI must run the 1.x compatibility tests)")
+            pytest.skip(message)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            wheel.extractall(folder / "wheel")
+
+    return built_once(request, "mklang-1x", fetch) / "wheel" / "mklang" / "data"
+
+
+def compared_script_paths(folder: Path) -> dict[tuple[str, str], Path]:
+    """Where the script each machine is compared with 1.x under each untrusted-flow policy is written."""
+    return {
+        (name, policy): folder / f"{name.replace('/', '-')}.{policy}.test.yaml"
+        for name in MACHINES
+        for policy in FLOW_POLICIES
+    }
 
 
 @pytest.fixture(scope="session")
-def compared_scripts(wheel_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+def compared_scripts(wheel_data: Path, request: pytest.FixtureRequest) -> dict[tuple[str, str], Path]:
     """The script each machine is compared with 1.x under each untrusted-flow policy: its
     own, the console's with its hook scripted, and each with `run.on_untrusted_flow`."""
-    folder = tmp_path_factory.mktemp("scripts-1x")
-    scripts = {}
-    for name in MACHINES:
-        script = yaml.safe_load((wheel_data / f"{name}.test.yaml").read_text(encoding="utf-8"))
-        for scenario in script["scenarios"]:
-            if name == "console/agent":
-                scenario.setdefault("hooks", {})["console_workspace_ready"] = [True]
-        for policy in FLOW_POLICIES:
+
+    def write(folder: Path) -> None:
+        paths = compared_script_paths(folder)
+        for name in MACHINES:
+            script = yaml.safe_load((wheel_data / f"{name}.test.yaml").read_text(encoding="utf-8"))
             for scenario in script["scenarios"]:
-                scenario.setdefault("run", {})["on_untrusted_flow"] = policy
-            path = folder / f"{name.replace('/', '-')}.{policy}.test.yaml"
-            path.write_text(yaml.safe_dump(script), encoding="utf-8")
-            scripts[(name, policy)] = path
-    return scripts
+                if name == "console/agent":
+                    scenario.setdefault("hooks", {})["console_workspace_ready"] = [True]
+            for policy in FLOW_POLICIES:
+                for scenario in script["scenarios"]:
+                    scenario.setdefault("run", {})["on_untrusted_flow"] = policy
+                paths[(name, policy)].write_text(yaml.safe_dump(script), encoding="utf-8")
+
+    return compared_script_paths(built_once(request, "scripts-1x", write))
 
 
 @pytest.fixture(scope="session")
-def runs_1x(wheel_data: Path, compared_scripts: dict[tuple[str, str], Path]) -> dict[str, dict]:
+def runs_1x(wheel_data: Path, compared_scripts: dict[tuple[str, str], Path], request: pytest.FixtureRequest) -> dict:
     """Every compared scenario as the 1.x interpreter runs it, by "script:scenario"."""
-    pairs = [
-        str(part) for (name, _), script in compared_scripts.items() for part in (wheel_data / f"{name}.mkl", script)
-    ]
-    env = {**os.environ, "PYTHONPATH": str(wheel_data.parents[1])}  # the unpacked wheel's `mklang` first
-    done = subprocess.run(
-        [sys.executable, str(INTERPRETER_1X), *pairs], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+
+    def run(folder: Path) -> None:
+        pairs = [
+            str(part) for (name, _), script in compared_scripts.items() for part in (wheel_data / f"{name}.mkl", script)
+        ]
+        env = {**os.environ, "PYTHONPATH": str(wheel_data.parents[1])}  # the unpacked wheel's `mklang` first
+        done = subprocess.run(
+            [sys.executable, str(INTERPRETER_1X), *pairs], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        (folder / "runs.json").write_text(done.stdout, encoding="utf-8")
+
+    return json.loads((built_once(request, "runs-1x", run) / "runs.json").read_text(encoding="utf-8"))
 
 
 def cli(*args: str) -> tuple[int, str, str]:

@@ -14,6 +14,7 @@
 - `checkpoints`: envelopes and frame records written by hand.
 - `crashes`: runs crashed in process at the points of mklang.faults, and their resumes.
 - `console`: the runs the console tests serve.
+- `shared`: session data built once for every xdist worker of a run.
 """
 
 from pathlib import Path
