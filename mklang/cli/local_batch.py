@@ -11,7 +11,8 @@ process draws the one progress line from them, forwards Ctrl-C and SIGTERM
 to every child, reports a child that dies (the runs it had not reported are
 `pending`: their locks died with it, so the next pass resumes them), and
 writes the one summary, results file and exit code. A child whose stdin
-closes (this process is gone) stops its runs as on SIGTERM.
+closes (this process is gone) stops its runs as on SIGTERM. A child is handed
+the model prices this process looked up, so it need not load the price table.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import IO, Any
 from mklang.batching import Batch, Ceilings, Item, Ledger, StoreLedger, batch_id
 from mklang.engine import Control
 from mklang.engine.events import EventSink
+from mklang.host.config import catalog_prices, known_catalog_prices
 from mklang.model import Machine
 from mklang.service import Outcome
 from mklang.session import Host
@@ -128,6 +130,7 @@ class Child:
             "batch": batch,
             "concurrency": concurrency,
             "items": [{"run": item.run, "context": item.context} for item in items],
+            "prices": catalog_prices(),  # what this process's host was priced at: the child need not look
         }
         assert self.process.stdin is not None
         with suppress(BrokenPipeError):  # it ended already: said when its output ends
@@ -257,6 +260,7 @@ def _run_share(share: dict[str, Any], control: Control, report: IO[bytes]) -> No
                 control.interrupted.set()
 
     machine = require_runnable(load_file(plan.machine))
+    known_catalog_prices(share["prices"])
     store = open_store(plan.store)
     max_cost = plan.budgets["max_cost"]
     try:

@@ -15,7 +15,6 @@ built.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -23,7 +22,7 @@ import os
 import re
 import sys
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -130,13 +129,36 @@ class Price:
         return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
 
 
-@functools.cache
+# What genai-prices said in this process, by (provider, base_url, model): looked up once each.
+_CATALOG: dict[tuple[str, str, str], Price | None] = {}
+
+
 def catalog_price(provider: str, base_url: str, model: str) -> Price | None:
     """What genai-prices (maintained price data of the major providers) says `model` costs, or None.
 
     A built-in provider is looked up by name, any other by its endpoint. Tiered
     prices are read at a million tokens, so a cap never counts a call cheaper
     than it was."""
+    key = (provider, base_url, model)
+    if key not in _CATALOG:
+        _CATALOG[key] = _looked_up(provider, base_url, model)
+    return _CATALOG[key]
+
+
+def catalog_prices() -> list[dict[str, Any]]:
+    """The genai-prices answers of this process, as JSON, for `known_catalog_prices` in another."""
+    return [{"route": list(key), "price": None if price is None else asdict(price)} for key, price in _CATALOG.items()]
+
+
+def known_catalog_prices(answers: list[dict[str, Any]]) -> None:
+    """Take another process's `catalog_prices` as this one's: a child of a spread batch is handed
+    its parent's, and does not load the price table (a third of a second of its start-up)."""
+    for answer in answers:
+        provider, base_url, model = answer["route"]
+        _CATALOG[(provider, base_url, model)] = None if answer["price"] is None else Price(**answer["price"])
+
+
+def _looked_up(provider: str, base_url: str, model: str) -> Price | None:
     from importlib.metadata import version
 
     from genai_prices import Usage, calc_price

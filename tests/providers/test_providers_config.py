@@ -212,3 +212,20 @@ def test_config_command_errors_exit_2_with_one_line(tmp_path):
     assert result.stderr == f"mklang: error: {path}: [tiers] fast: expected 'provider:model', got 'x'\n"
     as_json = runner.invoke(app, ["config", "--config", str(path), "--format", "json"])  # the one error document
     assert json.loads(as_json.stdout) == {"status": "error", "error": result.stderr[15:-1], "exit_code": 2}
+
+
+def test_prices_handed_from_another_process_are_answered_as_the_catalogs(monkeypatch):
+    """A child of a spread batch (ADR 0041) prices its runs with its parent's genai-prices answers,
+    without loading the price table itself."""
+    from mklang.host import config
+
+    monkeypatch.setattr(config, "_CATALOG", {})
+    looked_up = config.catalog_price("openai", "https://api.openai.com/v1", "gpt-4o-mini")
+    assert looked_up is not None and looked_up.source.startswith("genai-prices ")
+    handed = json.loads(json.dumps(config.catalog_prices()))  # as a child reads them from its stdin
+    monkeypatch.setattr(config, "_CATALOG", {})
+    config.known_catalog_prices(
+        [*handed, {"route": ["openai", "https://api.openai.com/v1", "gpt-4o"], "price": {"input": 7, "output": 9}}]
+    )
+    assert config.catalog_price("openai", "https://api.openai.com/v1", "gpt-4o-mini") == looked_up
+    assert config.catalog_price("openai", "https://api.openai.com/v1", "gpt-4o") == Price(7, 9)  # not the table's
