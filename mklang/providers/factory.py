@@ -37,16 +37,18 @@ def make_provider(
 
     `config` is the host config when the caller has loaded it already. A dollar limit
     (`max_cost`, given as the option `priced_for`) needs every model's price."""
-    from mklang.providers import cassette
-
     if record is not None and replay is not None:
         raise UsageError("--record and --replay cannot be used together")
     if replay is not None:
-        return cassette.ReplayProvider(replay)
+        from mklang.providers.cassette import ReplayProvider
+
+        return ReplayProvider(replay)
     config = config or load_config(config_path, provider=provider, model=model)
     routed = build_routed(config, max_cost=max_cost, priced_for=priced_for)
-    if record is not None:
-        return cassette.RecordingProvider(routed, record)
+    if record is not None:  # cassettes are YAML: its parser is loaded only for one
+        from mklang.providers.cassette import RecordingProvider
+
+        return RecordingProvider(routed, record)
     return routed
 
 
