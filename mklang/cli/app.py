@@ -270,13 +270,25 @@ def _completion_for_named_shell(args: list[str]) -> None:
     raise SystemExit(0)
 
 
+_BUILT: dict[tuple[int, ...], Any] = {}
+
+
+def _click_command() -> Any:
+    """`app` as a click command, built once for each set of registered commands: building it reads
+    every command's signature (about 15 ms), which a process running commands in turn paid each time."""
+    registered = tuple(map(id, [*app.registered_commands, *app.registered_groups]))
+    if registered not in _BUILT:
+        _BUILT[registered] = typer.main.get_command(app)
+    return _BUILT[registered]
+
+
 def run_app(args: list[str]) -> None:
     """Run a command; a command line that does not parse gets the one error shape too."""
     _completion_for_named_shell(args)
     _register_commands(args)
     convert_plainly()
     try:
-        code = app(args=args, prog_name="mklang", standalone_mode=False)
+        code = _click_command()(args=args, prog_name="mklang", standalone_mode=False)
     except click_errors.NoArgsIsHelpError:
         code = exitcodes.USAGE  # the help has been printed
     except click_errors.UsageError as error:
