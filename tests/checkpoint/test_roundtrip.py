@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.commands import cli
 from support.examples import EXAMPLES, scripted_machines
 from support.runs import InterruptAt, LoopTops, compared
-from typer.testing import CliRunner
 
-import mklang.cli.run_cmds  # noqa: F401 - registers `resume`
 from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
-from mklang.cli.app import app
 from mklang.engine import Control
 from mklang.scenarios import load_script
 from mklang.service import resume, start
@@ -115,8 +113,8 @@ def test_step_and_token_budgets_that_trip_at_each_loop_top_resume_identically(ma
 def _assert_resuming_unchanged_re_suspends_as_it_was(checkpoint, reason):
     """`mklang resume cp.json` with the budgets it suspended at takes no step and changes no frame."""
     before = load(checkpoint).frames
-    done = CliRunner().invoke(app, ["resume", str(checkpoint), "--format", "json"])
-    assert (done.exit_code, json.loads(done.stdout)["reason"]) == (3, reason), done.output
+    done = cli("resume", str(checkpoint), "--format", "json")
+    assert (done.returncode, json.loads(done.stdout)["reason"]) == (3, reason), done.stderr
     assert load(checkpoint).frames == before, f"resuming at the {reason} of {[f['state'] for f in before]}"
 
 

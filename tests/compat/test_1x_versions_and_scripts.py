@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
+from support import commands
 
-import mklang.cli.run_cmds  # registers `run` and `test`
-import mklang.cli.syntax_cmds  # noqa: F401 - registers `check`
 from mklang import __version__
-from mklang.cli.app import app
 from mklang.vocabulary import LANGUAGE_VERSION
 
 ONE_STATE_MK = """\
@@ -72,8 +69,8 @@ DIALECTS = {"m.mk": ONE_STATE_MK, "m.mkl": ONE_STATE_YAML}
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    done = CliRunner().invoke(app, list(args))
-    return done.exit_code, done.stdout, done.stderr
+    done = commands.cli(*args)
+    return done.returncode, done.stdout, done.stderr
 
 
 def machine(folder: Path, name: str, version: str) -> str:

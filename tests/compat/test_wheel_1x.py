@@ -24,13 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import commands
 from support.runs import run_scenario
 from support.shared import built_once
-from typer.testing import CliRunner
 
-import mklang.cli.run_cmds  # registers `test`
-import mklang.cli.syntax_cmds  # noqa: F401 - registers `check` and `fmt`
-from mklang.cli.app import app
 from mklang.effects import FLOW_POLICIES
 from mklang.scenarios import STATUS_1X, load_script
 from mklang.session import Host
@@ -163,8 +160,8 @@ def runs_1x(wheel_data: Path, compared_scripts: dict[tuple[str, str], Path], req
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    done = CliRunner().invoke(app, list(args))
-    return done.exit_code, done.stdout, done.stderr
+    done = commands.cli(*args)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_the_wheel_ships_the_twelve_machines_with_their_scripts(wheel_data):
