@@ -12,8 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from support.batches import batch_project as batch_project  # the fixture `proje
 from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, cli_env, refused, wait_for
 from support.fakeserver import answer
+from support.forks import Forked, start
 from support.services import postgres_schema
 
 BATCH = ("batch", "twostep.mk", "--inputs", "items.jsonl", "--config", "mklang.toml")
@@ -40,16 +39,10 @@ def store(request: pytest.FixtureRequest) -> Iterator[str]:
         yield uri
 
 
-def started(project: Path, *options: str) -> subprocess.Popen[str]:
-    """A real `mklang batch` process of the project's items, JSON on stdout."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "mklang", *BATCH, "--format", "json", *options],
-        cwd=project,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def started(project: Path, *options: str) -> Forked:
+    """A real `mklang batch` process of the project's items, JSON on stdout (forked: without an
+    interpreter's start-up; its children start as a user's do)."""
+    return start([*BATCH, "--format", "json", *options], cli_env(), project)
 
 
 def children(pid: int) -> list[int]:
