@@ -389,6 +389,9 @@ def test_a_batch_runs_every_item_under_the_policy_it_is_given(machine_path, tmp_
 NO_RESUMES = [s.name for s in load_script(SCRIPT) if not s.resumes and s.run.get("budget") is None]
 
 
+# One dialect: the file's dialect decides only how the machine is read, which the resumes above
+# check in both; what a crash keeps of the flag and the marks is the same for either.
+@pytest.mark.parametrize("machine_path", [DIALECTS["mk"]], ids=["mk"])
 @pytest.mark.parametrize("name", NO_RESUMES)
 def test_a_crash_at_any_point_recovers_the_taint_from_the_journal(machine_path, name, tmp_path, monkeypatch):
     """Killed anywhere (mklang.faults) and resumed, the run flags and halts as the uninterrupted one:
