@@ -79,7 +79,7 @@ def tamper(store: str, run: str, **fields: object) -> None:
         path.write_text(json.dumps({**json.loads(path.read_text()), **fields}), encoding="utf-8")
 
 
-def test_runs_lists_newest_first_under_headers_with_filters_and_pages(store_uri, capsys):
+def test_runs_lists_newest_first_under_headers_with_filters_and_pages(store_uri, capsys, monkeypatch):
     start(capsys, store_uri, "p-1")
     start(capsys, store_uri, "d-1", "approved-answer-given-up-front")
     start(capsys, store_uri, "p-2")
@@ -112,10 +112,11 @@ def test_runs_lists_newest_first_under_headers_with_filters_and_pages(store_uri,
     assert (names(second), second["more"]) == (["p-1"], False)
 
     before = listed["runs"][2]
-    time.sleep(1.1)  # the listing's times are in whole seconds
-    code, _, err = run_cli(
-        capsys, "resume", target(store_uri, "p-1"), "--set", "approval.answer=yes", "--format", "json"
-    )
+    with monkeypatch.context() as later:  # the listing's times are in whole seconds: resume two seconds on
+        later.setattr(time, "time", lambda now=time.time: now() + 2)
+        code, _, err = run_cli(
+            capsys, "resume", target(store_uri, "p-1"), "--set", "approval.answer=yes", "--format", "json"
+        )
     assert code == 0, err
     after = {run["run"]: run for run in listing(capsys, store_uri)["runs"]}["p-1"]
     assert after["status"] == "done" and after["started"] == before["started"] and after["updated"] > before["updated"]
