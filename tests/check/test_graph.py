@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from support import ROOT
 from support.commands import cli
-from typer.testing import CliRunner
 
 from mklang import graph
 from mklang.model import Call, Gate, Machine, Produce, State, ToolUse
@@ -203,14 +202,10 @@ def test_svg_with_graphviz():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=example_id)
 def test_graph_of_every_example(path, snapshot):
-    import mklang.cli.authoring_cmds  # noqa: F401 - registers the command
-    from mklang.cli.app import app
-
-    runner = CliRunner()
     outputs = {}
     for fmt in ("mermaid", "dot"):
-        result = runner.invoke(app, ["graph", str(path), "--format", fmt])
-        assert result.exit_code == 0, result.stderr
+        result = cli("graph", str(path), "--format", fmt)
+        assert result.returncode == 0, result.stderr
         outputs[fmt] = result.stdout
     check_mermaid(outputs["mermaid"])
     assert outputs == snapshot

@@ -13,10 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support.commands import cli
 
-from mklang.cli.app import app
-from mklang.cli.syntax_cmds import check_command  # noqa: F401 - registers the command
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.syntax import parse
 from mklang.syntax.diagnostics import render_text
@@ -36,23 +34,23 @@ def expected_codes(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
 def test_broken_file_diagnostics(path, snapshot, monkeypatch):
     monkeypatch.chdir(FIXTURES)
-    result = CliRunner().invoke(app, ["check", path.name])
+    result = cli("check", path.name)
     assert result.stdout == ""
     has_error = ": error: " in result.stderr
-    assert result.exit_code == (2 if has_error else 0)
-    assert f"exit {result.exit_code}\n{result.stderr}" == snapshot
+    assert result.returncode == (2 if has_error else 0)
+    assert f"exit {result.returncode}\n{result.stderr}" == snapshot
 
 
 @pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
 def test_broken_file_produces_the_codes_it_states(path, monkeypatch):
     monkeypatch.chdir(FIXTURES)
-    result = CliRunner().invoke(app, ["check", "--format", "json", path.name])
+    result = cli("check", "--format", "json", path.name)
     assert {record["code"] for record in json.loads(result.stdout)} == expected_codes(path)
 
 
 def test_fixtures_cover_at_least_fifteen_distinct_codes(monkeypatch):
     monkeypatch.chdir(FIXTURES)
-    result = CliRunner().invoke(app, ["check", "--format", "json", *[p.name for p in BROKEN]])
+    result = cli("check", "--format", "json", *[p.name for p in BROKEN])
     codes = {record["code"] for record in json.loads(result.stdout)}
     assert len(codes) >= 15
     syntax_messages = {record["message"] for record in json.loads(result.stdout) if record["code"] == "syntax"}
@@ -84,6 +82,6 @@ def test_caret_spans_the_offending_statement(tmp_path):
 
 def test_no_raw_parser_words_reach_users(monkeypatch):
     monkeypatch.chdir(FIXTURES)
-    result = CliRunner().invoke(app, ["check", *[p.name for p in BROKEN]])
+    result = cli("check", *[p.name for p in BROKEN])
     for raw in ("Token(", "_NL", "$END", "UnexpectedToken", "Expected one of", "Traceback", "NAME", "__ANON"):
         assert raw not in result.stderr
