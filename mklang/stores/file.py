@@ -292,12 +292,17 @@ def _read_if_there(path: Path, what: str) -> bytes | None:
         raise CheckpointError(f"{path}: cannot read {what}: {error.strerror}") from None
 
 
+def open_lock_file(path: Path) -> int:
+    """A descriptor of the lock file at `path`: created owner-only, never opened through a symlink."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
 class FileLock:
     """An exclusive `flock` on a lock file that names its holder's pid (module docstring)."""
 
     def __init__(self, path: Path, what: str):
         try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            descriptor = open_lock_file(path)
         except OSError as error:
             raise CheckpointError(f"{what}: cannot lock the checkpoint: {error.strerror}") from None
         try:

@@ -42,7 +42,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from mklang.errors import CheckpointError, UsageError
-from mklang.stores.file import FileLock, hashed_name, lock_holder
+from mklang.stores.file import FileLock, hashed_name, lock_holder, open_lock_file
 from mklang.stores.sql import SUMMARY_COLUMNS, SqlStore
 
 SCHEMA = """
@@ -287,9 +287,9 @@ class GroupCommit:
 
 
 def _lock_file(path: Path) -> int | None:
-    """A descriptor of the lock file at `path` (made owner-only, never through a symlink), or None."""
+    """A descriptor of the lock file at `path` (`open_lock_file`), or None where it cannot be made."""
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return open_lock_file(path)
     except OSError:
         return None
 
