@@ -22,7 +22,7 @@ from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.providers.base import Usage
 from mklang.scenarios import Scenario, ScriptedHost
-from mklang.service import open_run, proceed, start
+from mklang.service import Outcome, open_run, proceed, start, verified
 from mklang.session import Host
 from mklang.syntax.machines import file_sha256
 from mklang.syntax.resolve import stdlib_dirs
@@ -748,3 +748,42 @@ def test_a_resume_given_a_host_record_keeps_the_host_state_the_checkpoint_saved(
     again = proceed(open_run(path), Host(Recorder(), settings={"model": "m2"}))
     assert (again.status, again.reason) == ("suspended", "budget-exhausted")
     assert (load(path).host.model, load(path).host.state) == ("m2", recorded)
+
+
+# What a batch's processes and workers hand each other ------------------------------------------
+
+
+def test_an_outcome_read_back_from_its_json_line_is_the_outcome_written():
+    """A spread batch's children report each run as a JSON line the parent reads back: the
+    result and the spend travel with it."""
+    written = Outcome("item-1", "done", None, {"answer": [1, 2]}, {"tokens": 12, "cost": 0.5})
+    assert Outcome.from_json(json.loads(json.dumps(written.to_json()))) == written
+    assert Outcome.from_json({"id": 7, "status": "pending"}) == Outcome("7", "pending", None, None, {})
+
+
+@pytest.mark.parametrize(
+    ("raw", "wording"),
+    [
+        (b"[1, 2]", "the note is not a JSON object"),
+        (b"{not json", "the note is not a JSON object"),
+        (json.dumps({"outcome": {}}).encode(), "the note is not signed"),
+    ],
+)
+def test_a_note_that_is_not_a_fleet_signed_object_is_refused_in_one_line(raw, wording):
+    with pytest.raises(CheckpointError) as caught:
+        verified(raw, "the note")
+    assert str(caught.value) == wording
+
+
+def test_a_note_signed_with_the_fleet_key_is_read_and_one_edited_or_signed_elsewhere_is_refused():
+    document = {"outcome": {"id": "a", "status": "done"}}
+    raw = sign(document, checkpoint_key())[0]
+    assert verified(raw, "the note")["outcome"] == document["outcome"]
+    edited = raw.replace(b'"done"', b'"halted"')
+    with pytest.raises(
+        CheckpointError, match=r"^the note is edited after it was signed with the fleet checkpoint key$"
+    ):
+        verified(edited, "the note")
+    foreign = sign(document, b"another key")[0]
+    with pytest.raises(CheckpointError, match=r"^the note is signed with another checkpoint key$"):
+        verified(foreign, "the note")

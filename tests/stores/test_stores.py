@@ -1307,3 +1307,35 @@ def test_postgres_keeps_a_summary_and_drops_a_journal_in_one_round_trip_each_wit
     assert postgres.summaries(RunQuery())[0].tokens == 3
     assert postgres.read_journal("a") == b""
     assert postgres._db.execute("SHOW synchronous_commit").fetchone() == ("on",)
+
+
+def test_a_run_removed_while_the_file_store_lists_its_runs_is_left_out_and_fails_nothing(tmp_path, monkeypatch):
+    """`runs rm` in another process may remove a file between the folder's listing and its reading."""
+    import mklang.stores.file as file_store
+
+    store = FileStore(tmp_path)
+    for run in ("a.json", "b.json", "c.json"):
+        store.write(run, ENVELOPE, generation=1)
+
+    def removed_just_before(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name == "b.json":
+            os.remove(path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(file_store, "open", removed_just_before, raising=False)
+    assert store.runs() == ["a.json", "c.json"]
+
+
+def test_a_run_removed_while_the_file_store_summarizes_it_is_summarized_from_what_was_read(tmp_path, monkeypatch):
+    store = FileStore(tmp_path)
+    store.write("a.json", b'{"format":3,"status":"done","run_id":"r-1"}', generation=1)  # written before summaries
+    read = store.read
+
+    def removed_once_read(run: str) -> bytes | None:
+        raw = read(run)
+        os.remove(tmp_path / run)
+        return raw
+
+    monkeypatch.setattr(store, "read", removed_once_read)
+    [summary] = store.summaries(RunQuery())
+    assert (summary.run, summary.run_id, summary.status, summary.updated) == ("a.json", "r-1", "done", None)
