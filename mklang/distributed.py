@@ -123,7 +123,12 @@ def store_identity(store: Store) -> str:
 
 def queue_for(store: Store) -> str:
     """The queue of a store's runs: workers and batches of one store meet there, other stores never do."""
-    return "mklang-" + store_identity(store)
+    return _queue(store_identity(store))
+
+
+def _queue(identity: str) -> str:
+    """The queue of the store whose identity is `identity`."""
+    return "mklang-" + identity
 
 
 def task_mac(identity: str, run: str) -> str:
@@ -246,7 +251,7 @@ def enqueue_and_follow(
         waiting[item.run] = _note_bytes(store, item.run)
         write_signed(store, record_key(item.run), {**record, "run": item.run, "context": item.context})
         kwargs = {"store": identity, "mac": task_mac(identity, item.run)}
-        app.send_task(TASK, args=[item.run], kwargs=kwargs, queue="mklang-" + identity)
+        app.send_task(TASK, args=[item.run], kwargs=kwargs, queue=_queue(identity))
     progress = time.monotonic()
     pause = POLL_SECONDS
     while waiting:
@@ -388,6 +393,34 @@ class Worker:
             self.store, report_key(done.run), {"id": uuid.uuid4().hex, "worker": self.name, "outcome": done.to_json()}
         )
 
+    def take(self, args: Any, kwargs: Any) -> None:
+        """What the task does with a message Celery hands it: run the run it names, log it taken and
+        finished, and report it; then Celery acknowledges the message (a failed run is not redelivered
+        forever). A run the worker's shutdown suspended goes back to the queue (Celery's `Reject`); one
+        another process holds is left to that process, which reports it when it stops."""
+        from celery.exceptions import Reject
+
+        run = self.accept(args, kwargs)
+        if run is None:
+            return  # acknowledged and dropped
+        _log_run("run-taken", run, self.name)
+        done = self.run(run)
+        _log_run("run-finished", run, self.name, done)
+        if done.status == "pending":
+            if self.stopping.is_set():
+                _say(f"run {run}: suspended by the worker's shutdown, back to the queue")
+                raise Reject(f"{run}: suspended by the worker's shutdown", requeue=True)
+            _say(f"run {run}: {done.reason}; left to that process")
+            return
+        if done.status == "failed":
+            _say(f"run {run} failed: {done.reason}")
+        self.report(done)
+
+    def stop(self, **_: Any) -> None:
+        """Celery's warm shutdown (SIGTERM): every run suspends at its next loop-top."""
+        _say("stopping: every run suspends at its next loop-top and goes back to the queue")
+        self.stopping.set()
+
     def host_for(self, max_cost: float | None, priced_for: str) -> AbstractContextManager[Host]:
         """A run's host; a dollar limit (`max_cost`, given as the option `priced_for`) needs every
         model's price. A scripted host keeps a state per run, so each run gets its own; a real
@@ -436,54 +469,48 @@ def _say_malformed_messages(**_: Any) -> None:
     warnings.showwarning = show
 
 
-def start_worker(
-    broker: str, uri: str, *, concurrency: int, host_settings: dict[str, Any], observer: EventSink | None = None
-) -> None:
-    """Run a Celery worker (threads: one process, so SIGKILL loses exactly its runs in flight);
-    `observer` is told of the events of every run it takes."""
+def _not_given_back(record: logging.LogRecord) -> bool:
+    """A run given back to the queue is said in one line (`Worker.take`); Celery would log each with a traceback."""
     from celery.exceptions import Reject
+
+    return not (record.exc_info and isinstance(record.exc_info[1], Reject))
+
+
+def celery_worker(broker: str, worker: Worker, *, concurrency: int) -> tuple[Any, dict[str, Any]]:
+    """The Celery application whose task hands `worker` the messages of its store's queue, and the
+    options of the Celery worker to start on it: threads (one process, so SIGKILL loses exactly its
+    runs in flight), `concurrency` of them. Celery's warm shutdown stops the runs (`Worker.stop`);
+    what Celery would log of a message it refuses or a run given back is one line each."""
     from celery.signals import worker_ready, worker_shutting_down
 
     app = celery_app(broker)
-    worker = Worker(uri, host_settings, observer)
 
-    @app.task(name=TASK, bind=True)
+    @app.task(name=TASK, bind=True, shared=False)  # this worker's, not every application's in the process
     def run_item(task: Any, *args: Any, **kwargs: Any) -> None:
-        run = worker.accept(args, kwargs)
-        if run is None:
-            return  # acknowledged and dropped
-        _log_run("run-taken", run, worker.name)
-        done = worker.run(run)
-        _log_run("run-finished", run, worker.name, done)
-        if done.status == "pending":
-            if worker.stopping.is_set():
-                _say(f"run {run}: suspended by the worker's shutdown, back to the queue")
-                raise Reject(f"{run}: suspended by the worker's shutdown", requeue=True)
-            _say(f"run {run}: {done.reason}; left to that process")  # it reports the run when it stops
-            return
-        if done.status == "failed":
-            _say(f"run {run} failed: {done.reason}")
-        worker.report(done)  # then the message is acknowledged: a failure is not redelivered forever
+        worker.take(args, kwargs)
 
-    def stop(**_: Any) -> None:
-        _say("stopping: every run suspends at its next loop-top and goes back to the queue")
-        worker.stopping.set()
-
-    # A run given back is said above in one line; Celery would log each with a traceback.
-    logging.getLogger("celery.app.trace").addFilter(
-        lambda record: not (record.exc_info and isinstance(record.exc_info[1], Reject))
-    )
+    logging.getLogger("celery.app.trace").addFilter(_not_given_back)
     logging.getLogger("celery.worker.consumer.consumer").addFilter(_refused_by_celery)
-    worker_shutting_down.connect(stop, weak=False)
+    worker_shutting_down.connect(worker.stop, weak=False)
     worker_ready.connect(_say_malformed_messages, weak=False)
-    # Celery's worker itself, not its command line, which imports an interactive shell (click-repl,
-    # prompt_toolkit) a worker never uses: a fifth of a worker's start-up CPU (about 0.15 s).
-    app.Worker(
+    options = dict(
         pool_cls="threads",
         concurrency=concurrency,
         loglevel="WARNING",
-        queues=[f"mklang-{worker.identity}"],
+        queues=[_queue(worker.identity)],
         without_gossip=True,
         without_mingle=True,
         hostname=f"mklang-{os.getpid()}@{socket.gethostname()}",
-    ).start()
+    )
+    return app, options
+
+
+def start_worker(
+    broker: str, uri: str, *, concurrency: int, host_settings: dict[str, Any], observer: EventSink | None = None
+) -> None:
+    """Run a Celery worker of the store at `uri` until it is stopped; `observer` is told of the events
+    of every run it takes."""
+    app, options = celery_worker(broker, Worker(uri, host_settings, observer), concurrency=concurrency)
+    # Celery's worker itself, not its command line, which imports an interactive shell (click-repl,
+    # prompt_toolkit) a worker never uses: a fifth of a worker's start-up CPU (about 0.15 s).
+    app.Worker(**options).start()

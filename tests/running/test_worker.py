@@ -9,9 +9,15 @@ is observed without a worker process. The model is a scripted one.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+import socket
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +25,29 @@ import celery  # noqa: F401  (imported here, not on the batch's thread while thi
 import pytest
 from kombu import Connection, Exchange, Queue
 from support.batches import MACHINE
+from support.commands import model_config
 from support.fleet import RABBITMQ, drop_queue
 from support.fleet import fleet_key as fleet_key  # a fixture, autouse
 from support.services import require_server
 
-from mklang.batching import Ceilings, Item
-from mklang.distributed import Worker, enqueue_and_follow, queue_for, read_note, task_mac
-from mklang.errors import CheckpointError
+from mklang import distributed
+from mklang.batching import Ceilings, Item, batch_id
+from mklang.distributed import (
+    TASK,
+    RunLogFormatter,
+    Worker,
+    celery_app,
+    celery_worker,
+    enqueue_and_follow,
+    log_runs,
+    queue_for,
+    read_note,
+    task_mac,
+)
+from mklang.errors import CheckpointError, UsageError
 from mklang.providers.base import Usage
-from mklang.service import Outcome, outcome, record_key, report_key, write_signed
+from mklang.service import Outcome, outcome, read_signed, record_key, report_key, write_signed
+from mklang.session import Host
 from mklang.stores import open_store
 from mklang.syntax import load_file
 
@@ -56,40 +76,49 @@ def run_and_report(worker: Worker, run: str) -> None:
     worker.report(worker.run(run))
 
 
-def take(worker: Worker, count: int, handle: Callable[[Worker, str], None] = run_and_report) -> list[str | None]:
-    """Take `count` messages off the worker's queue, as Celery hands them to the task, and `handle`
-    each run the worker accepts (by default: run it and report it); the runs accepted, None for
-    each refused."""
+def delivered(worker: Worker, count: int) -> Iterator[tuple[Any, Any]]:
+    """The next `count` messages of the worker's queue, as Celery hands them to the task: (args, kwargs);
+    each is acknowledged once handled."""
     name = queue_for(worker.store)
-    taken: list[str | None] = []
     with Connection(RABBITMQ) as connection:
         queue = Queue(name, Exchange(name), routing_key=name)(connection.default_channel)  # as Celery declares it
         queue.declare()
         deadline = time.monotonic() + 60
-        while len(taken) < count:
-            message = queue.get()
-            if message is None:
-                assert time.monotonic() < deadline, f"{len(taken)} of {count} messages came"
+        for got in range(count):
+            while (message := queue.get()) is None:
+                assert time.monotonic() < deadline, f"{got} of {count} messages came"
                 time.sleep(0.05)
-                continue
             args, kwargs, _ = message.payload
-            run = worker.accept(args, kwargs)
-            if run is not None:
-                handle(worker, run)
-            message.ack()
-            taken.append(run)
+            try:
+                yield args, kwargs
+            finally:
+                message.ack()
+
+
+def take(worker: Worker, count: int, handle: Callable[[Worker, str], None] = run_and_report) -> list[str | None]:
+    """Take `count` messages off the worker's queue and `handle` each run the worker accepts (by
+    default: run it and report it); the runs accepted, None for each refused."""
+    taken: list[str | None] = []
+    for args, kwargs in delivered(worker, count):
+        run = worker.accept(args, kwargs)
+        if run is not None:
+            handle(worker, run)
+        taken.append(run)
     return taken
 
 
-def follow(project: Path, items: list[Item], **options: Any) -> tuple[threading.Thread, list[list[Outcome]]]:
+def follow(
+    project: Path, items: list[Item], budgets: dict[str, Any] | None = None, **options: Any
+) -> tuple[threading.Thread, list[list[Outcome]]]:
     """`enqueue_and_follow` on a thread of its own (it returns once every run is reported)."""
     followed: list[list[Outcome]] = []
     machine = load_file(project / "twostep.mk")
+    options = {"stall": 60, **options}
 
     def batch() -> None:
         store = open_store(f"sqlite:///{project}/runs.db")
         try:
-            followed.append(enqueue_and_follow(RABBITMQ, store, machine, items, {}, stall=60, **options))
+            followed.append(enqueue_and_follow(RABBITMQ, store, machine, items, budgets or {}, **options))
         finally:
             store.close()
 
@@ -246,3 +275,409 @@ def test_a_records_ceilings_read_back_as_the_batch_wrote_them():
     for ceilings in (Ceilings(), Ceilings(max_tokens=40), Ceilings(max_cost=1.5), Ceilings(7, 0.25)):
         assert Ceilings.from_json(ceilings.to_json()) == ceilings
     assert Ceilings.from_json({}) == Ceilings()  # a record without ceilings: none
+
+
+# --- what `mklang worker` configures, and what it says and logs ------------------------------------
+
+
+@pytest.fixture
+def run_log() -> Iterator[Callable[[str], None]]:
+    """`log_runs` as `mklang worker --log-format` calls it; the `mklang` logger as it was afterwards."""
+    logger = logging.getLogger("mklang")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield log_runs
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
+@pytest.fixture
+def served(project: Path) -> Iterator[tuple[Worker, Any, dict[str, Any]]]:
+    """A worker of the project's store, the Celery application that hands it its messages, and the
+    options of the Celery worker started on it; Celery's signals forget it afterwards."""
+    from celery.signals import worker_shutting_down
+
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+    try:
+        app, options = celery_worker(RABBITMQ, worker, concurrency=3)
+        yield worker, app, options
+    finally:
+        worker_shutting_down.disconnect(worker.stop)
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+def said(capfd: pytest.CaptureFixture[str]) -> list[str]:
+    """What the worker said on its stderr since last asked, without the `mklang worker PID: ` prefix."""
+    prefix = f"mklang worker {os.getpid()}: "
+    lines = capfd.readouterr().err.splitlines()
+    assert all(line.startswith(prefix) for line in lines), lines
+    return [line.removeprefix(prefix) for line in lines]
+
+
+def test_a_worker_consumes_its_stores_queue_on_threads_and_acknowledges_a_run_once_it_stopped(served):
+    import celery._state
+
+    worker, app, options = served
+    assert options == {
+        "pool_cls": "threads",
+        "concurrency": 3,
+        "loglevel": "WARNING",
+        "queues": [queue_for(worker.store)],  # where the batches of its store enqueue
+        "without_gossip": True,
+        "without_mingle": True,
+        "hostname": f"mklang-{os.getpid()}@{socket.gethostname()}",
+    }
+    conf = app.conf
+    assert (conf.task_acks_late, conf.task_reject_on_worker_lost, conf.worker_prefetch_multiplier) == (True, True, 1)
+    assert (conf.task_ignore_result, conf.task_serializer, conf.accept_content) == (True, "json", ["json"])
+    assert conf.broker_connection_retry_on_startup is True and conf.worker_hijack_root_logger is False
+    assert conf.broker_transport_options == {"visibility_timeout": 3600}
+    assert app.main == "mklang" and celery._state.get_current_app() is not app
+
+
+def test_the_task_a_batch_sends_runs_each_run_logs_it_in_json_and_reports_it(project, served, run_log, capfd, caplog):
+    worker, app, _ = served
+    run_log("json")
+    items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(2)]
+    thread, followed = follow(project, items)
+    for args, kwargs in delivered(worker, 2):
+        app.tasks[TASK](*args, **kwargs)
+    thread.join(timeout=60)
+    assert [(o.run, o.status, o.result) for o in followed[0]] == [
+        ("item-0", "done", "word"),
+        ("item-1", "done", "word"),
+    ]
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines()]
+    for line in lines:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", line.pop("time")), line
+    fields = {"level": "INFO", "worker": worker.name}
+    finished = {"status": "done", "reason": None, "tokens": 30, "cost_usd": 0.0}
+    assert lines == [
+        {**fields, "event": "run-taken", "run": "item-0"},
+        {**fields, "event": "run-finished", "run": "item-0", **finished},
+        {**fields, "event": "run-taken", "run": "item-1"},
+        {**fields, "event": "run-finished", "run": "item-1", **finished},
+    ]
+    assert not [record for record in caplog.records if record.name == "mklang"]  # not again through the root logger
+
+
+def test_a_run_a_worker_cannot_set_up_is_one_line_logged_failed_in_text_and_reported(project, run_log, capfd):
+    worker = worker_of(project)
+    try:
+        run_log("text")
+        worker.take(["item-9"], {"store": worker.identity, "mac": task_mac(worker.identity, "item-9")})
+        why = "run item-9: the store holds no run record for it (was it enqueued by a batch?)"
+        err = capfd.readouterr().err.splitlines()
+        stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 INFO "
+        assert len(err) == 3 and re.fullmatch(stamp + f'run-taken run="item-9" worker="{worker.name}"', err[0])
+        assert re.fullmatch(
+            stamp
+            + f'run-finished run="item-9" worker="{worker.name}" status="failed" '
+            f'reason="{why}" tokens=0 cost_usd=0.0'.replace("?", r"\?")
+            .replace("(", r"\(")
+            .replace(")", r"\)"),
+            err[1],
+        ), err[1]
+        assert err[2] == f"mklang worker {os.getpid()}: run item-9 failed: {why}"
+        note = read_note(worker.store, "item-9")
+        assert note is not None and note["worker"] == worker.name
+        assert Outcome.from_json(note["outcome"]) == Outcome("item-9", "failed", why)
+    finally:
+        worker.store.close()
+
+
+def test_a_run_line_is_one_ascii_json_object_or_one_text_line_with_control_characters_escaped():
+    fields = {"run": "item-1", "reason": "café\n\x1b[31mred", "at": Path("/x")}
+    record = logging.makeLogRecord({"msg": "run-finished", "levelname": "INFO", "created": 0.0, "mklang": fields})
+    line = RunLogFormatter(as_json=True).format(record)
+    assert line.isascii() and "\n" not in line
+    assert json.loads(line) == {
+        "time": "1970-01-01T00:00:00+00:00",
+        "level": "INFO",
+        "event": "run-finished",
+        "run": "item-1",
+        "reason": "café\n\x1b[31mred",
+        "at": "/x",  # a value JSON has no form for: its text
+    }
+    text = RunLogFormatter(as_json=False).format(record)
+    assert (
+        text == '1970-01-01T00:00:00+00:00 INFO run-finished run="item-1" reason="caf\\u00e9\\n\\u001b[31mred" at="/x"'
+    )
+    plain = logging.makeLogRecord({"msg": "worker-ready", "levelname": "WARNING", "created": 0.0})
+    assert RunLogFormatter(as_json=False).format(plain) == "1970-01-01T00:00:00+00:00 WARNING worker-ready"
+    assert json.loads(RunLogFormatter(as_json=True).format(plain))["event"] == "worker-ready"
+
+
+def test_a_warm_shutdown_gives_each_run_back_to_the_queue_unreported(project, served, run_log, capfd):
+    from celery.exceptions import Reject
+    from celery.signals import worker_shutting_down
+
+    worker, app, options = served
+    thread, _ = follow(project, [Item("item-0", {"topic": "t-0"})], stall=0.5)
+    message = next(delivered(worker, 1))
+    worker_shutting_down.send(sender=options["hostname"], sig="SIGTERM", how="Warm", exitcode=0)
+    assert worker.stopping.is_set()
+    assert said(capfd) == ["stopping: every run suspends at its next loop-top and goes back to the queue"]
+    run_log("json")
+    with pytest.raises(Reject) as given_back:
+        app.tasks[TASK](*message[0], **message[1])
+    assert given_back.value.requeue is True
+    err = capfd.readouterr().err.splitlines()
+    assert [json.loads(line)["event"] for line in err[:2]] == ["run-taken", "run-finished"]
+    assert (json.loads(err[1])["status"], json.loads(err[1])["reason"]) == ("pending", "interrupted")
+    assert err[2:] == [
+        f"mklang worker {os.getpid()}: run item-0: suspended by the worker's shutdown, back to the queue"
+    ]
+    assert read_note(worker.store, "item-0") is None
+    thread.join(timeout=60)
+
+
+def test_a_run_another_process_holds_is_waited_for_then_left_to_it_unreported(project, monkeypatch, capfd):
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+    try:
+        thread, followed = follow(project, [Item("item-0", {"topic": "t-0"}), Item("item-1", {"topic": "t-1"})])
+        messages = list(delivered(worker, 2))
+        held = worker.store.lock("item-0")
+        tries: list[str] = []
+        lock = worker.store.lock
+
+        def released_at_the_second_try(run: str) -> Any:
+            tries.append(run)
+            if len(tries) == 2:
+                held.release()  # its holder ended while the worker waited
+            return lock(run)
+
+        monkeypatch.setattr(worker.store, "lock", released_at_the_second_try)
+        assert worker.run("item-0") == outcome(worker.store, "item-0") and tries == ["item-0"] * 2
+        assert outcome(worker.store, "item-0").status == "done"
+        run_and_report(worker, "item-0")
+        other = worker.store.lock("item-1")
+        monkeypatch.setattr(distributed, "BUSY_SECONDS", 0)
+        try:
+            worker.take(*messages[1])
+        finally:
+            other.release()
+        (line,) = said(capfd)
+        assert line.startswith("run item-1: ") and line.endswith("; left to that process"), line
+        assert read_note(worker.store, "item-1") is None
+        run_and_report(worker, "item-1")
+        thread.join(timeout=60)
+        assert [o.status for o in followed[0]] == ["done", "done"]
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+def test_a_dollar_limit_a_scripted_model_has_no_price_for_fails_the_run_naming_its_option(project):
+    """A run's --max-cost, else the batch's --batch-max-cost: the one the run is held to is named."""
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+    needs = "needs model prices, and a scripted model has none: use --max-tokens"
+    try:
+        for budgets, ceilings, option in (({"max_cost": 0.5}, Ceilings(max_cost=2.0), "--max-cost"),
+                                          ({}, Ceilings(max_cost=2.0), "--batch-max-cost")):  # fmt: skip
+            item = Item(f"item-{option}", {"topic": "t"})
+            thread, followed = follow(project, [item], budgets, ceilings=ceilings)
+            take(worker, 1)
+            thread.join(timeout=60)
+            assert followed[0] == [Outcome(item.run, "failed", f"{option} {needs}")]
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+class Events:
+    """An observer that keeps every event (with prompts), and fails the run at one kind if told to."""
+
+    trace_content = True
+
+    def __init__(self, fail_at: str | None = None):
+        self.events: list[Any] = []
+        self.fail_at = fail_at
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+        if event.kind == self.fail_at:
+            raise RuntimeError("the events file is full\nsecond line")
+
+
+def test_a_workers_observer_sees_each_run_named_under_its_records_budgets_context_and_hitl(project):
+    require_server("RabbitMQ")
+    events = Events()
+    worker = Worker(
+        f"sqlite:///{project}/runs.db", {"script": str(project / "script.yaml"), "scenario": "words"}, events
+    )
+    try:
+        thread, followed = follow(project, [Item("item-0", {"topic": "t-7"})], {"max_tokens": 100}, hitl=True)
+        take(worker, 1)
+        thread.join(timeout=60)
+        assert [o.status for o in followed[0]] == ["done"]
+        started = events.events[0]
+        assert (started.kind, started.run, started.max_tokens, started.hitl) == ("run.started", "item-0", 100, True)
+        prompts = [event.prompt for event in events.events if event.kind == "model.started"]
+        assert [(prompt["user"].split()[0], "\nt-7\n" in prompt["user"]) for prompt in prompts] == [
+            ("first", True),
+            ("second", True),
+        ]
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+def test_a_fault_of_the_worker_fails_the_run_with_why_and_logs_its_traceback(project, caplog):
+    require_server("RabbitMQ")
+    events = Events(fail_at="run.started")
+    worker = Worker(
+        f"sqlite:///{project}/runs.db", {"script": str(project / "script.yaml"), "scenario": "words"}, events
+    )
+    try:
+        thread, followed = follow(project, [Item("item-0", {"topic": "t-0"})])
+        take(worker, 1)
+        thread.join(timeout=60)
+        why = f"internal error on worker {worker.name}: the events file is full"
+        assert followed[0] == [Outcome("item-0", "failed", why)]
+        assert events.events[0].hitl is False  # a batch without hitl
+        (logged,) = [record for record in caplog.records if record.name == "mklang.worker"]
+        assert (logged.levelname, logged.getMessage()) == ("ERROR", "run item-0 failed on an internal error")
+        assert logged.exc_info is not None and str(logged.exc_info[1]).startswith("the events file is full")
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+def test_what_celery_would_log_of_a_refused_message_or_a_run_given_back_is_one_line_or_nothing(served, capfd, caplog):
+    from celery.app.trace import report_internal_error
+    from celery.exceptions import Reject
+    from celery.worker.consumer.consumer import INVALID_TASK_ERROR, MESSAGE_DECODE_ERROR, UNKNOWN_TASK_ERROR
+
+    _, app, _ = served
+    consumer = logging.getLogger("celery.worker.consumer.consumer")
+    consumer.error(UNKNOWN_TASK_ERROR, KeyError("x.y"), "{'body': 1}", {}, {})
+    consumer.error(INVALID_TASK_ERROR, "missing task id", "{'body': 1}")
+    consumer.critical(
+        MESSAGE_DECODE_ERROR, "ContentDisallowed('pickle')", "application/x-python-serialize", "binary", "{}", ""
+    )
+    consumer.error("consumer: cannot connect to amqp://127.0.0.1:5672//")
+    assert said(capfd) == [
+        "refused a task message: Received unregistered task of type 'x.y'.",
+        "refused a task message: Received invalid task message: missing task id",
+        "refused a task message: Can't decode message body: \"ContentDisallowed('pickle')\"",
+    ]
+    assert [record.getMessage() for record in caplog.records] == ["consumer: cannot connect to amqp://127.0.0.1:5672//"]
+    caplog.clear()
+    trace = logging.getLogger("celery.app.trace")
+    for error in (Reject("item-0: suspended by the worker's shutdown", requeue=True), RuntimeError("boom")):
+        try:
+            raise error
+        except Exception:
+            trace.error("Task %s raised", TASK, exc_info=True)
+    assert [record.exc_info[1] for record in caplog.records if record.exc_info] == [error]  # the RuntimeError only
+    # Arguments Celery cannot hand to the task: Celery warns with a traceback once its worker is ready.
+    from celery.signals import worker_ready
+
+    shown: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *_, **__: shown.append(str(message))
+        worker_ready.send(sender=None)
+        try:
+            raise TypeError("run_item() argument after ** must be a mapping, not list")
+        except TypeError as error:
+            report_internal_error(app.tasks[TASK], error)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        warnings.warn("Exception raised outside body of something else", UserWarning, stacklevel=1)
+    assert said(capfd) == [
+        "refused a task message: TypeError('run_item() argument after ** must be a mapping, not list'):"
+    ]
+    assert shown == ["something else", "Exception raised outside body of something else"]
+
+
+def test_a_batch_no_worker_serves_stops_following_after_its_stall_with_the_runs_pending(project):
+    """The first item was run by an earlier pass: it is told at once and its spend counts against the
+    batch's ceilings; the second waits, told how long no run was reported, until the stall."""
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+    first, second = Item("item-0", {"topic": "t-0"}), Item("item-1", {"topic": "t-1"})
+    try:
+        thread, _ = follow(project, [first])
+        take(worker, 1)
+        thread.join(timeout=60)
+        told: list[Outcome] = []
+        waited: list[float] = []
+        machine = load_file(project / "twostep.mk")
+        items = [first, second]
+        outcomes = enqueue_and_follow(
+            RABBITMQ, worker.store, machine, items, {}, ceilings=Ceilings(max_tokens=1000), stall=0.5,
+            on_outcome=told.append, on_wait=waited.append,
+        )  # fmt: skip
+        done = outcome(worker.store, "item-0")
+        assert done.status == "done"
+        assert outcomes == [done, Outcome("item-1", "pending", "no worker reported it within 0.5s")]
+        assert told == [done]
+        assert waited and all(0 < idle < 60 for idle in waited) and waited == sorted(waited)
+        assert waited[-1] >= 0.5
+        assert worker.store.spend(batch_id(items)) == (30, 0.0)
+        record = read_signed(worker.store, record_key("item-1"), "the record")
+        assert record is not None and (record["batch"], record["hitl"]) == (batch_id(items), False)
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+def test_a_worker_builds_a_real_provider_once_per_dollar_limit_and_refuses_a_limit_it_has_no_price_for(tmp_path):
+    config = model_config("http://127.0.0.1:1/v1", tmp_path / "mklang.toml")
+    worker = Worker(f"sqlite:///{tmp_path}/runs.db", {"config": str(config)})
+    try:
+        with worker.host_for(None, "--max-cost") as one, worker.host_for(None, "--max-cost") as two:
+            assert isinstance(one, Host) and one is two  # its HTTP client and connections shared by the runs
+        for limit, option in ((0.5, "--max-cost"), (2.0, "--batch-max-cost")):
+            with pytest.raises(UsageError, match=f"^{option} needs a price for local:m"):
+                worker.host_for(limit, option)
+    finally:
+        worker.store.close()
+
+
+@pytest.mark.parametrize(
+    ("broker", "why"),
+    [
+        ("127.0.0.1:5672", "unknown broker URL scheme ''"),
+        ("redis://127.0.0.1:1/0?fallback=amqp://x", "cannot reach the broker: "),
+    ],
+)
+def test_a_broker_url_is_refused_with_what_to_do(broker, why):
+    with pytest.raises(UsageError) as refused:
+        celery_app(broker)
+    assert str(refused.value).startswith(f"{broker}: {why}")
+    if why.startswith("cannot reach"):
+        assert str(refused.value).endswith("(is it running, and the URL's host, port, user and password right?)")
+
+
+def test_a_garbled_store_identity_is_read_as_text_with_the_garbled_bytes_replaced(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        store.add_note(distributed.IDENTITY, b"\xff\xfeab")
+        assert queue_for(store) == "mklang-\ufffd\ufffdab"
+    finally:
+        store.close()
+
+
+def test_a_worker_runs_the_texts_the_store_keeps_of_an_edited_machine_and_says_so_once(project, capfd):
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+    try:
+        items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(2)]
+        thread, followed = follow(project, items)
+        messages = list(delivered(worker, 2))  # enqueued: the record signs the texts as they were
+        (project / "twostep.mk").write_text("mklang 0.4\nnot a machine\n", encoding="utf-8")
+        for args, kwargs in messages:
+            worker.take(args, kwargs)
+        thread.join(timeout=60)
+        assert [o.status for o in followed[0]] == ["done", "done"]
+        (line,) = said(capfd)
+        assert line.startswith(f"{project / 'twostep.mk'} differs from the run's; running the machine texts the store")
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
