@@ -9,11 +9,13 @@ is observed without a worker process. The model is a scripted one.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -88,6 +90,7 @@ def delivered(worker: Worker, count: int) -> Iterator[tuple[Any, Any]]:
             while (message := queue.get()) is None:
                 assert time.monotonic() < deadline, f"{got} of {count} messages came"
                 time.sleep(0.05)
+            assert message.headers["task"] == TASK  # what Celery hands the task registered under that name
             args, kwargs, _ = message.payload
             try:
                 yield args, kwargs
@@ -122,7 +125,7 @@ def follow(
         finally:
             store.close()
 
-    thread = threading.Thread(target=batch)
+    thread = threading.Thread(target=batch, daemon=True)  # a failed test does not wait for it
     thread.start()
     return thread, followed
 
@@ -337,11 +340,17 @@ def test_a_worker_consumes_its_stores_queue_on_threads_and_acknowledges_a_run_on
     assert app.main == "mklang" and celery._state.get_current_app() is not app
 
 
-def test_the_task_a_batch_sends_runs_each_run_logs_it_in_json_and_reports_it(project, served, run_log, capfd, caplog):
+def test_the_task_a_batch_sends_runs_each_run_logs_it_in_json_and_reports_it(
+    project, served, run_log, capfd, caplog, monkeypatch
+):
+    """The batch follows without a stall timeout, told of each run as it is reported; the worker's run
+    lines go to its process's stderr even where Celery redirected `sys.stderr` to its own logger."""
     worker, app, _ = served
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
     run_log("json")
     items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(2)]
-    thread, followed = follow(project, items)
+    told: list[Outcome] = []
+    thread, followed = follow(project, items, stall=None, on_outcome=told.append)
     for args, kwargs in delivered(worker, 2):
         app.tasks[TASK](*args, **kwargs)
     thread.join(timeout=60)
@@ -349,6 +358,7 @@ def test_the_task_a_batch_sends_runs_each_run_logs_it_in_json_and_reports_it(pro
         ("item-0", "done", "word"),
         ("item-1", "done", "word"),
     ]
+    assert sorted(told, key=lambda o: o.run) == followed[0]
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines()]
     for line in lines:
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", line.pop("time")), line
@@ -595,16 +605,19 @@ def test_what_celery_would_log_of_a_refused_message_or_a_run_given_back_is_one_l
     assert shown == ["something else", "Exception raised outside body of something else"]
 
 
-def test_a_batch_no_worker_serves_stops_following_after_its_stall_with_the_runs_pending(project):
-    """The first item was run by an earlier pass: it is told at once and its spend counts against the
-    batch's ceilings; the second waits, told how long no run was reported, until the stall."""
+def test_a_batch_no_worker_serves_stops_following_after_its_stall_with_the_runs_left_queued(project):
+    """Of an earlier pass, the first item was done and the second failed (its report is still there).
+    The first is told at once and its spend counts against the new pass's ceilings; the second waits for
+    a new report, told how long none came, until the stall. A worker that comes later runs it."""
     require_server("RabbitMQ")
     worker = worker_of(project)
     first, second = Item("item-0", {"topic": "t-0"}), Item("item-1", {"topic": "t-1"})
     try:
-        thread, _ = follow(project, [first])
-        take(worker, 1)
-        thread.join(timeout=60)
+        for item, budgets in ((first, {}), (second, {"max_cost": 0.5})):
+            thread, _ = follow(project, [item], budgets)
+            take(worker, 1)
+            thread.join(timeout=60)
+        assert outcome(worker.store, "item-1").status == "pending"  # failed on the worker: never started
         told: list[Outcome] = []
         waited: list[float] = []
         machine = load_file(project / "twostep.mk")
@@ -622,6 +635,9 @@ def test_a_batch_no_worker_serves_stops_following_after_its_stall_with_the_runs_
         assert worker.store.spend(batch_id(items)) == (30, 0.0)
         record = read_signed(worker.store, record_key("item-1"), "the record")
         assert record is not None and (record["batch"], record["hitl"]) == (batch_id(items), False)
+        take(worker, 1)
+        assert outcome(worker.store, "item-1").status == "done"
+        assert worker.store.spend(batch_id(items)) == (60, 0.0)  # the worker counts its spend in the batch
     finally:
         drop_queue(f"sqlite:///{project}/runs.db")
         worker.store.close()
@@ -653,6 +669,13 @@ def test_a_broker_url_is_refused_with_what_to_do(broker, why):
     assert str(refused.value).startswith(f"{broker}: {why}")
     if why.startswith("cannot reach"):
         assert str(refused.value).endswith("(is it running, and the URL's host, port, user and password right?)")
+
+
+def test_a_worker_without_celery_installed_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "celery", None)  # as where the `distributed` extra is not installed
+    with pytest.raises(UsageError) as refused:
+        celery_app(RABBITMQ)
+    assert str(refused.value) == "workers need Celery: pip install 'mklang[distributed]'"
 
 
 def test_a_garbled_store_identity_is_read_as_text_with_the_garbled_bytes_replaced(tmp_path):
