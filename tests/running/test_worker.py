@@ -111,17 +111,17 @@ def take(worker: Worker, count: int, handle: Callable[[Worker, str], None] = run
 
 
 def follow(
-    project: Path, items: list[Item], budgets: dict[str, Any] | None = None, **options: Any
+    project: Path, items: list[Item], budgets: dict[str, Any] | None = None, machine: str = "twostep.mk", **options: Any
 ) -> tuple[threading.Thread, list[list[Outcome]]]:
-    """`enqueue_and_follow` on a thread of its own (it returns once every run is reported)."""
+    """`enqueue_and_follow` of the project's `machine` on a thread of its own (it returns once every run is reported)."""
     followed: list[list[Outcome]] = []
-    machine = load_file(project / "twostep.mk")
+    loaded = load_file(project / machine)
     options = {"stall": 60, **options}
 
     def batch() -> None:
         store = open_store(f"sqlite:///{project}/runs.db")
         try:
-            followed.append(enqueue_and_follow(RABBITMQ, store, machine, items, budgets or {}, **options))
+            followed.append(enqueue_and_follow(RABBITMQ, store, loaded, items, budgets or {}, **options))
         finally:
             store.close()
 
@@ -654,6 +654,53 @@ def test_a_worker_builds_a_real_provider_once_per_dollar_limit_and_refuses_a_lim
                 worker.host_for(limit, option)
     finally:
         worker.store.close()
+
+
+def test_a_scripted_worker_gives_each_run_a_host_of_its_own(project):
+    """A scenario's answers are consumed run by run: runs sharing one host would share its place in them."""
+    worker = worker_of(project)
+    try:
+        with worker.host_for(None, "--max-cost") as one, worker.host_for(None, "--max-cost") as two:
+            assert isinstance(one, Host) and isinstance(two, Host) and one is not two
+    finally:
+        worker.store.close()
+
+
+def test_a_worker_runs_each_batch_with_its_own_machine(project):
+    require_server("RabbitMQ")
+    (project / "onestep.mk").write_text(
+        MACHINE.replace("twostep", "onestep").split("state two")[0].replace("-> two", "-> END")
+    )
+    events = Events()
+    worker = Worker(
+        f"sqlite:///{project}/runs.db", {"script": str(project / "script.yaml"), "scenario": "words"}, events
+    )
+    try:
+        for machine in ("twostep.mk", "onestep.mk"):
+            thread, followed = follow(project, [Item(f"item-{machine}", {"topic": "t-1"})], machine=machine)
+            take(worker, 1)
+            thread.join(timeout=60)
+            assert [o.status for o in followed[0]] == ["done"]
+        started = [(event.run, event.machine) for event in events.events if event.kind == "run.started"]
+        assert started == [("item-twostep.mk", "twostep"), ("item-onestep.mk", "onestep")]
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+def test_a_batch_whose_machine_file_is_gone_says_it_cannot_keep_its_text(project):
+    require_server("RabbitMQ")
+    store = open_store(f"sqlite:///{project}/runs.db")
+    machine = load_file(project / "twostep.mk")
+    (project / "twostep.mk").unlink()
+    try:
+        with pytest.raises(CheckpointError) as refused:
+            enqueue_and_follow(RABBITMQ, store, machine, [Item("item-0", {})], {})
+        assert str(refused.value) == (
+            f"the batch: cannot keep the text of {project / 'twostep.mk'} in the store: No such file or directory"
+        )
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize(
