@@ -5,6 +5,7 @@ journal, what a resume changes and records, and a resumed run hosted as its chec
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -14,16 +15,18 @@ import pytest
 from conformance.harness import Recorder, mk, write_machines
 from support.crashes import Crash
 from support.files import journal_lines, write_journal
-from support.runs import ROOT_MK, TWO_STATES, LoopTops, project
+from support.runs import JUDGED_TWO_STATES, ROOT_MK, TWO_STATES, LoopTops, project
 
 from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
 from mklang.checkpoint.signing import checkpoint_key, sign
 from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
-from mklang.providers.base import Usage
+from mklang.providers.base import NONE, Usage
 from mklang.scenarios import Scenario, ScriptedHost
-from mklang.service import Outcome, open_run, proceed, start, verified
+from mklang.service import Outcome, Removal, open_run, outcome, proceed, remove_run, start, verified
 from mklang.session import Host
+from mklang.stores import locate
+from mklang.stores.file import FileStore
 from mklang.syntax.machines import file_sha256
 from mklang.syntax.resolve import stdlib_dirs
 
@@ -787,3 +790,112 @@ def test_a_note_signed_with_the_fleet_key_is_read_and_one_edited_or_signed_elsew
     foreign = sign(document, b"another key")[0]
     with pytest.raises(CheckpointError, match=r"^the note is signed with another checkpoint key$"):
         verified(foreign, "the note")
+
+
+# --- the runs of a store: what each came to, and which `mklang runs rm` removes ----------------
+
+SPENT = {"input_tokens": 6, "output_tokens": 8, "cost_usd": 0.0}
+NOTHING_SPENT = {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
+NOT_JSON = "the checkpoint is not valid JSON (truncated or corrupted?): Expecting value: line 1 column 1 (char 0)"
+
+
+def runs_of_every_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder store holding a run of each kind a batch or `runs rm` meets: done, halted (its gate
+    failed), suspended on its budget, interrupted, dead at its first loop-top, dead while a resume
+    of it ran, bytes that are no checkpoint, and a run signed with another user's key."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (tmp_path / "judged").mkdir()
+    two, judged = write_machines(tmp_path, TWO_STATES), write_machines(tmp_path / "judged", JUDGED_TWO_STATES)
+
+    def crash(event: Any) -> None:
+        raise Crash
+
+    start(two, None, Host(Recorder({"produce": ["x", "y"], "tokens": [3, 4]})), checkpoint=runs / "done")
+    start(judged, None, Host(Recorder({"judge": [NONE], "tokens": [3, 4]})), checkpoint=runs / "halted")
+    start(two, None, Host(Recorder()), checkpoint=runs / "suspended", max_tokens=0)
+    interrupted = Control()
+    interrupted.interrupted.set()
+    start(two, None, Host(Recorder()), checkpoint=runs / "interrupted", control=interrupted)
+    with pytest.raises(Crash):
+        start(two, None, Host(Recorder()), checkpoint=runs / "dead", observer=LoopTops(crash))
+    start(two, None, Host(Recorder()), checkpoint=runs / "resuming", max_tokens=0)
+    with pytest.raises(Crash):
+        proceed(open_run(runs / "resuming"), Host(Recorder()), max_tokens=100, observer=LoopTops(crash))
+    (runs / "junk").write_bytes(b"not a checkpoint")
+    with monkeypatch.context() as elsewhere:
+        elsewhere.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+        start(two, None, Host(Recorder()), checkpoint=runs / "foreign")
+    return runs
+
+
+def test_a_batch_reports_each_run_as_its_signed_envelope_says_and_fails_one_it_cannot_verify(tmp_path, monkeypatch):
+    """A run dead or interrupted is `pending` (the next pass resumes it); one that is not a
+    checkpoint, or not signed with this user's key, is `failed` with why: never reported as a result."""
+    store = FileStore(runs_of_every_kind(tmp_path, monkeypatch))
+    assert [outcome(store, run) for run in ("done", "halted", "suspended", "interrupted")] == [
+        Outcome("done", "done", None, "y", SPENT),
+        Outcome("halted", "halted", "gate-fail", None, {"input_tokens": 3, "output_tokens": 4, "cost_usd": 0.0}),
+        Outcome("suspended", "suspended", "cost-exhausted", None, NOTHING_SPENT),
+        Outcome("interrupted", "pending", None, None, NOTHING_SPENT),
+    ]
+    assert [outcome(store, run) for run in ("dead", "resuming", "missing", "junk", "foreign")] == [
+        Outcome("dead", "pending", None, None, NOTHING_SPENT),
+        Outcome("resuming", "pending", None, None, NOTHING_SPENT),
+        Outcome("missing", "pending"),
+        Outcome("junk", "failed", f"junk: {NOT_JSON}"),
+        Outcome("foreign", "failed", "foreign: the checkpoint is signed with another checkpoint key"),
+    ]
+
+
+def test_runs_rm_keeps_each_run_it_may_not_remove_saying_what_it_is_and_why(tmp_path, monkeypatch):
+    """What `mklang runs rm` and `runs prune` report of each run (`--json` prints these records):
+    decided under the run's lock from its signed envelope."""
+    runs = runs_of_every_kind(tmp_path, monkeypatch)
+    (runs / "halted.lock").unlink()
+    (runs / "halted.lock").symlink_to(tmp_path / "elsewhere.lock")  # a lock file is never opened through a link
+    held = locate(runs / "done").store.lock("done")
+    try:
+        busy = remove_run(locate(runs / "done"), unfinished=True)
+    finally:
+        held.release()
+    assert busy == Removal(
+        str(runs / "done"),
+        False,
+        "running",
+        f"{runs / 'done'}: the run is still going in process {os.getpid()}; "
+        "wait for it, or stop it (Ctrl-C suspends it) before resuming",
+    )
+    where = {run: str(runs / run) for run in ("done", "halted", "missing", "junk", "foreign", "suspended", "resuming")}
+    assert remove_run(locate(runs / "done"), statuses=("halted",)) == Removal(
+        where["done"], False, "done", f"{where['done']}: done, not halted"
+    )
+    assert [remove_run(locate(runs / run)) for run in where] == [
+        Removal(where["done"], True, "done"),
+        Removal(
+            where["halted"],
+            False,
+            None,
+            f"{where['halted']}: cannot lock the checkpoint: Too many levels of symbolic links",
+        ),
+        Removal(where["missing"], False, None, f"{where['missing']}: no such run"),
+        Removal(where["junk"], False, None, f"{where['junk']}: {NOT_JSON}: not removed"),
+        Removal(
+            where["foreign"],
+            False,
+            None,
+            f"{where['foreign']}: not finished (signed with another checkpoint key): --unfinished removes it",
+        ),
+        Removal(
+            where["suspended"],
+            False,
+            "suspended",
+            f"{where['suspended']}: not finished (suspended): --unfinished removes it",
+        ),
+        Removal(
+            where["resuming"], False, "running", f"{where['resuming']}: not finished (running): --unfinished removes it"
+        ),
+    ]
+    assert remove_run(locate(runs / "foreign"), unfinished=True) == Removal(where["foreign"], True, None)
+    assert FileStore(runs).runs() == ["dead", "halted", "interrupted", "resuming", "suspended"]
+    assert (runs / "junk").read_bytes() == b"not a checkpoint"

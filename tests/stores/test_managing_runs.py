@@ -9,6 +9,8 @@ envelope, under the run's lock.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -294,3 +296,45 @@ def test_show_prints_a_batch_run_as_the_batch_reported_it(store_uri, capsys, tmp
         reported["usage"],
     )
     assert document["context"]["approval"] == {"answer": "yes"} and document["trace"][-1]["state"] == "publish"
+
+
+def test_rm_json_lists_each_kept_run_with_its_verified_status_and_why(store_uri, capsys):
+    """What a script reads of `runs rm --format json`: each kept run named as given, its status as its
+    signed envelope says (None: no run there) and the one line said on stderr."""
+    start(capsys, store_uri, "d-1", "approved-answer-given-up-front")
+    start(capsys, store_uri, "p-1")
+    opened = open_store(store_uri)
+    held = opened.lock("d-1")
+    try:
+        code, out, err = run_cli(
+            capsys, "runs", "rm", *(target(store_uri, run) for run in ("p-1", "gone", "d-1")), "--format", "json"
+        )
+    finally:
+        held.release()
+        opened.close()
+    # PostgreSQL names its lock's holder by pid and host, and the store without the URI's options.
+    holder = f"{os.getpid()}@{socket.gethostname()}" if store_uri.startswith("postgresql:") else str(os.getpid())
+    locked = target(store_uri.partition("?")[0], "d-1")
+    kept = [
+        {
+            "run": target(store_uri, "p-1"),
+            "removed": False,
+            "status": "suspended",
+            "why": f"{target(store_uri, 'p-1')}: not finished (suspended): --unfinished removes it",
+        },
+        {
+            "run": target(store_uri, "gone"),
+            "removed": False,
+            "status": None,
+            "why": f"{target(store_uri, 'gone')}: no such run",
+        },
+        {
+            "run": target(store_uri, "d-1"),
+            "removed": False,
+            "status": "running",
+            "why": f"{locked}: the run is still going in process {holder}; "
+            "wait for it, or stop it (Ctrl-C suspends it) before resuming",
+        },
+    ]
+    assert code == 1 and json.loads(out) == {"removed": [], "kept": kept}
+    assert err.splitlines() == [f"mklang: kept {removal['why']}" for removal in kept]
