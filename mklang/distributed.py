@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -476,14 +477,34 @@ def _not_given_back(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], Reject))
 
 
-def celery_worker(broker: str, worker: Worker, *, concurrency: int) -> tuple[Any, dict[str, Any]]:
-    """The Celery application whose task hands `worker` the messages of its store's queue, and the
-    options of the Celery worker to start on it: threads (one process, so SIGKILL loses exactly its
-    runs in flight), `concurrency` of them. Celery's warm shutdown stops the runs (`Worker.stop`);
-    what Celery would log of a message it refuses or a run given back is one line each."""
+@dataclass
+class CeleryWorker:
+    """A worker process's Celery side, configured and not started yet: the `Worker`, the Celery
+    application whose task hands it the messages of its store's queue, and the options of Celery's
+    worker."""
+
+    worker: Worker
+    app: Any
+    options: dict[str, Any]
+
+    def start(self) -> None:
+        """Run Celery's worker until it is stopped: Celery's worker itself, not its command line, which
+        imports an interactive shell (click-repl, prompt_toolkit) a worker never uses: a fifth of a
+        worker's start-up CPU (about 0.15 s)."""
+        self.app.Worker(**self.options).start()
+
+
+def celery_worker(
+    broker: str, uri: str, *, concurrency: int, host_settings: dict[str, Any], observer: EventSink | None = None
+) -> CeleryWorker:
+    """A Celery worker of the store at `uri`: threads (one process, so SIGKILL loses exactly its runs
+    in flight), `concurrency` of them; `observer` is told of the events of every run it takes.
+    Celery's warm shutdown stops the runs (`Worker.stop`); what Celery would log of a message it
+    refuses or of a run given back is one line each."""
     from celery.signals import worker_ready, worker_shutting_down
 
     app = celery_app(broker)
+    worker = Worker(uri, host_settings, observer)
 
     @app.task(name=TASK, bind=True, shared=False)  # this worker's, not every application's in the process
     def run_item(task: Any, *args: Any, **kwargs: Any) -> None:
@@ -502,15 +523,4 @@ def celery_worker(broker: str, worker: Worker, *, concurrency: int) -> tuple[Any
         without_mingle=True,
         hostname=f"mklang-{os.getpid()}@{socket.gethostname()}",
     )
-    return app, options
-
-
-def start_worker(
-    broker: str, uri: str, *, concurrency: int, host_settings: dict[str, Any], observer: EventSink | None = None
-) -> None:
-    """Run a Celery worker of the store at `uri` until it is stopped; `observer` is told of the events
-    of every run it takes."""
-    app, options = celery_worker(broker, Worker(uri, host_settings, observer), concurrency=concurrency)
-    # Celery's worker itself, not its command line, which imports an interactive shell (click-repl,
-    # prompt_toolkit) a worker never uses: a fifth of a worker's start-up CPU (about 0.15 s).
-    app.Worker(**options).start()
+    return CeleryWorker(worker, app, options)

@@ -405,11 +405,14 @@ def worker(
 ) -> None:
     """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""
     with handle_errors():
-        from mklang.distributed import LOG_FORMATS, log_runs, start_worker
+        from mklang.distributed import LOG_FORMATS, celery_worker, log_runs
 
         if log_format not in LOG_FORMATS:
             raise fail(f"--log-format expects text or json, got {log_format!r}")
         log_runs(log_format)
 
         with event_stream(events, trace_content) as observer:
-            start_worker(broker, store, concurrency=concurrency, host_settings=hosting.settings, observer=observer)
+            celery = celery_worker(
+                broker, store, concurrency=concurrency, host_settings=hosting.settings, observer=observer
+            )
+            celery.start()

@@ -36,6 +36,7 @@ from mklang import distributed
 from mklang.batching import Ceilings, Item, batch_id
 from mklang.distributed import (
     TASK,
+    CeleryWorker,
     RunLogFormatter,
     Worker,
     celery_app,
@@ -295,20 +296,22 @@ def run_log() -> Iterator[Callable[[str], None]]:
 
 
 @pytest.fixture
-def served(project: Path) -> Iterator[tuple[Worker, Any, dict[str, Any]]]:
-    """A worker of the project's store, the Celery application that hands it its messages, and the
-    options of the Celery worker started on it; Celery's signals forget it afterwards."""
+def served(project: Path) -> Iterator[CeleryWorker]:
+    """The Celery side of a worker of the project's store (not started), whose observer keeps the events
+    of its runs; Celery's signals forget it afterwards."""
     from celery.signals import worker_shutting_down
 
     require_server("RabbitMQ")
-    worker = worker_of(project)
+    settings = {"script": str(project / "script.yaml"), "scenario": "words"}
+    configured = celery_worker(
+        RABBITMQ, f"sqlite:///{project}/runs.db", concurrency=3, host_settings=settings, observer=Events()
+    )
     try:
-        app, options = celery_worker(RABBITMQ, worker, concurrency=3)
-        yield worker, app, options
+        yield configured
     finally:
-        worker_shutting_down.disconnect(worker.stop)
+        worker_shutting_down.disconnect(configured.worker.stop)
         drop_queue(f"sqlite:///{project}/runs.db")
-        worker.store.close()
+        configured.worker.store.close()
 
 
 def said(capfd: pytest.CaptureFixture[str]) -> list[str]:
@@ -322,7 +325,7 @@ def said(capfd: pytest.CaptureFixture[str]) -> list[str]:
 def test_a_worker_consumes_its_stores_queue_on_threads_and_acknowledges_a_run_once_it_stopped(served):
     import celery._state
 
-    worker, app, options = served
+    worker, app, options = served.worker, served.app, served.options
     assert options == {
         "pool_cls": "threads",
         "concurrency": 3,
@@ -345,7 +348,7 @@ def test_the_task_a_batch_sends_runs_each_run_logs_it_in_json_and_reports_it(
 ):
     """The batch follows without a stall timeout, told of each run as it is reported; the worker's run
     lines go to its process's stderr even where Celery redirected `sys.stderr` to its own logger."""
-    worker, app, _ = served
+    worker, app = served.worker, served.app
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     run_log("json")
     items = [Item(f"item-{n}", {"topic": f"t-{n}"}) for n in range(2)]
@@ -359,6 +362,7 @@ def test_the_task_a_batch_sends_runs_each_run_logs_it_in_json_and_reports_it(
         ("item-1", "done", "word"),
     ]
     assert sorted(told, key=lambda o: o.run) == followed[0]
+    assert [event.run for event in worker.observer.events if event.kind == "run.finished"] == ["item-0", "item-1"]
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines()]
     for line in lines:
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", line.pop("time")), line
@@ -424,7 +428,7 @@ def test_a_warm_shutdown_gives_each_run_back_to_the_queue_unreported(project, se
     from celery.exceptions import Reject
     from celery.signals import worker_shutting_down
 
-    worker, app, options = served
+    worker, app, options = served.worker, served.app, served.options
     thread, _ = follow(project, [Item("item-0", {"topic": "t-0"})], stall=0.5)
     message = next(delivered(worker, 1))
     worker_shutting_down.send(sender=options["hostname"], sig="SIGTERM", how="Warm", exitcode=0)
@@ -476,6 +480,31 @@ def test_a_run_another_process_holds_is_waited_for_then_left_to_it_unreported(pr
         run_and_report(worker, "item-1")
         thread.join(timeout=60)
         assert [o.status for o in followed[0]] == ["done", "done"]
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
+def test_a_warm_shutdown_while_a_worker_waits_for_a_held_run_ends_the_wait_at_once(project, monkeypatch):
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+    try:
+        thread, _ = follow(project, [Item("item-0", {"topic": "t-0"})], stall=0.5)
+        take(worker, 1, lambda worker, run: None)  # enqueued: its record is in the store
+        held = worker.store.lock("item-0")
+        lock = worker.store.lock
+
+        def stopped_at_the_first_try(run: str) -> Any:
+            worker.stopping.set()  # SIGTERM came while the worker tried the run
+            return lock(run)
+
+        monkeypatch.setattr(worker.store, "lock", stopped_at_the_first_try)
+        try:
+            busy = worker.run("item-0")
+        finally:
+            held.release()
+        assert busy.status == "pending" and "the run is still going in process" in str(busy.reason), busy
+        thread.join(timeout=60)
     finally:
         drop_queue(f"sqlite:///{project}/runs.db")
         worker.store.close()
@@ -563,7 +592,7 @@ def test_what_celery_would_log_of_a_refused_message_or_a_run_given_back_is_one_l
     from celery.exceptions import Reject
     from celery.worker.consumer.consumer import INVALID_TASK_ERROR, MESSAGE_DECODE_ERROR, UNKNOWN_TASK_ERROR
 
-    _, app, _ = served
+    app = served.app
     consumer = logging.getLogger("celery.worker.consumer.consumer")
     consumer.error(UNKNOWN_TASK_ERROR, KeyError("x.y"), "{'body': 1}", {}, {})
     consumer.error(INVALID_TASK_ERROR, "missing task id", "{'body': 1}")
