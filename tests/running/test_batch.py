@@ -451,3 +451,28 @@ def test_a_batch_given_kept_texts_starts_its_runs_with_them_and_continues_them_p
         store.close()
     assert edited.status == "failed" and "twostep.mk" in edited.reason
     assert kept.status == "done" and provider.calls == 2 * CALLS
+
+
+def test_a_batch_continuing_a_suspended_run_tells_its_events_by_name_and_its_interrupt_reaches_it(tmp_path, twostep):
+    """A second pass continues each suspended run with the batch's observer and its Ctrl-C: stopped
+    at its first loop-top, the run stays for the next pass, having spent only what the first paid."""
+    from mklang.engine.events import StateEntered
+
+    stop = threading.Event()
+
+    class StopAtTheFirstState(Recorded):
+        def emit(self, event: api.Event) -> None:
+            super().emit(event)
+            if isinstance(event, StateEntered):
+                stop.set()
+
+    provider, observer, items = Priced(), StopAtTheFirstState(), [Item("item-0", {"topic": "t-0"})]
+    store = open_store(str(tmp_path / "runs"))
+    try:
+        (first,) = _runs_of(twostep, store, provider, max_tokens=15).run(items)
+        (again,) = _runs_of(twostep, store, provider, observer=observer, stop=stop, max_tokens=30).run(items)
+    finally:
+        store.close()
+    assert (first.status, first.reason) == ("suspended", "cost-exhausted")
+    assert again == Outcome("item-0", "pending", None, None, first.usage) and provider.calls == 1
+    assert {event.run for event in observer.events} == {"item-0"}

@@ -23,7 +23,7 @@ from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.providers.base import NONE, Usage
 from mklang.scenarios import Scenario, ScriptedHost
-from mklang.service import Outcome, Removal, open_run, outcome, proceed, remove_run, start, verified
+from mklang.service import Outcome, Removal, open_run, outcome, proceed, remove_run, resume, start, verified
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.stores.file import FileStore
@@ -899,3 +899,70 @@ def test_runs_rm_keeps_each_run_it_may_not_remove_saying_what_it_is_and_why(tmp_
     assert remove_run(locate(runs / "foreign"), unfinished=True) == Removal(where["foreign"], True, None)
     assert FileStore(runs).runs() == ["dead", "halted", "interrupted", "resuming", "suspended"]
     assert (runs / "junk").read_bytes() == b"not a checkpoint"
+
+
+@pytest.mark.parametrize("read_as", ["signed", "signed elsewhere", "edited"])
+def test_a_journal_torn_at_its_end_is_replayed_up_to_the_tear_and_the_user_is_told(tmp_path, monkeypatch, read_as):
+    """What a crash mid-write leaves: the lines before the tear are replayed and `mklang resume` says
+    what runs again, whether the journal is checked against its MACs or read as untrusted data."""
+    path = dead(tmp_path, at_top=1)
+    journal = Path(f"{path}.journal")
+    whole = journal.read_bytes()
+    if read_as == "edited":
+        whole = whole.replace(b'"text":"one"', b'"text":"edited"')  # the paid answer
+    if read_as == "signed elsewhere":
+        monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    journal.write_bytes(whole + b'{"k":"st')
+    complete = len(whole.splitlines())
+    opened = open_run(path, lock=False, trust=read_as != "signed")
+    assert (opened.crashed, opened.trusted) == (True, read_as == "signed")
+    assert opened.notes == [
+        f"{path}: the journal ends in 1 incomplete or unreadable line(s) after line {complete} "
+        "(a crash mid-write, or a truncated copy): what they recorded runs again, paid calls included"
+    ]
+
+
+# --- resume: verify, then continue (what `mklang test` runs a scenario's resumes through) ----------
+
+
+def test_resume_refuses_what_open_run_refuses_unless_told_and_writes_where_it_is_told(tmp_path, monkeypatch):
+    def host() -> Host:
+        return Host(Recorder({"produce": ["again"]}))
+
+    def refused(path: Path, **options: Any) -> str:
+        with pytest.raises(CheckpointError) as caught:
+            resume(path, host(), budget=5, **options)
+        return str(caught.value)
+
+    path = suspended(tmp_path / "plain")
+    assert refused(load(path)) == "resuming an Envelope needs checkpoint=PATH to persist the run to"
+    copy = tmp_path / "plain" / "copy.json"
+    shutil.copy(path, copy)
+    before = path.read_bytes()
+    elsewhere = resume(path, host(), budget=5, checkpoint=tmp_path / "plain" / "other.json")
+    assert (elsewhere.status, load(tmp_path / "plain" / "other.json").status) == ("done", "done")
+    assert path.read_bytes() == before  # the run went on at the checkpoint given
+    assert refused(copy).endswith("resume with --allow-rollback to run it anyway")
+    assert resume(copy, host(), budget=5, allow_rollback=True).status == "done"
+
+    path = suspended(tmp_path / "edited")
+    root = tmp_path / "edited" / "project" / "root.mk"
+    shutil.copytree(root.parent, tmp_path / "edited" / "moved")
+    root.write_text(root.read_text() + "# edited\n")
+    assert (
+        refused(path)
+        == f"{root}: machine file changed since the checkpoint was written (resume with --force to accept the change)"
+    )
+    moved = resume(path, host(), budget=5, machine_path=str(tmp_path / "edited" / "moved" / "root.mk"))
+    assert (moved.status, moved.result) == ("done", "again")
+    path = suspended(tmp_path / "forced")
+    root = tmp_path / "forced" / "project" / "root.mk"
+    root.write_text(root.read_text() + "# edited\n")
+    assert resume(path, host(), budget=5, force=True).status == "done"
+
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    path = suspended(tmp_path / "foreign")
+    monkeypatch.delenv("MKLANG_CHECKPOINT_KEY")
+    assert refused(path).startswith(
+        f"{path}: the checkpoint is signed with another checkpoint key; resume it with --trust"
+    )
