@@ -298,8 +298,8 @@ def run_log() -> Iterator[Callable[[str], None]]:
 @pytest.fixture
 def served(project: Path) -> Iterator[CeleryWorker]:
     """The Celery side of a worker of the project's store (not started), whose observer keeps the events
-    of its runs; Celery's signals forget it afterwards."""
-    from celery.signals import worker_shutting_down
+    of its runs; Celery's loggers and signals forget it afterwards."""
+    from celery.signals import worker_ready, worker_shutting_down
 
     require_server("RabbitMQ")
     settings = {"script": str(project / "script.yaml"), "scenario": "words"}
@@ -310,6 +310,9 @@ def served(project: Path) -> Iterator[CeleryWorker]:
         yield configured
     finally:
         worker_shutting_down.disconnect(configured.worker.stop)
+        worker_ready.disconnect(distributed._say_malformed_messages)
+        logging.getLogger("celery.app.trace").removeFilter(distributed._not_given_back)
+        logging.getLogger("celery.worker.consumer.consumer").removeFilter(distributed._refused_by_celery)
         drop_queue(f"sqlite:///{project}/runs.db")
         configured.worker.store.close()
 
@@ -437,7 +440,7 @@ def test_a_warm_shutdown_gives_each_run_back_to_the_queue_unreported(project, se
     run_log("json")
     with pytest.raises(Reject) as given_back:
         app.tasks[TASK](*message[0], **message[1])
-    assert given_back.value.requeue is True
+    assert (given_back.value.reason, given_back.value.requeue) == ("item-0: suspended by the worker's shutdown", True)
     err = capfd.readouterr().err.splitlines()
     assert [json.loads(line)["event"] for line in err[:2]] == ["run-taken", "run-finished"]
     assert (json.loads(err[1])["status"], json.loads(err[1])["reason"]) == ("pending", "interrupted")
@@ -617,10 +620,10 @@ def test_what_celery_would_log_of_a_refused_message_or_a_run_given_back_is_one_l
     # Arguments Celery cannot hand to the task: Celery warns with a traceback once its worker is ready.
     from celery.signals import worker_ready
 
-    shown: list[str] = []
+    shown: list[tuple[str, type[Warning]]] = []
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *_, **__: shown.append(str(message))
+        warnings.showwarning = lambda message, category, *_, **__: shown.append((str(message), category))
         worker_ready.send(sender=None)
         try:
             raise TypeError("run_item() argument after ** must be a mapping, not list")
@@ -631,7 +634,7 @@ def test_what_celery_would_log_of_a_refused_message_or_a_run_given_back_is_one_l
     assert said(capfd) == [
         "refused a task message: TypeError('run_item() argument after ** must be a mapping, not list'):"
     ]
-    assert shown == ["something else", "Exception raised outside body of something else"]
+    assert shown == [("something else", UserWarning), ("Exception raised outside body of something else", UserWarning)]
 
 
 def test_a_batch_no_worker_serves_stops_following_after_its_stall_with_the_runs_left_queued(project):
