@@ -43,7 +43,11 @@ def _slow_run(folder, checkpoint) -> Forked:
 def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp_path):
     checkpoint = tmp_path / "cp.json"
     process = _slow_run(tmp_path, checkpoint)
-    wait_for(lambda: holder(checkpoint) == process.pid, process, "the run took its lock and named itself")
+    wait_for(  # the lock is taken before the first checkpoint is written, which `show` reads
+        lambda: holder(checkpoint) == process.pid and checkpoint.exists(),
+        process,
+        "the run took its lock, named itself and wrote its checkpoint",
+    )
 
     refused = cli("resume", str(checkpoint), cwd=tmp_path)  # this process, not the one holding the lock
     assert refused.returncode == 2
