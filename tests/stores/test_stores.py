@@ -1339,3 +1339,69 @@ def test_a_run_removed_while_the_file_store_summarizes_it_is_summarized_from_wha
     monkeypatch.setattr(store, "read", removed_once_read)
     [summary] = store.summaries(RunQuery())
     assert (summary.run, summary.run_id, summary.status, summary.updated) == ("a.json", "r-1", "done", None)
+
+
+def test_file_store_segments_that_cannot_be_listed_name_the_folder_and_why(tmp_path):
+    store = FileStore(tmp_path)
+    segments = tmp_path / ".mklang-segments" / hashed_name("cp.json")
+    segments.parent.mkdir()
+    segments.write_bytes(b"not a folder")
+    with pytest.raises(CheckpointError) as caught:
+        store.segment_names("cp.json")
+    assert str(caught.value) == f"{segments}: cannot list the trace segments: Not a directory"
+
+
+@pytest.mark.parametrize(
+    ("failing", "why"),
+    [("write_atomic", "No space left on device"), ("link", "Operation not permitted")],
+    ids=["disk full", "no hard links"],
+)
+def test_a_file_store_note_that_cannot_be_added_names_the_file_and_why(tmp_path, monkeypatch, failing, why):
+    """A batch's first note of a store (its identity) is added by a hard link; a disk that is full, or
+    a file system without hard links, is said in one line naming the note."""
+    import errno
+
+    import mklang.stores.file as file_store
+
+    def fails(*args: Any, **kwargs: Any) -> None:
+        number = errno.ENOSPC if failing == "write_atomic" else errno.EPERM
+        raise OSError(number, os.strerror(number))
+
+    monkeypatch.setattr(file_store if failing == "write_atomic" else os, failing, fails)
+    store = FileStore(tmp_path)
+    with pytest.raises(CheckpointError) as caught:
+        store.add_note("store:identity", b"the fleet's queue")
+    note = tmp_path / ".mklang-notes" / hashed_name("store:identity")
+    assert str(caught.value) == f"{note}: cannot write the note: {why}"
+    assert [path.name for path in note.parent.iterdir()] == []  # no temporary file left behind
+
+
+def test_a_sqlite_store_that_is_not_there_or_cannot_be_made_says_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as missing:
+        open_store("sqlite:///runs.db", create=False)  # `mklang runs` and `runs rm` make no store
+    assert str(missing.value) == (
+        "sqlite:///runs.db: no such SQLite checkpoint store: runs.db does not exist (check the path: "
+        "sqlite:///runs.db is relative to the current folder, sqlite:////abs/runs.db absolute)"
+    )
+    assert not (tmp_path / "runs.db").exists()
+    (tmp_path / "file").write_text("a file, not a folder")
+    with pytest.raises(CheckpointError) as caught:
+        open_store("sqlite:///file/runs.db")
+    assert str(caught.value) == "file/runs.db: cannot open the SQLite checkpoint store: Not a directory"
+
+
+def test_a_sqlite_store_written_before_runs_kept_their_generation_opens_and_takes_new_generations(tmp_path):
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        db.execute("CREATE TABLE mklang_runs (run TEXT PRIMARY KEY, envelope BLOB NOT NULL)")
+        db.execute("INSERT INTO mklang_runs VALUES ('a', ?)", (ENVELOPE,))
+    db.close()
+    store = SqliteStore(tmp_path / "old.db")
+    try:
+        assert (store.read("a"), store.generation("a")) == (ENVELOPE, 0)
+        store.write("a", b"newer", generation=1)
+        assert (store.read("a"), store.generation("a")) == (b"newer", 1)
+    finally:
+        store.close()
