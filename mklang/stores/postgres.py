@@ -106,7 +106,7 @@ class PostgresStore(SqlStore):
         self._closed = False
 
     @classmethod
-    def from_uri(cls, uri: str, *, create: bool = True) -> PostgresStore:
+    def from_uri(cls, uri: str, *, create: bool) -> PostgresStore:
         return cls(uri, create=create)
 
     def _connect(self, name: str) -> Any:

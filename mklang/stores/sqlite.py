@@ -109,7 +109,7 @@ class SqliteStore(SqlStore):
             self._db.execute("CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated)")
 
     @classmethod
-    def from_uri(cls, uri: str, *, create: bool = True) -> SqliteStore:
+    def from_uri(cls, uri: str, *, create: bool) -> SqliteStore:
         parts = urlsplit(uri)
         if parts.netloc or not parts.path.startswith("/") or len(parts.path) < 2:
             raise UsageError(f"{uri}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db")
