@@ -1405,3 +1405,26 @@ def test_a_sqlite_store_written_before_runs_kept_their_generation_opens_and_take
         assert (store.read("a"), store.generation("a")) == (b"newer", 1)
     finally:
         store.close()
+
+
+def test_a_run_whose_lock_session_ended_keeps_no_segment_or_summary_and_is_not_removed(postgres, postgres_uri):
+    """Whatever the run writes, or whoever removes it, goes through its lock's session: with the lock
+    lost, another process may hold the run, so nothing of it changes."""
+    postgres.write("a", b"before", generation=1, summary=RunSummary("a", status="suspended"))
+    lock = postgres.lock("a")
+    postgres.start_journal("a", b"gen\n")
+    end_sessions(postgres_uri, f"mklang {me()}")
+    for change in (
+        lambda: postgres.write_segment("a", "s1", b"steps"),
+        lambda: postgres.summarize("a", RunSummary("a", status="done")),
+        lambda: postgres.remove("a"),
+    ):
+        with pytest.raises(CheckpointError, match="PostgreSQL checkpoint store"):
+            change()
+    lock.release()
+    assert (postgres.read("a"), postgres.read_journal("a"), postgres.read_segment("a", "s1")) == (
+        b"before",
+        b"gen\n",
+        None,
+    )
+    assert [summary.status for summary in postgres.summaries(RunQuery())] == ["suspended"]
