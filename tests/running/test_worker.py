@@ -783,3 +783,41 @@ def test_a_worker_runs_the_texts_the_store_keeps_of_an_edited_machine_and_says_s
     finally:
         drop_queue(f"sqlite:///{project}/runs.db")
         worker.store.close()
+
+
+def test_a_worker_resumes_a_run_whose_machine_file_was_edited_since_from_the_texts_the_store_keeps(project, capfd):
+    """Suspended at the batch's ceiling after its first call, the run is resumed by the next pass with a
+    higher ceiling, after someone broke the machine file: the worker that takes it (another than the
+    first) runs the text the run started with."""
+    require_server("RabbitMQ")
+    first, worker = worker_of(project), worker_of(project)
+    item = Item("item-0", {"topic": "t-0"})
+    try:
+        thread, followed = follow(project, [item], ceilings=Ceilings(max_tokens=10))
+        take(first, 1)
+        thread.join(timeout=60)
+        assert [(o.status, o.reason) for o in followed[0]] == [("suspended", "batch-ceiling")]
+        thread, followed = follow(project, [item], ceilings=Ceilings(max_tokens=1000))
+        messages = list(delivered(worker, 1))
+        (project / "twostep.mk").write_text("mklang 0.4\nnot a machine\n", encoding="utf-8")
+        capfd.readouterr()
+        worker.take(*messages[0])
+        thread.join(timeout=60)
+        assert [(o.status, o.result) for o in followed[0]] == [("done", "word")]
+        (line,) = said(capfd)
+        assert line.startswith(f"{project / 'twostep.mk'} differs from the run's; running the machine texts")
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        first.store.close()
+        worker.store.close()
+
+
+def test_a_run_record_a_worker_cannot_read_fails_that_run_with_why(project):
+    worker = worker_of(project)
+    try:
+        write_signed(worker.store, record_key("item-0"), {"machine": "twostep.mk", "ceilings": {}})
+        assert worker.run("item-0") == Outcome(
+            "item-0", "failed", "run item-0: malformed run record: KeyError: 'budgets'"
+        )
+    finally:
+        worker.store.close()
