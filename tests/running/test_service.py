@@ -23,7 +23,18 @@ from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.providers.base import NONE, Usage
 from mklang.scenarios import Scenario, ScriptedHost
-from mklang.service import Outcome, Removal, open_run, outcome, proceed, remove_run, resume, start, verified
+from mklang.service import (
+    Outcome,
+    Removal,
+    open_run,
+    opened,
+    outcome,
+    proceed,
+    remove_run,
+    resume,
+    start,
+    verified,
+)
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.stores.file import FileStore
@@ -966,3 +977,76 @@ def test_resume_refuses_what_open_run_refuses_unless_told_and_writes_where_it_is
     assert refused(path).startswith(
         f"{path}: the checkpoint is signed with another checkpoint key; resume it with --trust"
     )
+
+
+# --- what a checkpoint location holds before a run is started there, and what opening one tells -----
+
+
+def test_a_run_is_started_over_a_finished_run_but_not_over_an_unfinished_one_or_other_bytes(tmp_path):
+    machine = project(tmp_path / "project", root_budget=5)
+    folder = tmp_path / "my runs"
+    folder.mkdir()
+    parked = suspended(tmp_path)
+    shutil.copy(parked, folder / "cp.json")
+    (folder / "junk").write_bytes(b"not a checkpoint")
+
+    def host() -> Host:
+        return Host(Recorder({"produce": ["x", "y", "z"]}))
+
+    def refused(path: Path) -> str:
+        with pytest.raises(CheckpointError) as caught:
+            start(machine, None, host(), checkpoint=path)
+        return str(caught.value)
+
+    assert refused(folder / "cp.json") == (
+        f"{folder / 'cp.json'}: a run that is not finished is there (suspended (budget-exhausted)); continue it "
+        f"with `mklang resume '{folder / 'cp.json'}'`, or start over with --replace"
+    )
+    assert refused(folder / "junk") == (
+        f"{folder / 'junk'}: the checkpoint is not valid JSON (truncated or corrupted?): Expecting value: line 1 "
+        "column 1 (char 0); it is not replaced: name another checkpoint, or give --replace"
+    )
+    for name in ("cp.json", "junk"):
+        assert start(machine, None, host(), checkpoint=folder / name, replace=True).status == "done"
+    finished = load(folder / "cp.json").run_id
+    again = start(machine, None, host(), checkpoint=folder / "cp.json")  # a finished run is replaced as it is
+    assert again.status == "done" and load(folder / "cp.json").run_id != finished
+    with pytest.raises(UsageError) as caught:
+        start(machine, None, host(), replace=True)
+    assert str(caught.value) == "replace=True replaces the run at a checkpoint: it needs checkpoint="
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            lambda document: document["usage"].update(input_tokens=-1),
+            "ValueError: usage input_tokens is -1, not a count from 0 to 1,000,000,000,000,000",
+        ),
+        (
+            lambda document: document.update(answers={"r:1.0.1": {"kind": "produce", "v": 5}}),
+            "TypeError: 'int' object is not subscriptable",
+        ),
+    ],
+    ids=["spend", "paid answer"],
+)
+def test_a_checkpoint_whose_spend_or_paid_answer_is_malformed_is_refused_in_one_line(tmp_path, change, problem):
+    """Budgets stop a run by what it spent: a spend that is not a count would let it run on."""
+    path = suspended(tmp_path)
+    edit(path, change)
+    assert refusal(path) == f"{path}: malformed spend: {problem}"
+
+
+def test_an_untrusted_checkpoint_runs_at_most_its_machines_step_budget_and_is_told_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    path, within = suspended(tmp_path), suspended(tmp_path / "within")  # both at the machine's step budget 1
+    edit(path, lambda document: document["frames"][0].update(budget=1000))
+    monkeypatch.delenv("MKLANG_CHECKPOINT_KEY")
+    with opened(within, trust=True) as resumable:
+        assert (resumable.trusted, resumable.chain[0].budget, resumable.notes) == (False, 1, [])
+    with opened(path, trust=True) as resumable:
+        assert (resumable.trusted, resumable.chain[0].budget) == (False, 1)
+    assert capsys.readouterr().err.splitlines() == [
+        "mklang: note: the checkpoint is not signed with your key: ignored its step budget 1000 for root "
+        "(at most the machine's 1; --budget N)"
+    ]
