@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conformance.harness import Recorder, mk, write_machines
 from support.crashes import Crash
+from support.examples import EXAMPLES
 from support.files import journal_lines, write_journal
 from support.runs import JUDGED_TWO_STATES, ROOT_MK, TWO_STATES, LoopTops, project
 
@@ -22,7 +23,7 @@ from mklang.checkpoint.signing import checkpoint_key, sign
 from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.providers.base import NONE, Usage
-from mklang.scenarios import Scenario, ScriptedHost
+from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.service import (
     Outcome,
     Removal,
@@ -38,6 +39,7 @@ from mklang.service import (
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.stores.file import FileStore
+from mklang.syntax import load_file
 from mklang.syntax.machines import file_sha256
 from mklang.syntax.resolve import stdlib_dirs
 
@@ -1050,3 +1052,15 @@ def test_an_untrusted_checkpoint_runs_at_most_its_machines_step_budget_and_is_to
         "mklang: note: the checkpoint is not signed with your key: ignored its step budget 1000 for root "
         "(at most the machine's 1; --budget N)"
     ]
+
+
+def test_a_reply_set_on_the_object_holding_the_awaited_answer_answers_it(tmp_path):
+    """A reply setting the object that holds the awaited answer (`approval` for `approval.answer`) answers it."""
+    (scenario,) = [s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish"]
+    path = tmp_path / "cp.json"
+    with Host.for_scenario(scenario) as host:
+        parked = start(load_file(EXAMPLES / "approval" / "approval.mk"), {}, host, checkpoint=path, hitl=True)
+    assert (parked.status, parked.reason, parked.reply_to) == ("suspended", "escalated", "approval.answer")
+    with Host.for_scenario(scenario) as host:
+        done = proceed(open_run(path), host, reply={"approval": {"answer": "yes"}})
+    assert (done.status, done.context["approval"]) == ("done", {"answer": "yes"})
