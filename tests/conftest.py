@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import compileall
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -121,6 +122,18 @@ def no_power_cuts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests kill processes but never cut the power, so what fsync adds to a write is invisible to them:
     in the test process it returns at once (a test that counts fsyncs still sees each call)."""
     monkeypatch.setattr(os, "fsync", lambda descriptor: None)
+
+
+@pytest.fixture(autouse=True)
+def mklang_logger_restored() -> Iterator[None]:
+    """A `mklang worker` run in process sends the `mklang` logger's run lines to stderr (`log_runs`);
+    later tests in the process must not see them."""
+    logger = logging.getLogger("mklang")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 @pytest.fixture(autouse=True)

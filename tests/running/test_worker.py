@@ -286,15 +286,8 @@ def test_a_records_ceilings_read_back_as_the_batch_wrote_them():
 
 @pytest.fixture
 def run_log() -> Iterator[Callable[[str], None]]:
-    """`log_runs` as `mklang worker --log-format` calls it, on a `mklang` logger without the handlers
-    an earlier in-process `mklang worker` left; the logger as it was afterwards."""
-    logger = logging.getLogger("mklang")
-    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
-    logger.handlers.clear()
+    """`log_runs` as `mklang worker --log-format` calls it (the suite's conftest restores the logger afterwards)."""
     yield log_runs
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-    logger.propagate = propagate
 
 
 @pytest.fixture
