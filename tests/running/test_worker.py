@@ -694,6 +694,7 @@ def test_a_scripted_worker_gives_each_run_a_host_of_its_own(project):
 
 
 def test_a_worker_runs_each_batch_with_its_own_machine(project):
+    """Three batches: another machine file, then the first file edited since its batch."""
     require_server("RabbitMQ")
     (project / "onestep.mk").write_text(
         MACHINE.replace("twostep", "onestep").split("state two")[0].replace("-> two", "-> END")
@@ -703,13 +704,15 @@ def test_a_worker_runs_each_batch_with_its_own_machine(project):
         f"sqlite:///{project}/runs.db", {"script": str(project / "script.yaml"), "scenario": "words"}, events
     )
     try:
-        for machine in ("twostep.mk", "onestep.mk"):
-            thread, followed = follow(project, [Item(f"item-{machine}", {"topic": "t-1"})], machine=machine)
+        for n, machine in enumerate(("twostep.mk", "onestep.mk", "twostep.mk")):
+            if n == 2:
+                (project / machine).write_text(MACHINE.replace("machine twostep", "machine renamed"))
+            thread, followed = follow(project, [Item(f"item-{n}", {"topic": "t-1"})], machine=machine)
             take(worker, 1)
             thread.join(timeout=60)
             assert [o.status for o in followed[0]] == ["done"]
         started = [(event.run, event.machine) for event in events.events if event.kind == "run.started"]
-        assert started == [("item-twostep.mk", "twostep"), ("item-onestep.mk", "onestep")]
+        assert started == [("item-0", "twostep"), ("item-1", "onestep"), ("item-2", "renamed")]
     finally:
         drop_queue(f"sqlite:///{project}/runs.db")
         worker.store.close()
