@@ -5,8 +5,9 @@ so re-running the same batch is how it resumes: finished runs are skipped,
 runs that crashed or stopped on a budget resume (with the budgets given
 now), and runs parked on a human question stay parked until someone answers
 them with `mklang resume STORE#RUN --set ...`. The store, not this process,
-is the source of truth: `service.outcome` reads a run's outcome from it, whichever
-process or worker ran it.
+is the source of truth: a run's outcome is what its envelope there says,
+whichever process or worker ran it (`service.outcome` reads it; a run this
+process ran is told it from the envelope it wrote last, under its lock).
 """
 
 from __future__ import annotations
@@ -231,7 +232,8 @@ class Batch:
         self.observer = observer  # told of every run's events, each with the run's name
 
     def run_item(self, item: Item) -> Outcome:
-        """Start, resume or skip one run; its outcome is read back from the store.
+        """Start, resume or skip one run; its outcome is what its envelope in the store says (the
+        one a run started or resumed here wrote, under its lock).
 
         The run's lock is taken first and its envelope read under it, so a run
         another process finished meanwhile is skipped, never started again.
@@ -264,7 +266,7 @@ class Batch:
             control.ceiling = functools.partial(self.ledger.record, item.run)
         try:
             with self.host_for() as host:
-                result = held.run(
+                ended = held.run(
                     self.machine,
                     item.context,
                     host,
@@ -277,9 +279,9 @@ class Batch:
                 )
         except MklangError as error:
             return Outcome(item.run, "failed", first_line(error))
-        if self.ledger is not None:
-            self.ledger.record(item.run, result.usage)  # the last call of a run is after its last loop-top
-        return held.outcome()
+        if self.ledger is not None:  # the last call of a run is after its last loop-top
+            self.ledger.record(item.run, Usage.from_json(ended.usage))
+        return ended
 
     def _kept_texts(self) -> dict[str, str]:
         """The machine's texts in the store, kept by the first run that starts (not once per run)."""

@@ -116,6 +116,7 @@ def start(
     suspendable: bool = False,
     held: RunLock | None = None,
     texts: dict[str, str] | None = None,
+    on_end: Callable[[Envelope], None] | None = None,
     **options: Unpack[RunSettings],
 ) -> RunResult:
     """Run `machine` with `host`; with a checkpoint the run persists and suspends, and a
@@ -125,7 +126,8 @@ def start(
     A run not finished at the checkpoint is refused unless `replace`; `held`
     is the checkpoint's lock when the caller took it already; `texts` the
     machine texts its store keeps already (`keep_texts`: a batch keeps them
-    once for all its runs).
+    once for all its runs); `on_end` is handed the envelope the run ended with,
+    once it is written (`_drive`).
 
     A scenario's input lies under `context`, and its `run:` settings under the
     given options. Scripted branches run concurrently like real ones: a
@@ -176,7 +178,7 @@ def start(
     frame = Frame.start(machine, context or {})
     with _claimed(location, held, replace) as above:
         envelope.generation = above
-        return _drive(envelope, [frame], {}, loader, location, host, control=control, observer=observer)
+        return _drive(envelope, [frame], {}, loader, location, host, control=control, observer=observer, on_end=on_end)
 
 
 @contextmanager
@@ -545,6 +547,7 @@ def proceed(
     *,
     reply: dict[str, Any] | None = None,
     budget: int | None = None,
+    on_end: Callable[[Envelope], None] | None = None,
     **options: Unpack[RunSettings],
 ) -> RunResult:
     """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
@@ -557,7 +560,7 @@ def proceed(
     brought in. The run persists to `checkpoint` (default: where it was read
     from; another location is `_claimed`, so an unfinished run there is
     refused unless `replace`); the lock taken by `open_run` is released when
-    the run ends.
+    the run ends. `on_end` is handed the envelope the run ended with, as `start`'s is.
     """
     from mklang.checkpoint.segments import copy_segments
     from mklang.checkpoint.trust import BUDGETS, run_settings
@@ -620,6 +623,7 @@ def proceed(
                 recovered=resumable.crashed,
                 control=options.get("control"),
                 observer=options.get("observer"),
+                on_end=on_end,
             )
     finally:
         resumable.release()
@@ -684,6 +688,7 @@ def _drive(
     recovered: bool = False,
     control: Control | None,
     observer: EventSink | None,
+    on_end: Callable[[Envelope], None] | None = None,
 ) -> RunResult:
     """Run `chain` persisting to `location`, whose lock the caller holds (`_claimed`), its spans
     continuing the trace its envelope names, else naming the new one there (`telemetry.traced`).
@@ -692,6 +697,7 @@ def _drive(
     the stored envelope is continued in place (`StoreJournal.resume`); otherwise a snapshot of
     `chain` starts the run's journal. A `resumed` suspension that has spent its caps launches
     nothing (`continue_run`); a run neither `resumed` nor `recovered` is a new one (`start`).
+    `on_end` is handed the envelope the run ended with once it is written, its journal dropped.
     """
     from mklang.checkpoint.journal import StoreJournal, durability_setting
 
@@ -731,6 +737,8 @@ def _drive(
             journal.finish(
                 [chain[0]], status=result.status, error=result.error, at=result.at, result=result.result, usage=usage
             )
+        if on_end is not None:
+            on_end(journal.envelope)
         return result
 
 
@@ -819,6 +827,12 @@ def outcome(store: Store, run: str) -> Outcome:
         running = envelope.status == "running" or resume_change(store, run, envelope) is not None
     except MklangError as error:
         return Outcome(run, "failed", first_line(error))
+    return _outcome_of(run, envelope, running)
+
+
+def _outcome_of(run: str, envelope: Envelope, running: bool) -> Outcome:
+    """What a run came to as its signed `envelope` says; `running`: it is still running, or a
+    resume of it started and died (its journal says so)."""
     status: str = envelope.status
     if running or (status == "suspended" and envelope.reason == "interrupted"):
         status = "pending"  # a crashed or interrupted run: the next pass resumes it
@@ -854,18 +868,24 @@ class Claim:
         control: Control,
         observer: EventSink | None = None,
         **budgets: Any,
-    ) -> RunResult:
+    ) -> Outcome:
         """Start the run with `context` when the store holds none, else continue it (its own context).
 
         A run started here keeps `texts()` as its machine texts and `hitl`; a run continued here
         runs the texts the store keeps in place of edited files with `kept_texts`. `budgets`:
         `max_tokens`, `max_cost`, `max_time` and the `untrusted_flow` policy, for either. The
-        run's events go to `observer` with the run's name."""
+        run's events go to `observer` with the run's name.
+
+        Its outcome is the one `outcome` reads from the store, taken from the envelope the run
+        wrote last, under this lock, instead of read and verified again (ADR 0044)."""
+        from mklang.checkpoint.envelope import read_back
+
         store, run = self.location.store, self.location.run
         if observer is not None:
             observer = Named(observer, run)
+        ended: list[Envelope] = []
         if store.read(run) is None:
-            return start(
+            start(
                 machine,
                 context,
                 host,
@@ -875,10 +895,14 @@ class Claim:
                 held=self.lock,
                 texts=texts(),
                 observer=observer,
+                on_end=ended.append,
                 **budgets,
             )
-        with opened(self.location, kept_texts=kept_texts, held=self.lock) as resumable:
-            return proceed(resumable, host, control=control, observer=observer, **budgets)
+        else:
+            with opened(self.location, kept_texts=kept_texts, held=self.lock) as resumable:
+                proceed(resumable, host, control=control, observer=observer, on_end=ended.append, **budgets)
+        (written,) = ended
+        return _outcome_of(run, written.model_copy(update=read_back(written, "result", "usage")), running=False)
 
     def release(self) -> None:
         self.lock.release()

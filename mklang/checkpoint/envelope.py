@@ -9,6 +9,7 @@ older formats are migrated forward on load by the functions in `MIGRATIONS`.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -277,6 +278,13 @@ def dump_signed(envelope: Envelope, key: bytes | None = None) -> tuple[bytes, st
 def _encoded(envelope: Envelope) -> bytes:
     """The JSON of `envelope` without its `UNSIGNED` fields, in field order: what its signature covers."""
     return Envelope.__pydantic_serializer__.to_json(envelope, exclude=set(UNSIGNED))
+
+
+def read_back(envelope: Envelope, *fields: str) -> dict[str, Any]:
+    """`fields` of `envelope` as a reader of its stored JSON gets them (a tuple as a list, NaN as
+    null): encoded by the envelope's own serializer and decoded, the other fields left alone."""
+    stored: dict[str, Any] = json.loads(Envelope.__pydantic_serializer__.to_json(envelope, include=set(fields)))
+    return stored
 
 
 def dump(envelope: Envelope) -> bytes:

@@ -349,6 +349,69 @@ def test_a_run_held_elsewhere_is_pending_one_that_cannot_be_locked_failed_and_th
         store.close()
 
 
+PARSED = """\
+mklang 0.4
+machine parsed
+entry ask
+budget 5
+
+state ask {
+  structure "JSON"
+  prompt "first {{topic}}"
+  parse json
+  output a
+  otherwise -> again
+}
+
+state again {
+  structure "JSON"
+  prompt "second {{topic}}"
+  parse json
+  output b
+  otherwise -> END
+}
+"""
+
+
+class ByTopic:
+    """A provider that answers NaN in JSON to topic `nan`, what is not JSON to `bad`, and stops the
+    batch (Ctrl-C) while it answers `stop`."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def produce(self, system: str, user: str, tier: str, reason: bool) -> api.Produced:
+        if "stop" in user:
+            self.stop.set()
+        return api.Produced("not json" if "bad" in user else '{"n": NaN}', None, api.Usage(10, 5))
+
+    def judge(self, conditions, output, reasoning, context, tier) -> api.Verdict:
+        return api.Verdict(0, api.Usage())
+
+
+def test_what_a_batch_tells_of_each_run_it_ran_is_what_its_envelope_in_the_store_says(tmp_path):
+    """The outcome of a run the batch ran is taken from the envelope it wrote, not read back: it is
+    the one the store gives (`service.outcome`), NaN in a result included (the envelope keeps null)."""
+    from mklang.service import outcome
+
+    (tmp_path / "parsed.mk").write_text(PARSED, encoding="utf-8")
+    stop, store = threading.Event(), open_store(str(tmp_path / "runs"))
+    try:
+        batch = _runs_of(api.load(tmp_path / "parsed.mk"), store, ByTopic(stop), stop=stop)
+        told = batch.run([Item(topic, {"topic": topic}) for topic in ("nan", "bad", "stop")], concurrency=1)
+        stored = [outcome(store, topic) for topic in ("nan", "bad", "stop")]
+    finally:
+        store.close()
+    assert [(o.status, o.reason) for o in told] == [
+        ("done", None),
+        ("halted", told[1].reason),
+        ("pending", None),  # interrupted: the next pass resumes it
+    ]
+    assert told[1].reason.startswith("state-error: parse-json")
+    assert told[0].result == {"n": None} and told[0].usage == {"input_tokens": 20, "output_tokens": 10, "cost_usd": 0.0}
+    assert told == stored
+
+
 class Recorded:
     """An event sink that keeps every event it is told."""
 
