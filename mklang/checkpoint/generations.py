@@ -39,19 +39,27 @@ def _record(run_id: str) -> str:
 
 def seen(run_id: str) -> int:
     """The highest generation of `run_id` this user has written or resumed (0: none)."""
-    with contextlib.suppress(FileNotFoundError, ValueError), open(_record(run_id), encoding="ascii") as record:
-        return int(record.read())
+    return _read(_record(run_id))
+
+
+def _read(record: str) -> int:
+    with contextlib.suppress(FileNotFoundError, ValueError), open(record, encoding="ascii") as file:
+        return int(file.read())
     return 0
 
 
 def remember(run_id: str, generation: int) -> None:
     """Raise what is remembered of `run_id` to `generation` (never lowers it)."""
-    if generation <= seen(run_id):
-        return
     record = _record(run_id)
+    if generation <= _read(record):
+        return
+    payload = str(generation).encode("ascii")
     try:
-        os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
-        write_atomic(record, str(generation).encode("ascii"))
+        try:
+            write_atomic(record, payload)
+        except FileNotFoundError:  # the folder is made by the first record (a run writes one or two)
+            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+            write_atomic(record, payload)
     except OSError as error:
         raise CheckpointError(f"{record}: cannot record the run's generation: {error.strerror}") from None
 
