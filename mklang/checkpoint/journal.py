@@ -49,7 +49,7 @@ from typing import Any, Literal, Protocol
 from mklang import faults
 from mklang.checkpoint import generations
 from mklang.checkpoint.envelope import FORMAT, Envelope, dump_signed, store_envelope, summary_of
-from mklang.checkpoint.paths import MachinePaths, portable_host
+from mklang.checkpoint.paths import MachinePaths, checkpoint_folder, portable_host
 from mklang.checkpoint.segments import trace_fields
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
@@ -101,8 +101,9 @@ class StoreJournal:
         self.store, self.run, self.anchor = location.store, location.run, location.anchor
         self.paths = paths or MachinePaths(None)  # how machine files are named in the files
         # Named once: the root machine and the host's files do not move while the run goes on.
-        self._root = self.paths.root_from(self.anchor)
-        self._host = portable_host(envelope.host, self.anchor)
+        folder = checkpoint_folder(self.anchor)
+        self._root = self.paths.root_from(folder)
+        self._host = portable_host(envelope.host, folder)
         # The first envelope of a new run id is not remembered (ADR 0022): no envelope of the run is
         # older, so there is nothing a restored copy of it could repeat.
         self._remembers = not new_run

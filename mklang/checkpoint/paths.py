@@ -63,11 +63,11 @@ class MachinePaths:
             return found[0] if found else Path(base)
         return Path(os.path.normpath(self.folder / name))
 
-    def root_from(self, checkpoint: str | Path) -> str | None:
-        """The root machine's file relative to the folder of `checkpoint`."""
+    def root_from(self, folder: Path) -> str | None:
+        """The root machine's file relative to `folder`, a checkpoint's (`checkpoint_folder`)."""
         if self.root is None:
             return None
-        return Path(os.path.relpath(self.root, Path(checkpoint).resolve().parent)).as_posix()
+        return Path(os.path.relpath(self.root, folder)).as_posix()
 
 
 @functools.cache
@@ -76,19 +76,24 @@ def _stdlib_folders() -> frozenset[Path]:
     return frozenset(folder.resolve() for folder in stdlib_dirs())
 
 
+def checkpoint_folder(checkpoint: str | Path) -> Path:
+    """The folder of `checkpoint`, resolved: the root machine and the host's files are named relative to it."""
+    return Path(checkpoint).resolve().parent
+
+
 def root_file(recorded: str, checkpoint: str | Path) -> Path:
     """The root machine of a checkpoint: recorded relative to the checkpoint's folder."""
-    return Path(os.path.normpath(Path(checkpoint).resolve().parent / recorded))
+    return Path(os.path.normpath(checkpoint_folder(checkpoint) / recorded))
 
 
 def _host_files(host: HostSettings, rename: Callable[[str], str]) -> HostSettings:
     return host.model_copy(update=files_renamed(dict(host), rename))
 
 
-def portable_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:
-    """The host's files (scenario script, config, cassettes, plugin files) named relative to the
-    checkpoint's folder, as its root machine is, so a project folder moves with its checkpoint."""
-    folder = Path(checkpoint).resolve().parent
+def portable_host(host: HostSettings, folder: Path) -> HostSettings:
+    """The host's files (scenario script, config, cassettes, plugin files) named relative to
+    `folder`, the checkpoint's (`checkpoint_folder`), as its root machine is, so a project folder
+    moves with its checkpoint."""
 
     def relative(file: str) -> str:
         # A relative name is already relative to the checkpoint's folder: every snapshot passes
@@ -100,5 +105,5 @@ def portable_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:
 
 def located_host(host: HostSettings, checkpoint: str | Path) -> HostSettings:
     """The host's files where they are now: recorded relative to the checkpoint's folder (or absolute)."""
-    folder = Path(checkpoint).resolve().parent
+    folder = checkpoint_folder(checkpoint)
     return _host_files(host, lambda name: os.path.normpath(folder / name))

@@ -17,7 +17,7 @@ import mklang.cli.console_cmds
 import mklang.cli.run_cmds
 import mklang.cli.scale_cmds
 from mklang.checkpoint.envelope import HostSettings
-from mklang.checkpoint.paths import located_host, portable_host
+from mklang.checkpoint.paths import checkpoint_folder, located_host, portable_host
 from mklang.checkpoint.trust import host_choice
 from mklang.cli.app import app
 from mklang.host.settings import CHOSEN, SETTINGS, given
@@ -92,7 +92,7 @@ def test_the_settings_declared_to_name_files_move_with_the_checkpoint(tmp_path):
     assert files == {"script", "config", "replay", "record", "plugins"}
     absolute = {name: str(tmp_path / "project" / f"{name}.py") for name in files - {"plugins"}}
     recorded = HostSettings(**absolute, provider="openai", plugins=["module", str(tmp_path / "project" / "p.py")])
-    portable = portable_host(recorded, checkpoint)
+    portable = portable_host(recorded, checkpoint_folder(checkpoint))
     assert portable.model_dump(exclude={"state"}) == {
         **{name: f"{name}.py" for name in absolute},
         "scenario": None,
