@@ -814,20 +814,27 @@ def outcome(store: Store, run: str) -> Outcome:
     user's key, is `failed` with the reason: what fails verification is never
     reported as a result.
     """
+    return _read_outcome(store, run)[0]
+
+
+def _read_outcome(store: Store, run: str) -> tuple[Outcome, bool | None]:
+    """`outcome`, and whether the store holds an envelope of the run (None: it could not be read)."""
     from mklang.checkpoint.envelope import parse
     from mklang.checkpoint.journal import resume_change
 
+    stored = None
     try:
         raw = store.read(run_name(run))
+        stored = raw is not None
         if raw is None:
-            return Outcome(run, "pending")
+            return Outcome(run, "pending"), stored
         envelope = parse(raw, run)
         if envelope.seal != "signed":
-            return Outcome(run, "failed", f"{run}: the checkpoint is {SEAL_TEXT[envelope.seal]}")
+            return Outcome(run, "failed", f"{run}: the checkpoint is {SEAL_TEXT[envelope.seal]}"), stored
         running = envelope.status == "running" or resume_change(store, run, envelope) is not None
     except MklangError as error:
-        return Outcome(run, "failed", first_line(error))
-    return _outcome_of(run, envelope, running)
+        return Outcome(run, "failed", first_line(error)), stored
+    return _outcome_of(run, envelope, running), stored
 
 
 def _outcome_of(run: str, envelope: Envelope, running: bool) -> Outcome:
@@ -852,9 +859,11 @@ class Claim:
 
     location: Location
     lock: RunLock
+    _stored: bool | None = field(default=None, repr=False)  # whether `outcome` found an envelope (None: unread)
 
     def outcome(self) -> Outcome:
-        return outcome(self.location.store, self.location.run)
+        told, self._stored = _read_outcome(self.location.store, self.location.run)
+        return told
 
     def run(
         self,
@@ -874,7 +883,8 @@ class Claim:
         A run started here keeps `texts()` as its machine texts and `hitl`; a run continued here
         runs the texts the store keeps in place of edited files with `kept_texts`. `budgets`:
         `max_tokens`, `max_cost`, `max_time` and the `untrusted_flow` policy, for either. The
-        run's events go to `observer` with the run's name.
+        run's events go to `observer` with the run's name. Whether the store holds the run is
+        what `outcome` read under this lock, when it was asked.
 
         Its outcome is the one `outcome` reads from the store, taken from the envelope the run
         wrote last, under this lock, instead of read and verified again (ADR 0044)."""
@@ -884,12 +894,14 @@ class Claim:
         if observer is not None:
             observer = Named(observer, run)
         ended: list[Envelope] = []
-        if store.read(run) is None:
+        stored = self._stored if self._stored is not None else store.read(run) is not None
+        if not stored:
             start(
                 machine,
                 context,
                 host,
                 checkpoint=self.location,
+                replace=True,  # nothing is there: read under this lock
                 control=control,
                 hitl=hitl,
                 held=self.lock,
