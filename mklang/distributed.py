@@ -334,6 +334,8 @@ class Worker:
             record = read_signed(self.store, record_key(run), f"the run record of {run}")
             if record is None:
                 raise CheckpointError(f"run {run}: the store holds no run record for it (was it enqueued by a batch?)")
+            if record["run"] != run:  # another run's signed record, copied under this run's name
+                raise CheckpointError(f"run {run}: the run record is about another run")
             ceilings = Ceilings.from_json(record["ceilings"])
             ledger = StoreLedger(ceilings, self.store, str(record["batch"])) if ceilings.any() else None
             budgets = dict(record["budgets"])

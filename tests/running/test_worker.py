@@ -220,7 +220,7 @@ def test_a_run_without_a_good_record_is_failed_with_why(project):
             "failed",
             "run item-0: the store holds no run record for it (was it enqueued by a batch?)",
         )
-        write_signed(worker.store, record_key("item-0"), {"machine": "twostep.mk"})
+        write_signed(worker.store, record_key("item-0"), {"run": "item-0", "machine": "twostep.mk"})
         malformed = worker.run("item-0")
         assert (malformed.status, malformed.reason) == (
             "failed",
@@ -810,10 +810,27 @@ def test_a_worker_resumes_a_run_whose_machine_file_was_edited_since_from_the_tex
         worker.store.close()
 
 
+def test_a_run_record_copied_from_another_run_is_not_run(project):
+    """Whoever can write the store but has no key copies one run's signed record under another's name."""
+    require_server("RabbitMQ")
+    worker = worker_of(project)
+    try:
+        thread, _ = follow(project, [Item("item-0", {"topic": "t-0"})], stall=0.5)
+        take(worker, 1, lambda worker, run: None)
+        thread.join(timeout=60)
+        worker.store.write_note(record_key("item-1"), worker.store.read_note(record_key("item-0")) or b"")
+        copied = worker.run("item-1")
+        assert copied == Outcome("item-1", "failed", "run item-1: the run record is about another run")
+        assert outcome(worker.store, "item-1").status == "pending"  # never started
+    finally:
+        drop_queue(f"sqlite:///{project}/runs.db")
+        worker.store.close()
+
+
 def test_a_run_record_a_worker_cannot_read_fails_that_run_with_why(project):
     worker = worker_of(project)
     try:
-        write_signed(worker.store, record_key("item-0"), {"machine": "twostep.mk", "ceilings": {}})
+        write_signed(worker.store, record_key("item-0"), {"run": "item-0", "machine": "twostep.mk", "ceilings": {}})
         assert worker.run("item-0") == Outcome(
             "item-0", "failed", "run item-0: malformed run record: KeyError: 'budgets'"
         )
