@@ -1428,3 +1428,25 @@ def test_a_run_whose_lock_session_ended_keeps_no_segment_or_summary_and_is_not_r
         None,
     )
     assert [summary.status for summary in postgres.summaries(RunQuery())] == ["suspended"]
+
+
+def test_a_file_store_summary_of_the_wrong_types_is_listed_with_those_fields_unknown(tmp_path):
+    """A summary is display only, but one edited by hand or by someone with write access to the
+    folder must neither break `mklang runs` nor be listed as what it is not."""
+    store = FileStore(tmp_path)
+    for run in ("a.json", "b.json"):
+        store.write(run, ENVELOPE, generation=1)
+    (tmp_path / ".mklang-runs").mkdir(exist_ok=True)
+    (tmp_path / ".mklang-runs" / "a.json").write_text(
+        json.dumps(
+            {"run_id": 5, "machine": ["m"], "status": "lost", "reason": 3, "tokens": True, "cost_usd": "7"}
+            | {"started": "yesterday", "updated": False}
+        )
+    )
+    (tmp_path / ".mklang-runs" / "b.json").write_text(
+        json.dumps({"run_id": "r-2", "status": "done", "tokens": 12.0, "cost_usd": 0.25, "started": 5, "updated": 6})
+    )
+    assert store.summaries(RunQuery()) == [
+        RunSummary("b.json", "r-2", None, "done", None, 12, 0.25, 5.0, 6.0),
+        RunSummary("a.json"),
+    ]
