@@ -514,8 +514,8 @@ def celery_worker(
 
     logging.getLogger("celery.app.trace").addFilter(_not_given_back)
     logging.getLogger("celery.worker.consumer.consumer").addFilter(_refused_by_celery)
-    worker_shutting_down.connect(worker.stop, weak=False)
-    worker_ready.connect(_say_malformed_messages, weak=False)
+    worker_shutting_down.connect(worker.stop)  # weakly: the task holds the worker while Celery runs
+    worker_ready.connect(_say_malformed_messages)
     options = dict(
         pool_cls="threads",
         concurrency=concurrency,
