@@ -1064,3 +1064,59 @@ def test_a_reply_set_on_the_object_holding_the_awaited_answer_answers_it(tmp_pat
     with Host.for_scenario(scenario) as host:
         done = proceed(open_run(path), host, reply={"approval": {"answer": "yes"}})
     assert (done.status, done.context["approval"]) == ("done", {"answer": "yes"})
+
+
+def test_a_resume_into_another_checkpoint_replaces_no_unfinished_run_there_unless_told(tmp_path):
+    """No run is silently replaced: a resume written to another checkpoint is refused where a run
+    not finished is (one suspended, one that died mid-way), as a new run is, unless `replace`."""
+    parked = suspended(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    occupied = suspended(other)  # suspended (budget-exhausted)
+    died = tmp_path / "died.json"
+
+    def crashed_at(event: Any) -> None:
+        raise Crash
+
+    with pytest.raises(Crash):  # killed at its first loop-top: the run is left running
+        start(project(tmp_path / "project"), None, Host(Recorder()), checkpoint=died, observer=LoopTops(crashed_at))
+    for target, state in ((occupied, "suspended (budget-exhausted)"), (died, "running")):
+        with pytest.raises(CheckpointError) as caught:
+            proceed(open_run(parked), Host(Recorder({"produce": ["two", "three"]})), budget=5, checkpoint=target)
+        assert str(caught.value) == (
+            f"{target}: a run that is not finished is there ({state}); continue it with "
+            f"`mklang resume {target}`, or start over with --replace"
+        )
+    done = proceed(
+        open_run(parked), Host(Recorder({"produce": ["two", "three"]})), budget=5, checkpoint=occupied, replace=True
+    )
+    assert done.status == "done" and load(occupied).status == "done"
+
+
+def test_a_resume_records_the_untrusted_flow_policy_given_and_keeps_the_recorded_one_when_none_is(tmp_path):
+    path = suspended(tmp_path, untrusted_flow="halt")
+    assert load(path).untrusted_flow == "halt"
+    assert proceed(open_run(path), Host(Recorder({"produce": ["two", "three"]})), budget=5).status == "done"
+    assert load(path).untrusted_flow == "halt"
+    (tmp_path / "told").mkdir()
+    other = suspended(tmp_path / "told", untrusted_flow="halt")
+    told = proceed(open_run(other), Host(Recorder({"produce": ["two", "three"]})), budget=5, untrusted_flow="report")
+    assert told.status == "done" and load(other).untrusted_flow == "report"
+
+
+def test_an_old_envelope_put_back_in_a_database_is_refused_by_the_generation_the_store_keeps(tmp_path, monkeypatch):
+    """On a store shared by machines, the generation the database records refuses a restored older
+    envelope where this machine has never seen the run."""
+    import sqlite3
+
+    database = tmp_path / "runs.db"
+    path = f"sqlite:///{database}#r"
+    machine = project(tmp_path / "project", 1, 3)
+    assert start(machine, None, Host(Recorder({"produce": ["one"]})), checkpoint=path).status == "suspended"
+    with sqlite3.connect(database) as db:
+        [(old,)] = db.execute("SELECT envelope FROM mklang_runs WHERE run = 'r'").fetchall()
+    assert proceed(open_run(path), Host(Recorder({"produce": ["two", "three"]})), budget=5).status == "done"
+    with sqlite3.connect(database) as db:
+        db.execute("UPDATE mklang_runs SET envelope = ? WHERE run = 'r'", (old,))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "another-machine"))
+    assert "is older than generation" in refusal(path)
