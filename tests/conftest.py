@@ -52,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", MEMORY)  # where pytest makes its tmp_path folders
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: none without it (`-p no:xdist`)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker more than cores (ADR 0045). A third of the suite's wall time on two cores
     is spent waiting (processes starting and killed, servers answering, fixed waits), not computing."""
