@@ -117,6 +117,7 @@ class Child:
     def __init__(self, number: int, of: int, plan: LocalBatch, batch: str, items: list[Item], concurrency: int):
         self.name = f"process {number + 1} of {of}"
         self.runs = [item.run for item in items]
+        self.stopping = False  # an interrupt was passed on to it
         self.process = subprocess.Popen(
             [sys.executable, "-c", "from mklang.cli.local_batch import child; child()"],
             stdin=subprocess.PIPE,
@@ -138,8 +139,12 @@ class Child:
             self.process.stdin.flush()  # and kept open: its end tells the child that this process is gone
 
     def stop(self) -> None:
+        """Pass an interrupt on: the first suspends the child's runs at their next loop-top, the
+        next ends it at once, as it ends this process. The next is a kill, not a second SIGTERM:
+        two signals sent in a row reach a child that is slow to handle the first as one."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signal.SIGKILL if self.stopping else signal.SIGTERM)
+            self.stopping = True
 
     def how_it_ended(self) -> str:
         """Once its output has ended: wait for it, close its pipes, and say how it ended."""
