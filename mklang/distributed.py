@@ -523,6 +523,6 @@ def celery_worker(
         queues=[_queue(worker.identity)],
         without_gossip=True,
         without_mingle=True,
-        hostname=f"mklang-{os.getpid()}@{socket.gethostname()}",
+        hostname=f"mklang-{worker.name}",
     )
     return CeleryWorker(worker, app, options)
