@@ -39,6 +39,7 @@ from support.services import postgres_schema
 
 from mklang.checkpoint.envelope import dump, load
 from mklang.errors import CheckpointError, RunBusy, UsageError
+from mklang.inspection import describe
 from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
@@ -716,6 +717,26 @@ def test_a_dropped_journal_takes_no_more_appends(tmp_path):
 
 
 # --- a lock file that names a process that is gone ----------------------------
+
+
+def test_show_of_a_run_locked_before_its_first_checkpoint_names_the_process_not_a_missing_file(named_store):
+    store, name, me = named_store
+
+    def show(run: str) -> str:
+        with pytest.raises(CheckpointError) as caught:
+            describe(Location(store, run, name(run), name(run)))
+        return str(caught.value)
+
+    lock = store.lock("run-1")
+    try:
+        assert (
+            show("run-1")
+            == f"{name('run-1')}: no checkpoint yet: the run in process {me} has not written its first one"
+        )
+        assert show("run-2") == f"{name('run-2')}: no such checkpoint"
+    finally:
+        lock.release()
+    assert show("run-1") == f"{name('run-1')}: no such checkpoint"
 
 
 def test_a_stale_lock_file_does_not_block_and_is_taken_over(tmp_path):
