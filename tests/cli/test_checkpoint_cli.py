@@ -400,6 +400,7 @@ def signed_json(document: dict) -> str:
     return json.dumps({**document, "signature": sign(document, checkpoint_key())[1]})
 
 
+# What each bad checkpoint holds; a signed one is signed when its test runs, with the key the test sees.
 BAD = {
     "missing": (None, "no such checkpoint"),
     "empty": ("", "empty"),
@@ -408,7 +409,7 @@ BAD = {
     "array": ("[1, 2, 3]", "expected a JSON object"),
     "format-99": (json.dumps({**VALID, "format": 99}), "format 99"),
     "missing-fields": (json.dumps({"format": 1}), "mklang_version"),
-    "no-frames": (signed_json(VALID), "no frames"),
+    "no-frames": (lambda: signed_json(VALID), "no frames"),
 }
 
 
@@ -422,7 +423,7 @@ def _bad_cases(command: str, names: list[str]):
 )
 def test_a_bad_checkpoint_exits_2_with_one_clear_line(tmp_path, command, content, needle):
     if content is not None:
-        (tmp_path / "cp.json").write_text(content, encoding="utf-8")
+        (tmp_path / "cp.json").write_text(content() if callable(content) else content, encoding="utf-8")
     line = error_line(cli(command, "cp.json", cwd=tmp_path))
     assert line.startswith("mklang: error: cp.json: ") and needle in line
 
