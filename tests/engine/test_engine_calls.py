@@ -66,6 +66,62 @@ def test_a_failed_call_is_a_halting_step_with_the_child_trace(tmp_path):
     assert result.usage.tokens == 6
 
 
+# A caller whose one state calls `child`.
+CALLER = """
+    machine parent
+    entry go
+    budget 5
+    state go {
+      call child
+      output r
+      otherwise -> END
+    }
+"""
+
+
+def refuse(context, output):
+    """A hook that fails."""
+    raise ValueError("no")
+
+
+ERRING_CHILDREN = {
+    "unknown hook": (
+        'hook ok "True when fine."',
+        'structure "s"\n prompt "a"\n output o\n when "fine" hook ok -> END\n otherwise -> END',
+        "state-error: hook: unknown hook 'ok'",
+    ),
+    "unknown tool": (
+        'tool t "Look it up."',
+        "tool t\n output o\n otherwise -> END",
+        "state-error: tool: unknown tool 't'",
+    ),
+    "over a text": (
+        "",
+        'over items\n structure "s"\n prompt "{{item}}"\n output o\n otherwise -> END',
+        "state-error: over: 'items' is",
+    ),
+    "hook raises": (
+        'hook ok "True when fine."',
+        'structure "s"\n prompt "a"\n output o\n when "fine" hook ok -> END\n otherwise -> END',
+        "state-error: hook: ok: no",
+    ),
+    "missing machine": ("", "call nowhere\n output o\n otherwise -> END", "state-error: call: "),
+}
+
+
+@pytest.mark.parametrize("declared, body, error", ERRING_CHILDREN.values(), ids=list(ERRING_CHILDREN))
+def test_a_state_error_in_a_called_machine_fails_the_call_of_its_caller(tmp_path, declared, body, error):
+    child = f'machine child\nentry a\nbudget 3\ncontext {{ items: "text" }}\n{declared}\nstate a {{\n {body}\n}}\n'
+    result = run_mk(
+        write_machines(tmp_path, CALLER, child),
+        llm={"produce": ["x"], "judge": [0]},
+        hooks={"ok": refuse} if error.endswith(": no") else {},
+    )
+    assert (result.status, result.at) == ("halted", "go")
+    assert result.error.startswith(f"call-failed: {error}"), result.error
+    assert result.trace[-1]["policy"] == "call-failed"
+
+
 def test_the_parent_total_grows_by_the_child_spend_only_when_it_completes(tmp_path):
     machine = write_machines(tmp_path, PARENT, CHILD.format(budget=5))
     seen = []
