@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conformance.harness import write_machines
+from conformance.harness import mk, run_mk, write_machines
 from support import ROOT
 from support.commands import cli
 from support.crashes import Crash, crash
@@ -432,3 +432,28 @@ def test_a_routed_model_call_names_its_provider_and_model_and_no_event_holds_the
     calls = [(e.provider, e.model, e.tier, e.usage) for e in sink.of(events.ModelFinished)]
     assert calls == [("p", "m1", "balanced", Usage(100, 10, (250 + 100) / 1_000_000))] * 2
     assert KEY not in json.dumps([event.to_json() for event in sink.events])
+
+
+def test_a_tool_that_raises_is_a_failed_tool_event_with_its_error_and_no_output(tmp_path):
+    lookup = """
+        machine lookup
+        entry find
+        budget 3
+        tool search "Look it up."
+        state find {
+          tool search { query: "q" }
+          output found
+          otherwise -> END
+        }
+    """
+
+    def search(arguments: dict[str, Any], **call: Any) -> str:
+        raise LookupError("the index is down")
+
+    sink = Sink()
+    result = run_mk(mk(lookup), tools={"search": search}, observer=sink)
+    assert (result.status, result.error) == ("halted", "state-error: tool search: the index is down")
+    finished = sink.of(events.ToolFinished)
+    assert [(t.tool, t.outcome, t.error, t.output_chars, t.output) for t in finished] == [
+        ("search", "failed", "the index is down", None, None)
+    ]
