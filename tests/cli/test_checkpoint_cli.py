@@ -716,6 +716,29 @@ def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_h
     assert summary["reason"].startswith("the checkpoint is signed with another checkpoint key: `mklang resume --trust`")
 
 
+def test_a_dead_run_is_drawn_as_the_machine_that_ran_and_its_document_has_no_end_state(tmp_path):
+    from mklang.inspection import machine_of, run_document
+
+    path = dead_run(tmp_path, "triage", "triage.mk", 2)
+    file = tmp_path / "triage" / "triage.mk"
+    file.write_text(file.read_text(encoding="utf-8").replace("machine triage", "machine renamed"), encoding="utf-8")
+    assert load_file(file).name == "renamed"
+    assert machine_of(locate(path)).name == "triage"  # the text the run signed for, not the edited file
+    document = run_document(path)
+    assert (document["status"], document["at"]) == ("running", None)
+
+
+def test_a_run_signed_with_another_key_names_its_seal_and_draws_no_machine(tmp_path, monkeypatch):
+    from mklang.inspection import describe, machine_of
+
+    path = dead_run(tmp_path, "triage", "triage.mk", 2)
+    monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+    assert describe(path)["signature"] == {"seal": "foreign", "text": "signed with another checkpoint key"}
+    with pytest.raises(CheckpointError) as caught:
+        machine_of(locate(path))
+    assert str(caught.value) == f"{path}: no verified machine file to draw (signed with another checkpoint key)"
+
+
 @pytest.mark.parametrize("name", ["m.mk", "M.MK", "m.yaml"])
 def test_a_machine_file_given_as_a_checkpoint_says_how_to_make_one(tmp_path, name):
     path = tmp_path / name
