@@ -25,7 +25,7 @@ from mklang.providers import http, scratchpad
 from mklang.providers.anthropic import AnthropicClient
 from mklang.providers.base import NONE, UNPARSEABLE, Usage, deadline
 from mklang.providers.factory import make_provider
-from mklang.providers.http import HttpTransport, redact, retry_after
+from mklang.providers.http import HttpTransport, redact, retry_after, token_counts
 from mklang.providers.openai import OpenAIClient
 
 KEY = "sk-test-SECRET-0123456789"
@@ -523,6 +523,19 @@ def test_a_success_after_a_retry_sleeps_once_between_the_attempts(server):
 def test_an_error_reason_is_the_servers_message_else_the_http_reason_phrase(server, body, reason):
     server.add(raw(body, status=400))
     assert provider_error(http_transport(server).post, "/chat/completions", {}) == f"p 400: {reason}"
+
+
+def test_a_status_without_a_reason_phrase_anywhere_is_an_unknown_status(server):
+    server.add(raw("<html>oops</html>", status=499))  # no phrase on its status line, none in HTTP's list
+    assert provider_error(http_transport(server).post, "/chat/completions", {}) == "p 499: unknown status"
+
+
+def test_malformed_token_counts_are_each_named_with_what_the_server_sent():
+    counts, problem = token_counts(
+        {"a": -1, "b": "12", "c": 3}, {"input": ("a", "c"), "output": ("b",), "cached": ("d",)}
+    )
+    assert counts == {"input": None, "output": None, "cached": 0}
+    assert problem == 'the server\'s usage is malformed (a: -1, b: "12")'
 
 
 def test_a_long_reason_is_cut_to_200_characters_and_its_whitespace_collapsed(server):
