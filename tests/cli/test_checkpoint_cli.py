@@ -728,6 +728,28 @@ def test_a_dead_run_is_drawn_as_the_machine_that_ran_and_its_document_has_no_end
     assert (document["status"], document["at"]) == ("running", None)
 
 
+def test_a_resume_that_died_is_documented_running_not_at_the_state_it_had_parked_at(tmp_path):
+    from mklang.inspection import run_document
+    from mklang.scenarios import load_script
+    from mklang.service import open_run, proceed
+    from mklang.service import start as start_run
+
+    machine = load_file(ROOT / "examples" / "approval" / "approval.mk")
+    scenario = load_script(ROOT / "examples" / "approval" / "scenarios.yaml")[0]
+    path = tmp_path / "cp.json"
+    assert start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, hitl=True).at == "decide"
+
+    def crash(event: Any) -> None:
+        raise Crash
+
+    with pytest.raises(Crash):
+        resumable = open_run(path)
+        proceed(resumable, Host.for_scenario(scenario), reply={"approval.answer": "yes"}, observer=LoopTops(crash))
+    assert (load(path).status, load(path).at) == ("suspended", "decide")  # the envelope as it parked
+    document = run_document(path)
+    assert (document["status"], document["at"]) == ("running", None)
+
+
 def test_a_run_signed_with_another_key_names_its_seal_and_draws_no_machine(tmp_path, monkeypatch):
     from mklang.inspection import describe, machine_of
 
