@@ -440,16 +440,7 @@ def test_an_interrupt_inside_a_called_machine_ends_the_whole_run_with_every_leve
 def test_the_calls_of_a_called_machine_are_keyed_under_the_call(tmp_path):
     machine = write_machines(
         tmp_path,
-        """
-        machine parent
-        entry go
-        budget 5
-        state go {
-          call child
-          output r
-          otherwise -> END
-        }
-        """,
+        CALLER,
         """
         machine child
         entry a
