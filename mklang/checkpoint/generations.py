@@ -14,7 +14,6 @@ one-line refusal.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -43,9 +42,13 @@ def seen(run_id: str) -> int:
 
 
 def _read(record: str) -> int:
-    with contextlib.suppress(FileNotFoundError, ValueError), open(record, encoding="ascii") as file:
-        return int(file.read())
-    return 0
+    try:
+        with open(record, encoding="ascii") as file:
+            return int(file.read())
+    except (FileNotFoundError, ValueError):
+        return 0
+    except OSError as error:  # the state home is a file, or not the user's to read: no rollback check without it
+        raise CheckpointError(f"{record}: cannot read the run's generation: {error.strerror}") from None
 
 
 def remember(run_id: str, generation: int) -> None:

@@ -977,6 +977,16 @@ def test_a_file_stores_notes_spend_and_segments_are_owner_only_at_every_level(tm
         assert stat.S_IMODE(path.stat().st_mode) in (0o700, 0o600), path
 
 
+def test_a_file_stores_run_summaries_are_owner_only(tmp_path):
+    store = FileStore(tmp_path)
+    store.summarize("run", RunSummary("run", run_id="id-run", status="running"))
+    store.summarize("run", RunSummary("run", run_id="id-run", status="done"))  # replaced, not edited
+    written = list((tmp_path / ".mklang-runs").rglob("*"))
+    assert len(written) == 1 and json.loads(written[0].read_text())["status"] == "done"
+    for path in [tmp_path / ".mklang-runs", *written]:
+        assert stat.S_IMODE(path.stat().st_mode) in (0o700, 0o600), path
+
+
 def test_a_runs_spend_never_goes_down_in_tokens_or_in_cost(tmp_path):
     store = FileStore(tmp_path)
     store.record_spend("batch", "run", 10, 0.5)
