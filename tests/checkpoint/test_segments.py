@@ -12,6 +12,7 @@ removes its segments, in every store.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from support.commands import cli
 import mklang.checkpoint.journal as journal_module
 import mklang.checkpoint.segments as segments_module
 from mklang.checkpoint.envelope import load, parse
+from mklang.engine.trace import Segment
 from mklang.errors import CheckpointError
 from mklang.inspection import describe, run_document
 from mklang.providers.scripted import ScriptedProvider
@@ -423,3 +425,34 @@ def test_a_checkpoint_file_copied_without_its_segments_folder_says_to_copy_that_
     shutil.copytree(tmp_path / ".mklang-segments", tmp_path / "copy" / ".mklang-segments")
     resumed = cli(*resume_it, "--format", "json")
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["status"] == "done"
+
+
+@pytest.mark.parametrize(
+    ("content", "named_for"),
+    [
+        (b'[{"step": 1}, {"step": 2}]', 3),  # fewer steps than its name says
+        (b'[{"step": 1}, {"step": 2}]', 1),  # more
+        (b'[{"step": 1}, "a text"]', 2),  # as many, one of them not a step
+        (b'{"step": 1}', 1),  # not a list
+        (b"[{", 1),  # not JSON
+    ],
+)
+def test_a_segment_that_does_not_hold_the_steps_it_is_named_for_is_refused(tmp_path, content, named_for):
+    """Its sha256 matches: only an envelope someone else wrote (read under --trust) names it so."""
+    store = FileStore(tmp_path)
+    name = hashlib.sha256(content).hexdigest()
+    store.write_segment("cp.json", name, content)
+    read = segments_module.reader(store, "cp.json", "cp.json", trusted=False)
+    with pytest.raises(CheckpointError) as refused:
+        read(Segment(name, named_for))
+    assert (
+        str(refused.value) == f"cp.json: trace segment {name} does not hold the {named_for} trace steps it is named for"
+    )
+
+
+def test_a_segment_holding_the_steps_it_is_named_for_reads_as_them(tmp_path):
+    store, content = FileStore(tmp_path), b'[{"step": 1}, {"step": 2}]'
+    name = hashlib.sha256(content).hexdigest()
+    store.write_segment("cp.json", name, content)
+    read = segments_module.reader(store, "cp.json", "cp.json", trusted=False)
+    assert read(Segment(name, 2)) == [{"step": 1}, {"step": 2}]
