@@ -18,7 +18,7 @@ import pytest
 from support.commands import cli, cli_env, refused
 from support.fakeserver import FakeServer, answer, error, refusal
 from support.forks import forked
-from support.yaml_machines import EVERYTHING, mutate
+from support.yaml_machines import AUTHORED, EVERYTHING, HOSTILE, mutate
 
 from mklang.limits import MAX_DEPTH, json_depth, text_depth
 from mklang.yaml_composer import LimitError, load_yaml
@@ -433,9 +433,9 @@ def test_fuzzed_yaml_machines_give_diagnostics_only_and_fmt_reads_back():
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def fuzz(data):
-        document = copy.deepcopy(seed)
+        document, actions = copy.deepcopy(seed), data.draw(st.sampled_from([HOSTILE, AUTHORED]))
         for _ in range(data.draw(st.integers(1, 4))):
-            mutate(data.draw, document)
+            mutate(data.draw, document, actions)
         text = yaml.dump(document, Dumper=dumper, allow_unicode=True, sort_keys=False)
         try:
             machine = parse_yaml(text, "fuzz.yaml")

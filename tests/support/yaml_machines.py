@@ -104,15 +104,45 @@ def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]
         yield from _paths(value, (*prefix, key))
 
 
-def mutate(draw: Callable[[st.SearchStrategy[Any]], Any], data: Any) -> None:
-    """Replace, delete or add one value somewhere in the machine's data."""
-    path = draw(st.sampled_from(list(_paths(data))[1:]))
-    parent = data
-    for key in path[:-1]:
-        parent = parent[key]
-    action = draw(st.sampled_from(["replace", "delete", "add"]))
+# The names EVERYTHING declares and refers to: a text replaced by one of them often still refers to something.
+NAMES = ["classify", "lookup", "fan", "vote", "END", "search_kb", "amount_ok", "summarize_doc", "draft", "category"]
+
+
+def _alike(value: Any) -> st.SearchStrategy[Any]:
+    """Another value of `value`'s kind (a flag, a count, a name or text): an edit an author makes,
+    which leaves the machine well-formed often enough for the formatter's round trip to be tried."""
+    if isinstance(value, bool):
+        return st.booleans()
+    if isinstance(value, int):
+        return st.integers(0, 50)
+    if isinstance(value, str):
+        return st.one_of(st.sampled_from(NAMES), st.text(min_size=1, max_size=12))
+    return yaml_values(6)
+
+
+def _at(data: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        data = data[key]
+    return data
+
+
+# What `mutate` may do: a hostile edit does any of them, an author's edit keeps each value's kind.
+HOSTILE = ("replace", "alike", "delete", "add")
+AUTHORED = ("alike",)
+
+
+def mutate(draw: Callable[[st.SearchStrategy[Any]], Any], data: Any, actions: tuple[str, ...] = HOSTILE) -> None:
+    """Replace (with anything, or with a value alike), delete or add one value somewhere in the machine's data."""
+    paths = list(_paths(data))[1:]
+    if actions == AUTHORED:  # an author edits a name, a text or a number, not the shape
+        paths = [path for path in paths if isinstance(_at(data, path), (str, int))] or paths
+    path = draw(st.sampled_from(paths))
+    parent = _at(data, path[:-1])
+    action = draw(st.sampled_from(actions))
     if action == "replace":
         parent[path[-1]] = draw(yaml_values(6))
+    elif action == "alike":
+        parent[path[-1]] = draw(_alike(parent[path[-1]]))
     elif action == "delete":
         del parent[path[-1]]
     elif isinstance(parent, dict):
