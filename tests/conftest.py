@@ -16,6 +16,7 @@ under XDG_STATE_HOME (ADR 0022), a temporary folder of each test's own.
 from __future__ import annotations
 
 import compileall
+import fnmatch
 import json
 import logging
 import os
@@ -40,11 +41,53 @@ _CONFIG_HOME = tempfile.mkdtemp(prefix="mklang-tests-xdg-")
 MEMORY = "/dev/shm"
 
 
+def _rewrite_test_modules_ahead(config: pytest.Config) -> None:
+    """Write pytest's cache of the assert-rewritten test modules before the xdist workers start (ADR 0046).
+
+    Where PYTHONDONTWRITEBYTECODE is set (the machines this suite runs on set it), pytest reads that
+    cache but never writes it, and where it is not, a fresh clone's workers all rewrite at once:
+    each worker rewrote and compiled every test module, 2.6 s of CPU each. Two processes write it
+    here, halves apart; a worker reads it as pytest always does (a module changed since is
+    rewritten by the worker, as before). Built on pytest's own rewriting functions: where a pytest
+    release renames them, the workers rewrite as they did."""
+    try:
+        from _pytest.assertion.rewrite import PYC_TAIL, _read_pyc, _rewrite_test, _write_pyc, assertstate_key
+    except ImportError:
+        return
+    if config.getoption("assertmode") != "rewrite" or assertstate_key not in config.stash:
+        return
+    state = config.stash[assertstate_key]
+    patterns = ["conftest.py", *config.getini("python_files")]
+    modules = [
+        (path, path.parent / "__pycache__" / f"{path.stem}{PYC_TAIL}")
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns)
+    ]
+    stale = [(path, pyc) for path, pyc in modules if _read_pyc(path, pyc) is None]
+    if not stale:
+        return
+    child = os.fork()  # no thread runs yet: xdist starts its workers after pytest_configure
+    try:
+        for path, pyc in stale[child == 0 :: 2]:
+            try:
+                source_stat, code = _rewrite_test(path, config)
+                pyc.parent.mkdir(exist_ok=True)
+            except (OSError, SyntaxError, ValueError):  # the worker that imports it reports it, as before
+                continue
+            _write_pyc(state, code, source_stat, pyc)
+    finally:
+        if child == 0:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # once, in the process that starts the xdist workers
         # Where PYTHONDONTWRITEBYTECODE is set, every `mklang` process a test starts would
         # compile the package anew: about 0.2 s of CPU each, hundreds of times a run.
         compileall.compile_dir(ROOT / "mklang", quiet=1)
+        if getattr(config.option, "numprocesses", None):  # xdist's workers will import every test module
+            _rewrite_test_modules_ahead(config)
     os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
     os.environ["XDG_CACHE_HOME"] = os.path.join(_CONFIG_HOME, "cache")  # machine texts run from a store
     os.environ.pop("MKLANG_CHECKPOINT_KEY", None)
