@@ -1,8 +1,8 @@
 """Attacks on the fleet's stores and batches: run names, replaced runs, unreadable and forged rows.
 
 Each test drives the CLI as a user would (in this process through its entry
-function, or as a real subprocess where signals or two processes are the
-point) against the fake model server on 127.0.0.1, so every paid call is
+function, or as a real process where signals or two processes are the
+point: forked, support/forks.py) against the fake model server on 127.0.0.1, so every paid call is
 counted where it is paid, and against the real PostgreSQL where a test names it.
 """
 
@@ -14,8 +14,6 @@ import shlex
 import signal
 import socket
 import stat
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ from support.batches import CALLS, MACHINE
 from support.commands import cli, cli_env, model_config, run_cli, wait_for
 from support.fakeserver import FakeServer, Reply, answer
 from support.fleet import Lines
+from support.forks import piped
 from support.services import require_server
 
 import mklang as api
@@ -185,19 +184,9 @@ def test_two_batches_over_one_postgresql_store_pay_each_run_once(postgres_uri, t
     (tmp_path / "m.mk").write_text(MACHINE, encoding="utf-8")
     model_config(server.openai_url, tmp_path / "mklang.toml")
     write_inputs(tmp_path, *({"id": f"r-{n}", "topic": str(n)} for n in range(RACE_ITEMS)))
-    command = [sys.executable, "-m", "mklang", "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", postgres_uri]
+    command = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", postgres_uri]
     command += ["--config", "mklang.toml", "--concurrency", "8", "--format", "json"]
-    batches = [
-        subprocess.Popen(
-            [*command, "--out", f"out{n}.jsonl"],
-            cwd=tmp_path,
-            env=cli_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(2)
-    ]
+    batches = [piped([*command, "--out", f"out{n}.jsonl"], cli_env(), tmp_path) for n in range(2)]
     for n, process in enumerate(batches):
         _, err = process.communicate(timeout=300)
         assert process.returncode in (0, 3) and "Traceback" not in err, err  # 3: a run the other batch held
@@ -447,11 +436,9 @@ def held_calls(server: FakeServer) -> threading.Event:
 def test_ctrl_c_suspends_a_local_batch_at_the_next_loop_top_writes_out_and_exits_3(project, server):
     release = held_calls(server)
     write_inputs(project, *({"id": f"r-{n}", "topic": str(n)} for n in range(6)))
-    command = [sys.executable, "-m", "mklang", "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db"]
+    command = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db"]
     command += ["--config", "mklang.toml", "--concurrency", "2", "--out", "out.jsonl", "--format", "json"]
-    process = subprocess.Popen(
-        command, cwd=project, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    process = piped(command, cli_env(), project)
     said = Lines(process)
     try:
         wait_for(lambda: server.count >= 2, process, "two calls were in flight")
@@ -466,18 +453,15 @@ def test_ctrl_c_suspends_a_local_batch_at_the_next_loop_top_writes_out_and_exits
     results = [json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()]
     assert [line["status"] for line in results] == ["pending"] * 6
     assert server.count == 2  # the calls in flight ended; no run went on to its next call, none started
-    again = cli(*command[3:], cwd=project)
+    again = cli(*command, cwd=project)
     assert again.returncode == 0 and server.count == 6 * CALLS  # the paid calls were not paid again
 
 
 def test_a_second_ctrl_c_exits_a_local_batch_at_once(project, server):
     release = held_calls(server)
     write_inputs(project, {"id": "r-0", "topic": "0"})
-    command = [sys.executable, "-m", "mklang", "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db"]
-    command += ["--config", "mklang.toml"]
-    process = subprocess.Popen(
-        command, cwd=project, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    command = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///r.db", "--config", "mklang.toml"]
+    process = piped(command, cli_env(), project)
     said = Lines(process)
     try:
         wait_for(lambda: server.count >= 1, process, "a call was in flight")

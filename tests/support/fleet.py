@@ -1,9 +1,12 @@
-"""`mklang worker` and Celery `mklang batch` processes, each with a home of its own, and their queues."""
+"""`mklang worker` and Celery `mklang batch` processes, each with a home of its own, and their queues.
+
+The processes are real, forked from the test process's factory of `mklang` commands (support/forks.py,
+ADR 0046) after Celery, kombu and mklang were imported there: a test signals or kills them as it would
+a new interpreter, without paying that interpreter's start-up each time."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +18,10 @@ import pytest
 from mklang.distributed import celery_app, queue_for
 from mklang.stores import open_store
 from support.commands import cli, cli_env
+from support.forks import Piped, piped
+
+# What the fleet's helpers take: a worker or batch this module started, or a process a test made.
+Process = Piped | subprocess.Popen[str]
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -37,16 +44,10 @@ def home_env(project: Path) -> dict[str, str]:
     return cli_env(MKLANG_CHECKPOINT_KEY=FLEET_KEY, XDG_CONFIG_HOME=str(home))
 
 
-def start(project: Path, *args: str) -> subprocess.Popen[str]:
-    """A `mklang` process with a home of its own, for what a test does while it runs."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "mklang", *args],
-        cwd=project,
-        env=home_env(project),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def start(project: Path, *args: str) -> Piped:
+    """A `mklang` process with a home of its own, for what a test does while it runs (its stdout and
+    stderr read as pipes)."""
+    return piped(list(args), home_env(project), project)
 
 
 def here(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -55,7 +56,7 @@ def here(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return cli(*args, cwd=project, env=home_env(project))
 
 
-def worker(project: Path, store: str, broker: str, config: str = "mklang.toml") -> subprocess.Popen[str]:
+def worker(project: Path, store: str, broker: str, config: str = "mklang.toml") -> Piped:
     return start(
         project,
         "worker",
@@ -93,7 +94,7 @@ def batch_command(store: str, broker: str, *options: str) -> list[str]:
     ]
 
 
-def batch(project: Path, store: str, broker: str, *options: str) -> subprocess.Popen[str]:
+def batch(project: Path, store: str, broker: str, *options: str) -> Piped:
     """The batch in a process of its own, for a test that acts while it follows its runs."""
     return start(project, *batch_command(store, broker, *options))
 
@@ -112,12 +113,13 @@ def followed(project: Path, store: str, broker: str, *options: str) -> subproces
 class Lines:
     """The stderr lines a process has printed so far, read on a thread of their own."""
 
-    def __init__(self, process: subprocess.Popen[str]):
+    def __init__(self, process: Process):
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, args=(process,), daemon=True)
         self._reader.start()
 
-    def _read(self, process: subprocess.Popen[str]) -> None:
+    def _read(self, process: Process) -> None:
+        assert process.stderr is not None
         for line in process.stderr:
             self.lines.append(line.rstrip("\n"))
 
@@ -170,7 +172,7 @@ def queue_depth(store: str, broker: str = RABBITMQ) -> int:
         return _queue_state(connection, queue_of(store))[0]
 
 
-def serving(store: str, *workers: subprocess.Popen[str]) -> None:
+def serving(store: str, *workers: Process) -> None:
     """Wait until `workers` all consume the store's queue (RabbitMQ), else stop them and fail: a test about
     what workers do with a batch's runs does not start the batch while one of them is still starting."""
     queue = queue_of(store)
@@ -188,14 +190,14 @@ def drop_queue(store: str, broker: str = RABBITMQ) -> None:
         connection.default_channel.queue_delete(queue_of(store))
 
 
-def stop(*processes: subprocess.Popen[str]) -> None:
+def stop(*processes: Process) -> None:
     for process in processes:
         if process.poll() is None:
             process.kill()
         process.wait()
 
 
-def served_batch(project: Path, store: str, broker: str, *workers: subprocess.Popen[str]) -> tuple[int, str, str]:
+def served_batch(project: Path, store: str, broker: str, *workers: Process) -> tuple[int, str, str]:
     """A Celery `mklang batch` of `project` run to its end (in this process) while `workers` serve it, then
     every worker stopped: the batch's exit code, stdout and stderr."""
     try:

@@ -11,6 +11,13 @@ of the CPU of a new interpreter importing the same modules.
 What a module reads from the environment as it is imported is the test
 process's (the child re-reads MKLANG_KILL_AT): the colours of terminal output
 (NO_COLOR) are not for a forked command to test.
+
+`Forks.piped` starts a command whose stdout and stderr are pipes the test
+reads as it runs (named pipes the factory opens before it forks), as
+`subprocess.Popen` gives them: the Celery workers and batches of the fleet
+tests (ADR 0046), which the factory's imports of Celery and kombu spare an
+interpreter's start-up too. No connection is opened before a fork: each
+child opens its own, as a new process does.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 # Imported by the factory before it forks: what `mklang run` and `mklang resume` load.
 PRELOADED = (
@@ -46,6 +55,18 @@ PRELOADED = (
     "mklang.stores.file",
     "mklang.syntax.build",
     "mklang.yaml_composer",
+    # `mklang worker` and `mklang batch --executor celery`: Celery's worker and the transports.
+    "amqp",
+    "celery",
+    "celery.apps.worker",
+    "celery.concurrency.thread",
+    "celery.worker.consumer",
+    "kombu.transport.pyamqp",
+    "kombu.transport.redis",
+    "mklang.cli.scale_cmds",
+    "mklang.distributed",
+    "mklang.stores.postgres",
+    "psycopg",
 )
 
 
@@ -93,12 +114,48 @@ class Forked:
         return subprocess.CompletedProcess([str(self.pid)], self.returncode, stdout, stderr)
 
 
+class Piped(Forked):
+    """A forked command whose `stdout` and `stderr` are pipes read while it runs: as much of
+    `subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True)` as the fleet tests use."""
+
+    def __init__(self, forks: Forks, pid: int, output: Path, stdout: IO[str], stderr: IO[str]):
+        super().__init__(forks, pid, output)
+        self.stdout, self.stderr = stdout, stderr
+
+    def wait(self, timeout: float = 120) -> int:  # type: ignore[override]
+        """Wait for the command to end (its pipes unread, as `Popen.wait`): its exit code."""
+        code = self._forks.ask({"wait": self.pid, "timeout": timeout}).strip()
+        assert code != "timeout", f"forked command {self.pid} ran longer than {timeout} s"
+        self.returncode = int(code)
+        return self.returncode
+
+    def communicate(self, timeout: float = 120) -> tuple[str, str]:
+        """Read both pipes to their end while the command runs, then wait for it: its stdout and stderr."""
+        read: dict[str, str] = {}
+        readers = [
+            threading.Thread(target=lambda name=name, pipe=pipe: read.update({name: pipe.read()}), daemon=True)
+            for name, pipe in (("out", self.stdout), ("err", self.stderr))
+        ]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + timeout
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        if any(reader.is_alive() for reader in readers):
+            self.kill()
+        self.wait(max(1.0, deadline - time.monotonic()))
+        for reader in readers:
+            reader.join(30)
+        return read.get("out", ""), read.get("err", "")
+
+
 class Forks:
     """The factory of forked commands (one per test process: `start` and `forked` share it)."""
 
     def __init__(self) -> None:
         self._folder = tempfile.mkdtemp(prefix="mklang-forks-")
         self._count = 0
+        self._asking = threading.Lock()  # a test's threads may ask too (a reader polls, a handler kills)
         self._factory = subprocess.Popen(
             # -P: this folder's modules are not put on the factory's path, where they could hide others.
             [sys.executable, "-P", __file__],
@@ -109,9 +166,10 @@ class Forks:
 
     def ask(self, request: dict) -> str:
         assert self._factory.stdin is not None and self._factory.stdout is not None
-        self._factory.stdin.write(json.dumps(request) + "\n")
-        self._factory.stdin.flush()
-        answer = self._factory.stdout.readline()
+        with self._asking:
+            self._factory.stdin.write(json.dumps(request) + "\n")
+            self._factory.stdin.flush()
+            answer = self._factory.stdout.readline()
         assert answer, "the factory of forked commands died"
         return answer
 
@@ -123,6 +181,22 @@ class Forks:
         pid = int(self.ask({"args": args, "env": env, "cwd": folder, "output": str(output)}))
         return Forked(self, pid, output)
 
+    def piped(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> Piped:
+        """Start `mklang ARGS` as `start` does, its stdout and stderr pipes this process reads."""
+        self._count += 1
+        output = Path(self._folder) / str(self._count)
+        ends = []
+        for name in ("out", "err"):
+            os.mkfifo(f"{output}.{name}", 0o600)
+            # Opened before the factory opens the other end, which it does before it forks: the
+            # command's output has a reader from its first line on, and an end once it exited.
+            ends.append(os.open(f"{output}.{name}", os.O_RDONLY | os.O_NONBLOCK))
+        pid = int(self.ask({"args": args, "env": env, "cwd": str(cwd or os.getcwd()), "output": str(output)}))
+        for end in ends:
+            os.set_blocking(end, True)
+        stdout, stderr = (open(end, encoding="utf-8", errors="replace") for end in ends)  # noqa: SIM115
+        return Piped(self, pid, output, stdout, stderr)
+
     def close(self) -> None:
         assert self._factory.stdin is not None
         self._factory.stdin.close()
@@ -132,13 +206,23 @@ class Forks:
 _shared: Forks | None = None
 
 
-def start(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Forked:
-    """Start `mklang ARGS` in a real process forked by this test process's factory."""
+def factory() -> Forks:
+    """This test process's factory, started on first use."""
     global _shared
     if _shared is None:
         _shared = Forks()
         atexit.register(_shared.close)
-    return _shared.start(args, env, cwd)
+    return _shared
+
+
+def start(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Forked:
+    """Start `mklang ARGS` in a real process forked by this test process's factory."""
+    return factory().start(args, env, cwd)
+
+
+def piped(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Piped:
+    """Start `mklang ARGS` in a forked real process whose stdout and stderr this process reads as pipes."""
+    return factory().piped(args, env, cwd)
 
 
 def forked(
@@ -150,7 +234,15 @@ def forked(
     return done
 
 
-def _child(request: dict) -> None:
+def _outputs(request: dict) -> list[int]:
+    """In the factory, before it forks: the command's stdout and stderr, files it creates or the
+    named pipes the test made (whose reader is open: the open returns at once)."""
+    return [
+        os.open(f"{request['output']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for name in ("out", "err")
+    ]
+
+
+def _child(request: dict, outputs: list[int]) -> None:
     """In the forked child: become the command, run it, exit with its code."""
     from mklang import faults
     from mklang.cli import main
@@ -159,8 +251,9 @@ def _child(request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the factory's requests are not the command's input
-    for stream, name in ((1, "out"), (2, "err")):
-        os.dup2(os.open(f"{request['output']}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), stream)
+    for stream, output in zip((1, 2), outputs, strict=True):
+        os.dup2(output, stream)
+        os.close(output)
     faults._from_environment()  # as importing mklang does in a new process
     code = 1
     try:
@@ -168,7 +261,9 @@ def _child(request: dict) -> None:
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    finally:  # what an interpreter does on its way out (exit handlers flush telemetry), not more
+    finally:  # what an interpreter does on its way out, not more: wait for the threads that are not
+        # daemons (a worker's pool, a batch's runs), then the exit handlers (they flush telemetry)
+        threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -210,12 +305,15 @@ def _serve() -> None:
         if "poll" in request:
             print(_exit_code(request["poll"], 0), flush=True)
             continue
+        outputs = _outputs(request)
         pid = os.fork()
         if pid == 0:
             try:
-                _child(request)
+                _child(request, outputs)
             finally:
                 os._exit(1)  # the child never goes back to serving requests
+        for output in outputs:  # only the child writes them: their readers see the end once it exited
+            os.close(output)
         print(pid, flush=True)
 
 
