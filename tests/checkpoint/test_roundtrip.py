@@ -18,6 +18,7 @@ import pytest
 from support.commands import cli
 from support.examples import EXAMPLES, scripted_machines
 from support.runs import InterruptAt, LoopTops, compared
+from support.runs import machines_parsed_once as machines_parsed_once  # a fixture
 
 from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
@@ -26,6 +27,8 @@ from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
 from mklang.syntax import load_file
+
+pytestmark = pytest.mark.usefixtures("machines_parsed_once")  # hundreds of resumes reload the same files
 
 
 @pytest.fixture(autouse=True)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conformance.harness import write_machines
 
+import mklang.syntax
+import mklang.syntax.yaml_front
 from mklang.engine import RunResult
 from mklang.engine.events import Event, StateEntered
 from mklang.model import Machine
@@ -198,3 +202,13 @@ class InterruptAt(LoopTops):
         self.seen += 1
         if self.seen == self.n:
             self.control.interrupted.set()
+
+
+@pytest.fixture
+def machines_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a test, each machine text is parsed once: a test that starts and resumes a run hundreds
+    of times loads the same files at each resume, and a third of its CPU went to parsing them
+    again. Reading each file, hashing it, building the run's machine tree and checking it still
+    happen at every load; a text that does not parse raises each time (nothing is remembered)."""
+    monkeypatch.setattr(mklang.syntax, "parse", functools.cache(mklang.syntax.parse))
+    monkeypatch.setattr(mklang.syntax.yaml_front, "parse_yaml", functools.cache(mklang.syntax.yaml_front.parse_yaml))

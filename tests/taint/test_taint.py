@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conformance.harness import Recorder, run_mk, write_machines
+from support.runs import machines_parsed_once as machines_parsed_once  # a fixture
 from typer.testing import CliRunner
 
 import mklang
@@ -28,6 +29,8 @@ from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
 from mklang.syntax import load_file
+
+pytestmark = pytest.mark.usefixtures("machines_parsed_once")  # runs resumed at every loop-top reload their files
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "refund.scenarios.yaml"
