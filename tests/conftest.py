@@ -186,10 +186,17 @@ def mklang_logger_restored() -> Iterator[None]:
     logger.propagate = propagate
 
 
+@pytest.fixture(scope="session")
+def state_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state", numbered=False)
+
+
 @pytest.fixture(autouse=True)
-def own_state_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test remembers run generations of its own (ADR 0022): tests reuse run ids such as "r"."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+def own_state_folder(state_folders: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test remembers run generations of its own (ADR 0022): tests reuse run ids such as "r".
+    Made beside each other with mkdtemp: a numbered `mktemp` lists every folder made before it, a
+    cost that grew with each test a worker ran (a second of CPU per worker over the suite)."""
+    monkeypatch.setenv("XDG_STATE_HOME", tempfile.mkdtemp(dir=state_folders))
 
 
 @pytest.fixture(autouse=True)
