@@ -457,3 +457,25 @@ def test_a_tool_that_raises_is_a_failed_tool_event_with_its_error_and_no_output(
     assert [(t.tool, t.outcome, t.error, t.output_chars, t.output) for t in finished] == [
         ("search", "failed", "the index is down", None, None)
     ]
+    assert 0 <= finished[0].duration_ms < 60_000  # the call's own time, not a clock reading
+
+
+def test_with_trace_content_a_call_starts_with_its_prompts_or_the_conditions_it_judges():
+    checked = """
+        machine checked
+        entry draft
+        budget 3
+        state draft {
+          structure "One line."
+          prompt "Write it."
+          output text
+          when "it is fine" -> END
+          when "it is rude" -> END
+          otherwise fail
+        }
+    """
+    sink = Sink(trace_content=True)
+    assert run_mk(mk(checked), llm={"produce": ["hi"], "judge": [0]}, observer=sink).status == "done"
+    produce, judge = sink.of(events.ModelStarted)
+    assert (produce.call, produce.prompt["user"]) == ("produce", "Write it.")
+    assert (judge.call, judge.prompt) == ("judge", {"conditions": ["it is fine", "it is rude"]})
