@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,9 +199,11 @@ class Forks:
         return Piped(self, pid, output, stdout, stderr)
 
     def close(self) -> None:
+        """Stop the factory and remove the commands' output files and pipes (once the test process ends)."""
         assert self._factory.stdin is not None
         self._factory.stdin.close()
         self._factory.wait(timeout=30)
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 _shared: Forks | None = None
