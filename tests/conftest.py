@@ -51,17 +51,28 @@ def _rewrite_test_modules_ahead(config: pytest.Config) -> None:
     rewritten by the worker, as before). Built on pytest's own rewriting functions: where a pytest
     release renames them, the workers rewrite as they did."""
     try:
-        from _pytest.assertion.rewrite import PYC_TAIL, _read_pyc, _rewrite_test, _write_pyc, assertstate_key
+        from _pytest.assertion.rewrite import (
+            PYC_TAIL,
+            _read_pyc,
+            _rewrite_test,
+            _write_pyc,
+            assertstate_key,
+            get_cache_dir,
+        )
     except ImportError:
         return
     if config.getoption("assertmode") != "rewrite" or assertstate_key not in config.stash:
         return
     state = config.stash[assertstate_key]
-    patterns = ["conftest.py", *config.getini("python_files")]
+    asked = [(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args]
     modules = [
-        (path, path.parent / "__pycache__" / f"{path.stem}{PYC_TAIL}")
+        (path, get_cache_dir(path) / f"{path.stem}{PYC_TAIL}")
         for path in sorted((ROOT / "tests").rglob("*.py"))
-        if any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns)
+        if path.name == "conftest.py"
+        or (
+            any(fnmatch.fnmatch(path.name, pattern) for pattern in config.getini("python_files"))
+            and any(path == folder or folder in path.parents for folder in asked)  # only what the run collects
+        )
     ]
     stale = [(path, pyc) for path, pyc in modules if _read_pyc(path, pyc) is None]
     if not stale:
