@@ -43,7 +43,7 @@ from mklang.inspection import describe
 from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
-from mklang.stores import Location, RunQuery, Store, locate, open_store
+from mklang.stores import Location, RunQuery, Store, locate, open_store, run_name
 from mklang.stores.file import FileLock, FileStore, hashed_name, lock_holder
 from mklang.stores.postgres import PostgresStore
 from mklang.stores.sqlite import SqliteStore
@@ -1481,3 +1481,27 @@ def test_a_file_store_summary_of_the_wrong_types_is_listed_with_those_fields_unk
         RunSummary("b.json", "r-2", None, "done", None, 12, 0.25, 5.0, 6.0),
         RunSummary("a.json"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        ("a" * 128, True),
+        ("a" * 129, False),
+        ("run-1.retry_2:b", True),
+        ("-run", False),
+        ("run 1", False),
+        ("run.journal", False),
+        ("run.lock", False),
+        ("run.tmp", False),
+        ("ŕun", False),
+    ],
+)
+def test_a_run_name_is_1_to_128_safe_characters_not_ending_as_a_store_file_does(name, valid):
+    if valid:
+        assert run_name(name) == name
+    else:
+        with pytest.raises(UsageError) as refused:
+            run_name(name)
+        shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}..."  # a long name is cut
+        assert str(refused.value).startswith(f"run name {shown} is not valid: a run name is 1 to 128 ASCII letters")
