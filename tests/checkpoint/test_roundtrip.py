@@ -13,6 +13,7 @@ read back from the store.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from support.commands import cli
@@ -22,7 +23,7 @@ from support.runs import machines_parsed_once as machines_parsed_once  # a fixtu
 
 from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
-from mklang.engine import Control
+from mklang.engine import Control, events
 from mklang.scenarios import load_script
 from mklang.service import resume, start
 from mklang.session import Host
@@ -173,3 +174,28 @@ def test_a_run_resumes_from_a_path_or_an_envelope(tmp_path):
         )
         assert done.status == "done" and done.context["approval"]["answer"] == "yes"
         assert done.trace[0] == first.trace[0]
+
+
+class Calls:
+    """An event sink counting the model and tool calls a run made."""
+
+    def __init__(self, then: Any = None):
+        self.made, self.then = 0, then
+
+    def emit(self, event: events.Event) -> None:
+        self.made += isinstance(event, (events.ModelFinished, events.ToolFinished))
+        if self.then is not None:
+            self.then.emit(event)
+
+
+def test_a_run_suspended_three_levels_deep_resumes_each_level_where_it_was_asking_nothing_again(tmp_path):
+    machine = load_file(EXAMPLES / "nested" / "brief.mk")
+    scenario = load_script(EXAMPLES / "nested" / "scenarios.yaml")[0]
+    control = Control()
+    before = Calls(InterruptAt(control, 5))
+    parked = _start(machine, scenario, tmp_path / "cp.json", control=control, observer=before)
+    assert [frame.machine.name for frame in parked.frames] == ["brief", "section", "fact_check"]
+    after, whole = Calls(), Calls()
+    done = _resume(scenario, tmp_path / "cp.json", observer=after)
+    assert compared(done) == compared(_start(machine, scenario, tmp_path / "ref.json", observer=whole))
+    assert before.made + after.made == whole.made  # each level went on from its step: no call was made again
