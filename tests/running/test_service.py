@@ -861,6 +861,13 @@ def test_a_batch_reports_each_run_as_its_signed_envelope_says_and_fails_one_it_c
     ]
 
 
+def test_a_run_kept_for_its_status_is_told_each_status_that_would_have_it_removed(tmp_path, monkeypatch):
+    runs = runs_of_every_kind(tmp_path, monkeypatch)
+    kept = remove_run(locate(runs / "done"), unfinished=True, statuses=("suspended", "running"))
+    assert kept == Removal(str(runs / "done"), False, "done", f"{runs / 'done'}: done, not suspended or running")
+    assert (runs / "done").exists()
+
+
 def test_runs_rm_keeps_each_run_it_may_not_remove_saying_what_it_is_and_why(tmp_path, monkeypatch):
     """What `mklang runs rm` and `runs prune` report of each run (`--json` prints these records):
     decided under the run's lock from its signed envelope."""
