@@ -728,6 +728,31 @@ def test_a_dead_run_is_drawn_as_the_machine_that_ran_and_its_document_has_no_end
     assert (document["status"], document["at"]) == ("running", None)
 
 
+def test_the_document_of_a_dead_run_says_how_far_its_journal_got_and_who_holds_it(tmp_path):
+    from mklang.inspection import describe, run_document
+
+    path = dead_run(tmp_path, "nested", "brief.mk", 5)
+    document = run_document(path)
+    assert (document["status"], document["error"], document["checkpoint"]) == ("running", None, str(path))
+    assert document["frames"] == [
+        {"machine": "brief", "state": "add_section"},
+        {"machine": "section", "state": "check"},
+        {"machine": "fact_check", "state": "review"},
+    ]
+    usage = document["usage"]
+    assert usage["input_tokens"] + usage["output_tokens"] == describe(path)["tokens"]["spent"] == 140  # the journal's
+    assert document["interrupted"].startswith("the run was interrupted at fact_check:review")
+    assert "running_pid" not in document
+    location = locate(path)
+    lock = location.store.lock(location.run)
+    try:
+        held = run_document(path)
+    finally:
+        lock.release()
+    assert held["running_pid"] == os.getpid()
+    assert held["interrupted"] == f"the run is still going in process {os.getpid()}, last durable at fact_check:review"
+
+
 def test_a_resume_that_died_is_documented_running_not_at_the_state_it_had_parked_at(tmp_path):
     from mklang.inspection import run_document
     from mklang.scenarios import load_script

@@ -22,6 +22,7 @@ from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
 from mklang.checkpoint.signing import checkpoint_key, sign
 from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
+from mklang.inspection import run_document
 from mklang.providers.base import NONE, Usage
 from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.service import (
@@ -583,6 +584,22 @@ def test_a_resumed_run_that_finishes_keeps_no_detail_of_the_suspension(tmp_path)
     assert proceed(open_run(path), Host(Recorder())).status == "done"
     done = load(path)
     assert (done.status, done.reason, done.detail) == ("done", None, None)
+
+
+def test_the_document_of_a_run_suspended_on_a_provider_error_gives_the_error(tmp_path):
+    class Down(Recorder):
+        def produce(self, system, user, tier, reason):
+            raise ProviderError("HTTP 503 from the model server")
+
+    path = tmp_path / "cp.json"
+    start(project(tmp_path / "project", root_budget=5), None, Host(Down()), checkpoint=path)
+    document = run_document(path)
+    assert (document["status"], document["reason"], document["detail"]) == (
+        "suspended",
+        "provider-error",
+        "HTTP 503 from the model server",
+    )
+    assert (document["error"], document["checkpoint"]) == (None, str(path))
 
 
 def test_an_edited_journal_of_a_signed_dead_run_is_still_replayed_when_trusted_as_data(tmp_path):
