@@ -459,6 +459,25 @@ def test_what_show_tells_of_a_batchs_run_and_of_one_that_cannot_be_read(tmp_path
     assert broken["reason"] == first_line(unreadable.value)
 
 
+def test_a_run_that_cannot_be_read_is_shown_failed_and_not_resumable_with_nothing_it_holds(tmp_path):
+    store = open_store(str(tmp_path / "runs"))
+    try:
+        (tmp_path / "runs" / "broken").write_bytes(b"not a checkpoint")
+        broken = described(store, str(tmp_path / "runs"), "broken")
+    finally:
+        store.close()
+    assert broken == {
+        "path": str(tmp_path / "runs" / "broken"),
+        "status": "failed",
+        "reason": f"{tmp_path / 'runs' / 'broken'}: the checkpoint is not valid JSON (truncated or corrupted?): "
+        "Expecting value: line 1 column 1 (char 0)",
+        "frames": [],
+        "resumable": False,
+        "signature": {"seal": None, "text": "unreadable"},
+        "host": {},
+    }
+
+
 FOLDERS = {"relative folder": "runs", "absolute folder": "{tmp}/runs", "sqlite": "sqlite:///runs.db"}
 
 
