@@ -331,6 +331,23 @@ def test_the_suggested_budget_gets_past_the_fan_out_ahead_in_one_resume(tmp_path
     assert (code, done["status"], len(done["context"]["reviews"])) == (0, "done", 10)
 
 
+def test_show_suggests_the_budget_past_the_fan_out_even_with_the_machine_edited_and_the_run_held(tmp_path):
+    from mklang.inspection import describe
+
+    (tmp_path / "fan.mk").write_text(FAN, encoding="utf-8")
+    (tmp_path / "fan.yaml").write_text(FAN_SCRIPT, encoding="utf-8")
+    assert cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path).returncode == 3
+    with open(tmp_path / "fan.mk", "a", encoding="utf-8") as edited:
+        edited.write("# edited after the run stopped\n")
+    location = locate(tmp_path / "cp.json")
+    lock = location.store.lock(location.run)  # a resume has just begun elsewhere
+    try:
+        shown = describe(tmp_path / "cp.json")
+    finally:
+        lock.release()
+    assert shown["continue_with"] == f"mklang resume {tmp_path / 'cp.json'} --budget 11"  # 1 step taken, 10 ahead
+
+
 def test_resume_with_checkpoint_writes_the_re_suspension_elsewhere(loop):
     run_loop(loop, "tight", "finishes", "--checkpoint", "cp.json")
     original = (loop / "cp.json").read_bytes()
