@@ -87,6 +87,7 @@ class Forked:
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
+        assert self.pid > 0, f"no process to signal: pid {self.pid} would be this process group"
         os.kill(self.pid, signum)
 
     def kill(self) -> None:
@@ -207,13 +208,16 @@ class Forks:
 
 
 _shared: Forks | None = None
+_owner = 0  # the process that started `_shared`
 
 
 def factory() -> Forks:
-    """This test process's factory, started on first use."""
-    global _shared
-    if _shared is None:
-        _shared = Forks()
+    """This test process's factory, started on first use. A process forked from one that had
+    started it (mutmut runs each mutant's tests in a fork) starts its own: two processes asking
+    one factory would read each other's answers, an exit code taken for a pid."""
+    global _shared, _owner
+    if _shared is None or _owner != os.getpid():
+        _shared, _owner = Forks(), os.getpid()
         atexit.register(_shared.close)
     return _shared
 
