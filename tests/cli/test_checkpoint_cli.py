@@ -26,7 +26,7 @@ from support.runs import LoopTops
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load, save
 from mklang.checkpoint.signing import checkpoint_key, sign
-from mklang.errors import CheckpointError
+from mklang.errors import CheckpointError, MklangError
 from mklang.providers.base import Usage
 from mklang.session import Host
 from mklang.stores import locate
@@ -797,10 +797,25 @@ def test_a_run_signed_with_another_key_names_its_seal_and_draws_no_machine(tmp_p
 
     path = dead_run(tmp_path, "triage", "triage.mk", 2)
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
-    assert describe(path)["signature"] == {"seal": "foreign", "text": "signed with another checkpoint key"}
+    shown = describe(path)
+    assert (shown["path"], shown["signature"]) == (
+        str(path),
+        {"seal": "foreign", "text": "signed with another checkpoint key"},
+    )
     with pytest.raises(CheckpointError) as caught:
         machine_of(locate(path))
     assert str(caught.value) == f"{path}: no verified machine file to draw (signed with another checkpoint key)"
+
+
+@pytest.mark.parametrize("store", ["sqlite:///{tmp}/runs.db", "{tmp}/runs"])
+def test_show_of_a_store_that_does_not_exist_creates_none(tmp_path, store):
+    from mklang.inspection import describe, run_document
+
+    target = f"{store.format(tmp=tmp_path)}#r" if "://" in store else str(Path(store.format(tmp=tmp_path)) / "r")
+    for read in (describe, run_document):
+        with pytest.raises(MklangError):
+            read(target)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["m.mk", "M.MK", "m.yaml"])
