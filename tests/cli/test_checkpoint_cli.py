@@ -331,6 +331,27 @@ def test_the_suggested_budget_gets_past_the_fan_out_ahead_in_one_resume(tmp_path
     assert (code, done["status"], len(done["context"]["reviews"])) == (0, "done", 10)
 
 
+@pytest.mark.parametrize(
+    ("ahead", "topics", "suggested"),
+    [
+        ("over topics", "[]", "--budget 2"),  # no branch: the state is one step
+        ("over topics", '["a", "b", "c"]', "--budget 4"),  # a step a branch
+        ("sample 3", '["a"]', "--budget 4"),  # a step a sample
+    ],
+)
+def test_the_suggested_budget_covers_the_steps_of_the_state_ahead(tmp_path, ahead, topics, suggested):
+    (tmp_path / "fan.mk").write_text(FAN.replace("  over topics\n", f"  {ahead}\n"), encoding="utf-8")
+    script = FAN_SCRIPT.replace('\'["a","b","c","d","e","f","g","h","i","j"]\'', repr(topics))
+    (tmp_path / "fan.yaml").write_text(
+        script + "    run: {budget: 1}\n", encoding="utf-8"
+    )  # a step, then the state ahead
+    run = cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path)
+    assert run.returncode == 3, run.stderr
+    assert (
+        run.stderr.strip().splitlines()[-1] == f"checkpoint: cp.json; continue with: mklang resume cp.json {suggested}"
+    )
+
+
 def test_show_suggests_the_budget_past_the_fan_out_even_with_the_machine_edited_and_the_run_held(tmp_path):
     from mklang.inspection import describe
 
