@@ -32,12 +32,15 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
     """
     location = locate(target, create=False)
     run_name(location.run)  # a row or file no mklang run would write
-    held_by = location.store.holder(location.run)
-    if held_by is not None and location.store.read(location.run) is None:
+    try:
+        envelope = load(location)
+    except CheckpointError:  # no checkpoint, or a run that holds its lock and has not written its first
+        held_by = location.store.holder(location.run)
+        if held_by is None or location.store.read(location.run) is not None:
+            raise
         raise CheckpointError(
             f"{location}: no checkpoint yet: the run in process {held_by} has not written its first one"
-        )
-    envelope = load(location)
+        ) from None
     if envelope.seal != "signed":
         return {
             **unverified(
