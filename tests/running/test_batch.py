@@ -374,7 +374,7 @@ state again {
 
 
 class ByTopic:
-    """A provider that answers NaN in JSON to topic `nan`, what is not JSON to `bad`, and stops the
+    """A provider that answers NaN in JSON to topic `nan`, what is not JSON to `broken`, and stops the
     batch (Ctrl-C) while it answers `stop`."""
 
     def __init__(self, stop: threading.Event) -> None:
@@ -383,7 +383,8 @@ class ByTopic:
     def produce(self, system: str, user: str, tier: str, reason: bool) -> api.Produced:
         if "stop" in user:
             self.stop.set()
-        return api.Produced("not json" if "bad" in user else '{"n": NaN}', None, api.Usage(10, 5))
+        # Topics with letters no hex nonce has: the prompt fences each topic in <data-NONCE> tags.
+        return api.Produced("not json" if "broken" in user else '{"n": NaN}', None, api.Usage(10, 5))
 
     def judge(self, conditions, output, reasoning, context, tier) -> api.Verdict:
         return api.Verdict(0, api.Usage())
@@ -398,8 +399,8 @@ def test_what_a_batch_tells_of_each_run_it_ran_is_what_its_envelope_in_the_store
     stop, store = threading.Event(), open_store(str(tmp_path / "runs"))
     try:
         batch = _runs_of(api.load(tmp_path / "parsed.mk"), store, ByTopic(stop), stop=stop)
-        told = batch.run([Item(topic, {"topic": topic}) for topic in ("nan", "bad", "stop")], concurrency=1)
-        stored = [outcome(store, topic) for topic in ("nan", "bad", "stop")]
+        told = batch.run([Item(topic, {"topic": topic}) for topic in ("nan", "broken", "stop")], concurrency=1)
+        stored = [outcome(store, topic) for topic in ("nan", "broken", "stop")]
     finally:
         store.close()
     assert [(o.status, o.reason) for o in told] == [
