@@ -360,12 +360,7 @@ def test_show_suggests_the_budget_past_the_fan_out_even_with_the_machine_edited_
     assert cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path).returncode == 3
     with open(tmp_path / "fan.mk", "a", encoding="utf-8") as edited:
         edited.write("# edited after the run stopped\n")
-    location = locate(tmp_path / "cp.json")
-    lock = location.store.lock(location.run)  # a resume has just begun elsewhere
-    try:
-        shown = describe(tmp_path / "cp.json")
-    finally:
-        lock.release()
+    shown = while_held(tmp_path / "cp.json", describe)  # a resume has just begun elsewhere
     assert shown["continue_with"] == f"mklang resume {tmp_path / 'cp.json'} --budget 11"  # 1 step taken, 10 ahead
 
 
@@ -578,6 +573,16 @@ def test_show_asks_the_question_of_the_innermost_level_and_a_halted_run_is_not_r
     assert describe(path)["resumable"] is False
 
 
+def while_held(path: Path, read: Any) -> Any:
+    """What `read` tells of the run at `path` while this process holds its lock, as a running one does."""
+    location = locate(path)
+    lock = location.store.lock(location.run)
+    try:
+        return read(path)
+    finally:
+        lock.release()
+
+
 def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
     from support import ROOT
 
@@ -612,12 +617,7 @@ def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
         "the run was interrupted at fact_check:review (2 journaled step(s) past the last snapshot); "
         f"`mklang resume {path}` continues from there"
     )
-    location = locate(path)
-    lock = location.store.lock(location.run)
-    try:
-        held = describe(path)
-    finally:
-        lock.release()
+    held = while_held(path, describe)
     assert (held["running_pid"], held["resumable"]) == (os.getpid(), False)
     assert held["interrupted"] == f"the run is still going in process {os.getpid()}, last durable at fact_check:review"
 
@@ -781,12 +781,7 @@ def test_the_document_of_a_dead_run_says_how_far_its_journal_got_and_who_holds_i
     assert usage["input_tokens"] + usage["output_tokens"] == describe(path)["tokens"]["spent"] == 140  # the journal's
     assert document["interrupted"].startswith("the run was interrupted at fact_check:review")
     assert "running_pid" not in document
-    location = locate(path)
-    lock = location.store.lock(location.run)
-    try:
-        held = run_document(path)
-    finally:
-        lock.release()
+    held = while_held(path, run_document)
     assert held["running_pid"] == os.getpid()
     assert held["interrupted"] == f"the run is still going in process {os.getpid()}, last durable at fact_check:review"
 
