@@ -103,11 +103,16 @@ class Forked:
     def communicate(self, timeout: float = 120) -> tuple[str, str]:
         """Wait for the command to end; its stdout and stderr. It is killed, and the test fails,
         after `timeout` seconds."""
+        self._wait(timeout)
+        stdout, stderr = (Path(f"{self._output}.{name}").read_text() for name in ("out", "err"))
+        return stdout, stderr
+
+    def _wait(self, timeout: float) -> int:
+        """Its exit code once it ended; it is killed, and the test fails, after `timeout` seconds."""
         code = self._forks.ask({"wait": self.pid, "timeout": timeout}).strip()
         assert code != "timeout", f"forked command {self.pid} ran longer than {timeout} s"
         self.returncode = int(code)
-        stdout, stderr = (Path(f"{self._output}.{name}").read_text() for name in ("out", "err"))
-        return stdout, stderr
+        return self.returncode
 
     def wait(self, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Wait for the command to end, as `communicate` does: its code and output."""
@@ -126,10 +131,7 @@ class Piped(Forked):
 
     def wait(self, timeout: float = 120) -> int:  # type: ignore[override]
         """Wait for the command to end (its pipes unread, as `Popen.wait`): its exit code."""
-        code = self._forks.ask({"wait": self.pid, "timeout": timeout}).strip()
-        assert code != "timeout", f"forked command {self.pid} ran longer than {timeout} s"
-        self.returncode = int(code)
-        return self.returncode
+        return self._wait(timeout)
 
     def communicate(self, timeout: float = 120) -> tuple[str, str]:
         """Read both pipes to their end while the command runs, then wait for it: its stdout and stderr."""
@@ -175,25 +177,30 @@ class Forks:
         assert answer, "the factory of forked commands died"
         return answer
 
+    def _next_output(self) -> Path:
+        """Where the next command's stdout and stderr go (`.out`, `.err` beside this path)."""
+        self._count += 1
+        return Path(self._folder) / str(self._count)
+
+    def _fork(self, args: list[str], env: dict[str, str], cwd: Path | None, output: Path) -> int:
+        """Have the factory fork `mklang ARGS` with environment `env` in folder `cwd`: its pid."""
+        return int(self.ask({"args": args, "env": env, "cwd": str(cwd or os.getcwd()), "output": str(output)}))
+
     def start(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> Forked:
         """Start `mklang ARGS` in a forked child with environment `env`, in folder `cwd`."""
-        self._count += 1
-        output = Path(self._folder) / str(self._count)
-        folder = str(cwd or os.getcwd())
-        pid = int(self.ask({"args": args, "env": env, "cwd": folder, "output": str(output)}))
-        return Forked(self, pid, output)
+        output = self._next_output()
+        return Forked(self, self._fork(args, env, cwd, output), output)
 
     def piped(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> Piped:
         """Start `mklang ARGS` as `start` does, its stdout and stderr pipes this process reads."""
-        self._count += 1
-        output = Path(self._folder) / str(self._count)
+        output = self._next_output()
         ends = []
         for name in ("out", "err"):
             os.mkfifo(f"{output}.{name}", 0o600)
             # Opened before the factory opens the other end, which it does before it forks: the
             # command's output has a reader from its first line on, and an end once it exited.
             ends.append(os.open(f"{output}.{name}", os.O_RDONLY | os.O_NONBLOCK))
-        pid = int(self.ask({"args": args, "env": env, "cwd": str(cwd or os.getcwd()), "output": str(output)}))
+        pid = self._fork(args, env, cwd, output)
         for end in ends:
             os.set_blocking(end, True)
         stdout, stderr = (open(end, encoding="utf-8", errors="replace") for end in ends)  # noqa: SIM115
