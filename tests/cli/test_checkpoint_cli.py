@@ -320,11 +320,17 @@ scenarios:
 """
 
 
-def test_the_suggested_budget_gets_past_the_fan_out_ahead_in_one_resume(tmp_path):
-    (tmp_path / "fan.mk").write_text(FAN, encoding="utf-8")
-    (tmp_path / "fan.yaml").write_text(FAN_SCRIPT, encoding="utf-8")
-    run = cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path)
+def suspended_fan(folder: Path, machine: str = FAN, script: str = FAN_SCRIPT) -> subprocess.CompletedProcess[str]:
+    """`mklang run` of the fan-out machine, suspended (into cp.json) on its step budget: what it printed."""
+    (folder / "fan.mk").write_text(machine, encoding="utf-8")
+    (folder / "fan.yaml").write_text(script, encoding="utf-8")
+    run = cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=folder)
     assert run.returncode == 3, run.stderr
+    return run
+
+
+def test_the_suggested_budget_gets_past_the_fan_out_ahead_in_one_resume(tmp_path):
+    run = suspended_fan(tmp_path)
     command = run.stderr.strip().splitlines()[-1].partition("continue with: ")[2]
     assert command == "mklang resume cp.json --budget 11"  # 1 step taken, 10 branches ahead
     code, done = as_json(*shlex.split(command)[1:], cwd=tmp_path)
@@ -340,24 +346,20 @@ def test_the_suggested_budget_gets_past_the_fan_out_ahead_in_one_resume(tmp_path
     ],
 )
 def test_the_suggested_budget_covers_the_steps_of_the_state_ahead(tmp_path, ahead, topics, suggested):
-    (tmp_path / "fan.mk").write_text(FAN.replace("  over topics\n", f"  {ahead}\n"), encoding="utf-8")
     script = FAN_SCRIPT.replace('\'["a","b","c","d","e","f","g","h","i","j"]\'', repr(topics))
-    (tmp_path / "fan.yaml").write_text(
-        script + "    run: {budget: 1}\n", encoding="utf-8"
-    )  # a step, then the state ahead
-    run = cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path)
-    assert run.returncode == 3, run.stderr
-    assert (
-        run.stderr.strip().splitlines()[-1] == f"checkpoint: cp.json; continue with: mklang resume cp.json {suggested}"
+    run = suspended_fan(
+        tmp_path,
+        FAN.replace("  over topics\n", f"  {ahead}\n"),
+        script + "    run: {budget: 1}\n",  # a step, then the state ahead
     )
+    last = run.stderr.strip().splitlines()[-1]
+    assert last == f"checkpoint: cp.json; continue with: mklang resume cp.json {suggested}"
 
 
 def test_show_suggests_the_budget_past_the_fan_out_even_with_the_machine_edited_and_the_run_held(tmp_path):
     from mklang.inspection import describe
 
-    (tmp_path / "fan.mk").write_text(FAN, encoding="utf-8")
-    (tmp_path / "fan.yaml").write_text(FAN_SCRIPT, encoding="utf-8")
-    assert cli("run", "fan.mk", "--script", "fan.yaml", "--checkpoint", "cp.json", cwd=tmp_path).returncode == 3
+    suspended_fan(tmp_path)
     with open(tmp_path / "fan.mk", "a", encoding="utf-8") as edited:
         edited.write("# edited after the run stopped\n")
     shown = while_held(tmp_path / "cp.json", describe)  # a resume has just begun elsewhere

@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conformance.harness import mk, run_mk, write_machines
+from conformance.harness import run_mk, write_machines
 from support import ROOT
 from support.commands import cli
 from support.crashes import Crash, crash
@@ -451,7 +451,7 @@ def test_a_tool_that_raises_is_a_failed_tool_event_with_its_error_and_no_output(
         raise LookupError("the index is down")
 
     sink = Sink()
-    result = run_mk(mk(lookup), tools={"search": search}, observer=sink)
+    result = run_mk(lookup, tools={"search": search}, observer=sink)
     assert (result.status, result.error) == ("halted", "state-error: tool search: the index is down")
     finished = sink.of(events.ToolFinished)
     assert [(t.tool, t.outcome, t.error, t.output_chars, t.output) for t in finished] == [
@@ -475,7 +475,7 @@ def test_with_trace_content_a_call_starts_with_its_prompts_or_the_conditions_it_
         }
     """
     sink = Sink(trace_content=True)
-    assert run_mk(mk(checked), llm={"produce": ["hi"], "judge": [0]}, observer=sink).status == "done"
+    assert run_mk(checked, llm={"produce": ["hi"], "judge": [0]}, observer=sink).status == "done"
     produce, judge = sink.of(events.ModelStarted)
     assert (produce.call, produce.prompt["user"]) == ("produce", "Write it.")
     assert (judge.call, judge.prompt) == ("judge", {"conditions": ["it is fine", "it is rude"]})
