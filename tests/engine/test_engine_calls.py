@@ -84,39 +84,33 @@ def refuse(context, output):
     raise ValueError("no")
 
 
+HOOK = 'hook ok "True when fine."'
+HOOKED = 'structure "s"\n prompt "a"\n output o\n when "fine" hook ok -> END\n otherwise -> END'
+
+# What a called machine declares, its one state, the hooks the host has, and how the state errs.
 ERRING_CHILDREN = {
-    "unknown hook": (
-        'hook ok "True when fine."',
-        'structure "s"\n prompt "a"\n output o\n when "fine" hook ok -> END\n otherwise -> END',
-        "state-error: hook: unknown hook 'ok'",
-    ),
+    "unknown hook": (HOOK, HOOKED, {}, "state-error: hook: unknown hook 'ok'"),
+    "hook raises": (HOOK, HOOKED, {"ok": refuse}, "state-error: hook: ok: no"),
     "unknown tool": (
         'tool t "Look it up."',
         "tool t\n output o\n otherwise -> END",
+        {},
         "state-error: tool: unknown tool 't'",
     ),
     "over a text": (
         "",
         'over items\n structure "s"\n prompt "{{item}}"\n output o\n otherwise -> END',
+        {},
         "state-error: over: 'items' is",
     ),
-    "hook raises": (
-        'hook ok "True when fine."',
-        'structure "s"\n prompt "a"\n output o\n when "fine" hook ok -> END\n otherwise -> END',
-        "state-error: hook: ok: no",
-    ),
-    "missing machine": ("", "call nowhere\n output o\n otherwise -> END", "state-error: call: "),
+    "missing machine": ("", "call nowhere\n output o\n otherwise -> END", {}, "state-error: call: "),
 }
 
 
-@pytest.mark.parametrize("declared, body, error", ERRING_CHILDREN.values(), ids=list(ERRING_CHILDREN))
-def test_a_state_error_in_a_called_machine_fails_the_call_of_its_caller(tmp_path, declared, body, error):
+@pytest.mark.parametrize("declared, body, hooks, error", ERRING_CHILDREN.values(), ids=list(ERRING_CHILDREN))
+def test_a_state_error_in_a_called_machine_fails_the_call_of_its_caller(tmp_path, declared, body, hooks, error):
     child = f'machine child\nentry a\nbudget 3\ncontext {{ items: "text" }}\n{declared}\nstate a {{\n {body}\n}}\n'
-    result = run_mk(
-        write_machines(tmp_path, CALLER, child),
-        llm={"produce": ["x"], "judge": [0]},
-        hooks={"ok": refuse} if error.endswith(": no") else {},
-    )
+    result = run_mk(write_machines(tmp_path, CALLER, child), llm={"produce": ["x"], "judge": [0]}, hooks=hooks)
     assert (result.status, result.at) == ("halted", "go")
     assert result.error.startswith(f"call-failed: {error}"), result.error
     assert result.trace[-1]["policy"] == "call-failed"
