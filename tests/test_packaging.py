@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tomllib
@@ -77,8 +78,12 @@ def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(t
 
     (wheel,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"), versions=["standard"])
     env = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(env)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     python = env / "bin" / "python"
+    # The dependencies come from this interpreter's environment (a venv or not), after the new one's own
+    # site-packages, where the wheel goes: --system-site-packages would reach the base interpreter's.
+    (new_site,) = (env / "lib").glob("python*/site-packages")
+    (new_site / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = ["install", "-q", "--no-deps", "--no-index", wheel]  # this pip, into the new environment
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), *install], check=True)
     elsewhere = tmp_path / "elsewhere"

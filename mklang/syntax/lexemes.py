@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 _LEXEME = re.compile(r'"""[\s\S]*?"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*|->|[A-Za-z_][A-Za-z0-9_.]*|-?[0-9][0-9.eE+-]*|\S')
@@ -41,7 +42,7 @@ def comments(source: str) -> list[Lexeme]:
     return scan_at(source, found)
 
 
-def scan_at(source: str, matches) -> list[Lexeme]:
+def scan_at(source: str, matches: Iterable[re.Match[str]]) -> list[Lexeme]:
     starts = [0] + [match.end() for match in re.finditer("\n", source)]
     found = []
     for match in matches:
