@@ -21,7 +21,7 @@ from measure import print_load
 from mklang.checkpoint.envelope import load, save
 from mklang.engine import run
 from mklang.providers.scripted import ScriptedProvider
-from mklang.service import open_run, proceed, start
+from mklang.runs import open_run, proceed, start
 from mklang.session import Host
 from mklang.syntax import load_file
 

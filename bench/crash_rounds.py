@@ -33,8 +33,8 @@ from support.crashes import finished_outcome  # noqa: E402
 from support.examples import scripted_machines  # noqa: E402
 
 from mklang import faults  # noqa: E402
+from mklang.runs import open_run, proceed, start  # noqa: E402
 from mklang.scenarios import ScriptedHost, load_script  # noqa: E402
-from mklang.service import open_run, proceed, start  # noqa: E402
 from mklang.session import Host  # noqa: E402
 from mklang.syntax import load_file  # noqa: E402
 

@@ -185,7 +185,7 @@ def looping(gate: str = "otherwise -> s") -> Callable[[int, str | None], object]
     makes it durable at checkpoint `target`, or runs it without a store when `target` is None."""
     from mklang.engine import run
     from mklang.providers.scripted import ScriptedProvider
-    from mklang.service import start
+    from mklang.runs import start
     from mklang.session import Host
     from mklang.syntax import parse
 

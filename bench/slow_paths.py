@@ -70,7 +70,7 @@ def resume_to_done(path: Path, output: str) -> Callable[[], None]:
     call starts again from the same suspended checkpoint. The machine's first gate
     is a judged one that leads to END, its last `otherwise` leads back."""
     from mklang.providers.scripted import ScriptedProvider
-    from mklang.service import open_run, proceed, start
+    from mklang.runs import open_run, proceed, start
     from mklang.session import Host
     from mklang.syntax import load_file
 
@@ -172,7 +172,7 @@ def durability() -> None:
     """The checkpoint's cost per step of a durable run, per-call fsync against one group commit per step."""
     from mklang.engine import run
     from mklang.providers.scripted import ScriptedProvider
-    from mklang.service import start
+    from mklang.runs import start
     from mklang.session import Host
     from mklang.syntax import load_file
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     )
     from mklang.model import Machine
     from mklang.providers.base import Produced, Provider, Usage, Verdict
-    from mklang.service import Outcome
+    from mklang.runs import Outcome
 
 # Where each public name lives; it is read from there when first used.
 _HOMES = {
@@ -87,7 +87,7 @@ _HOMES = {
     "StateEntered": "mklang.engine.events",
     "ToolFinished": "mklang.engine.events",
     "ToolStarted": "mklang.engine.events",
-    "Outcome": "mklang.service",
+    "Outcome": "mklang.runs",
     "Produced": "mklang.providers.base",
     "Provider": "mklang.providers.base",
     "RunResult": "mklang.engine",

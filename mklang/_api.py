@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mklang.engine.events import EventSink
     from mklang.model import Machine
     from mklang.providers.base import Provider
-    from mklang.service import Outcome, Resumable
+    from mklang.runs import Outcome, Resumable
     from mklang.session import Host
 
 StrPath = str | os.PathLike[str]
@@ -98,7 +98,7 @@ def run(
     The keywords are those of `mklang run` (docs/api.md). Without `checkpoint`
     a budget halts the run; with it the run persists there and suspends instead.
     """
-    from mklang.service import start
+    from mklang.runs import start
 
     _require_keywords(run, options, RunOptions.__optional_keys__)
     loaded = _runnable(machine)
@@ -124,7 +124,7 @@ def resume(
     no provider, script or replay given, a checkpoint signed with your key
     is answered as the run was. The other keywords are those of `mklang resume`.
     """
-    from mklang.service import opened, proceed
+    from mklang.runs import opened, proceed
 
     _require_keywords(resume, options, RunOptions.__optional_keys__)
     with (

@@ -6,7 +6,7 @@ runs that crashed or stopped on a budget resume (with the budgets given
 now), and runs parked on a human question stay parked until someone answers
 them with `mklang resume STORE#RUN --set ...`. The store, not this process,
 is the source of truth: a run's outcome is what its envelope there says,
-whichever process or worker ran it (`service.outcome` reads it; a run this
+whichever process or worker ran it (`runs.outcome` reads it; a run this
 process ran is told it from the envelope it wrote last, under its lock).
 """
 
@@ -33,7 +33,7 @@ from mklang.errors import MklangError, RunBusy, UsageError, first_line
 from mklang.limits import load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.service import Claim, Outcome, claim, outcome
+from mklang.runs import Claim, Outcome, claim, outcome
 from mklang.session import Host
 from mklang.stores import Location, NoteStore, Store, is_uri, run_name
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY

@@ -42,7 +42,7 @@ from mklang.engine.events import EventSink
 from mklang.errors import CheckpointError, MklangError, UsageError, first_line, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.service import Outcome, fleet_mac, outcome, read_signed, record_key, report_key, verified, write_signed
+from mklang.runs import Outcome, fleet_mac, outcome, read_signed, record_key, report_key, verified, write_signed
 from mklang.stores import Store, open_store, run_name
 from mklang.terminal import printable
 

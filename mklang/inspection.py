@@ -19,7 +19,7 @@ from mklang.engine.trace import Trace
 from mklang.errors import CheckpointError, MklangError, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.service import open_run
+from mklang.runs import open_run
 from mklang.stores import Location, locate, run_name
 
 

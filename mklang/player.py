@@ -9,8 +9,8 @@ from pathlib import Path
 from mklang.engine import RunResult
 from mklang.engine.events import EventSink, Named
 from mklang.model import Machine
+from mklang.runs import resume, start
 from mklang.scenarios import Scenario, compare
-from mklang.service import resume, start
 from mklang.session import Host
 
 

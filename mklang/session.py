@@ -4,7 +4,7 @@ A `Host` is a provider, tools and hooks, either scripted from a scenario or
 real (a provider from the config, plugins), plus the `HostSettings` a
 checkpoint records so that a resume can rebuild it without secrets.
 `preflight` refuses what would stop a run after it had paid for some. Runs
-are started and resumed with a host by `mklang.service`; `mklang/host/` (the
+are started and resumed with a host by `mklang.runs`; `mklang/host/` (the
 user's config and plugins) stays below.
 """
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from mklang.checkpoint.envelope import HostSettings
     from mklang.checkpoint.journal import HostState
     from mklang.engine import Toolbox
-    from mklang.service import Resumable
+    from mklang.runs import Resumable
 
 __all__ = ["Host", "preflight"]
 

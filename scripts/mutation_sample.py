@@ -6,7 +6,7 @@ uniform random sample of the mutants `mutants/` holds as not run, for `mutmut ru
 name, then estimates each module's score: the mutants that ran before the sample are counted,
 the sample's rate stands for the rest. Run it from the folder that holds `mutants/`:
 
-    python scripts/mutation_sample.py pick 400 sample.json "mklang/stores/*" "mklang/service.py"
+    python scripts/mutation_sample.py pick 400 sample.json "mklang/stores/*" "mklang/runs/*"
     mutmut run $(python scripts/mutation_sample.py names sample.json)
     python scripts/mutation_sample.py estimate sample.json
 """

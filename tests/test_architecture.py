@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "mklang.scenarios",
             "mklang.session",
-            "mklang.service",
+            "mklang.runs",
             "mklang.player",
             "mklang.inspection",
             "mklang.batching",
@@ -66,7 +66,7 @@ RUNTIME = (
     "mklang.checkpoint",
     "mklang.stores",
     "mklang.session",
-    "mklang.service",
+    "mklang.runs",
     "mklang.scenarios",
 )
 
@@ -214,19 +214,19 @@ def test_persistence_knows_the_engines_frames_not_how_it_runs():
 
 
 @pytest.mark.parametrize("module", ["mklang.batching", "mklang.distributed"])
-def test_batches_and_workers_reach_stored_runs_only_through_the_service(module):
+def test_batches_and_workers_reach_stored_runs_only_through_the_runs_package(module):
     """No envelope, journal or signature of their own: the service opens, verifies and reports runs,
     with each run's lock held. Of persistence they use the machine texts a store keeps."""
     assert sorted(t for t in GRAPH[module] if t.startswith("mklang.checkpoint")) in ([], ["mklang.checkpoint.texts"])
-    assert "mklang.service" in GRAPH[module]
+    assert "mklang.runs" in GRAPH[module]
 
 
 STARTERS = {"run", "continue_run", "make_runtime"}  # what starts or continues a run in the engine
 
 
-def test_only_the_run_service_starts_or_continues_a_run():
+def test_only_the_runs_package_starts_or_continues_a_run():
     """One door: the CLI, the API, batches, workers and the scenario player reach the engine's
-    `run`, `continue_run` and `make_runtime` through `mklang.service`, never directly."""
+    `run`, `continue_run` and `make_runtime` through `mklang.runs`, never directly."""
     reached = {
         module: sorted(
             alias.name
@@ -239,7 +239,8 @@ def test_only_the_run_service_starts_or_continues_a_run():
         if not module.startswith("mklang.engine")
     }
     assert {module: names for module, names in reached.items() if names} == {
-        "mklang.service": ["continue_run", "make_runtime", "run"]
+        "mklang.runs.driving": ["continue_run", "make_runtime"],
+        "mklang.runs.starting": ["run"],
     }
 
 

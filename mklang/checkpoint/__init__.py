@@ -5,5 +5,5 @@ The envelope and its schema (`envelope`), the crash journal and its recovery
 (`generations`), machine paths and the machine texts a store keeps (`paths`,
 `texts`), frames recorded by older versions (`compat`) and what a reopened
 run may decide about its host (`trust`). The bytes live in a store
-(`mklang.stores`); opening and driving a stored run is `mklang.service`.
+(`mklang.stores`); opening and driving a stored run is `mklang.runs`.
 """

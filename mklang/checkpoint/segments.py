@@ -85,7 +85,7 @@ def _copy(source: Location, target: Location, segments: list[Segment]) -> None:
 
 
 def placed(envelope: Envelope, target: Location) -> Envelope:
-    """`envelope`, about to be saved at `target` and resumed there (`service.resume` of an
+    """`envelope`, about to be saved at `target` and resumed there (`runs.resume` of an
     `Envelope`), with every trace step it names within reach of the run there.
 
     The segments it names are copied from the store it was read from, each read and checked;

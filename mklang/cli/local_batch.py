@@ -34,7 +34,7 @@ from mklang.engine import Control
 from mklang.engine.events import EventSink
 from mklang.host.config import catalog_prices, known_catalog_prices
 from mklang.model import Machine
-from mklang.service import Outcome
+from mklang.runs import Outcome
 from mklang.session import Host
 from mklang.stores import Store
 

@@ -27,7 +27,7 @@ from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, PATH
 if TYPE_CHECKING:
     from mklang.engine import RunResult
     from mklang.model import Machine
-    from mklang.service import Resumable
+    from mklang.runs import Resumable
 
 
 # Options shared by `run`, `resume` and `batch`; the host options are in `mklang.cli.hosting`.
@@ -80,7 +80,7 @@ class RunOptions(NamedTuple):
     concurrency: int | None = None
 
     def service_keywords(self) -> dict[str, Any]:
-        """The keywords of `service.start` and `service.proceed` these options give; a bad value is a usage error."""
+        """The keywords of `runs.start` and `runs.proceed` these options give; a bad value is a usage error."""
         return {
             **self._asdict(),
             "untrusted_flow": policy(self.untrusted_flow),
@@ -259,7 +259,7 @@ def run(
 ) -> None:
     """Run a machine."""
     with handle_errors(output.as_json):
-        from mklang import service
+        from mklang import runs
         from mklang.checker import require_runnable
         from mklang.engine import Control
         from mklang.session import Host
@@ -284,9 +284,7 @@ def run(
             interrupts(control),
             observed(output, host.run_setting("max_tokens", options.max_tokens)) as observer,
         ):
-            result = service.start(
-                loaded, context, host, checkpoint=where, **keywords, control=control, observer=observer
-            )
+            result = runs.start(loaded, context, host, checkpoint=where, **keywords, control=control, observer=observer)
         report(result, as_json, checkpoint)
 
 
@@ -349,7 +347,7 @@ def resume(
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
     with handle_errors(output.as_json):
-        from mklang import service
+        from mklang import runs
         from mklang.engine import Control
         from mklang.session import Host
 
@@ -360,7 +358,7 @@ def resume(
             raise fail("--replace replaces the run at another --checkpoint: it needs --checkpoint")
 
         control = Control()
-        opened = service.opened(
+        opened = runs.opened(
             checkpoint,
             force=force,
             machine_path=str(machine) if machine else None,
@@ -378,7 +376,7 @@ def resume(
                 interrupts(control),
                 observed(output, options.max_tokens or budgets.max_tokens) as observer,
             ):
-                result = service.proceed(
+                result = runs.proceed(
                     resumable,
                     host,
                     checkpoint=out,

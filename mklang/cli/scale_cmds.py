@@ -132,7 +132,7 @@ def runs_rm(
     run was removed, 1 when one was kept (each said on stderr)."""
     with handle_errors(wants_json(format)):
         from mklang.errors import MklangError, first_line
-        from mklang.service import Removal, remove_run
+        from mklang.runs import Removal, remove_run
         from mklang.stores import locate, split_target
 
         for checkpoint in checkpoints:  # every name checked before any run is removed
@@ -171,7 +171,7 @@ def runs_prune(
         import time
 
         from mklang.batching import location
-        from mklang.service import FINISHED, remove_run
+        from mklang.runs import FINISHED, remove_run
         from mklang.stores import RunQuery, open_store
 
         statuses = tuple(part.strip() for part in status.split(",") if part.strip())

@@ -41,16 +41,16 @@ class Replies:
         thread.start()
 
     def _resume(self, run: str, values: dict[str, object]) -> None:
-        from mklang import service
+        from mklang import runs
         from mklang.errors import MklangError
         from mklang.session import Host
 
         try:
             with (
-                service.opened(location(self.store, self.uri, run)) as resumable,
+                runs.opened(location(self.store, self.uri, run)) as resumable,
                 Host.resumed(resumable, self.hosting.settings, None) as host,
             ):
-                service.proceed(resumable, host, reply=values, observer=_Progress(run, self.on_change))
+                runs.proceed(resumable, host, reply=values, observer=_Progress(run, self.on_change))
         except MklangError as error:
             self.failures[run] = first_line(error)
         finally:

@@ -87,7 +87,7 @@ class Toolbox(TypedDict, total=False):
 
 class RunOptions(Toolbox, total=False):
     """What every way of starting a run takes beside its provider (`run`,
-    `mklang.service.start`): its toolbox, the token, dollar and
+    `mklang.runs.start`): its toolbox, the token, dollar and
     time budgets, calls in flight (default `DEFAULT_RUN_CONCURRENCY`), whether escalations wait for a
     human, the interrupt flag, the observer told of the run's events, and what a
     tainted decision reaching an effectful tool does (`untrusted_flow`: report,

@@ -23,9 +23,9 @@ from support.runs import outcome
 from mklang import resume
 from mklang.engine import Control, run
 from mklang.providers.base import Produced, Usage, Verdict
+from mklang.runs import resume as resume_run
+from mklang.runs import start
 from mklang.scenarios import Scenario, ScriptedHost
-from mklang.service import resume as resume_run
-from mklang.service import start
 from mklang.session import Host
 from mklang.syntax import load_file
 

@@ -25,7 +25,7 @@ from support.runs import outcome
 from mklang import resume
 from mklang.engine import Control, run
 from mklang.providers.base import Produced, Usage, Verdict
-from mklang.service import start
+from mklang.runs import start
 from mklang.session import Host
 from mklang.syntax import load_file
 

@@ -32,8 +32,8 @@ from support.forks import forked
 
 from mklang.checkpoint.envelope import load
 from mklang.engine.runner import FENCE_NOTICE
+from mklang.runs import open_run, proceed, start
 from mklang.scenarios import ScriptedHost, load_script
-from mklang.service import open_run, proceed, start
 from mklang.session import Host
 from mklang.syntax import load_file
 

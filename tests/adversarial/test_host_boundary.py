@@ -517,7 +517,7 @@ class Paid:
 @pytest.mark.parametrize("concurrency", [4, 8, 16])
 def test_ten_resume_cycles_of_a_fan_out_stay_within_the_bound_of_one(tmp_path, concurrency):
     from mklang import resume
-    from mklang.service import start
+    from mklang.runs import start
     from mklang.syntax import load_file
 
     (tmp_path / "steps.mk").write_text(STEPS)

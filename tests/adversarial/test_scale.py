@@ -74,7 +74,7 @@ def suspended(tmp_path_factory):
 FACTORY = """
 import os, sys, time
 import genai_prices.data
-import mklang.checker, mklang.cli, mklang.cli.app, mklang.cli.run_cmds, mklang.host.plugins, mklang.service
+import mklang.checker, mklang.cli, mklang.cli.app, mklang.cli.run_cmds, mklang.host.plugins, mklang.runs
 import mklang.checkpoint.compat, mklang.checkpoint.envelope, mklang.checkpoint.journal, mklang.checkpoint.segments
 import mklang.checkpoint.trust, mklang.providers.cassette, mklang.providers.factory, mklang.providers.openai
 import mklang.session, mklang.stores.file, mklang.syntax.build, mklang.yaml_composer

@@ -105,7 +105,7 @@ def test_an_edited_journal_line_of_a_crashed_run_is_refused(project):
     # Make the suspended run look crashed: a running envelope and a journal with one step.
     from mklang.checkpoint.journal import StoreJournal
     from mklang.checkpoint.paths import MachinePaths
-    from mklang.service import open_run
+    from mklang.runs import open_run
 
     resumable = open_run(checkpoint, lock=False)
     root = resumable.chain[0].machine.path

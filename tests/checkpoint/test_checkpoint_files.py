@@ -39,8 +39,8 @@ from mklang.checkpoint.journal import read_journal
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError
 from mklang.providers.base import Produced, Usage, Verdict
+from mklang.runs import start
 from mklang.scenarios import load_script
-from mklang.service import start
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.syntax import load_file, parse
@@ -420,7 +420,7 @@ def test_a_checkpointed_run_records_the_halt_and_the_question_it_ended_on(tmp_pa
 
 
 def test_an_edited_journal_of_a_signed_run_is_refused_unless_trusted_then_read_as_untrusted(tmp_path):
-    from mklang.service import open_run
+    from mklang.runs import open_run
 
     path = dead_run(tmp_path, "triage", "triage.mk", 2)
     journal = journal_path(path)
@@ -440,8 +440,8 @@ def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was
 
     from support import ROOT
 
-    from mklang.service import resume as resume_run
-    from mklang.service import start as start_run
+    from mklang.runs import resume as resume_run
+    from mklang.runs import start as start_run
     from mklang.session import Host
 
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")

@@ -15,7 +15,7 @@ from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
 from mklang.inspection import run_document
 from mklang.providers.scripted import ScriptedProvider
-from mklang.service import open_run, proceed
+from mklang.runs import open_run, proceed
 from mklang.session import Host
 
 FIXTURE = Path(__file__).parent / "format2"

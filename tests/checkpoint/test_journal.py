@@ -36,8 +36,8 @@ from mklang.checkpoint.journal import (
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, UsageError
 from mklang.providers.base import Produced, Usage
+from mklang.runs import resume, start
 from mklang.scenarios import load_script
-from mklang.service import resume, start
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.syntax import load_file
@@ -109,7 +109,7 @@ def test_a_crash_just_after_a_resumed_run_suspends_again_leaves_no_journal_that_
     writing the new envelope and dropping that journal must not replay the journal onto it."""
     from mklang import faults
     from mklang.providers.scripted import ScriptedProvider
-    from mklang.service import open_run, proceed
+    from mklang.runs import open_run, proceed
 
     machine_file = tmp_path / "loop.mk"
     machine_file.write_text(
@@ -152,10 +152,10 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
     from support import ROOT
     from support.runs import outcome
 
+    from mklang.runs import open_run
+    from mklang.runs import resume as resume_run
+    from mklang.runs import start as start_run
     from mklang.scenarios import load_script
-    from mklang.service import open_run
-    from mklang.service import resume as resume_run
-    from mklang.service import start as start_run
     from mklang.session import Host
 
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
@@ -202,9 +202,9 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
 
     from support import ROOT
 
+    from mklang.runs import open_run
+    from mklang.runs import start as start_run
     from mklang.scenarios import load_script
-    from mklang.service import open_run
-    from mklang.service import start as start_run
     from mklang.session import Host
 
     shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
@@ -268,8 +268,8 @@ def test_a_run_that_dies_after_journaling_a_halt_resumes_to_the_same_halt(tmp_pa
     from support.runs import outcome
 
     from mklang import faults
-    from mklang.service import resume as resume_run
-    from mklang.service import start as start_run
+    from mklang.runs import resume as resume_run
+    from mklang.runs import start as start_run
     from mklang.session import Host
 
     class Crash(BaseException):

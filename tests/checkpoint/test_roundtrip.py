@@ -24,8 +24,8 @@ from support.runs import machines_parsed_once as machines_parsed_once  # a fixtu
 from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
 from mklang.engine import Control, events
+from mklang.runs import resume, start
 from mklang.scenarios import load_script
-from mklang.service import resume, start
 from mklang.session import Host
 from mklang.syntax import load_file
 

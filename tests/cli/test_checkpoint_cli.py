@@ -589,8 +589,8 @@ def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
     from support import ROOT
 
     from mklang.inspection import describe
+    from mklang.runs import start as start_run
     from mklang.scenarios import load_script
-    from mklang.service import start as start_run
 
     machine = load_file(ROOT / "examples" / "nested" / "brief.mk")
     scenario = load_script(ROOT / "examples" / "nested" / "scenarios.yaml")[0]
@@ -790,9 +790,9 @@ def test_the_document_of_a_dead_run_says_how_far_its_journal_got_and_who_holds_i
 
 def test_a_resume_that_died_is_documented_running_not_at_the_state_it_had_parked_at(tmp_path):
     from mklang.inspection import run_document
+    from mklang.runs import open_run, proceed
+    from mklang.runs import start as start_run
     from mklang.scenarios import load_script
-    from mklang.service import open_run, proceed
-    from mklang.service import start as start_run
 
     machine = load_file(ROOT / "examples" / "approval" / "approval.mk")
     scenario = load_script(ROOT / "examples" / "approval" / "scenarios.yaml")[0]

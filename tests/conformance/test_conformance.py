@@ -3,7 +3,7 @@
 Each case is a scenario of `mklang test` plus its machine source: it is
 written to disk, loaded through `mklang.scenarios.load_script` (the same
 validation `mklang test` applies), run through the run service as `mklang
-test` runs it (`mklang.service.start` with the scenario's scripted host, a
+test` runs it (`mklang.runs.start` with the scenario's scripted host, a
 durable one with a real checkpoint) and compared with `mklang.scenarios.compare`.
 Unlike `mklang test`, it does not check the root machine first: many cases pin
 a halt of a root with no way to END (README.md).
@@ -17,8 +17,8 @@ import pytest
 import yaml
 from conformance.harness import write_machines
 
+from mklang.runs import start
 from mklang.scenarios import SCENARIO_KEYS, compare, load_script
-from mklang.service import start
 from mklang.session import Host
 
 HERE = Path(__file__).parent

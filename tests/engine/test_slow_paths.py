@@ -12,7 +12,7 @@ from support import ROOT
 from support.runs import JUDGED_TWO_STATES
 
 from mklang.errors import UsageError
-from mklang.service import start
+from mklang.runs import start
 from mklang.session import Host
 from mklang.yaml_composer import compose_yaml
 

@@ -14,7 +14,7 @@ import mklang
 from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.providers.factory import make_provider
-from mklang.service import start
+from mklang.runs import start
 from mklang.session import Host
 
 KEY = "sk-live-TOPSECRET-abcdef123456"

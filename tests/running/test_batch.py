@@ -28,7 +28,7 @@ from mklang.checkpoint.envelope import load
 from mklang.errors import MklangError, UsageError, first_line
 from mklang.inspection import describe
 from mklang.providers.base import Usage
-from mklang.service import Outcome
+from mklang.runs import Outcome
 from mklang.stores import locate, open_store
 from mklang.stores.file import FileStore
 
@@ -240,7 +240,7 @@ def test_a_batch_is_named_by_the_sha256_of_its_sorted_run_names():
 
 def test_a_batchs_summary_counts_each_status_and_its_exit_code_says_whether_a_rerun_continues(tmp_path):
     from mklang.batching import exit_code, summary, write_results
-    from mklang.service import Outcome
+    from mklang.runs import Outcome
 
     spent = Usage(10, 5, 0.25).to_json()
     outcomes = [
@@ -392,8 +392,8 @@ class ByTopic:
 
 def test_what_a_batch_tells_of_each_run_it_ran_is_what_its_envelope_in_the_store_says(tmp_path):
     """The outcome of a run the batch ran is taken from the envelope it wrote, not read back: it is
-    the one the store gives (`service.outcome`), NaN in a result included (the envelope keeps null)."""
-    from mklang.service import outcome
+    the one the store gives (`runs.outcome`), NaN in a result included (the envelope keeps null)."""
+    from mklang.runs import outcome
 
     (tmp_path / "parsed.mk").write_text(PARSED, encoding="utf-8")
     stop, store = threading.Event(), open_store(str(tmp_path / "runs"))

@@ -166,8 +166,8 @@ def test_an_empty_produce_list_is_valid(tmp_path):
 def test_scripted_fan_out_runs_branches_concurrently_by_default(tmp_path):
     """Item 5: the four branches are in flight together (a barrier of four only opens then),
     and still get the answers of their index; `run.concurrency: 1` stays available."""
+    from mklang.runs import start
     from mklang.scenarios import load_script
-    from mklang.service import start
     from mklang.session import Host
     from mklang.syntax import load_file
 

@@ -13,8 +13,8 @@ from support.runs import CALLS_CHILD, HOOKED_CHILD
 import mklang
 from mklang.checkpoint.envelope import load
 from mklang.errors import LoadError, UsageError
+from mklang.runs import start
 from mklang.scenarios import Scenario, load_script
-from mklang.service import start
 from mklang.session import Host, preflight
 
 PACKAGE = Path(mklang.__file__).parent

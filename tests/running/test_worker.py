@@ -49,7 +49,7 @@ from mklang.distributed import (
 )
 from mklang.errors import CheckpointError, UsageError
 from mklang.providers.base import Usage
-from mklang.service import Outcome, outcome, read_signed, record_key, report_key, write_signed
+from mklang.runs import Outcome, outcome, read_signed, record_key, report_key, write_signed
 from mklang.session import Host
 from mklang.stores import open_store
 from mklang.syntax import load_file

@@ -19,7 +19,7 @@ import pytest
 from support.commands import run_cli
 from support.examples import EXAMPLES
 
-from mklang.service import record_key, report_key
+from mklang.runs import record_key, report_key
 from mklang.stores import open_store
 
 APPROVAL = EXAMPLES / "approval"

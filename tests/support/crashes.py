@@ -14,8 +14,8 @@ from mklang.checkpoint.envelope import load
 from mklang.checkpoint.segments import recorded_trace
 from mklang.engine.runtime import BRANCH_THREADS
 from mklang.providers.base import Usage
+from mklang.runs import open_run, proceed, start
 from mklang.scenarios import Scenario, ScriptedHost, load_script
-from mklang.service import open_run, proceed, start
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.syntax import load_file

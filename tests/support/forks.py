@@ -51,7 +51,7 @@ PRELOADED = (
     "mklang.providers.factory",
     "mklang.providers.openai",
     "mklang.scenarios",
-    "mklang.service",
+    "mklang.runs",
     "mklang.session",
     "mklang.stores.file",
     "mklang.syntax.build",

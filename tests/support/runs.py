@@ -16,8 +16,8 @@ import mklang.syntax.yaml_front
 from mklang.engine import RunResult
 from mklang.engine.events import Event, StateEntered
 from mklang.model import Machine
+from mklang.runs import start
 from mklang.scenarios import Scenario
-from mklang.service import start
 from mklang.session import Host
 
 # A machine that calls `child`, whose gate asks a hook the host must supply: what preflight checks
@@ -158,7 +158,7 @@ def project(folder: Path, root_budget: int = 1, sub_budget: int = 3) -> Machine:
 
 def run_scenario(machine: Machine, scenario: Scenario, host: Host | None = None, **options: Any) -> RunResult:
     """The first part of a scenario, run in memory through the run service as `mklang.run` would;
-    `host` replaces the scenario's own (to count its calls), `options` go to `service.start`."""
+    `host` replaces the scenario's own (to count its calls), `options` go to `runs.start`."""
     with host or Host.for_scenario(scenario) as used:
         return start(machine, {}, used, suspendable=scenario.durable, **options)
 

@@ -25,8 +25,8 @@ from mklang.checkpoint.signing import checkpoint_key, sign
 from mklang.cli import run_cmds, syntax_cmds  # noqa: F401 - registers the commands
 from mklang.cli.app import app
 from mklang.errors import CheckpointError, UsageError
+from mklang.runs import resume, start
 from mklang.scenarios import load_script
-from mklang.service import resume, start
 from mklang.session import Host
 from mklang.syntax import load_file
 

@@ -1,4 +1,4 @@
-"""Starting and continuing a checkpointed run (mklang.service): the envelope a run begins with,
+"""Starting and continuing a checkpointed run (mklang.runs): the envelope a run begins with,
 where its machines are found again and which frames may run, a run that died replayed from its
 journal, what a resume changes and records, and a resumed run hosted as its checkpoint records."""
 
@@ -24,8 +24,7 @@ from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
 from mklang.inspection import run_document
 from mklang.providers.base import NONE, Usage
-from mklang.scenarios import Scenario, ScriptedHost, load_script
-from mklang.service import (
+from mklang.runs import (
     Outcome,
     Removal,
     open_run,
@@ -37,6 +36,7 @@ from mklang.service import (
     start,
     verified,
 )
+from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.session import Host
 from mklang.stores import locate
 from mklang.stores.file import FileStore
