@@ -149,7 +149,7 @@ def celery_app(broker: str) -> Any:
     try:
         from celery import Celery
     except ImportError:
-        raise UsageError("workers need Celery: pip install 'mklang[distributed]'") from None
+        raise UsageError("workers need Celery: pip install 'mklang[distributed]>=2'") from None
     shown = redacted(broker)
     scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
     if scheme not in BROKER_SCHEMES:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -71,42 +73,57 @@ def test_built_wheel_contains_grammar_parser_and_library(tmp_path):
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
 
-@pytest.mark.slow
-def test_an_installed_wheel_finds_its_grammar_and_library_outside_the_checkout(tmp_path):
-    """Install the real wheel into a fresh environment and use it from another folder."""
+def _built(kind: str, directory: Path) -> Path:
+    from hatchling.builders.sdist import SdistBuilder
     from hatchling.builders.wheel import WheelBuilder
 
-    (wheel,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"), versions=["standard"])
+    builder = WheelBuilder if kind == "wheel" else SdistBuilder
+    (artifact,) = builder(str(ROOT)).build(directory=str(directory), versions=["standard"])
+    return Path(artifact)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["wheel", "sdist"])
+def test_an_installed_package_works_in_a_fresh_environment_outside_the_checkout(tmp_path, kind):
+    """Build the wheel or the sdist, install it with its console extra into a fresh environment, as
+    pipx would, and use it from another folder: its version, a run of an example, `serve --help`."""
+    artifact = _built(kind, tmp_path / "dist")
     env = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    python = env / "bin" / "python"
+    python, command = env / "bin" / "python", env / "bin" / "mklang"
     # The dependencies come from this interpreter's environment (a venv or not), after the new one's own
-    # site-packages, where the wheel goes: --system-site-packages would reach the base interpreter's.
+    # site-packages, where the package goes: --system-site-packages would reach the base interpreter's.
+    # pip resolves the package's requirements and its console extra's against them (there is no index).
     (new_site,) = (env / "lib").glob("python*/site-packages")
     (new_site / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    install = ["install", "-q", "--no-deps", "--no-index", wheel]  # this pip, into the new environment
+    install = ["install", "-q", "--no-index", "--no-build-isolation", f"mklang[console] @ {artifact.as_uri()}"]
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), *install], check=True)
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    shutil.copytree(ROOT / "examples" / "triage", elsewhere)
     (elsewhere / "uses_stdlib.mk").write_text(
         "machine uses_stdlib\nentry think\nbudget 5\n"
         'state think {\n  call chain_of_thought { question: "why?" }\n  output answer\n  otherwise -> END\n}\n'
     )
-    probe = "import mklang, mklang.syntax.grammar as g; print(mklang.__file__); print(g.grammar_path())"
     isolated = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # no checkout on the path
+
+    def installed(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(command), *args], cwd=elsewhere, env=isolated, capture_output=True, text=True)
+
+    probe = "import mklang, mklang.syntax.grammar as g; print(mklang.__file__); print(g.grammar_path())"
     located = subprocess.run(
         [str(python), "-c", probe], cwd=elsewhere, env=isolated, capture_output=True, text=True, check=True
     )
     module, grammar = located.stdout.split()
     assert module.startswith(str(env)) and grammar.startswith(str(env))
-    checked = subprocess.run(
-        [str(python), "-m", "mklang", "check", "uses_stdlib.mk"],
-        cwd=elsewhere,
-        env=isolated,
-        capture_output=True,
-        text=True,
-    )
+    version = installed("--version")
+    assert version.stdout == f"mklang {mklang.__version__}\n" and version.stdout.startswith("mklang 2.")
+    checked = installed("check", "uses_stdlib.mk")
     assert checked.returncode == 0, checked.stderr  # `call chain_of_thought` resolved in the installed library
+    ran = installed("run", "triage.mk", "--script", "scenarios.yaml", "--scenario", "small-refund-answered-directly")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["status"] == "done"
+    served = installed("serve", "--help")
+    assert served.returncode == 0 and "--store" in served.stdout, served.stderr
 
 
 def test_version_is_printed_by_the_console_entry_point():
@@ -144,3 +161,19 @@ def test_the_tool_runs_without_lark(args):
     """The parser is generated: checking, formatting and running a machine never import lark."""
     done = subprocess.run([sys.executable, "-c", BLOCK_LARK, *args], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_version_is_2_or_later_in_the_metadata_and_the_package():
+    """mklang 1.x is published at 1.4.0 under the same name: this successor must sort above it."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert config["project"]["version"] == mklang.__version__
+    assert int(mklang.__version__.split(".")[0]) >= 2
+    assert f"## {mklang.__version__}" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
+def test_every_install_hint_asks_for_this_line_not_1x():
+    """A hint `pip install 'mklang[extra]'` says `>=2`, so that no resolver picks the published 1.x for it."""
+    texts = [*ROOT.glob("mklang/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md"]
+    hints = [hint for path in texts for hint in re.findall(r"pip install\s+['\"]?mklang[^\s'\"`)]*", path.read_text())]
+    assert len(hints) >= 8
+    assert all(re.fullmatch(r"pip install\s+['\"]mklang\\*\[\w+\]>=2", hint) for hint in hints), hints

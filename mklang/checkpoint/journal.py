@@ -58,6 +58,7 @@ from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
 from mklang.providers.base import Usage, decode_answer, earlier_key, encode_answer
 from mklang.stores import Location, Store
+from mklang.version import __version__
 
 MIN_COMPACT_BYTES = 256 * 1024
 DURABILITY_VARIABLE = "MKLANG_DURABILITY"
@@ -161,12 +162,17 @@ class StoreJournal:
 
     def _host_update(self) -> dict[str, Any]:
         """Fields that change as the run goes: machines loaded, the host's state; and the format
-        it is written in (a resumed format-2 envelope goes on as format 3).
+        it is written in and the package writing it (a resumed format-2 envelope of mklang 0.4.0
+        goes on as format 3 of this version).
 
         Machine files are named relative to the root's folder, the root and
         the host's files relative to the checkpoint's, so the files can move together.
         """
-        update: dict[str, Any] = {"format": FORMAT, "machines": self.paths.names(self.hashes)}
+        update: dict[str, Any] = {
+            "format": FORMAT,
+            "mklang_version": __version__,
+            "machines": self.paths.names(self.hashes),
+        }
         if self._root is not None:
             update["machine"] = self.envelope.machine.model_copy(update={"path": self._root})
         host = self._host

@@ -51,12 +51,12 @@ def graph(
 
 @app.command()
 def lsp() -> None:
-    """Run the language server over stdio (install the lsp extra: pip install "mklang\\[lsp]")."""
+    """Run the language server over stdio (install the lsp extra: pip install "mklang\\[lsp]>=2")."""
     with handle_errors():
         try:
             from mklang.lsp.server import serve
         except ImportError as error:
             if (error.name or "").split(".")[0] in ("pygls", "lsprotocol"):
-                raise fail("the language server needs pygls: pip install 'mklang[lsp]'", exitcodes.USAGE) from None
+                raise fail("the language server needs pygls: pip install 'mklang[lsp]>=2'", exitcodes.USAGE) from None
             raise
         serve()

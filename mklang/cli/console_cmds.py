@@ -29,7 +29,7 @@ def serve(
             missing = (error.name or "").split(".")[0]
             if missing in CONSOLE_LIBRARIES:
                 raise fail(
-                    f"mklang serve needs the console extra ({missing} is missing): pip install 'mklang[console]'",
+                    f"mklang serve needs the console extra ({missing} is missing): pip install 'mklang[console]>=2'",
                     exitcodes.USAGE,
                 ) from None
             raise

@@ -75,7 +75,7 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise UsageError("the PostgreSQL store needs psycopg: pip install 'mklang[distributed]'") from None
+        raise UsageError("the PostgreSQL store needs psycopg: pip install 'mklang[distributed]>=2'") from None
     return psycopg
 
 

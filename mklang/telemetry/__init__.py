@@ -66,7 +66,7 @@ def _exporter() -> Exporter | None:
             set_ones = ", ".join(name for name in VARIABLES if os.environ.get(name))
             print(
                 f"mklang: {set_ones} asks for OpenTelemetry, but the otel extra is not installed "
-                "(pip install 'mklang[otel]'): no spans are exported",
+                "(pip install 'mklang[otel]>=2'): no spans are exported",
                 file=sys.stderr,
             )
         return None

@@ -17,6 +17,7 @@ from mklang.inspection import run_document
 from mklang.providers.scripted import ScriptedProvider
 from mklang.runs import open_run, proceed
 from mklang.session import Host
+from mklang.version import __version__
 
 FIXTURE = Path(__file__).parent / "format2"
 KEY = "format-2-fixture-key-0123456789abcdef"
@@ -38,6 +39,8 @@ def test_a_canonically_signed_checkpoint_resumes_to_done_and_is_rewritten_signed
     assert done.trace[0]["output"] == 'line é\n"quoted"'
     after = load(checkpoint)
     assert (after.seal, after.status, after.frames[0]["trace"][:3]) == ("signed", "done", before.frames[0]["trace"])
+    # The envelope records the package that wrote it; an older one's version is no obstacle.
+    assert (before.mklang_version, after.mklang_version) == ("0.4.0", __version__)
     assert (before.format, after.format) == (2, 3)  # format 2 is read as it is; what is written next is format 3
 
 

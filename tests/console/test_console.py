@@ -202,7 +202,7 @@ def test_serve_without_the_console_extra_says_how_to_install_it(tmp_path, monkey
     done = cli("serve", "--store", str(tmp_path))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "mklang: error: mklang serve needs the console extra (starlette is missing): pip install 'mklang[console]'"
+        "mklang: error: mklang serve needs the console extra (starlette is missing): pip install 'mklang[console]>=2'"
     ]
 
 

@@ -364,7 +364,7 @@ def test_without_the_extra_the_variables_are_told_to_be_of_no_use_and_the_run_go
     assert done.stdout.strip() == "done []", done.stderr
     assert done.stderr.strip() == (
         "mklang: OTEL_EXPORTER_OTLP_ENDPOINT asks for OpenTelemetry, but the otel extra is not installed "
-        "(pip install 'mklang[otel]'): no spans are exported"
+        "(pip install 'mklang[otel]>=2'): no spans are exported"
     )
 
 

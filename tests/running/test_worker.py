@@ -752,7 +752,7 @@ def test_a_worker_without_celery_installed_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "celery", None)  # as where the `distributed` extra is not installed
     with pytest.raises(UsageError) as refused:
         celery_app(RABBITMQ)
-    assert str(refused.value) == "workers need Celery: pip install 'mklang[distributed]'"
+    assert str(refused.value) == "workers need Celery: pip install 'mklang[distributed]>=2'"
 
 
 def test_a_garbled_store_identity_is_read_as_text_with_the_garbled_bytes_replaced(tmp_path):

@@ -685,7 +685,7 @@ def test_postgresql_store_errors_are_the_first_line_of_the_servers_and_hide_the_
     monkeypatch.setitem(sys.modules, "psycopg", None)
     with pytest.raises(UsageError) as missing:
         open_store(POSTGRES)
-    assert str(missing.value) == "the PostgreSQL store needs psycopg: pip install 'mklang[distributed]'"
+    assert str(missing.value) == "the PostgreSQL store needs psycopg: pip install 'mklang[distributed]>=2'"
 
 
 def require_postgres() -> None:
