@@ -46,11 +46,46 @@ def check_paths(paths: list[Path], as_json: bool) -> int:
 def check_command(
     files: list[Path] = typer.Argument(..., help="Machine files (.mk, .mkl, .yaml) or directories of .mk files."),
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text (stderr) or json (stdout)."),
+    cost: bool = typer.Option(
+        False, "--cost", help="Also print each machine's fewest and most steps, calls, tokens, dollars."
+    ),
+    prompt_tokens: int | None = typer.Option(
+        None, "--prompt-tokens", min=1, help="With --cost: the most tokens a call's prompt takes."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="With --cost: the host config whose routes and prices count."
+    ),
+    provider: str | None = typer.Option(None, "--provider", help="With --cost: the provider of every tier."),
+    model: str | None = typer.Option(None, "--model", help="With --cost: the model of every tier."),
 ) -> None:
-    """Report errors and warnings; exit 2 when there is any error."""
-    with handle_errors(wants_json(output_format)):
-        code = check_paths(files, wants_json(output_format))
+    """Report errors and warnings; exit 2 when there is any error. With --cost, the bounds of what a
+    run can cost (stdout), after the diagnostics of machines that are well formed."""
+    as_json = wants_json(output_format)
+    pricing = {"--prompt-tokens": prompt_tokens, "--config": config, "--provider": provider, "--model": model}
+    if not cost and (given := [name for name, value in pricing.items() if value is not None]):
+        raise fail(f"{', '.join(given)} only take effect with --cost", diagnostics=[] if as_json else None)
+    with handle_errors(as_json):
+        if not cost:
+            raise typer.Exit(check_paths(files, as_json))
+        code = check_paths(files, False) if not as_json else _errors_only(files)
+        if code != exitcodes.OK:
+            raise typer.Exit(code)
+        from mklang.cli.cost_report import report
+
+        code = report(expand(files), as_json, prompt_tokens, config, provider, model)
     raise typer.Exit(code)
+
+
+def _errors_only(paths: list[Path]) -> int:
+    """With --cost in JSON, stdout holds the bounds: diagnostics of a machine that has errors go to stderr."""
+    from mklang.checker import check_file
+    from mklang.syntax.diagnostics import render_text
+
+    found = [d for path in expand(paths) for d in check_file(path) if d.severity == "error"]
+    if found:
+        print(render_text(found, color=False), file=sys.stderr)
+        return exitcodes.USAGE
+    return exitcodes.OK
 
 
 @app.command("fmt")
