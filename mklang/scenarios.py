@@ -178,16 +178,14 @@ def load_script(path: str | Path) -> list[Scenario]:
     naming the file, the scenario and the key."""
     import yaml
 
-    from mklang.yaml_composer import load_yaml
+    from mklang.yaml_composer import error_line, load_yaml
 
     path = Path(path)
     text = read_text(path, "script")
     try:
         data = load_yaml(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise UsageError(f"{where}: the script is not valid YAML: {getattr(error, 'problem', error)}") from None
+        raise UsageError(error_line(path, "the script", error)) from None
     if isinstance(data, dict) and set(data) - {"scenarios"}:
         unknown = sorted(set(data) - {"scenarios"}, key=str)[0]
         raise UsageError(f"{path}: unknown top-level key '{unknown}'{did_you_mean(str(unknown), ['scenarios'])}")

@@ -107,6 +107,13 @@ def compose_yaml(text: str) -> Any:
         return compose(yaml.SafeLoader(text))
 
 
+def error_line(path: object, what: str, error: yaml.YAMLError) -> str:
+    """A YAML error as one line: `path:line:col: <what> is not valid YAML: <problem>`."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    return f"{where}: {what} is not valid YAML: {getattr(error, 'problem', None) or error}"
+
+
 def load_yaml(text: str) -> Any:
     """The data of a one-document YAML text with the safe types, within the limits."""
     node = compose_yaml(text)

@@ -32,8 +32,8 @@ import yaml
 from mklang.errors import ProviderError, UsageError
 from mklang.files import write_atomic
 from mklang.limits import read_text
-from mklang.providers.base import Produced, Provider, Verdict, decode_answer, encode_answer
-from mklang.yaml_composer import load_yaml
+from mklang.providers.base import Produced, Provider, Usage, Verdict, decode_answer, encode_answer
+from mklang.yaml_composer import error_line, load_yaml
 
 FORMAT = 1
 DIFF_LINES = 12
@@ -195,13 +195,13 @@ def _lines(request: dict[str, Any]) -> list[str]:
 
 
 def load(path: Path) -> list[dict[str, Any]]:
-    """The exchanges of a cassette file; `UsageError` when it cannot be used."""
+    """The exchanges of a cassette file, each checked as replay reads it; `UsageError` when it cannot be used."""
     if not path.is_file():
         raise UsageError(f"cassette not found: {path}")
     try:
         data = load_yaml(read_text(path, "cassette"))
     except yaml.YAMLError as error:
-        raise UsageError(f"{path}: not a valid YAML cassette: {error}") from None
+        raise UsageError(error_line(path, "the cassette", error)) from None
     if (
         not isinstance(data, dict)
         or data.get("mklang_cassette") != FORMAT
@@ -209,14 +209,103 @@ def load(path: Path) -> list[dict[str, Any]]:
     ):
         raise UsageError(f"{path}: not an mklang cassette (expected 'mklang_cassette: {FORMAT}' and 'exchanges')")
     for number, exchange in enumerate(data["exchanges"], 1):
-        if not (
-            isinstance(exchange, dict)
-            and isinstance(exchange.get("request"), dict)
-            and isinstance(exchange.get("response"), dict)
-        ):
-            raise UsageError(f"{path}: exchange {number} needs a request and a response")
+        problem = _exchange_problem(exchange)
+        if problem is not None:
+            raise UsageError(f"{path}: exchange {number}: {problem}")
     exchanges: list[dict[str, Any]] = data["exchanges"]
     return exchanges
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _maybe_text(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _choice(value: Any) -> bool:
+    return value in ("none", "unparseable") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def _any(value: Any) -> bool:
+    return True
+
+
+# What each kind of request holds, and what its response holds, as `produce_request`, `judge_request`
+# and `encode_answer` write them: field -> (check, what it must be). `usage` is checked by `Usage.from_json`.
+REQUESTS: dict[str, dict[str, tuple[Any, str]]] = {
+    "produce": {
+        "tier": (_text, "a string"),
+        "system": (_text, "a string"),
+        "user": (_text, "a string"),
+        "reason": (lambda value: isinstance(value, bool), "true or false"),
+    },
+    "judge": {
+        "tier": (_text, "a string"),
+        "conditions": (_texts, "a list of strings"),
+        "output": (_any, "any value"),
+        "reasoning": (_maybe_text, "a string or null"),
+        "context": (lambda value: isinstance(value, dict), "a mapping"),
+    },
+}
+RESPONSES: dict[str, dict[str, tuple[Any, str]]] = {
+    "produce": {"text": (_text, "a string"), "reasoning": (_maybe_text, "a string or null")},
+    "judge": {
+        "choice": (_choice, "a branch index from 0, none or unparseable"),
+        "parsed_by": (_maybe_text, "a string or null"),
+    },
+}
+OPTIONAL = {"reasoning", "parsed_by", "usage"}  # a response field left out reads as null (no usage: none spent)
+
+
+def _exchange_problem(exchange: Any) -> str | None:
+    """What makes a cassette exchange unusable for replay, or None: it needs the fields of its
+    kind, of their types, and a request whose fingerprint can be computed."""
+    if not isinstance(exchange, dict):
+        return "expected a mapping with a request and a response"
+    request, response = exchange.get("request"), exchange.get("response")
+    if not isinstance(request, dict) or not isinstance(response, dict):
+        return "needs a request and a response, each a mapping"
+    kind = request.get("kind")
+    if kind not in REQUESTS:
+        return f"request kind is {kind!r}, not produce or judge"
+    problem = _fields_problem("request", {k: v for k, v in request.items() if k != "kind"}, REQUESTS[kind], set())
+    problem = problem or _fields_problem("response", response, {**RESPONSES[kind], "usage": (_any, "")}, OPTIONAL)
+    if problem is not None:
+        return problem
+    usage = response.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return f"response usage is {usage!r:.40}, not a mapping"
+    try:
+        Usage.from_json(usage)
+    except ValueError as error:
+        return f"response {error}"
+    try:
+        fingerprint(request)
+    except (TypeError, ValueError) as error:  # keys JSON cannot order, say
+        return f"request cannot be fingerprinted: {error}"
+    return None
+
+
+def _fields_problem(
+    what: str, fields: dict[Any, Any], declared: dict[str, tuple[Any, str]], optional: set[str]
+) -> str | None:
+    """The first field of `fields` that is unknown, missing or of the wrong type, as `declared` says."""
+    for name in fields:
+        if name not in declared:
+            return f"{what} has an unknown field {name!r} (expected {', '.join(declared)})"
+    for name, (check, shape) in declared.items():
+        if name not in fields:
+            if name not in optional:
+                return f"{what} lacks its {name!r}"
+        elif not check(fields[name]):
+            return f"{what} {name} is {fields[name]!r:.40}, not {shape}"
+    return None
 
 
 class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no types

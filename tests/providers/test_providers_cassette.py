@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import yaml
+from support.commands import cli, refused
 
 from mklang.errors import ProviderError, UsageError
 from mklang.providers.base import NONE, Produced, Usage, Verdict
@@ -119,21 +120,68 @@ def test_a_miss_in_an_empty_cassette(tmp_path):
         ReplayProvider(path).judge(["a"], "o", None, {}, "fast")
 
 
+MACHINE = """\
+mklang 0.4
+machine m
+entry a
+budget 2
+
+state a {
+  structure "One line."
+  prompt "Say hi."
+  output x
+  otherwise -> END
+}
+"""
+PRODUCED = "request: {kind: produce, tier: fast, system: s, user: u, reason: false}"
+ONE_EXCHANGE = "mklang_cassette: 1\nexchanges:\n- "
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (None, "cassette not found"),
-        ("a: [", "not a valid YAML cassette"),
+        (None, "cassette not found: "),
+        ("- 1\n- 2\n", "not an mklang cassette"),
         ("exchanges: []\n", "not an mklang cassette"),
-        ("mklang_cassette: 1\nexchanges: [{request: {}}]\n", "exchange 1 needs a request and a response"),
+        ("mklang_cassette: 1\nexchanges: {}\n", "not an mklang cassette"),
+        (
+            "mklang_cassette: 1\nexchanges:\n- request: {kind: produce, tier: fa",
+            "c.yaml:3:36: the cassette is not valid YAML",
+        ),
+        ("mklang_cassette: 1\nexchanges: [7]\n", "exchange 1: expected a mapping with a request and a response"),
+        ("mklang_cassette: 1\nexchanges: [{request: {}}]\n", "exchange 1: needs a request and a response"),
+        (ONE_EXCHANGE + "request: {kind: 3}\n  response: {}\n", "exchange 1: request kind is 3, not produce or judge"),
+        (ONE_EXCHANGE + "request: {kind: produce, tier: fast}\n  response: {text: a}\n", "request lacks its 'system'"),
+        (ONE_EXCHANGE + "request: {kind: produce, 1: 2}\n  response: {text: a}\n", "request has an unknown field 1"),
+        (ONE_EXCHANGE + PRODUCED + "\n  response: {text: 5}\n", "exchange 1: response text is 5, not a string"),
+        (ONE_EXCHANGE + PRODUCED + "\n  response: {reasoning: x}\n", "response lacks its 'text'"),
+        (ONE_EXCHANGE + PRODUCED + "\n  response: {text: a, usage: 5}\n", "response usage is 5, not a mapping"),
+        (
+            ONE_EXCHANGE + PRODUCED + "\n  response: {text: a, usage: {input_tokens: -1}}\n",
+            "response usage input_tokens is -1",
+        ),
+        (
+            ONE_EXCHANGE
+            + "request: {kind: judge, tier: fast, conditions: [a], output: o, reasoning: null, context: {1: a, b: c}}\n"
+            "  response: {choice: 0}\n",
+            "request cannot be fingerprinted",
+        ),
+        (
+            ONE_EXCHANGE
+            + "request: {kind: judge, tier: fast, conditions: [a], output: o, reasoning: null, context: {}}\n"
+            "  response: {choice: maybe}\n",
+            "response choice is 'maybe', not a branch index from 0, none or unparseable",
+        ),
     ],
 )
-def test_unusable_cassettes_are_usage_errors(tmp_path, text, message):
+def test_every_unusable_cassette_is_refused_in_one_line_before_the_run(tmp_path, text, message):
     path = tmp_path / "c.yaml"
     if text is not None:
         path.write_text(text)
-    with pytest.raises(UsageError, match=message):
-        make_provider(replay=path)
+    machine = tmp_path / "m.mk"
+    machine.write_text(MACHINE)
+    refused(cli("run", str(machine), "--replay", str(path), "--checkpoint", str(tmp_path / "cp.json")), message)
+    assert not (tmp_path / "cp.json").exists()
 
 
 def test_record_and_replay_together_is_a_usage_error(tmp_path):
