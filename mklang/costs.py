@@ -373,6 +373,17 @@ def _components(outgoing: dict[str, list[str]]) -> list[list[str]]:
     return found
 
 
+def visit_calls(machine: Machine, state: State, load: Load) -> tuple[float | None, float]:
+    """(fewest, most) model calls one visit of `state` takes, its judge included (for a hover):
+    the fewest of a visit that leaves by a transition, the most of any visit."""
+    bounds = _Bounds(load)
+    least = bounds._visit_least(machine, state, 0, CALLS)
+    leaving = [judge_calls(state.gates, index)[0] for index, gate in enumerate(state.gates) if gate.policy != "fail"]
+    seen = bounds._visit_most(machine, state, 0, CALLS)
+    most = seen.width(machine.budget) * seen.branch + max(seen.judged, default=0.0)
+    return (None if not leaving or math.isinf(least) else least + min(leaving)), most
+
+
 # --- the whole report --------------------------------------------------------------------------
 
 

@@ -308,9 +308,29 @@ def describe_state(state: State, machine: Machine) -> str:
     facts += [text for text in (fan_out_text(state),) if text]
     facts += [f"tier {state.tier}"] if state.tier else []
     facts += [f"max_visits {state.max_visits}"] if state.max_visits else []
-    lines = [f"**state `{state.name}`**: " + ", ".join(facts), ""]
+    lines = [f"**state `{state.name}`**: " + ", ".join(facts), "", _worst_case(state, machine), ""]
     for gate in state.gates:
         policy = policy_text(gate)
         target = "" if gate.policy == "fail" else f" → `{gate.target}`"
         lines.append(f"- {condition_text(gate)}" + (f" · {policy}" if policy else "") + target)
     return "\n".join(lines)
+
+
+def _worst_case(state: State, machine: Machine) -> str:
+    """What one visit can cost, from the static bounds of `mklang check --cost`."""
+    from mklang.costs import visit_calls
+    from mklang.errors import MklangError
+    from mklang.syntax.machines import MachineLoader
+
+    loader = MachineLoader()
+
+    def load(name: str, near: str | None) -> Machine | None:
+        try:
+            return loader(name, near)
+        except MklangError:
+            return None
+
+    least, most = visit_calls(machine, state, load)
+    width = " (a list's length: at most the step budget)" if state.over is not None else ""
+    fewest = "" if least is None else f"at least {least:,.0f}, "
+    return f"model calls a visit: {fewest}at most {most:,.0f}{width}"

@@ -245,6 +245,7 @@ def test_hover(session):
     declared = client.request("textDocument/hover", position(uri, GOOD, "state draft", shift=8))
     assert declared["contents"]["value"] == (
         "**state `draft`**: generative, output `reply`\n\n"
+        "model calls a visit: at least 1, at most 2\n\n"  # the draft, and the judge of `the reply has gaps`
         "- the reply has gaps · repair 1 → `draft`\n"
         "- otherwise → `END`"
     )
