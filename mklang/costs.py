@@ -46,10 +46,10 @@ CALLS = Weights(lambda _tier, _reason: 1.0)
 
 @dataclass(frozen=True)
 class Range:
-    """The fewest (to END) and most of one metric; None: no run reaches END (minimum) or no bound."""
+    """The fewest (to END; None when no run reaches END) and the most of one metric."""
 
     least: float | None
-    most: float | None
+    most: float
 
     def to_json(self) -> dict[str, float | None]:
         return {"min": _number(self.least), "max": _number(self.most)}

@@ -45,7 +45,10 @@ def call_bounds(
     def tokens(tier: str, reason: bool) -> float | None:
         cap = answer_cap(config, tier, reason)
         if prompt_tokens is None:
-            unbounded.setdefault("prompt", "tokens and dollars need --prompt-tokens (a bound on each call's prompt)")
+            unbounded.setdefault(
+                "prompt",
+                "tokens and dollars need a bound on each call's prompt: --prompt-tokens or [limits] prompt_tokens",
+            )
             return None
         if cap is None:
             unbounded.setdefault(tier, f"tier {tier}: no answer cap (no route, or no max_tokens for its provider)")
@@ -78,7 +81,7 @@ def report(
     from mklang.syntax.machines import MachineLoader
 
     config = load_config(config_path, provider=provider, model=model)
-    tokens, dollars, notes = call_bounds(config, prompt_tokens)
+    tokens, dollars, notes = call_bounds(config, prompt_tokens or config.prompt_tokens)
     found: list[dict[str, Any]] = []
     for path in paths:
         loader = MachineLoader()
@@ -122,3 +125,36 @@ def _text(cost: MachineCost) -> str:
     ]
     lines += [f"  a cycle only the step budget stops: {' <-> '.join(cycle)}" for cycle in cost.unbounded_cycles]
     return "\n".join(lines)
+
+
+def batch_preflight(machine: Any, items: int, host_settings: dict[str, Any], batch_cost: float | None) -> str:
+    """The line a batch prints before it starts: its items times one run's worst case, and how many
+    items `--batch-max-cost` covers if every run costs that much."""
+    from mklang.errors import MklangError
+    from mklang.syntax.machines import MachineLoader
+
+    loader = MachineLoader()
+    loader.add(machine)
+
+    def load(name: str, near: str | None) -> Any:
+        try:
+            return loader(name, near)
+        except MklangError:
+            return None
+
+    offline = any(host_settings.get(name) is not None for name in ("script", "replay"))
+    config = load_config(
+        host_settings.get("config"), provider=host_settings.get("provider"), model=host_settings.get("model")
+    )
+    _, dollars, _ = call_bounds(config, config.prompt_tokens)
+    (cost, *_) = machine_costs(machine, load, call_price=None if offline else dollars)
+    calls = cost.calls.most
+    line = f"{items:,} items x at most {calls:,.0f} model calls = at most {items * calls:,.0f} model calls"
+    if offline:
+        return line + " (answered offline, at no cost)"
+    if cost.cost is None:
+        return line + "; dollars unbounded (a tier without a price or answer cap, or no [limits] prompt_tokens)"
+    line += f"; {items:,} x at most ${cost.cost:,.4f} = at most ${items * cost.cost:,.2f}"
+    if batch_cost is not None and cost.cost > 0:
+        line += f"; --batch-max-cost ${batch_cost:,.2f} covers {min(items, int(batch_cost // cost.cost)):,} at worst"
+    return line

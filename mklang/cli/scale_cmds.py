@@ -282,6 +282,9 @@ def batch(
         loaded = require_runnable(load_file(machine))
         items = batching.read_inputs(inputs)
         host_settings = hosting.settings
+        from mklang.cli.cost_report import batch_preflight
+
+        print(f"mklang: {batch_preflight(loaded, len(items), host_settings, batch_cost)}", file=sys.stderr)
         if executor == "celery":  # the workers host the runs, with their own options
             _say_host_settings_unused(host_settings)
         budgets: dict[str, Any] = dict(

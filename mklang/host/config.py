@@ -210,6 +210,7 @@ class HostConfig:
     tiers: dict[str, Route]
     prices: dict[str, Price]
     read_only_tools: frozenset[str] = frozenset()
+    prompt_tokens: int | None = None  # `[limits]`: the most tokens a call's prompt takes, for cost bounds
 
     def route(self, tier: str) -> Route | None:
         return self.tiers.get(tier) or self.tiers.get("default")
@@ -404,7 +405,7 @@ def _read(path: Path, text: str) -> HostConfig:
     except RecursionError:
         raise UsageError(f"{path}: invalid TOML: values nested too deeply") from None
     where = str(path)
-    _only_keys(data, {"tiers", "providers", "prices", "tools"}, where)
+    _only_keys(data, {"tiers", "providers", "prices", "tools", "limits"}, where)
     providers: dict[str, ProviderConfig] = {}
     prices: dict[str, Price] = {}
     for name, table in _table(data, "providers", where).items():
@@ -419,7 +420,14 @@ def _read(path: Path, text: str) -> HostConfig:
         if not isinstance(text, str):
             raise UsageError(f"{where}: [tiers] {tier} must be a string 'provider:model'")
         tiers[tier] = Route.parse(text, f"{where}: [tiers] {tier}")
-    config = HostConfig(path, providers, tiers, prices, _read_only_tools(_table(data, "tools", where), where))
+    config = HostConfig(
+        path,
+        providers,
+        tiers,
+        prices,
+        _read_only_tools(_table(data, "tools", where), where),
+        _prompt_tokens(_table(data, "limits", where), where),
+    )
     for tier, route in tiers.items():
         try:
             config.provider(route.provider)
@@ -435,6 +443,15 @@ def _read_only_tools(table: dict, where: str) -> frozenset[str]:
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise UsageError(f"{where}: [tools] read_only must be a list of tool names")
     return frozenset(names)
+
+
+def _prompt_tokens(table: dict, where: str) -> int | None:
+    """`[limits] prompt_tokens = N`: what `check --cost` and a batch's preflight bound a prompt by."""
+    _only_keys(table, {"prompt_tokens"}, f"{where}: [limits]")
+    value = table.get("prompt_tokens")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise UsageError(f"{where}: [limits] prompt_tokens must be a whole number of tokens, 1 or more")
+    return value
 
 
 _PROVIDER_FIELDS = {f.name: f for f in fields(ProviderConfig) if f.name != "name"}

@@ -239,3 +239,48 @@ def test_check_refuses_cost_flags_without_cost():
     refused = CliRunner().invoke(app, ["check", str(ROOT / "machines/debate.mk"), "--prompt-tokens", "10"])
     assert refused.exit_code == 2
     assert "--prompt-tokens only take effect with --cost" in refused.stderr
+
+
+PRICED = (
+    '[providers.local]\nkind = "anthropic"\nbase_url = "http://127.0.0.1:9"\nmax_tokens = 100\n'
+    '[tiers]\ndefault = "local:m"\n[prices]\n"local:m" = { input = 1.0, output = 2.0 }\n'
+    "[limits]\nprompt_tokens = 400\n"
+)
+
+
+def test_a_batch_preflight_multiplies_one_runs_worst_case_and_says_what_the_ceiling_covers(tmp_path: Path):
+    from mklang.cli.cost_report import batch_preflight
+
+    config = tmp_path / "config.toml"
+    config.write_text(PRICED)
+    machine = MachineLoader().load_path(ROOT / "machines/chain_of_thought.mk")
+    (bounds,) = machine_costs(machine, lambda *_: None)
+    worst = bounds.calls.most * (400 * 1.0 + 100 * 2.0) / 1_000_000
+    line = batch_preflight(machine, 1000, {"config": str(config)}, batch_cost=0.5)
+    assert line.startswith(f"1,000 items x at most {bounds.calls.most:,.0f} model calls")
+    assert f"at most ${1000 * worst:,.2f}" in line
+    assert line.endswith(f"--batch-max-cost $0.50 covers {int(0.5 // worst):,} at worst")
+    offline = batch_preflight(machine, 3, {"script": "s.yaml"}, batch_cost=None)
+    assert offline.endswith("(answered offline, at no cost)")
+
+
+def test_a_batch_prints_its_preflight_before_it_starts(tmp_path: Path):
+    from support.commands import cli
+
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('{"id": "a"}\n{"id": "b"}\n')
+    script = ROOT / "machines/chain_of_thought.scenarios.yaml"
+    scenario = next(iter(__import__("yaml").safe_load(script.read_text())["scenarios"]))
+    done = cli(
+        "batch",
+        str(ROOT / "machines/chain_of_thought.mk"),
+        "--inputs",
+        str(inputs),
+        "--store",
+        f"sqlite:///{tmp_path}/runs.db",
+        "--script",
+        str(script),
+        "--scenario",
+        scenario["name"],
+    )
+    assert "mklang: 2 items x at most" in done.stderr.splitlines()[0], done.stderr
