@@ -127,7 +127,7 @@ def test_without_a_checkpoint_a_signal_stops_the_run_with_exit_130(tmp_path):
 def test_a_second_signal_exits_at_once_and_the_checkpoint_resumes(reference, tmp_path):
     checkpoint = tmp_path / "cp.json"
     process = interrupted_run(tmp_path, checkpoint, signal.SIGINT)
-    assert "interrupt received" in process.stderr_line()  # the first one was handled
+    assert "interrupt received" in process.stderr_line("interrupt received")  # the first one was handled
     process.send_signal(signal.SIGINT)
     code, data, stderr = finish(process)
     assert (code, data) == (130, None), stderr

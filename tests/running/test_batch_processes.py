@@ -141,7 +141,9 @@ def test_a_second_ctrl_c_ends_the_parent_and_every_child_at_once(project, server
     wait_for(lambda: server.count >= 2, process, "a call of each process was in flight")
     spread = children(process.pid)
     process.send_signal(signal.SIGINT)
-    assert "interrupt received" in process.stderr_line()  # the first was handled: the second is another
+    assert "interrupt received" in process.stderr_line(
+        "interrupt received"
+    )  # the first was handled: the second is another
     process.send_signal(signal.SIGINT)
     began = time.monotonic()
     _, err = process.communicate(timeout=10)

@@ -93,12 +93,16 @@ class Forked:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def stderr_line(self, timeout: float = 30) -> str:
-        """The first line the command wrote to stderr, once it is whole."""
+    def stderr_line(self, containing: str, timeout: float = 30) -> str:
+        """The first whole line the command wrote to stderr that holds `containing` ('' when none
+        came in time): a batch says other things first (its preflight)."""
         deadline = time.monotonic() + timeout
-        while "\n" not in (written := Path(f"{self._output}.err").read_text()) and time.monotonic() < deadline:
+        while True:
+            lines = Path(f"{self._output}.err").read_text().splitlines(keepends=True)
+            found = [line for line in lines if line.endswith("\n") and containing in line]
+            if found or time.monotonic() >= deadline:
+                return found[0].rstrip("\n") if found else ""
             time.sleep(0.002)
-        return written.partition("\n")[0]
 
     def communicate(self, timeout: float = 120) -> tuple[str, str]:
         """Wait for the command to end; its stdout and stderr. It is killed, and the test fails,
