@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "mklang.runs",
             "mklang.player",
             "mklang.inspection",
+            "mklang.comparison",
             "mklang.batching",
             "mklang.distributed",
             "mklang.telemetry",

@@ -150,6 +150,7 @@ COMMAND_MODULES = {
     "test": "run_cmds",
     "resume": "run_cmds",
     "show": "run_cmds",
+    "diff": "history_cmds",
     "check": "syntax_cmds",
     "fmt": "syntax_cmds",
     "config": "provider_cmds",
@@ -175,7 +176,15 @@ def _register_commands(args: list[str]) -> None:
 
 # What `--format` each command prints when it is not given: commands printing JSON when
 # piped also report their errors as a JSON document then (the rest only under --format json).
-DEFAULT_FORMATS = {"run": "auto", "resume": "auto", "show": "auto", "config": "auto", "check": "text", "test": "text"}
+DEFAULT_FORMATS = {
+    "run": "auto",
+    "resume": "auto",
+    "show": "auto",
+    "diff": "auto",
+    "config": "auto",
+    "check": "text",
+    "test": "text",
+}
 
 
 def json_errors_for(args: list[str]) -> bool:
