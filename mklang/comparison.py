@@ -57,18 +57,16 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 
 def _steps(prefix: str, first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
-    for index in range(max(len(first), len(second))):
-        one = first[index] if index < len(first) else None
-        other = second[index] if index < len(second) else None
+    shared = min(len(first), len(second))
+    for index, (one, other) in enumerate(zip(first[:shared], second[:shared], strict=True)):
         where = f"{prefix}{index + 1}"
-        if one is None or other is None:
-            only = one if other is None else other
-            found.append({"step": where, "only_in": "first" if other is None else "second", "state": only.get("state")})
-            continue
         fields = {key: [one.get(key), other.get(key)] for key in STEP_KEYS if one.get(key) != other.get(key)}
         if fields:
             found.append({"step": where, "state": one.get("state"), "fields": fields})
         found += _steps(f"{where}.sub_trace.", one.get("sub_trace") or [], other.get("sub_trace") or [])
+    for index in range(shared, max(len(first), len(second))):
+        only, side = (first[index], "first") if index < len(first) else (second[index], "second")
+        found.append({"step": f"{prefix}{index + 1}", "only_in": side, "state": only.get("state")})
     return found
 
 
