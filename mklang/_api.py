@@ -60,6 +60,7 @@ class Answering(TypedDict, total=False):
     scenario: str | None
     replay: StrPath | None
     plugins: Sequence[str] | None
+    mcp: Sequence[str] | None
     tools: Mapping[str, Callable[..., Any]] | None
     hooks: Mapping[str, Callable[..., Any]] | None
 
@@ -268,13 +269,20 @@ def _hosted(options: RunOptions, resumable: Resumable | None = None) -> Iterator
         ):
             yield _with_callables(host, tools, hooks)
         return
-    clash = [name for name, value in chosen.items() if value is not None and name not in ("provider", "plugins")]
+    clash = [name for name, value in chosen.items() if value is not None and name not in ("provider", "plugins", "mcp")]
     if clash:
         raise UsageError(f"{clash[0]}= builds a provider: it cannot be combined with a provider object")
     from mklang.host.plugins import load_plugins
+    from mklang.session import connect_mcp
 
     plugin_tools, plugin_hooks = load_plugins(list(options.get("plugins") or []))
-    yield _with_callables(Host(provider, plugin_tools, plugin_hooks), tools, hooks)
+    hub = connect_mcp(chosen["mcp"], None)
+    host = Host(provider, {**(hub.tools() if hub else {}), **plugin_tools}, plugin_hooks, mcp=hub)
+    try:
+        yield _with_callables(host, tools, hooks)
+    finally:
+        if hub is not None:
+            hub.close()
 
 
 def _with_callables(

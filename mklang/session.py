@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from mklang.checkpoint.envelope import HostSettings
     from mklang.checkpoint.journal import HostState
     from mklang.engine import Toolbox
+    from mklang.host.config import HostConfig
+    from mklang.mcp.client import McpHub
     from mklang.runs import Resumable
 
 __all__ = ["Host", "preflight"]
@@ -41,6 +43,7 @@ class Host:
     # imported only when a run is checkpointed.
     settings: dict[str, Any] = field(default_factory=dict)
     read_only_tools: frozenset[str] = frozenset()  # the host config's `[tools] read_only`
+    mcp: McpHub | None = None  # the sessions of the MCP servers whose tools are among `tools`
 
     @classmethod
     def for_scenario(cls, scenario: Scenario, settings: dict[str, Any] | None = None) -> Host:
@@ -65,11 +68,13 @@ class Host:
         A dollar limit (`max_cost`, given as the option `priced_for`) is refused here when
         a model has no price: it could not be kept."""
         from mklang.host.plugins import load_plugins
-        from mklang.host.settings import files_renamed, given
+        from mklang.host.settings import SETTINGS, files_renamed, given
 
         chosen = given(**chosen)
         settings = {**chosen, **files_renamed(chosen, lambda file: str(Path(file).resolve()))}
+        settings.update({setting.name: settings[setting.name] or [] for setting in SETTINGS if setting.many})
         script, scenario, provider, model = (chosen[name] for name in ("script", "scenario", "provider", "model"))
+        loaded: HostConfig | None = None
         if script is not None:
             if any(chosen[name] for name in ("provider", "model", "replay", "record", "config")):
                 raise UsageError(
@@ -99,8 +104,10 @@ class Host:
                 read_only_tools=loaded.read_only_tools if loaded else frozenset(),
             )
         plugin_tools, plugin_hooks = load_plugins(settings["plugins"])
-        # Scripted answers win over plugins: a scenario pins what the tools say.
-        host.tools = {**plugin_tools, **host.tools}
+        host.mcp = connect_mcp(settings["mcp"], loaded)
+        mcp_tools = host.mcp.tools() if host.mcp else {}
+        # Plugins win over MCP servers, scripted answers over both: a scenario pins what the tools say.
+        host.tools = {**mcp_tools, **plugin_tools, **host.tools}
         host.hooks = {**plugin_hooks, **host.hooks}
         return host
 
@@ -144,12 +151,32 @@ class Host:
         closer = getattr(self.provider, "close", None)
         if closer is not None:
             closer()
+        if self.mcp is not None:
+            self.mcp.close()
 
     def __enter__(self) -> Host:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def connect_mcp(given: list[str] | None, config: HostConfig | None) -> McpHub | None:
+    """The MCP servers of the config and of `--mcp` (NAME=COMMAND or NAME=URL), started and their
+    tools listed; None when there are none. One name means one server."""
+    from mklang.mcp.servers import parse_option
+
+    servers = [*(config.mcp_servers if config else ()), *(parse_option(text) for text in given or [])]
+    if not servers:
+        return None
+    names = [server.name for server in servers]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UsageError(f"MCP server {twice[0]!r} is configured twice (in the config and by --mcp, or twice)")
+    from mklang.mcp.client import McpHub, require_sdk
+
+    require_sdk()
+    return McpHub(servers, config.read_only_tools if config else frozenset()).connect()
 
 
 def preflight(machine: Machine, host: Host) -> None:

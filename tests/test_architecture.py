@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("language", ("mklang.syntax", "mklang.checker", "mklang.costs", "mklang.graph", "mklang.highlight")),
-    ("host", ("mklang.host",)),
+    ("host", ("mklang.host", "mklang.mcp.servers", "mklang.mcp.client")),
     ("providers", ("mklang.providers",)),
     ("engine", ("mklang.engine",)),
     ("persistence", ("mklang.checkpoint", "mklang.stores")),
@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("api", ("mklang",)),
-    ("tools", ("mklang.cli", "mklang.console", "mklang.lsp", "mklang.__main__")),
+    ("tools", ("mklang.cli", "mklang.console", "mklang.lsp", "mklang.mcp", "mklang.__main__")),
 ]
 
 # What the static checker (`mklang check`, the editor's diagnostics) must never load.

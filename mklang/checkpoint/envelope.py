@@ -76,6 +76,7 @@ class HostSettings(BaseModel):
     replay: str | None = None
     record: str | None = None
     plugins: list[str] = Field(default_factory=list)  # --plugin modules or files
+    mcp: list[str] = Field(default_factory=list)  # --mcp servers, NAME=COMMAND or NAME=URL
 
     @model_validator(mode="before")
     @classmethod

@@ -160,6 +160,8 @@ COMMAND_MODULES = {
     "batch": "scale_cmds",
     "worker": "scale_cmds",
     "serve": "console_cmds",
+    "tools": "mcp_cmds",
+    "mcp": "mcp_cmds",
 }
 
 

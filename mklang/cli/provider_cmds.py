@@ -50,9 +50,9 @@ def allow(
     with handle_errors():
         from mklang.host.config import allow_config
 
-        routes = allow_config(path).key_routes()
-        sends = f": it sends {', '.join(routes)}" if routes else ""
-        print(f"allowed {path.absolute()}{sends} (until it changes)")
+        does = allow_config(path).unallowed()
+        said = f": it {', '.join(does)}" if does else ""
+        print(f"allowed {path.absolute()}{said} (until it changes)")
 
 
 def render_text(data: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from mklang.errors import UsageError
 from mklang.files import write_atomic
 from mklang.limits import read_text
+from mklang.mcp.servers import McpServer, parse_servers
 from mklang.vocabulary import TIERS
 
 KINDS = ("openai", "anthropic")
@@ -202,8 +203,9 @@ def builtin_providers() -> dict[str, ProviderConfig]:
 
 @dataclass(frozen=True)
 class HostConfig:
-    """The resolved config: providers by name, tier routes, prices by `provider:model`, and the
-    host tools the operator classifies read-only (`[tools] read_only`, control-flow taint)."""
+    """The resolved config: providers by name, tier routes, prices by `provider:model`, the
+    host tools the operator classifies read-only (`[tools] read_only`, control-flow taint), and
+    the MCP servers whose tools runs may use (`[mcp.servers.NAME]`, docs/mcp.md)."""
 
     source: Path | None
     providers: dict[str, ProviderConfig]
@@ -211,6 +213,7 @@ class HostConfig:
     prices: dict[str, Price]
     read_only_tools: frozenset[str] = frozenset()
     prompt_tokens: int | None = None  # `[limits]`: the most tokens a call's prompt takes, for cost bounds
+    mcp_servers: tuple[McpServer, ...] = ()
 
     def route(self, tier: str) -> Route | None:
         return self.tiers.get(tier) or self.tiers.get("default")
@@ -258,6 +261,12 @@ class HostConfig:
                 routes.append(f"{mine.api_key_env} to {mine.base_url}")
         return routes
 
+    def unallowed(self) -> list[str]:
+        """What this config does that a config found in the working folder may not do until the
+        user allows it: send a key variable elsewhere than the built-in providers do, start or
+        reach an MCP server (it would run a command of a cloned repository's choosing)."""
+        return [f"sends {route}" for route in self.key_routes()] + [server.describe() for server in self.mcp_servers]
+
     def describe(self) -> dict[str, Any]:
         """The resolved config as JSON-ready data, for `mklang config`."""
         used = {route.provider for route in self.tiers.values()} | set(self.providers)
@@ -268,6 +277,7 @@ class HostConfig:
             "providers": {name: self.provider(name).describe() for name in sorted(used)},
             "prices": {key: {"input": p.input, "output": p.output} for key, p in sorted(self.prices.items())},
             "tools": {"read_only": sorted(self.read_only_tools)},
+            "mcp": {server.name: server.describe() for server in self.mcp_servers},
         }
 
 
@@ -346,13 +356,13 @@ def load_config(
         return HostConfig(None, {}, {}, {}).with_overrides(provider, model)
     text = read_text(path, "config")
     config = _read(path, text)
-    if path == PROJECT_CONFIG.absolute() and config_path is None and config.key_routes():
+    if path == PROJECT_CONFIG.absolute() and config_path is None and config.unallowed():
         allowed = allowed_configs().get(str(path))
         if allowed != _sha256(text):
             changed = " (changed since it was allowed)" if allowed else ""
             print(
-                f"mklang: note: {path} (found in the working folder) is not used{changed}: it sends "
-                f"{', '.join(config.key_routes())}; `mklang config allow {path}` to use it, or name it with --config",
+                f"mklang: note: {path} (found in the working folder) is not used{changed}: it "
+                f"{', '.join(config.unallowed())}; `mklang config allow {path}` to use it, or name it with --config",
                 file=sys.stderr,
             )
             own = config_folder() / "config.toml"
@@ -405,7 +415,7 @@ def _read(path: Path, text: str) -> HostConfig:
     except RecursionError:
         raise UsageError(f"{path}: invalid TOML: values nested too deeply") from None
     where = str(path)
-    _only_keys(data, {"tiers", "providers", "prices", "tools", "limits"}, where)
+    _only_keys(data, {"tiers", "providers", "prices", "tools", "limits", "mcp"}, where)
     providers: dict[str, ProviderConfig] = {}
     prices: dict[str, Price] = {}
     for name, table in _table(data, "providers", where).items():
@@ -427,6 +437,7 @@ def _read(path: Path, text: str) -> HostConfig:
         prices,
         _read_only_tools(_table(data, "tools", where), where),
         _prompt_tokens(_table(data, "limits", where), where),
+        parse_servers(data.get("mcp", {}), where),
     )
     for tier, route in tiers.items():
         try:

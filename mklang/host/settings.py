@@ -59,6 +59,13 @@ SETTINGS: tuple[Setting, ...] = (
         many=True,
         metavar="MODULE|FILE.py",
     ),
+    Setting(
+        "mcp",
+        "Use the tools of an MCP server: NAME=COMMAND (stdio) or NAME=URL (HTTP). Repeatable.",
+        "own",
+        many=True,
+        metavar="NAME=COMMAND",
+    ),
 )
 CHOSEN = tuple(setting for setting in SETTINGS if setting.help is not None)  # what a caller may choose
 BY_NAME = {setting.name: setting for setting in SETTINGS}

@@ -23,14 +23,15 @@ from mklang.cli.app import app
 from mklang.host.settings import CHOSEN, SETTINGS, given
 
 NAMES = [setting.name for setting in SETTINGS]
+LISTS = {setting.name for setting in SETTINGS if setting.many}
 CHOSEN_NAMES = [setting.name for setting in CHOSEN]
 
 
 def test_the_checkpoint_records_every_setting_in_the_declared_order():
     # The envelope's JSON is signed as written: its field order is the declaration's.
     assert list(HostSettings.model_fields) == NAMES
-    written = HostSettings(**{name: None for name in NAMES if name != "plugins"}).model_dump_json()
-    assert written.startswith('{"script":') and written.endswith('"plugins":[]}')
+    written = HostSettings(**{name: None for name in NAMES if name not in LISTS}).model_dump_json()
+    assert written.startswith('{"script":') and written.endswith('"plugins":[],"mcp":[]}')
 
 
 def _refused(call, keyword: str) -> bool:
@@ -99,12 +100,13 @@ def test_the_settings_declared_to_name_files_move_with_the_checkpoint(tmp_path):
         "provider": "openai",
         "model": None,
         "plugins": ["module", "p.py"],
+        "mcp": [],
     }
     assert located_host(portable, checkpoint) == recorded
 
 
 def test_a_signed_checkpoint_fills_in_what_the_caller_leaves_out_as_each_setting_declares():
-    every = HostSettings(**{name: [name] if name == "plugins" else name for name in CHOSEN_NAMES})
+    every = HostSettings(**{name: [name] if name in LISTS else name for name in CHOSEN_NAMES})
     reused, ignored = host_choice(every, given(), trusted=True)
     filled = [setting.name for setting in CHOSEN if setting.resumed != "never"]
     assert [name for name in CHOSEN_NAMES if reused[name] is not None] == filled
