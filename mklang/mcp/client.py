@@ -27,6 +27,7 @@ from typing import Any
 from mklang.errors import MklangError, UsageError
 from mklang.mcp.servers import McpServer
 
+START_TIMEOUT = 60.0  # seconds a server may take to start and list its tools, however short its call timeout
 IDEMPOTENCY_META = "idempotency_key"  # the `_meta` key a call's idempotency key travels under
 
 
@@ -132,10 +133,11 @@ class McpHub:
         stop = asyncio.Event()
         self._stops.append(stop)
         self._served.append(asyncio.run_coroutine_threadsafe(self._serve(server, ready, stop), self._loop))
+        starting = max(server.timeout, START_TIMEOUT)
         try:
-            tools = ready.result(timeout=server.timeout)
+            tools = ready.result(timeout=starting)
         except concurrent.futures.TimeoutError:
-            raise McpError(f"MCP server {server.name} did not start within {server.timeout:g} s") from None
+            raise McpError(f"MCP server {server.name} did not start within {starting:g} s") from None
         except Exception as error:
             raise McpError(f"MCP server {server.name} cannot be used: {_reason(error)}") from None
         for tool in tools:
@@ -260,4 +262,4 @@ def require_sdk() -> None:
     try:
         import mcp  # noqa: F401
     except ImportError:
-        raise UsageError("MCP servers need the mcp extra: pip install 'mklang[mcp]'") from None
+        raise UsageError("MCP servers need the mcp extra: pip install 'mklang[mcp]>=2'") from None

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from mklang.errors import UsageError
 
 SERVER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a machine may qualify a tool with it: `time__get_current_time`
-DEFAULT_TIMEOUT = 60.0  # seconds a server has to start, list its tools or answer one call
+DEFAULT_TIMEOUT = 60.0  # seconds a server has to answer one call
 
 
 @dataclass(frozen=True)
