@@ -1,7 +1,7 @@
-"""A machine as a diagram: Mermaid state diagram or Graphviz DOT.
+"""A machine as a diagram: Mermaid state diagram, Graphviz DOT, or SVG drawn here (`mklang.diagram`).
 
-Both renderers walk one neutral description (`_Graph`) built from the model,
-so the two formats always show the same nodes, edges and labels and differ
+The renderers walk one neutral description (`_Graph`) built from the model,
+so the formats always show the same nodes, edges and labels and differ
 only in syntax and escaping. A run trace (or a checkpoint's root frame)
 overlays visit counts on the states and edges the run went through.
 """
@@ -10,25 +10,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mklang.diagram import to_svg
 from mklang.errors import UsageError
 from mklang.model import Gate, Machine, State
 from mklang.vocabulary import END
 
 FORMATS = ("mermaid", "dot", "svg")
-INSTALL_GRAPHVIZ = (
-    "`--format svg` needs Graphviz's `dot` program: install Graphviz "
-    "(apt-get install graphviz, brew install graphviz, choco install graphviz) "
-    "or use `--format dot` and render elsewhere"
-)
-
 _START, _END, _FAIL = "start", "t_end", "t_fail"
 
 
@@ -40,6 +33,10 @@ class _Node:
     kind: str = "state"  # state | end | fail | machine
     visits: int = 0
 
+    def shown_lines(self, traced: bool) -> list[str]:
+        """The lines under the title, with the visit count when a run is overlaid."""
+        return [*self.lines, *([f"visits {self.visits}"] if traced and self.visits else [])]
+
 
 @dataclass(frozen=True)
 class _Edge:
@@ -48,6 +45,10 @@ class _Edge:
     label: str
     kind: str = "gate"  # gate | start | call
     taken: int = 0
+
+    def shown_label(self, traced: bool) -> str:
+        """The label, with how often the run went this way when a run is overlaid."""
+        return f"{self.label} ({self.taken}×)" if traced and self.taken and self.label else self.label
 
 
 @dataclass
@@ -171,21 +172,15 @@ def escape_mermaid(text: str) -> str:
     return "".join(_MERMAID_ENTITIES.get(char, char) for char in text)
 
 
-def _with_count(text: str, count: int, traced: bool) -> str:
-    return f"{text} ({count}×)" if traced and count else text
-
-
 def to_mermaid(graph: _Graph) -> str:
     out = ["stateDiagram-v2", f"    %% machine {escape_mermaid(graph.name)}"]
     for node in graph.nodes:
         out.append(f'    state "{escape_mermaid(node.title)}" as {node.id}')
-        for line in node.lines:
+        for line in node.shown_lines(graph.traced):
             out.append(f"    {node.id} : {escape_mermaid(line)}")
-        if graph.traced and node.visits:
-            out.append(f"    {node.id} : visits {node.visits}")
     for edge in graph.edges:
         source = "[*]" if edge.source == _START else edge.source
-        label = _with_count(edge.label, edge.taken, graph.traced)
+        label = edge.shown_label(graph.traced)
         suffix = f" : {escape_mermaid(label)}" if label else ""
         out.append(f"    {source} --> {edge.target}{suffix}")
     out += [
@@ -231,13 +226,12 @@ def to_dot(graph: _Graph) -> str:
         f'    {_START} [shape="point"];',
     ]
     for node in graph.nodes:
-        lines = list(node.lines) + ([f"visits {node.visits}"] if graph.traced and node.visits else [])
-        attrs = dict(_DOT_NODE_STYLE[node.kind], label="\n".join([node.title, *lines]))
+        attrs = dict(_DOT_NODE_STYLE[node.kind], label="\n".join([node.title, *node.shown_lines(graph.traced)]))
         if graph.traced and node.visits:
             attrs.update(style="rounded,filled,bold", fillcolor="#fff3c4", penwidth="2")
         out.append(f"    {node.id} {_dot_attrs(**attrs)};")
     for edge in graph.edges:
-        attrs = {"label": _with_count(edge.label, edge.taken, graph.traced)} if edge.label else {}
+        attrs = {"label": edge.shown_label(graph.traced)} if edge.label else {}
         if edge.kind == "call":
             attrs.update(style="dashed", arrowhead="empty")
         if graph.traced and edge.taken:
@@ -245,17 +239,6 @@ def to_dot(graph: _Graph) -> str:
         out.append(f"    {edge.source} -> {edge.target}" + (f" {_dot_attrs(**attrs)}" if attrs else "") + ";")
     out.append("}")
     return "\n".join(out) + "\n"
-
-
-def dot_to_svg(dot_text: str) -> str:
-    """Render DOT through Graphviz's `dot`; a missing program is a usage error saying how to get it."""
-    program = shutil.which("dot")
-    if program is None:
-        raise UsageError(INSTALL_GRAPHVIZ)
-    done = subprocess.run([program, "-Tsvg"], input=dot_text, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise UsageError(f"dot failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 # ---------------------------------------------------------------- traces
@@ -304,11 +287,7 @@ def load_trace(path: Path, machine: Machine, sealed: Callable[[dict], list[dict]
     return steps
 
 
-RENDERERS: dict[str, Callable[[_Graph], str]] = {
-    "mermaid": to_mermaid,
-    "dot": to_dot,
-    "svg": lambda graph: dot_to_svg(to_dot(graph)),
-}
+RENDERERS: dict[str, Callable[[_Graph], str]] = {"mermaid": to_mermaid, "dot": to_dot, "svg": to_svg}
 
 
 def render(machine: Machine, fmt: str = "mermaid", trace: list[dict] | None = None) -> str:

@@ -36,7 +36,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "mklang.effects",
         ),
     ),
-    ("language", ("mklang.syntax", "mklang.checker", "mklang.costs", "mklang.graph", "mklang.highlight")),
+    (
+        "language",
+        ("mklang.syntax", "mklang.checker", "mklang.costs", "mklang.diagram", "mklang.graph", "mklang.highlight"),
+    ),
     ("host", ("mklang.host", "mklang.mcp.servers", "mklang.mcp.client")),
     ("providers", ("mklang.providers",)),
     ("engine", ("mklang.engine",)),

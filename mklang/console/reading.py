@@ -8,7 +8,6 @@ it holds is rendered.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -125,8 +124,3 @@ def drawing(store: Store, uri: str, run: str, trace: list[dict[str, Any]]) -> An
         return build(machine_of(location(store, uri, run)), trace)
     except MklangError as error:
         return str(error).splitlines()[0]
-
-
-def can_draw_svg() -> bool:
-    """Whether Graphviz's `dot` is there to draw a graph; without it the page lists states and edges."""
-    return shutil.which("dot") is not None

@@ -138,7 +138,7 @@ def create_app(console: Console) -> ASGIApp:
         run = _run(request, console)
         view = reading.run_view(console.store, console.uri, run)
         drawn = reading.drawing(console.store, console.uri, run, view.get("last_steps") or [])
-        values = dict(view=view, failure=console.replies.failures.get(run), drawn=drawn, svg=reading.can_draw_svg())
+        values = dict(view=view, failure=console.replies.failures.get(run), drawn=drawn)
         name = "run_body.html" if "fragment" in request.query_params else "run.html"
         return console.page(name, here="runs", **values)
 
@@ -146,11 +146,11 @@ def create_app(console: Console) -> ASGIApp:
         run = _run(request, console)
         view = reading.run_view(console.store, console.uri, run)
         drawn = reading.drawing(console.store, console.uri, run, view.get("last_steps") or [])
-        if isinstance(drawn, str) or not reading.can_draw_svg():
+        if isinstance(drawn, str):
             return PlainTextResponse("404: no diagram of this run\n", 404)
-        from mklang.graph import dot_to_svg, to_dot
+        from mklang.diagram import to_svg
 
-        return Response(dot_to_svg(to_dot(drawn)), media_type="image/svg+xml")
+        return Response(to_svg(drawn), media_type="image/svg+xml")
 
     def inbox_page(request: Request) -> Response:
         entries = console.inbox.entries(console.store, console.uri)

@@ -1,4 +1,4 @@
-"""`mklang graph`: Mermaid and DOT diagrams of machines, with run traces overlaid."""
+"""`mklang graph`: Mermaid and DOT diagrams of machines, with run traces overlaid (SVG: test_diagram.py)."""
 
 from __future__ import annotations
 
@@ -12,79 +12,15 @@ from pathlib import Path
 import pytest
 from support import ROOT
 from support.commands import cli
+from support.graphs import RUN, triage
 
 from mklang import graph
-from mklang.model import Call, Gate, Machine, Produce, State, ToolUse
 
 EXAMPLES = sorted([*ROOT.glob("examples/**/*.mk"), *ROOT.glob("machines/*.mk")])
 
 
 def example_id(path: Path) -> str:
     return str(path.relative_to(ROOT))
-
-
-def triage() -> Machine:
-    """The SPEC section 2 machine, built directly from the model."""
-    return Machine(
-        name="triage",
-        entry="classify",
-        budget=25,
-        states=[
-            State(
-                name="classify",
-                face=Produce(prompt="Classify {{ticket.body}}", structure="One word."),
-                output="category",
-                gates=[
-                    Gate(when='the category is "billing"', hook="amount_ok", target="draft"),
-                    Gate(when="the category is bug", target="lookup"),
-                    Gate(target="draft"),
-                ],
-            ),
-            State(
-                name="lookup",
-                face=ToolUse(tool="search_kb", input={"query": "{{ticket.body}}"}),
-                output="kb",
-                gates=[
-                    Gate(when="no facts; none at all", policy="escalate", target="draft", ask="Handle it?"),
-                    Gate(target="draft"),
-                ],
-            ),
-            State(
-                name="draft",
-                face=Produce(prompt="Reply to {{ticket.body}}", structure="A reply."),
-                output="draft",
-                gates=[
-                    Gate(when="the reply resolves the request", target="END"),
-                    Gate(when="the reply has gaps", policy="repair", repair=2, target="draft"),
-                    Gate(policy="fail"),
-                ],
-            ),
-            State(
-                name="per_chunk",
-                face=Call(machine="summarize_doc", input={"text": "{{item}}"}),
-                over="chunks",
-                output="summaries",
-                gates=[Gate(target="END")],
-            ),
-            State(
-                name="vote",
-                face=Produce(prompt="Vote", structure="yes or no"),
-                sample=3,
-                output="votes",
-                gates=[Gate(target="END")],
-            ),
-        ],
-    )
-
-
-RUN = {
-    "status": "done",
-    "trace": [
-        {"step": 1, "state": "classify", "policy": "ok", "to": "draft", "gate": "otherwise"},
-        {"step": 2, "state": "draft", "policy": "repair", "to": "draft", "gate": "the reply has gaps"},
-        {"step": 3, "state": "draft", "policy": "ok", "to": "END", "gate": "the reply resolves the request"},
-    ],
-}
 
 
 MERMAID_NODE = re.compile(r'^\s*state "[^"\n]*" as (\w+)$')
@@ -185,18 +121,6 @@ def test_checkpoint_uses_root_frame_trace():
         graph.trace_of({"status": "done"})
 
 
-def test_svg_without_graphviz_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(graph.shutil, "which", lambda name: None)
-    with pytest.raises(graph.UsageError, match="install Graphviz"):
-        graph.render(triage(), "svg")
-
-
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
-def test_svg_with_graphviz():
-    svg = graph.render(triage(), "svg")
-    assert "<svg" in svg and "per_chunk" in svg
-
-
 # ---------------------------------------------------------------- the CLI on real files
 
 
@@ -249,17 +173,14 @@ def test_cli_trace_and_errors(tmp_path):
     done = cli("graph", str(source), "--trace", str(bad))
     assert done.returncode == 2
     assert done.stderr.startswith(f"mklang: error: {bad}:1:2: invalid JSON")
-    done = cli("graph", str(source), "--format", "svg", env={"PATH": str(tmp_path)})
-    assert done.returncode == 2 and done.stdout == ""
-    assert "install Graphviz" in done.stderr
 
 
 def test_authoring_commands_import_their_code_lazily():
-    """Registering `graph` and `lsp` loads neither the graph code, the lexer nor pygls."""
+    """Registering `graph` and `lsp` loads neither the graph code, its layout, the lexer nor pygls."""
     probe = (
         "import sys, mklang.cli.authoring_cmds; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'pygments', 'lsprotocol') "
-        "or m.startswith(('mklang.graph', 'mklang.lsp', 'mklang.highlight'))))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pygls', 'pygments', 'lsprotocol', 'grandalf') "
+        "or m.startswith(('mklang.graph', 'mklang.diagram', 'mklang.lsp', 'mklang.highlight'))))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

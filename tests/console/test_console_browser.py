@@ -42,7 +42,8 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture
 def console_url(tmp_path: Path) -> Iterator[str]:
-    """`mklang serve` on a free port of 127.0.0.1 over a store with a parked and a finished run."""
+    """`mklang serve` on a free port of 127.0.0.1 over a store with a parked and a finished run, with
+    no program on its PATH (no Graphviz: the console draws graphs itself)."""
     pytest.importorskip("starlette", reason="the console extra is not installed")
     from support.console import make_runs
 
@@ -50,7 +51,7 @@ def console_url(tmp_path: Path) -> Iterator[str]:
     server = subprocess.Popen(
         [sys.executable, "-m", "mklang", "serve", "--store", f"sqlite:///{tmp_path}/runs.db", "--port", "0"],
         cwd=tmp_path,
-        env=cli_env(),
+        env=cli_env(PATH=str(tmp_path / "no-programs")),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -95,6 +96,9 @@ def test_the_console_in_a_browser(browser, console_url, tmp_path):
     except AssertionError as error:  # say what the page said instead (a reply that could not resume the run)
         raise AssertionError(page.locator(".summary").inner_text()) from error
     expect(page.locator(".summary")).to_contain_text("https://status.example.com/posts/118")
+    expect(page.locator("img.graph")).to_be_visible()  # and drawn: loaded, as wide as a graph is
+    page.wait_for_function("() => document.querySelector('img.graph').complete")
+    assert page.locator("img.graph").evaluate("image => image.naturalWidth") > 200
 
     page.goto(base + "/")  # the list follows the store: a run written now appears without a reload
     later = cli(
