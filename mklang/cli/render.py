@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.live import Live
 from rich.text import Text
 from rich.tree import Tree
@@ -23,8 +23,22 @@ if TYPE_CHECKING:
 
 # Rich drops colours under NO_COLOR but keeps bold: without a colour system it prints plain text.
 _COLOR_SYSTEM: Literal["auto"] | None = "auto" if color_allowed() else None
-stdout = Console(highlight=False, soft_wrap=True, color_system=_COLOR_SYSTEM)
-stderr = Console(stderr=True, highlight=False, color_system=_COLOR_SYSTEM)
+# The width of a line written anywhere but a terminal: as good as unbounded.
+UNBOUNDED = 100_000
+
+
+def _size(console: Console) -> ConsoleDimensions:
+    """A terminal's size; elsewhere (a pipe, a file, a CI log) lines are not cut at 80 columns."""
+    size = Console.size.fget(console)  # type: ignore[attr-defined]
+    return size if console.is_terminal else ConsoleDimensions(UNBOUNDED, size.height)
+
+
+class _Output(Console):
+    size = property(_size, Console.size.fset)  # type: ignore[attr-defined]
+
+
+stdout = _Output(highlight=False, soft_wrap=True, color_system=_COLOR_SYSTEM)
+stderr = _Output(stderr=True, highlight=False, color_system=_COLOR_SYSTEM)
 
 _STATUS_STYLE = {"done": "bold green", "halted": "bold red", "suspended": "bold yellow", "failed": "bold red"}
 
@@ -67,12 +81,11 @@ def render_result(data: dict[str, Any], console: Console = stdout) -> None:
     head.append(printable(status), style=_STATUS_STYLE.get(status, "bold"))
     why = data.get("reason") or data.get("error")
     if why:
+        why = f"{why}: {data['detail']}" if data.get("detail") else why  # `cost-exhausted: tokens 1,204 of 1,000`
         head.append(f"  {printable(str(why))}", style="red" if status in ("halted", "failed") else "yellow")
     if data.get("at"):
         head.append(f"  at {printable(str(data['at']))}")
     console.print(head)
-    if data.get("detail"):
-        console.print(Text(printable(str(data["detail"])), style="dim"))
     if data.get("interrupted"):
         console.print(Text(printable(str(data["interrupted"])), style="yellow"))
     if "trace" in data:

@@ -13,6 +13,7 @@ from mklang.effects import FlowPolicy, check_policy
 from mklang.engine import events
 from mklang.engine.events import EventSink
 from mklang.engine.frame import Frame
+from mklang.engine.launch import ran_out
 from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
 from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Runtime
@@ -40,7 +41,7 @@ class RunResult:
     frames: list[Frame] = field(default_factory=list)  # root..innermost, when suspended
     ask: str | None = None
     reply_to: str | None = None
-    detail: str | None = None  # e.g. the provider error behind a suspension
+    detail: str | None = None  # the provider error behind a suspension, the budget that ran out and how far
     calls: dict[str, int] = field(default_factory=dict)  # model and tool calls this process paid for
 
     @cached_property
@@ -71,8 +72,8 @@ class RunResult:
                 reply_to=self.reply_to,
                 frames=[{"machine": f.machine.name, "state": f.state} for f in self.frames],
             )
-            if self.detail:
-                data["detail"] = self.detail
+        if self.detail:
+            data["detail"] = self.detail
         return data
 
 
@@ -118,7 +119,7 @@ def make_runtime(
     control = options.get("control") or Control()
     max_time = options.get("max_time")
     if max_time is not None:
-        control.deadline = time.monotonic() + max_time
+        control.deadline, control.max_time = time.monotonic() + max_time, max_time
     return Runtime(
         provider=provider,
         tools=as_registry("mklang.tools", BUILTIN_TOOLS, options.get("tools")),
@@ -202,7 +203,10 @@ def _outcome(rt: Runtime, frames: list[Frame], caps: Caps, suspendable: bool, re
         # The reason its loop-top gives, so the checkpoint stays as it was: steps are checked first.
         reason = "budget-exhausted" if innermost.steps >= innermost.budget else "cost-exhausted"
         spent = _spent(rt, root, suspended=True)
-        return RunResult("suspended", reason, innermost.state, None, root.context, root.trace, spent, frames)
+        detail = ran_out(rt, innermost, reason)
+        return RunResult(
+            "suspended", reason, innermost.state, None, root.context, root.trace, spent, frames, detail=detail
+        )
     try:
         run_frame(rt, Level(root, 0, suspendable, False, "r", []), frames[1:] or None)
     except Stop as stop:  # halted, suspended, or interrupted: a halt no suspension could spare

@@ -1,6 +1,7 @@
 """When a run level may take its next step, and launching a fan-out's branches by that rule.
 
-`exhausted` is the one budget check (loop-tops and fan-outs both call it);
+`exhausted` is the one budget check (loop-tops and fan-outs both call it), `ran_out` says
+how far the budget it names went;
 `Launch` hands a fan-out's branches to the run's worker threads in input order.
 """
 
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from mklang.engine.frame import Frame
 from mklang.engine.runtime import Level, Runtime
 
 
@@ -35,6 +38,19 @@ def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
         return "time-exhausted"
     if control.interrupted.is_set() and not level.branch:
         return "interrupted"
+    return None
+
+
+def ran_out(rt: Runtime, frame: Frame, reason: str) -> str | None:
+    """Which budget `reason` (of `exhausted`) names and how far it went, for the run's detail:
+    `steps 25 of 25`, `tokens 1,204 of 1,000`, `time 10.2s of 10s`; None for other reasons."""
+    if reason == "budget-exhausted":
+        return f"steps {frame.steps:,} of {frame.budget:,}"
+    if reason == "cost-exhausted":
+        return rt.caps.overrun(rt.spent_so_far())
+    limit, deadline = rt.control.max_time, rt.control.deadline
+    if reason == "time-exhausted" and limit is not None and deadline is not None:
+        return f"time {round(limit + max(0.0, time.monotonic() - deadline), 3):g}s of {limit:g}s"
     return None
 
 

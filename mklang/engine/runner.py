@@ -21,7 +21,7 @@ from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
 from mklang.engine.interpolate import Scope, input_taint, render_prompt, resolve_input, uses_taint
 from mklang.engine.keys import Calls
-from mklang.engine.launch import Launch, exhausted
+from mklang.engine.launch import Launch, exhausted, ran_out
 from mklang.engine.records import StepDetails, StepRecord, TraceStep
 from mklang.engine.runtime import Level, Runtime
 from mklang.engine.signals import Stop
@@ -135,14 +135,16 @@ def _end(rt: Runtime, level: Level, reason: str, paid: Usage) -> None:
     """End `level` for `reason` (a budget, the clock, an interrupt), `paid` being what its
     step in flight had cost: suspend when it can; else stop the run at once on an
     interrupt, or stop the fan-out branch the level runs in for a run-wide ceiling, the
-    frame keeping what it paid; else halt the level (raised at its loop-top)."""
+    frame keeping what it paid; else halt the level. A suspension or halt says in its
+    detail which budget ran out and how far (`ran_out`)."""
     frame = level.frame
     if level.suspendable:  # the journal keeps the answers the step paid for
-        raise Stop("suspended", reason, frame.state, [frame])
+        raise Stop("suspended", reason, frame.state, [frame], detail=ran_out(rt, frame, reason))
     if reason == "interrupted" or (level.branch and reason != "budget-exhausted"):
         frame.usage = frame.usage + paid
         raise Stop("interrupted" if reason == "interrupted" else "stopped", reason, frame.state)
     _halt(rt, level, reason, paid)
+    raise Stop("halted", reason, frame.state, detail=ran_out(rt, frame, reason))  # what its loop-top would raise
 
 
 def _halt(rt: Runtime, level: Level, error: str, paid: Usage) -> None:

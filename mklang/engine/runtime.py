@@ -41,6 +41,7 @@ class Control:
     def __init__(self, deadline: float | None = None):
         self.interrupted = threading.Event()
         self.deadline = deadline
+        self.max_time: float | None = None  # the seconds the deadline was set to, for messages
         self.ceiling: Callable[[Usage], bool] | None = None
 
     def past_deadline(self) -> bool:
@@ -61,6 +62,14 @@ class Caps:
         return (self.tokens is not None and usage.tokens >= self.tokens) or (
             self.cost is not None and usage.cost_usd >= self.cost - COST_SLACK
         )
+
+    def overrun(self, usage: Usage) -> str | None:
+        """Which cap `usage` reached and by how much, in words: `tokens 1,204 of 1,000`."""
+        if self.tokens is not None and usage.tokens >= self.tokens:
+            return f"tokens {usage.tokens:,} of {self.tokens:,}"
+        if self.cost is not None and usage.cost_usd >= self.cost - COST_SLACK:
+            return f"dollars ${usage.cost_usd:,.4f} of ${self.cost:,.4f}"
+        return None
 
 
 class Workers:

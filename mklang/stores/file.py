@@ -10,10 +10,17 @@ the hash of their key.
 
 The lock is an advisory `flock` on the lock file, which names the holder's
 pid. It is opened without following symlinks (a planted link cannot make a
-run open or truncate another file) and is never unlinked: removing a lock
-file while it is held would let a second process create and lock a new file
-of the same name, and both would run. The kernel drops the lock when its
+run open or truncate another file). The kernel drops the lock when its
 process dies, even by SIGKILL, so a crashed run is resumable at once.
+
+The holder removes the lock file when the run ends, while it still holds it,
+and a locker keeps a lock only on the file its path names once it holds it.
+Removing is what races: a second locker may have opened the file just before
+it was removed and get the lock once the holder lets go, on a file no path
+names any more, while a third creates and locks a new one; both would run.
+That second locker sees its file gone (or replaced) and tries again with the
+file there now, so only a lock on the file the path names counts, and a path
+names one file at a time. A crashed run leaves its file, taken by the next locker.
 """
 
 from __future__ import annotations
@@ -301,24 +308,42 @@ class FileLock:
     """An exclusive `flock` on a lock file that names its holder's pid (module docstring)."""
 
     def __init__(self, path: Path, what: str):
-        try:
-            descriptor = open_lock_file(path)
-        except OSError as error:
-            raise CheckpointError(f"{what}: cannot lock the checkpoint: {error.strerror}") from None
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _named_holder(descriptor)
-            os.close(descriptor)
-            raise still_running(what, pid) from None
+        self._path = path
+        while True:
+            try:
+                descriptor = open_lock_file(path)
+            except OSError as error:
+                raise CheckpointError(f"{what}: cannot lock the checkpoint: {error.strerror}") from None
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _named_holder(descriptor)
+                os.close(descriptor)
+                raise still_running(what, pid) from None
+            if _names(path, descriptor):
+                break
+            os.close(descriptor)  # its holder removed it as we opened it: lock the file there now
         os.ftruncate(descriptor, 0)
         os.write(descriptor, f"{os.getpid()}\n".encode())
         self._descriptor: int | None = descriptor
 
     def release(self) -> None:
+        """Remove the lock file, then let go of it (the order matters: module docstring)."""
         if self._descriptor is not None:
-            os.close(self._descriptor)  # closing drops the lock; the file stays (module docstring)
+            with contextlib.suppress(FileNotFoundError):
+                self._path.unlink()
+            os.close(self._descriptor)  # closing drops the lock
             self._descriptor = None
+
+
+def _names(path: Path, descriptor: int) -> bool:
+    """Whether `path` (not followed if a link) is the file open as `descriptor`."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(descriptor)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def lock_holder(path: Path) -> str | None:

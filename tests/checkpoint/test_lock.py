@@ -10,14 +10,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import yaml
+from support import ROOT
 from support.commands import cli, cli_env, wait_for
 from support.examples import KILL_9
 from support.forks import Forked, start
 
 from mklang.stores import locate
+
+RUN_KILL_9 = ["run", str(KILL_9 / "report.mk"), "--script", str(KILL_9 / "scenarios.yaml"), "--scenario", "slow-model"]
 
 
 def holder(checkpoint) -> int | None:
@@ -66,7 +72,8 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
     _write_script(tmp_path, 0)  # the resumed run need not wait
     resumed = cli("resume", str(checkpoint), "--format", "json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert holder(checkpoint) is None  # a finished run holds no lock (its file stays: never unlinked)
+    assert holder(checkpoint) is None  # a finished run holds no lock
+    assert not (tmp_path / "cp.json.lock").exists()  # and leaves no lock file; the killed run's was taken over
 
 
 def test_the_lock_file_is_owner_only_and_names_the_process(tmp_path):
@@ -78,3 +85,50 @@ def test_the_lock_file_is_owner_only_and_names_the_process(tmp_path):
     finally:
         lock.release()
     assert holder(tmp_path / "cp.json") is None
+    assert not (tmp_path / "cp.json.lock").exists()
+
+
+def test_a_run_that_ends_or_suspends_leaves_no_lock_file(tmp_path):
+    """A checkpointed run removes its lock file when it ends, however it ends."""
+    suspended = cli(*RUN_KILL_9, "--checkpoint", "cp.json", "--max-tokens", "1", cwd=tmp_path)
+    assert suspended.returncode == 3, suspended.stderr
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("cp.json")) == ["cp.json"]
+    resumed = cli("resume", "cp.json", "--max-tokens", "100000", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("cp.json")) == ["cp.json"]
+
+
+# Takes and lets go of one lock again and again; while it holds the lock, it alone may have made
+# `inside` (O_EXCL), so a second holder at the same time fails to make it and says so.
+LOCKER = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    from mklang.errors import RunBusy
+    from mklang.stores.file import FileLock
+    lock_path, inside, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    taken = 0
+    while taken < rounds:
+        try:
+            lock = FileLock(lock_path, "cp.json")
+        except RunBusy:
+            continue
+        try:
+            os.close(os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            sys.exit("two holders at once")
+        inside.unlink()
+        lock.release()
+        taken += 1
+""")
+
+
+def test_two_processes_that_take_and_remove_one_lock_file_never_hold_it_together(tmp_path):
+    """Removing a lock file races with a second locker that opened it just before (mklang.stores.file)."""
+    args = [str(tmp_path / "cp.json.lock"), str(tmp_path / "inside"), "1000"]
+    lockers = [
+        subprocess.Popen([sys.executable, "-c", LOCKER, *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outcomes = [(locker.wait(timeout=120), locker.stderr.read()) for locker in lockers]
+    assert outcomes == [(0, ""), (0, "")]
+    assert not (tmp_path / "cp.json.lock").exists()

@@ -889,7 +889,7 @@ def test_runs_rm_keeps_each_run_it_may_not_remove_saying_what_it_is_and_why(tmp_
     """What `mklang runs rm` and `runs prune` report of each run (`--json` prints these records):
     decided under the run's lock from its signed envelope."""
     runs = runs_of_every_kind(tmp_path, monkeypatch)
-    (runs / "halted.lock").unlink()
+    assert not (runs / "halted.lock").exists()  # a run that ended leaves no lock file
     (runs / "halted.lock").symlink_to(tmp_path / "elsewhere.lock")  # a lock file is never opened through a link
     held = locate(runs / "done").store.lock("done")
     try:
