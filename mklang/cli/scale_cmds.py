@@ -282,9 +282,6 @@ def batch(
         loaded = require_runnable(load_file(machine))
         items = batching.read_inputs(inputs)
         host_settings = hosting.settings
-        from mklang.cli.cost_report import batch_preflight
-
-        print(f"mklang: {batch_preflight(loaded, len(items), host_settings, batch_cost)}", file=sys.stderr)
         if executor == "celery":  # the workers host the runs, with their own options
             _say_host_settings_unused(host_settings)
         budgets: dict[str, Any] = dict(
@@ -302,6 +299,10 @@ def batch(
             opened = open_store(store)
             stack.callback(opened.close)
             observer = stack.enter_context(event_stream(output.events, output.trace_content))
+            if host_for is not None:  # the hosts, the store and the observer are ready: the runs start next
+                from mklang.cli.cost_report import batch_preflight
+
+                print(f"mklang: {batch_preflight(loaded, len(items), host_settings, batch_cost)}", file=sys.stderr)
             progress = stack.enter_context(_progress(as_json, len(items)))
             control = Control()  # Ctrl-C: every run in flight suspends at its next loop-top
             if host_for is None:  # the workers host the runs
