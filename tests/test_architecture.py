@@ -53,6 +53,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "mklang.player",
             "mklang.inspection",
             "mklang.comparison",
+            "mklang.verification",
+            "mklang.forking",
             "mklang.batching",
             "mklang.distributed",
             "mklang.telemetry",
