@@ -223,18 +223,23 @@ def store_target(store: str, tmp: str, cleanup: contextlib.ExitStack) -> str | N
 
 @contextlib.contextmanager
 def counted_fsyncs() -> Iterator[list[int]]:
-    """A one-item list that counts this process's `os.fsync` calls in the block."""
-    calls, fsync = [0], os.fsync
+    """A one-item list that counts this process's `os.fsync` and `os.fdatasync` calls in the block."""
+    calls, synced = [0], {name: getattr(os, name) for name in ("fsync", "fdatasync")}
 
-    def counting(fd: int) -> None:
-        calls[0] += 1
-        fsync(fd)
+    def counting(sync: Callable[[int], None]) -> Callable[[int], None]:
+        def counted(fd: int) -> None:
+            calls[0] += 1
+            sync(fd)
 
-    os.fsync = counting
+        return counted
+
+    for name, sync in synced.items():
+        setattr(os, name, counting(sync))
     try:
         yield calls
     finally:
-        os.fsync = fsync
+        for name, sync in synced.items():
+            setattr(os, name, sync)
 
 
 def step_counts(store: str, once: Callable[[str, int], object]) -> dict[str, float]:

@@ -253,11 +253,13 @@ def python(side: str) -> str:
     return sys.executable if side == "ours" else str(original_venv() / "bin" / "python")
 
 
-def measure(side: str, figure: str, *args: object, env: dict[str, str] | None = None) -> dict:
-    """The figures `SIDES[side].<figure>(*args)` returns, taken in a fresh process of that side
-    (with `env` added to its environment)."""
+def measure(
+    side: str, figure: str, *args: object, env: dict[str, str] | None = None, script: str = __file__
+) -> dict:
+    """The figures `SIDES[side].<figure>(*args)` of `script` (this one by default) returns, taken in a
+    fresh process of that side (with `env` added to its environment)."""
     done = subprocess.run(
-        [python(side), __file__, "--side", side, figure, *map(str, args)],
+        [python(side), script, "--side", side, figure, *map(str, args)],
         env={**side_env(side), **(env or {})},
         capture_output=True,
         text=True,
