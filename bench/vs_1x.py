@@ -253,9 +253,7 @@ def python(side: str) -> str:
     return sys.executable if side == "ours" else str(original_venv() / "bin" / "python")
 
 
-def measure(
-    side: str, figure: str, *args: object, env: dict[str, str] | None = None, script: str = __file__
-) -> dict:
+def measure(side: str, figure: str, *args: object, env: dict[str, str] | None = None, script: str = __file__) -> dict:
     """The figures `SIDES[side].<figure>(*args)` of `script` (this one by default) returns, taken in a
     fresh process of that side (with `env` added to its environment)."""
     done = subprocess.run(

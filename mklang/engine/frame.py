@@ -122,13 +122,15 @@ class Frame:
             decision_tainted=decision_tainted,
         )
 
-    def apply(self, state: State, record: StepRecord) -> None:
-        """Advance from this loop-top past `state`, as the step `record` says."""
+    def apply(self, state: State, record: StepRecord, usage: Usage | None = None) -> None:
+        """Advance from this loop-top past `state`, as the step `record` says. `usage` is the
+        step's spend when the caller holds it (the live engine, which recorded it); else it is
+        read from the record, as a journal line holds it, and checked."""
         step = record["step"]
         name = state.name
         self.visits[name] = self.visits.get(name, 0) + 1
         self.steps += record["charge"]
-        self.usage = self.usage + Usage.from_json(step["usage"])
+        self.usage = self.usage + (usage if usage is not None else Usage.from_json(step["usage"]))
         if "output" in step or "branches" in step:
             self.deposit(state, step_output(step), record.get("external", True))
         if step.get("decision_tainted"):

@@ -9,7 +9,7 @@ model call with a "none of the above" option.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,13 +65,15 @@ def select_gate(
 ) -> Choice:
     """Pick the first true eligible gate. `context` builds the post-deposit context lazily;
     the step's `calls` key and tally the judge's batches (`.g.<n>`) and key the hooks (`.h.<gate>`)."""
-    judged = calls.sub("g")
+    judged: Calls | None = None  # made for the first batch judged: most steps judge none
     gates = state.gates
-    eligible = [
-        index
-        for index, gate in enumerate(gates)
-        if gate.policy != "repair" or frame.repair_left[(state.name, index)] > 0
-    ]
+    eligible: Sequence[int] = range(len(gates))
+    if frame.repair_left:  # the machine has repair gates: those whose budget is spent are not eligible
+        eligible = [
+            index
+            for index, gate in enumerate(gates)
+            if gate.policy != "repair" or frame.repair_left[(state.name, index)] > 0
+        ]
     usage = Usage()
     none_batches = 0
     position = 0
@@ -92,8 +94,13 @@ def select_gate(
         batch = eligible[position:batch_end]
         tier = state.tier or frame.machine.tier
         conditions = [when for i in batch if (when := gates[i].when) is not None]
-        about = events.ModelAbout("judge", tier, *rt.route(tier), {"conditions": conditions})
-        verdict: Verdict = rt.call(judged, "judge", _judge(rt, conditions, output, reasoning, context, tier), about)
+        judged = judged or calls.part("g")
+        verdict: Verdict = rt.call(
+            judged,
+            "judge",
+            _judge(rt, conditions, output, reasoning, context, tier),
+            _judge_about(rt, tier, conditions),
+        )
         usage = usage + verdict.usage
         parsed_by = verdict.parsed_by or parsed_by
         if verdict.choice == NONE:
@@ -129,19 +136,25 @@ def _judge(
     return lambda _key: rt.provider.judge(conditions, output, reasoning, context(), tier)
 
 
+def _judge_about(rt: Runtime, tier: str, conditions: list[str]) -> Callable[[], events.CallAbout]:
+    """What the events of a judge call tell of it, made when an observer is told."""
+    return lambda: events.ModelAbout("judge", tier, *rt.route(tier), {"conditions": conditions})
+
+
 def _ask_hook(rt: Runtime, state: State, name: str, context: dict[str, Any], output: Any, key: str) -> bool:
     """A hook is asked again after a crash rather than journaled: its key names it only while it runs."""
     hook = rt.hooks.get(name)
     if hook is None:
         raise Stop("halted", f"state-error: hook: unknown hook '{name}'", state.name)
-    began = time.monotonic()
+    began = time.monotonic() if rt.observer is not None else 0.0  # an event nobody is told of is not built
     try:
         with calling(rt.idempotency_key(key)):
             said = bool(hook(context, output))
     except Exception as error:  # a host predicate failed: halt, do not crash
-        rt.emit(
-            events.HookCalled(hook=name, result=None, duration_ms=events.ms(time.monotonic() - began), error=str(error))
-        )
+        if rt.observer is not None:
+            took = events.ms(time.monotonic() - began)
+            rt.emit(events.HookCalled(hook=name, result=None, duration_ms=took, error=str(error)))
         raise Stop("halted", f"state-error: hook: {name}: {error}", state.name) from None
-    rt.emit(events.HookCalled(hook=name, result=said, duration_ms=events.ms(time.monotonic() - began), error=None))
+    if rt.observer is not None:
+        rt.emit(events.HookCalled(hook=name, result=said, duration_ms=events.ms(time.monotonic() - began), error=None))
     return said

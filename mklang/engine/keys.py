@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import threading
 
-from mklang.providers.base import Usage
+from mklang.providers.base import NO_SPEND, Usage
 
 
 class Calls:
     """Hands out the idempotency keys of one step branch's model and tool calls, and
     tallies what the branch has cost so far: its calls, its sub-run, its kept fan-out
     branches. A branch's tally adds up into the step's (`sub`), so a level that stops
-    mid-step knows what the step had paid without any signal carrying it."""
+    mid-step knows what the step had paid without any signal carrying it. A part of a
+    branch (`part`: its face, its gates) keys its own calls but keeps no tally of its own:
+    it pays into its branch's."""
 
-    __slots__ = ("_lock", "count", "paid", "parent", "prefix")
+    __slots__ = ("_lock", "count", "paid", "parent", "payee", "prefix")
 
-    def __init__(self, prefix: str, parent: Calls | None = None):
+    def __init__(self, prefix: str, parent: Calls | None = None, *, tallies: bool = True):
         self.prefix = prefix
         self.count = 0
-        self.paid = Usage()
+        self.paid: Usage = NO_SPEND
         self.parent = parent
+        self.payee: Calls | None = self if tallies else parent  # the first tally `pay` adds to
         self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
 
     def next(self) -> str:
@@ -36,14 +39,18 @@ class Calls:
         return f"{self.prefix}.{self.count}"
 
     def sub(self, name: str) -> Calls:
-        """The calls of a part of this step (its face, its gates, a fan-out branch)."""
+        """The calls of a fan-out branch of this step, with a tally of their own."""
         return Calls(f"{self.prefix}.{name}", self)
 
+    def part(self, name: str) -> Calls:
+        """The calls of a part of this branch (its face, its gates), paid into its tally."""
+        return Calls(f"{self.prefix}.{name}", self, tallies=False)
+
     def pay(self, usage: Usage) -> None:
-        """Add `usage` to this tally and to those it adds up into (fan-out branches pay from
-        threads of their own)."""
+        """Add `usage` to this branch's tally and to those it adds up into (fan-out branches pay
+        from threads of their own)."""
         with self._lock:
-            calls: Calls | None = self
+            calls = self.payee
             while calls is not None:
                 calls.paid = calls.paid + usage
                 calls = calls.parent

@@ -76,11 +76,13 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.Segment, ...], resume: 
         # the call state: the innermost level checks the budgets, so a resume that
         # cannot take a step re-suspends with every frame as it was (idempotent).
         step_no = len(frame.trace) + 1
-        events.PATH.set((*outer, events.Segment(frame.machine.name, frame.state, step_no)))
+        observed = rt.observer is not None  # the path and the spend so far are only for events
+        if observed:
+            events.PATH.set((*outer, events.Segment(frame.machine.name, frame.state, step_no)))
         if not resume:
             if not level.branch:
                 rt.journal.loop_top(level.chain)
-            if rt.observer is not None:  # the run's spend so far is read only for an observer
+            if observed:
                 rt.emit(
                     events.StateEntered(
                         machine=frame.machine.name,
@@ -98,7 +100,7 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.Segment, ...], resume: 
         state = states[frame.state]
         calls = Calls(f"{level.scope}:{step_no}")
         try:
-            record = _run_state(rt, level, state, calls, resume)
+            record, usage = _run_state(rt, level, state, step_no, calls, resume)
         except ProviderError as error:
             if rt.control.past_deadline():  # the call was cut short by the --max-time deadline
                 _end(rt, level, "time-exhausted", calls.paid)
@@ -126,7 +128,7 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.Segment, ...], resume: 
         if fired is not None and step["policy"] == "escalate" and step["to"] != END and rt.hitl and level.suspendable:
             gate = state.gates[fired]
             record["ask"] = {"ask": gate.ask, "reply_to": gate.effective_reply_to}
-        frame.apply(state, record)
+        frame.apply(state, record, usage)
         if not level.branch:
             rt.journal.step(level.depth, record)
 
@@ -155,25 +157,27 @@ def _halt(rt: Runtime, level: Level, error: str, paid: Usage) -> None:
         rt.journal.halt(level.depth, error, paid)
 
 
-def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: list[Frame] | None) -> StepRecord:
-    """Run `state` once: output, deposit (via the record), gate, policy; `calls` keys and
-    tallies the step's calls.
+def _run_state(
+    rt: Runtime, level: Level, state: State, step_no: int, calls: Calls, resume: list[Frame] | None
+) -> tuple[StepRecord, Usage]:
+    """Run `state` once as step `step_no`: output, deposit (via the record), gate, policy;
+    `calls` keys and tallies the step's calls.
 
-    Returns the record for Frame.apply; its "halt" names the halt the step ends with.
-    Raises a halted Stop when the state fails before it can make a step.
+    Returns the record for Frame.apply, its "halt" naming the halt the step ends with, and
+    the step's spend (which the record holds as JSON). Raises a halted Stop when the state
+    fails before it can make a step.
     """
     frame = level.frame
     visits = frame.visits.get(state.name, 0) + 1
     if state.max_visits is not None and visits > state.max_visits:
         raise Stop("halted", "loop-ceiling", state.name)
-    step_no = len(frame.trace) + 1
     # Produce states consume pending repair feedback; other faces leave it pending.
     feedback = None if isinstance(state.face, Produce) else frame.feedback
     details: StepDetails = {}
     untrusted = _untrusted_flow(rt, frame, state)
     if untrusted and rt.untrusted_flow == "halt":  # before the tool runs
         step = _step(step_no, state, UNTRUSTED_FLOW, None, None, {"untrusted_control_flow": True}, Usage())
-        return {"step": step, "charge": 1, "feedback": feedback, "halt": UNTRUSTED_FLOW}
+        return {"step": step, "charge": 1, "feedback": feedback, "halt": UNTRUSTED_FLOW}, Usage()
     if state.fans_out:
         output, branches, usage = _fan_out(rt, level, state, calls)
         details["branches"] = branches
@@ -181,13 +185,13 @@ def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: li
     else:
         try:
             output, reasoning, usage, extra = _run_face(
-                rt, level, state, Scope(frame.context, frame.tainted), calls.sub("0"), resume
+                rt, level, state, Scope(frame.context, frame.tainted), calls.part("0"), resume
             )
         except Stop as failed:
             if failed.kind != "call-failed":
                 raise
             step = _step(step_no, state, "call-failed", None, None, {"sub_trace": failed.trace}, calls.paid)
-            return {"step": step, "charge": 1, "feedback": feedback, "halt": failed.reason}
+            return {"step": step, "charge": 1, "feedback": feedback, "halt": failed.reason}, calls.paid
         details["output"] = output
         if reasoning is not None:
             details["reasoning"] = reasoning
@@ -208,18 +212,19 @@ def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: li
     if choice.parsed_by:
         details["judge_parse"] = choice.parsed_by
     external = _external_output(rt, frame, state)
-    if isinstance(choice, Selected) and _judged(choice) and (external or frame.external):
+    if (external or frame.external) and isinstance(choice, Selected) and _judged(choice):
         details["decision_tainted"] = True
     if untrusted:
         details["untrusted_control_flow"] = True
-    _decided(rt, frame, state, choice, bool(details.get("decision_tainted")))
+    if rt.observer is not None:  # an event nobody is told of is not built
+        _decided(rt, frame, state, choice, bool(details.get("decision_tainted")))
     if isinstance(choice, NoGate):
         step = _step(step_no, state, choice.halt, None, None, details, usage)
-        return {"charge": charge, "feedback": feedback, "gate": None, "halt": choice.halt, "step": step}
+        return {"charge": charge, "feedback": feedback, "gate": None, "halt": choice.halt, "step": step}, usage
     gate = choice.gate
     if gate.policy == "fail":
         step = _step(step_no, state, "fail", None, gate, details, usage)
-        return {"charge": charge, "feedback": feedback, "gate": choice.index, "step": step, "halt": "gate-fail"}
+        return {"charge": charge, "feedback": feedback, "gate": choice.index, "step": step, "halt": "gate-fail"}, usage
     step = _step(step_no, state, gate.policy, gate.target, gate, details, usage)
     record: StepRecord = {
         "charge": charge,
@@ -231,7 +236,7 @@ def _run_state(rt: Runtime, level: Level, state: State, calls: Calls, resume: li
     if gate.policy == "repair":
         record["repair"] = choice.index
         record["feedback"] = f"The previous attempt does not satisfy: '{gate.label}'. Fix it."
-    return record
+    return record, usage
 
 
 _DECIDED_BY: dict[str, events.DecidedBy] = {"llm": "judge", "hook": "host", "otherwise": "catch-all"}
@@ -289,6 +294,8 @@ def _external_output(rt: Runtime, frame: Frame, state: State) -> bool:
     face = state.face
     if isinstance(face, ToolUse):
         return True
+    if isinstance(face, Produce) and not frame.external:  # nothing its prompt or list reads came from outside
+        return False
     scope = _external_scope(frame, state, {"index": 0, "item": None} if state.over is not None else {"index": 0})
     if isinstance(face, Produce):
         over = state.over is not None and root_key(state.over) in frame.external
@@ -323,11 +330,20 @@ def _step(
     }
 
 
-@functools.lru_cache(maxsize=256)
+_RECORDED: dict[tuple[int, int, float], dict[str, Any]] = {}
+
+
 def recorded_usage(usage: Usage) -> dict[str, Any]:
     """`usage` as a trace step or a fan-out branch records it. Records of equal spend share one
-    map, which nothing changes once recorded: a long run keeps every step (ADR 0038)."""
-    return usage.to_json()
+    map, which nothing changes once recorded: a long run keeps every step (ADR 0038). Keyed by
+    its numbers, hashed without a call into Python; the first 256 spends are kept."""
+    key = (usage.input_tokens, usage.output_tokens, usage.cost_usd)
+    recorded = _RECORDED.get(key)
+    if recorded is None:
+        recorded = usage.to_json()
+        if len(_RECORDED) < 256:
+            _RECORDED[key] = recorded
+    return recorded
 
 
 class _DepositedView:
@@ -390,9 +406,11 @@ def _produce(
     if fenced:
         system = f"{system}\n\n{FENCE_NOTICE}"
     tier = state.tier or frame.machine.tier
-    about = events.ModelAbout("produce", tier, *rt.route(tier), {"system": system, "user": user})
     produced: Produced = rt.call(
-        calls, "produce", lambda _key: rt.provider.produce(system, user, tier, face.reason), about
+        calls,
+        "produce",
+        lambda _key: rt.provider.produce(system, user, tier, face.reason),
+        lambda: events.ModelAbout("produce", tier, *rt.route(tier), {"system": system, "user": user}),
     )
     return _parse(face, produced.text, state.name), produced.reasoning, produced.usage
 
@@ -428,8 +446,8 @@ def _tool(rt: Runtime, level: Level, state: State, face: ToolUse, scope: Scope, 
         return tool(arguments)
 
     try:
-        about = events.ToolAbout(face.tool, not rt.effectful(level.frame.machine, face.tool), arguments)
-        observation = rt.call(calls, "tool", live, about)
+        read_only = not rt.effectful(level.frame.machine, face.tool)
+        observation = rt.call(calls, "tool", live, lambda: events.ToolAbout(face.tool, read_only, arguments))
     except (Stop, ProviderError, CheckpointError):
         raise
     except Exception as error:  # a host tool failed: the run halts, it does not crash
@@ -512,17 +530,17 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
 
     def branch(i: int) -> dict[str, Any]:
         branch_calls = calls.sub(branch_part(i, count))
-        observed = rt.observer is not None
+        observed = rt.observer is not None  # the path is only for events
         if observed:
             rt.emit(events.BranchStarted(index=i, count=count))
-        *above, here = events.PATH.get()
-        inside = events.PATH.set((*above, events.Segment(here.machine, here.state, here.step, i)))
+            *above, here = events.PATH.get()
+            inside = events.PATH.set((*above, events.Segment(here.machine, here.state, here.step, i)))
         status: events.BranchStatus = "stopped"  # unless it returns
         try:
             record, status = run_branch(i, branch_calls)
         finally:
-            events.PATH.reset(inside)
             if observed:
+                events.PATH.reset(inside)
                 rt.emit(events.BranchFinished(index=i, count=count, status=status, usage=branch_calls.paid))
         rt.journal.fold(branch_calls.prefix)  # its paid answers are in its record now
         return record

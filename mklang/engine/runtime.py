@@ -27,7 +27,7 @@ from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
-from mklang.providers.base import Provider, Usage, calling, deadline
+from mklang.providers.base import Provider, Usage, making_call
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 COST_SLACK = 1e-9  # USD
@@ -256,17 +256,18 @@ class Runtime:
             )
             self.observer.emit(stamped)
 
-    def call(self, calls: Calls, kind: str, live: Callable[[str], Any], about: events.CallAbout) -> Any:
+    def call(self, calls: Calls, kind: str, live: Callable[[str], Any], about: Callable[[], events.CallAbout]) -> Any:
         """Every model and tool call goes through here, under the next key of `calls`: the
         journal answers it when an earlier process paid for it; otherwise `live(key)` runs
         (the host sees its idempotency key, `providers.base.call_key`), is counted and is
         journaled. Either way its spend joins the run's live total, which every budget check
-        reads, and the tally of `calls`; `about` says what the call's events tell of it."""
+        reads, and the tally of `calls`; `about()` says what the call's events tell of it,
+        asked only when an observer is told of them."""
         key = calls.next()
-        observed = self.observer is not None  # an event nobody is told of is not built
-        if observed:
-            self.emit(about.started(key, self.trace_content))
-        began = time.monotonic()
+        told = about() if self.observer is not None else None  # an event nobody is told of is not built
+        if told is not None:
+            self.emit(told.started(key, self.trace_content))
+            began = time.monotonic()
         value = self.journal.replay(key, kind)
         replayed = value is not None
         if not replayed:
@@ -274,19 +275,19 @@ class Runtime:
                 self.live_calls[kind] += 1
             faults.reach("call.before")
             try:
-                with deadline(self.control.deadline), calling(self.idempotency_key(key)):
+                with making_call(self.idempotency_key(key), self.control.deadline):
                     value = live(key)
             except Exception as error:
                 usage = error.usage if isinstance(error, ProviderError) else None
-                if observed:
-                    self.emit(about.failed(key, error, usage, time.monotonic() - began))
+                if told is not None:
+                    self.emit(told.failed(key, error, usage, time.monotonic() - began))
                 if isinstance(error, ProviderError):  # a failed call may still have been paid for
                     self._charge(calls, error.usage)
                 raise
             faults.reach("call.returned")
             self.journal.record(key, kind, value)
-        if observed:
-            self.emit(about.finished(key, value, replayed, time.monotonic() - began, self.trace_content))
+        if told is not None:
+            self.emit(told.finished(key, value, replayed, time.monotonic() - began, self.trace_content))
         self._charge(calls, getattr(value, "usage", None))
         return value
 

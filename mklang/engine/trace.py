@@ -40,6 +40,7 @@ class Trace(Sequence[TraceStep]):
         self, steps: Iterable[TraceStep] = (), segments: Iterable[Segment] = (), read: SegmentReader | None = None
     ):
         self._sealed: list[tuple[Segment, list[TraceStep] | None]] = [(segment, None) for segment in segments]
+        self._sealed_steps = sum(segment.steps for segment, _ in self._sealed)  # the engine reads len every step
         self._tail: list[TraceStep] = list(steps)
         self._read = read or _unreadable
 
@@ -57,6 +58,7 @@ class Trace(Sequence[TraceStep]):
         """The tail is now kept as `segment` (its steps stay in memory); a new tail starts."""
         assert segment.steps == len(self._tail), "a segment seals the whole tail"
         self._sealed.append((segment, self._tail))
+        self._sealed_steps += segment.steps
         self._tail = []
 
     def append(self, step: TraceStep) -> None:
@@ -66,7 +68,7 @@ class Trace(Sequence[TraceStep]):
         self._tail.extend(steps)
 
     def __len__(self) -> int:
-        return sum(segment.steps for segment, _ in self._sealed) + len(self._tail)
+        return self._sealed_steps + len(self._tail)
 
     def _steps_of(self, index: int) -> list[TraceStep]:
         segment, steps = self._sealed[index]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any, Final, Generic, Literal, Protocol, TypeVar, overload
+from typing import Any, Final, Literal, Protocol, overload
 
 MAX_RECORDED_TOKENS = 10**15  # tokens in any spend a file records: far above any run's
 MAX_RECORDED_COST = 1e12  # dollars, likewise
@@ -29,6 +29,9 @@ class Usage:
     cost_usd: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
+        # Nothing spent yet plus a call's spend is that spend (a value: it is shared, not copied).
+        if self is NO_SPEND:
+            return other
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
@@ -59,6 +62,9 @@ class Usage:
         if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost <= MAX_RECORDED_COST:
             raise ValueError(f"usage cost_usd is {cost!r}, not an amount from 0 to {MAX_RECORDED_COST:,.0f}")
         return cls(tokens[0], tokens[1], float(cost))
+
+
+NO_SPEND: Final = Usage()  # the spend of nothing, shared: a tally starts at it every step
 
 
 @dataclass(frozen=True)
@@ -111,29 +117,28 @@ class Provider(Protocol):
 _deadline: ContextVar[float | None] = ContextVar("mklang_deadline", default=None)
 
 
-T = TypeVar("T")
+class _Bound:
+    """Each variable holds its value inside, and what it held before after. A class rather
+    than a generator `contextmanager`: the engine enters one around every call."""
 
+    __slots__ = ("_bindings", "_tokens")
 
-class _Bound(Generic[T]):
-    """`variable` holds `value` inside, and what it held before after. A class rather than a
-    generator `contextmanager`: the engine enters two around every call."""
-
-    __slots__ = ("_token", "_value", "_variable")
-    _token: Token[T]
-
-    def __init__(self, variable: ContextVar[T], value: T):
-        self._variable, self._value = variable, value
+    def __init__(self, *bindings: tuple[ContextVar[Any], Any]):
+        self._bindings = bindings
+        self._tokens: list[Token[Any]] = []
 
     def __enter__(self) -> None:
-        self._token = self._variable.set(self._value)
+        for variable, value in self._bindings:
+            self._tokens.append(variable.set(value))
 
     def __exit__(self, *_: object) -> None:
-        self._variable.reset(self._token)
+        for variable, _value in reversed(self._bindings):
+            variable.reset(self._tokens.pop())
 
 
 def deadline(when: float | None) -> AbstractContextManager[None]:
     """Calls inside must finish by `when`, a `time.monotonic()` value (None: no deadline)."""
-    return _Bound(_deadline, when)
+    return _Bound((_deadline, when))
 
 
 def seconds_left() -> float | None:
@@ -154,7 +159,12 @@ _LAST_BRANCH = re.compile(r".*\.(\d+)of(\d+)(?=[./]|$)", re.S)  # the innermost:
 
 def calling(key: str) -> AbstractContextManager[None]:
     """The calls inside are the one call whose idempotency key is `key`."""
-    return _Bound(_call_key, key)
+    return _Bound((_call_key, key))
+
+
+def making_call(key: str, when: float | None) -> AbstractContextManager[None]:
+    """`calling(key)` inside `deadline(when)`, entered at once: the engine's every model and tool call."""
+    return _Bound((_deadline, when), (_call_key, key))
 
 
 def call_key() -> str | None:
