@@ -31,6 +31,9 @@ TraceContentOpt = typer.Option(
 )
 
 
+_LINE = json.JSONEncoder(ensure_ascii=False, default=str, allow_nan=False)  # made once, not per event
+
+
 class JsonLines:
     """An event sink writing each event as one JSON line, flushed as it is written, so a reader
     following the file sees every event as it happens. Thread-safe: a batch's runs share it."""
@@ -41,7 +44,11 @@ class JsonLines:
         self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
-        line = json.dumps(finite(event.to_json()), ensure_ascii=False, default=str, allow_nan=False)
+        document = event.to_json()
+        try:
+            line = _LINE.encode(document)
+        except ValueError:  # a NaN or an infinity, which only a host's value brings: walked only then
+            line = _LINE.encode(finite(document))
         with self._lock:
             self._stream.write(line + "\n")
             self._stream.flush()

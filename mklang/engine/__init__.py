@@ -168,7 +168,8 @@ def continue_run(
     rt.caps = caps
     rt.spent = sum((frame.spent for frame in frames), Usage())
     machine = frames[0].machine.name
-    if resumed or recovered:
+    observed = rt.observer is not None  # an event nobody is told of is not built
+    if observed and (resumed or recovered):
         rt.emit(
             events.RunResumed(
                 machine=machine,
@@ -180,13 +181,15 @@ def continue_run(
                 spent=rt.spent_so_far(),
             )
         )
-    else:
+    elif observed:
         rt.emit(
             events.RunStarted(
                 machine=machine, max_tokens=caps.tokens, max_cost=caps.cost, concurrency=rt.concurrency, hitl=rt.hitl
             )
         )
     result = _outcome(rt, frames, caps, suspendable, resumed)
+    if not observed:
+        return result
     if result.status == "suspended":
         rt.emit(events.RunSuspended(reason=str(result.error), at=result.at, ask=result.ask, reply_to=result.reply_to))
     elif result.status == "halted":

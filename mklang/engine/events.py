@@ -19,8 +19,9 @@ outputs are added when the run is asked to trace content (ADR 0032).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
+import math
+import time
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -50,10 +51,11 @@ class Segment:
 PATH: ContextVar[tuple[Segment, ...]] = ContextVar("mklang_path", default=())
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class Event:
     """The envelope every event has; `Runtime.emit` fills it in. `run` is the run's name in a
-    store, given in batches and workers (`named`)."""
+    store, given in batches and workers (`named`). Not frozen, as a frozen dataclass is several
+    times dearer to make and `--events` makes several a step: no sink changes an event it is given."""
 
     kind: ClassVar[str]
     run_id: str = ""
@@ -74,21 +76,55 @@ class Event:
             "event": self.kind,
             "run_id": self.run_id,
             "seq": self.seq,
-            "time": datetime.datetime.fromtimestamp(self.time, datetime.UTC).isoformat().replace("+00:00", "Z"),
+            "time": utc_text(self.time),
             "path": [segment.to_json() for segment in self.path],
         }
         if self.run is not None:
             data["run"] = self.run
-        for item in dataclasses.fields(self):
-            value = getattr(self, item.name)
-            if item.name in _ENVELOPE or (item.name in CONTENT and value is None):
+        values = self.__dict__
+        for name, content in _fields_of(type(self)):
+            value = values[name]
+            if content and value is None:
                 continue
-            data[item.name] = value.to_json() if isinstance(value, Usage) else value
+            data[name] = value.to_json() if isinstance(value, Usage) else value
         return data
+
+
+_second: tuple[int, str] = (0, "1970-01-01T00:00:00")  # the last whole second written, as text
+
+
+def utc_text(seconds: float) -> str:
+    """A time since the epoch as ISO 8601 in UTC to the microsecond, as `datetime.isoformat` writes
+    it (`2026-12-02T13:08:41.123456Z`; no fraction on a whole second); the second's text is made
+    once a second: every event has a time."""
+    global _second
+    fraction, integral = math.modf(seconds)
+    whole, micro = int(integral), round(fraction * 1e6)  # rounded as datetime rounds it
+    if micro >= 1_000_000:
+        whole, micro = whole + 1, micro - 1_000_000
+    if _second[0] != whole:
+        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    text = _second[1]
+    return f"{text}.{micro:06d}Z" if micro else f"{text}Z"
 
 
 _ENVELOPE = frozenset(item.name for item in dataclasses.fields(Event))
 CONTENT = frozenset({"prompt", "output", "arguments"})  # the fields only traced content fills in (ADR 0032)
+
+
+_FIELDS: dict[type[Event], tuple[tuple[str, bool], ...]] = {}
+
+
+def _fields_of(kind: type[Event]) -> tuple[tuple[str, bool], ...]:
+    """The fields of an event kind beside the envelope, in order, each with whether it is content
+    (named once per kind: `--events` writes every event)."""
+    known = _FIELDS.get(kind)
+    if known is None:
+        known = _FIELDS[kind] = tuple(
+            (item.name, item.name in CONTENT) for item in dataclasses.fields(kind) if item.name not in _ENVELOPE
+        )
+    return known
+
 
 CallOutcome = Literal["paid", "replayed", "failed"]
 DecidedBy = Literal["judge", "host", "catch-all"]
@@ -96,7 +132,7 @@ BranchStatus = Literal["done", "failed", "stopped"]
 CallStatus = Literal["done", "halted", "suspended", "stopped"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class _Begun(Event):
     machine: str
     max_tokens: int | None
@@ -105,14 +141,14 @@ class _Begun(Event):
     hitl: bool
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class RunStarted(_Begun):
     """A run starts from its entry state, under these budgets (None: none)."""
 
     kind = "run.started"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class RunResumed(_Begun):
     """A run continues from its checkpoint: a suspension, or (`recovered`) a crash; `spent` is
     what earlier processes paid."""
@@ -122,7 +158,7 @@ class RunResumed(_Begun):
     spent: Usage
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class StateEntered(Event):
     """A level is at its loop-top before running `state` as its step `step` (the last segment of
     the path); its budgets are checked next. `spent` is the whole run's so far."""
@@ -136,7 +172,7 @@ class StateEntered(Event):
     spent: Usage
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class _ModelCall(Event):
     call: Literal["produce", "judge"]
     key: str
@@ -145,7 +181,7 @@ class _ModelCall(Event):
     model: str | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ModelStarted(_ModelCall):
     """A model call is about to be answered: `call` is produce or judge, `key` its idempotency
     key in the run. `provider` and `model` are known when the provider routes by tier."""
@@ -154,7 +190,7 @@ class ModelStarted(_ModelCall):
     prompt: dict[str, Any] | None = None  # with trace content: the system and user prompts, or the judged conditions
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ModelFinished(_ModelCall):
     """A model call ended: `paid` by this process, `replayed` from the checkpoint (paid by an
     earlier process), or `failed` (`error` says why; what it cost is still in `usage`)."""
@@ -169,14 +205,14 @@ class ModelFinished(_ModelCall):
     output: str | None = None  # with trace content: the answer
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class _ToolCall(Event):
     tool: str
     key: str
     read_only: bool
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ToolStarted(_ToolCall):
     """A host tool is about to run; `read_only` is the host's (or the machine's) word on it."""
 
@@ -184,7 +220,7 @@ class ToolStarted(_ToolCall):
     arguments: Any = None  # with trace content: what the tool is given
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ToolFinished(_ToolCall):
     """A host tool ended: `paid` (ran in this process), `replayed` or `failed`."""
 
@@ -196,7 +232,7 @@ class ToolFinished(_ToolCall):
     output: str | None = None  # with trace content: the observation
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class HookCalled(Event):
     """A hook gate asked its host predicate (hooks are never journaled: they run every time)."""
 
@@ -207,7 +243,7 @@ class HookCalled(Event):
     error: str | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class GateDecided(Event):
     """Where a state goes: the gate that fired (its index and label, None when none did), by
     whom (`judge`, `host` or `catch-all`), its policy (or the halt), and whether a judge reading
@@ -225,20 +261,20 @@ class GateDecided(Event):
     decision_tainted: bool
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class _Branch(Event):
     index: int  # the branch's place in the fan-out, from 0
     count: int  # the fan-out's branches
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class BranchStarted(_Branch):
     """A fan-out branch starts (its path is the fan-out state's; inside it, the segment gets `branch`)."""
 
     kind = "branch.started"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class BranchFinished(_Branch):
     """A fan-out branch ended: `done`, `failed` (its output is a branch error) or `stopped`
     (a run-wide ceiling stopped it; a resume runs it again)."""
@@ -248,12 +284,12 @@ class BranchFinished(_Branch):
     usage: Usage
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class _Call(Event):
     machine: str  # the called machine
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class CallStarted(_Call):
     """A `call` state starts (or, `resumed`, continues) a machine one level deeper."""
 
@@ -261,7 +297,7 @@ class CallStarted(_Call):
     resumed: bool
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class CallFinished(_Call):
     """A called machine ended: done, halted, suspended (the run parks inside it) or stopped."""
 
@@ -270,7 +306,7 @@ class CallFinished(_Call):
     usage: Usage
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class RunSuspended(Event):
     """The run parks: why, where, and the human question it waits on (if any)."""
 
@@ -281,7 +317,7 @@ class RunSuspended(Event):
     reply_to: str | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class RunHalted(Event):
     """The run ends for good with `error` at its state `at`."""
 
@@ -290,7 +326,7 @@ class RunHalted(Event):
     at: str | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class RunFinished(Event):
     """The last event of a run in this process: how it ended, its spend (earlier processes'
     included) and the calls this process paid for, by kind."""
@@ -379,7 +415,7 @@ class CallAbout(Protocol):
     def failed(self, key: str, error: BaseException, usage: Usage | None, seconds: float) -> Event: ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class ModelAbout:
     """A produce or judge call, with its prompt (the system and user prompts, or the conditions judged)."""
 
@@ -420,7 +456,7 @@ class ModelAbout:
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class ToolAbout:
     """A host tool call, with the arguments it is given."""
 

@@ -11,7 +11,6 @@ level that stops mid-step first records in its frame what the step had paid
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any
@@ -490,7 +489,9 @@ def _call(
             rt.journal.enter(level.depth + 1, child_frame)
     child = Level(child_frame, level.depth + 1, level.suspendable, level.branch or branch, child_scope, level.chain)
     called = child_frame.machine.name
-    rt.emit(events.CallStarted(machine=called, resumed=bool(resume)))
+    observed = rt.observer is not None  # an event nobody is told of is not built
+    if observed:
+        rt.emit(events.CallStarted(machine=called, resumed=bool(resume)))
     ended: events.CallStatus = "stopped"
     try:
         run_frame(rt, child, below)
@@ -504,7 +505,8 @@ def _call(
         raise Stop("call-failed", f"call-failed: {stop.reason}", state.name, trace=list(child_frame.trace)) from None
     finally:  # the sub-run's frame holds what it paid, however it ended
         calls.pay(child_frame.usage)
-        rt.emit(events.CallFinished(machine=called, status=ended, usage=child_frame.usage))
+        if observed:
+            rt.emit(events.CallFinished(machine=called, status=ended, usage=child_frame.usage))
     return child_frame.result(), None, child_frame.usage, {"sub_trace": list(child_frame.trace)}
 
 

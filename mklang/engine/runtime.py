@@ -7,7 +7,6 @@ both depend on these types without depending on each other.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import functools
 import queue
 import threading
@@ -27,7 +26,7 @@ from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
-from mklang.providers.base import Provider, Usage, making_call
+from mklang.providers.base import NO_SPEND, Provider, Usage, making_call
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 COST_SLACK = 1e-9  # USD
@@ -207,7 +206,7 @@ class NullJournal:
         pass
 
     def unreplayed(self) -> Usage:
-        return Usage()
+        return NO_SPEND
 
     def halt(self, depth: int, error: str, usage: Usage) -> None:
         pass
@@ -251,10 +250,9 @@ class Runtime:
             return
         with self._emit_lock:
             self._emitted += 1
-            stamped = dataclasses.replace(
-                event, run_id=self.run_id, seq=self._emitted, time=time.time(), path=events.PATH.get()
-            )
-            self.observer.emit(stamped)
+            # Made for this call, the event is no one else's yet: stamped in place rather than copied.
+            event.run_id, event.seq, event.time, event.path = self.run_id, self._emitted, time.time(), events.PATH.get()
+            self.observer.emit(event)
 
     def call(self, calls: Calls, kind: str, live: Callable[[str], Any], about: Callable[[], events.CallAbout]) -> Any:
         """Every model and tool call goes through here, under the next key of `calls`: the

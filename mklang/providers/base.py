@@ -29,9 +29,11 @@ class Usage:
     cost_usd: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
-        # Nothing spent yet plus a call's spend is that spend (a value: it is shared, not copied).
+        # Nothing spent plus a spend is that spend (a value: it is shared, not copied).
         if self is NO_SPEND:
             return other
+        if other is NO_SPEND:
+            return self
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
