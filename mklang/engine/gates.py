@@ -19,7 +19,7 @@ from mklang.engine.keys import Calls
 from mklang.engine.runtime import Runtime
 from mklang.engine.signals import Stop
 from mklang.model import Gate, State
-from mklang.providers.base import NONE, UNPARSEABLE, Usage, Verdict, calling
+from mklang.providers.base import NO_SPEND, NONE, UNPARSEABLE, Usage, Verdict, calling
 
 
 @dataclass(kw_only=True)
@@ -74,7 +74,7 @@ def select_gate(
             for index, gate in enumerate(gates)
             if gate.policy != "repair" or frame.repair_left[(state.name, index)] > 0
         ]
-    usage = Usage()
+    usage = NO_SPEND
     none_batches = 0
     position = 0
     parsed_by = None

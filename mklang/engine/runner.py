@@ -202,8 +202,7 @@ def _run_state(
         choice = select_gate(rt, frame, state, output, reasoning, deposited, calls)
     finally:
         deposited.take_back()
-    if choice.usage.tokens or choice.usage.cost_usd:
-        usage = usage + choice.usage
+    usage = usage + choice.usage
     if isinstance(choice, Selected) and choice.fallback:
         details["judge_fallback"] = True
     if choice.none_batches:
