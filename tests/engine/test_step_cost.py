@@ -1,5 +1,5 @@
 """What a step costs the engine, counted in Python calls: a count does not move with the machine's
-load as a timing does, so a step that grows shows here, in CI, when it grows (ADR 0047).
+load as a timing does, so a step that grows shows here, in CI, when it grows (bench/step.py times it).
 
 The count is the difference between a 200-step and a 100-step run of a one-state loop, over 100:
 the start and end of a run cancel out. The ceilings are the counts measured; a change that adds
