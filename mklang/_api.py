@@ -164,7 +164,7 @@ def batch(
     from contextlib import AbstractContextManager, ExitStack, nullcontext
 
     from mklang import batching
-    from mklang.stores import open_store
+    from mklang.stores import open_note_store
     from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
     _require_keywords(batch, options, BatchOptions.__optional_keys__)
@@ -184,7 +184,7 @@ def batch(
     with ExitStack() as stack:
         # A provider is shared by every run (it is thread-safe); a scripted host keeps a state per run.
         shared = None if options.get("script") is not None else stack.enter_context(host())
-        opened = open_store(os.fspath(store))
+        opened = open_note_store(os.fspath(store), "a batch")
         stack.callback(opened.close)
         runner = batching.Batch(
             loaded,

@@ -35,7 +35,7 @@ from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.runs import Claim, Outcome, claim, outcome
 from mklang.session import Host
-from mklang.stores import Location, NoteStore, Store, is_uri, run_name
+from mklang.stores import Location, NoteStore, RunStore, Store, is_uri, run_name
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
 
@@ -157,7 +157,7 @@ def input_hash(data: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
-def location(store: Store, uri: str, run: str) -> Location:
+def location(store: RunStore, uri: str, run: str) -> Location:
     """Where `run` is in the store opened from `uri`: named and anchored as `locate` does it, so a run
     a batch wrote records its machine as `mklang resume STORE#RUN` (or FOLDER/RUN) finds it."""
     text = target(uri, run)
@@ -171,7 +171,7 @@ def target(uri: str, run: str) -> str:
     return f"{uri}#{run}" if is_uri(uri) else str(Path(uri) / run)
 
 
-def described(store: Store, uri: str, run: str, last: int = 0) -> dict[str, Any]:
+def described(store: RunStore, uri: str, run: str, last: int = 0) -> dict[str, Any]:
     """What `mklang show` tells of a run of the store opened from `uri` (its `last` steps); a run that
     cannot be read or verified is `failed` with why, so one bad run does not hide the others."""
     from mklang.inspection import describe, unverified

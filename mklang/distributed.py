@@ -43,7 +43,7 @@ from mklang.errors import CheckpointError, MklangError, UsageError, first_line, 
 from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.runs import Outcome, fleet_mac, outcome, read_signed, record_key, report_key, verified, write_signed
-from mklang.stores import Store, open_store, run_name
+from mklang.stores import Store, open_note_store, run_name
 from mklang.terminal import printable
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ class Worker:
     def __init__(self, uri: str, host_settings: dict[str, Any], observer: EventSink | None = None):
         self.uri = uri
         self.observer = observer  # told of every run's events, each with the run's name
-        self.store = open_store(uri)
+        self.store = open_note_store(uri, "a worker")
         self.identity = store_identity(self.store)
         self.host_settings = host_settings
         self.stopping = threading.Event()

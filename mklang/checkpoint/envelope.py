@@ -8,7 +8,6 @@ older formats are migrated forward on load by the functions in `MIGRATIONS`.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from typing_extensions import TypedDict
 from mklang.checkpoint.signing import UNSIGNED, Seal, checkpoint_key, seal_of, sign_encoded, signed_as_written
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
-from mklang.stores import Location, RunStore, locate
+from mklang.stores import Location, RunStore, SummaryStore, locate
 from mklang.stores.summary import RunSummary, summary_reason
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
@@ -300,22 +299,10 @@ def save(target: str | Path | Location, envelope: Envelope) -> None:
 
 def store_envelope(store: RunStore, run: str, envelope: Envelope, payload: bytes) -> None:
     """Write an envelope's bytes `payload` to a store, with the summary a listing shows of it."""
-    summary = summary_of(run, envelope)
-    if _writes_summaries(store):
-        store.write(run, payload, generation=envelope.generation, summary=summary)
-    else:  # a store a package registered before `write` took the summary along (ADR 0043)
+    if isinstance(store, SummaryStore):
+        store.write(run, payload, generation=envelope.generation, summary=summary_of(run, envelope))
+    else:  # a listing reads the envelope itself (`stores.summaries_of`)
         store.write(run, payload, generation=envelope.generation)
-        store.summarize(run, summary)
-
-
-_SUMMARIES_WRITTEN: dict[type, bool] = {}  # by store class: whether its `write` takes `summary`
-
-
-def _writes_summaries(store: RunStore) -> bool:
-    kind = type(store)
-    if kind not in _SUMMARIES_WRITTEN:
-        _SUMMARIES_WRITTEN[kind] = "summary" in inspect.signature(store.write).parameters
-    return _SUMMARIES_WRITTEN[kind]
 
 
 def summary_of(run: str, envelope: Envelope) -> RunSummary:

@@ -5,11 +5,14 @@ each snapshot or finish writes the next one. A copy put back from a backup
 (a file, a database) carries an older generation than the one last written,
 and resuming it would repeat what came after it: paid calls, tool actions,
 and a human approval read back from the first line of its journal. So the
-highest generation seen is remembered per run id in the user's state folder
-(`$XDG_STATE_HOME/mklang/generations/`, default `~/.local/state/mklang/`),
-and a store with rows (SQLite, PostgreSQL) also keeps it in the run's row,
-which refuses an older one; `rollback` below turns what they hold into the
-one-line refusal.
+highest generation reached is remembered per run id, where the run's store
+can keep it (a `GenerationStore`: SQLite, PostgreSQL, which also refuse an
+older envelope over a newer one in the run's row), else in the user's state
+folder (`$XDG_STATE_HOME/mklang/generations/`, default
+`~/.local/state/mklang/`) (ADR 0051). Kept in the store, the record holds
+wherever the run is resumed from: another machine, user or CI job. A record
+an earlier release left in the state folder still counts. `rollback` below
+turns what they hold into the one-line refusal.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from mklang.errors import CheckpointError
 from mklang.files import write_atomic
+from mklang.stores import GenerationStore, RunStore
 
 ALLOW_FLAG = "--allow-rollback"
 
@@ -36,9 +40,18 @@ def _record(run_id: str) -> str:
     return os.path.join(state_folder(), "generations", digest)
 
 
-def seen(run_id: str) -> int:
-    """The highest generation of `run_id` this user has written or resumed (0: none)."""
-    return _read(_record(run_id))
+def written(store: RunStore, run: str) -> int:
+    """The generation of the envelope last written at `run` of `store` (0: none, or a store that keeps none)."""
+    return store.generation(run) if isinstance(store, GenerationStore) else 0
+
+
+def newest(store: RunStore, run: str, run_id: str) -> int:
+    """The highest generation of `run_id` written or resumed so far: by the run's row, the store's record
+    of the run id, or this user's state folder."""
+    kept = 0
+    if isinstance(store, GenerationStore):
+        kept = max(store.generation(run), store.generation_seen(run_id))
+    return max(kept, _read(_record(run_id)))
 
 
 def _read(record: str) -> int:
@@ -51,8 +64,12 @@ def _read(record: str) -> int:
         raise CheckpointError(f"{record}: cannot read the run's generation: {error.strerror}") from None
 
 
-def remember(run_id: str, generation: int) -> None:
-    """Raise what is remembered of `run_id` to `generation` (never lowers it)."""
+def remember(store: RunStore, run_id: str, generation: int) -> None:
+    """Raise what is remembered of `run_id` to `generation` (never lowers it): in the store when it keeps
+    generations, else in the user's state folder."""
+    if isinstance(store, GenerationStore):
+        store.record_generation(run_id, generation)
+        return
     record = _record(run_id)
     if generation <= _read(record):
         return

@@ -35,7 +35,8 @@ rewriting it; the generation's first line records what the resume changed
 Every line costs the same whatever the length of the run; the envelope is
 rewritten only when the journal has grown as large as it (compaction), so
 the checkpoint work per step stays flat (ADR 0009). A torn last line, the
-only thing a crash can leave, is dropped on recovery.
+only thing a crash can leave, is dropped on recovery; a journal shorter than
+what its store counted as committed is refused by the store (ADR 0051).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from mklang.engine.records import StepRecord
 from mklang.errors import CheckpointError, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
 from mklang.providers.base import Usage, decode_answer, earlier_key, encode_answer
-from mklang.stores import Location, Store
+from mklang.stores import Location, RunStore, SummaryStore
 from mklang.version import __version__
 
 MIN_COMPACT_BYTES = 256 * 1024
@@ -140,10 +141,10 @@ class StoreJournal:
         self._open_generation({"k": "gen", "g": generation}, len(payload))
 
     def _write(self, envelope: Envelope, payload: bytes) -> None:
-        """Store the next generation's envelope; the user's state folder remembers it (ADR 0022)."""
+        """Store the next generation's envelope; the store, or the user's state folder, remembers it (ADR 0022)."""
         store_envelope(self.store, self.run, envelope, payload)
         if self._remembers:
-            generations.remember(envelope.run_id, envelope.generation)
+            generations.remember(self.store, envelope.run_id, envelope.generation)
         self._remembers = True
         self.envelope = envelope
 
@@ -158,7 +159,8 @@ class StoreJournal:
         assert self.envelope.signature is not None, "only a signed envelope is continued in place"
         self._mac = self.envelope.signature.hmac
         self._open_generation({"k": "gen", "g": self.envelope.generation, "resume": change}, envelope_bytes)
-        self.store.summarize(self.run, summary_of(self.run, self.envelope))  # running again
+        if isinstance(self.store, SummaryStore):
+            self.store.summarize(self.run, summary_of(self.run, self.envelope))  # running again
 
     def _host_update(self) -> dict[str, Any]:
         """Fields that change as the run goes: machines loaded, the host's state; and the format
@@ -334,7 +336,7 @@ def read_journal(
     return records[1:]
 
 
-def resume_change(store: Store, run: str, envelope: Envelope) -> dict[str, Any] | None:
+def resume_change(store: RunStore, run: str, envelope: Envelope) -> dict[str, Any] | None:
     """What a resume changed in a suspended envelope while that resume runs (or after it
     died): the `resume` field of the journal generation it started, else None."""
     if envelope.status != "suspended":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import pydantic_core
 
@@ -30,7 +30,7 @@ from mklang.engine.records import TraceStep
 from mklang.engine.trace import Segment, SegmentReader, Trace
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
-from mklang.stores import Location, RunStore
+from mklang.stores import Location, RunStore, SegmentStore
 from mklang.stores.file import SEGMENTS_FOLDER as FOLDER
 
 SEGMENT_BYTES: Final = 64 * 1024  # a smaller tail stays in the envelope
@@ -65,23 +65,25 @@ def trace_fields(store: RunStore, run: str, trace: Trace, *, seal: bool) -> dict
     return {"segments": sealed, "trace": trace.tail} if sealed else {"trace": trace.tail}
 
 
-def keeps_segments(store: RunStore) -> bool:
-    """Whether `store` keeps trace segments: one a package registered before them does not, and
-    keeps every step of a trace in the envelope, as format 2 did."""
-    return hasattr(store, "write_segment") and hasattr(store, "read_segment")
+def keeps_segments(store: RunStore) -> TypeGuard[SegmentStore]:
+    """Whether `store` keeps trace segments (`SegmentStore`): one that does not keeps every step of
+    a trace in the envelope, as format 2 did."""
+    return isinstance(store, SegmentStore)
 
 
 def copy_segments(source: Location, target: Location, chain: list[Frame]) -> None:
     """Give the run at `target` the segments the traces of `chain` (read from `source`) name:
     a run resumed into another checkpoint keeps its trace there. Each is checked as it is read.
     A store without segments gets the steps instead, when the run's first snapshot there reads them."""
-    if keeps_segments(target.store):
-        _copy(source, target, [segment for frame in chain for segment in frame.trace.segments])
+    _copy(source, target, [segment for frame in chain for segment in frame.trace.segments])
 
 
 def _copy(source: Location, target: Location, segments: list[Segment]) -> None:
+    store = target.store
+    if not keeps_segments(store):
+        return
     for segment in segments:
-        target.store.write_segment(target.run, segment.name, _raw(source.store, source.run, str(source), segment))
+        store.write_segment(target.run, segment.name, _raw(source.store, source.run, str(source), segment))
 
 
 def placed(envelope: Envelope, target: Location) -> Envelope:
@@ -114,8 +116,9 @@ def placed(envelope: Envelope, target: Location) -> Envelope:
 
 def _require_held(target: Location, segments: list[Segment]) -> None:
     """Refuse to save an envelope at `target` that names a segment the store there does not hold."""
+    store = target.store
     for segment in segments:
-        if not keeps_segments(target.store) or target.store.read_segment(target.run, segment.name) is None:
+        if not keeps_segments(store) or store.read_segment(target.run, segment.name) is None:
             raise CheckpointError(
                 f"{target}: the envelope names trace segment {segment.name}, which the store there does not "
                 f"hold: resume the checkpoint it was read from, or copy the run's segments there first "
@@ -124,8 +127,8 @@ def _require_held(target: Location, segments: list[Segment]) -> None:
 
 
 def _raw(store: RunStore, run: str, where: str, segment: Segment) -> bytes:
-    """The bytes of `segment`, refused unless they have its sha256."""
-    raw = store.read_segment(run, segment.name)
+    """The bytes of `segment`, refused unless they have its sha256 (or the store keeps no segments)."""
+    raw = store.read_segment(run, segment.name) if keeps_segments(store) else None
     if raw is None:
         raise _missing(where, segment)
     if hashlib.sha256(raw).hexdigest() != segment.name:
@@ -135,12 +138,11 @@ def _raw(store: RunStore, run: str, where: str, segment: Segment) -> bytes:
 
 def require_present(location: Location, chain: list[Frame]) -> None:
     """Refuse a run to be resumed whose traces name a segment its store does not hold, before
-    anything runs: listing the names reads no segment. (A store that cannot list them refuses
-    a missing one when the trace is read.)"""
-    names = getattr(location.store, "segment_names", None)
-    if names is None:
-        return
-    held = names(location.run)
+    anything runs: listing the names reads no segment."""
+    store = location.store
+    if not keeps_segments(store):
+        return  # a trace that names segments is refused when it is read (`_raw`)
+    held = store.segment_names(location.run)
     for frame in chain:
         for segment in frame.trace.segments:
             if segment.name not in held:

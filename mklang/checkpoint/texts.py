@@ -21,7 +21,7 @@ from mklang.checkpoint.paths import STDLIB, MachinePaths
 from mklang.errors import CheckpointError
 from mklang.files import write_atomic
 from mklang.model import Machine
-from mklang.stores import NoteStore
+from mklang.stores import NoteStore, RunStore
 from mklang.syntax.machines import file_sha256
 
 
@@ -29,12 +29,15 @@ def text_key(digest: str) -> str:
     return f"machine:{digest}"
 
 
-def keep_texts(store: NoteStore, root: Machine, where: object) -> dict[str, str]:
-    """Add the texts of `root` and of every machine it may call to `store`: their names -> sha256.
+def keep_texts(store: RunStore, root: Machine, where: object) -> dict[str, str]:
+    """Add the texts of `root` and of every machine it may call to `store`: their names -> sha256
+    (none when the store keeps no notes: the run resumes only where its files are).
 
     `where` (the run, or the batch) names what failed in an error."""
     from mklang.syntax.machines import machine_tree
 
+    if not isinstance(store, NoteStore):
+        return {}
     paths = MachinePaths(root.path)
     names: dict[str, str] = {}
     for machine in machine_tree(root):
@@ -51,7 +54,7 @@ def keep_texts(store: NoteStore, root: Machine, where: object) -> dict[str, str]
     return names
 
 
-def machine_root(store: NoteStore, root: Path, names: dict[str, str], *, changed: bool) -> tuple[Path, str | None]:
+def machine_root(store: RunStore, root: Path, names: dict[str, str], *, changed: bool) -> tuple[Path, str | None]:
     """Where to load a run's root machine from, and what to tell the user about it.
 
     `root` itself when every file of `names` beside it has its sha256.
@@ -81,8 +84,10 @@ def _matches(file: Path, digest: str) -> bool:
         return False
 
 
-def _kept_root(store: NoteStore, root_name: str, names: dict[str, str]) -> Path | None:
+def _kept_root(store: RunStore, root_name: str, names: dict[str, str]) -> Path | None:
     """The root in a private folder holding every kept text at its name; None when one is not kept."""
+    if not isinstance(store, NoteStore):
+        return None
     texts: dict[str, bytes] = {}
     for name, digest in names.items():
         if name.startswith(STDLIB):

@@ -249,7 +249,7 @@ def child() -> None:
 def _run_share(share: dict[str, Any], control: Control, report: IO[bytes]) -> None:
     from mklang.checker import require_runnable
     from mklang.cli.observe import event_stream
-    from mklang.stores import open_store
+    from mklang.stores import open_note_store
     from mklang.syntax import load_file
 
     plan = LocalBatch(**share["plan"])
@@ -266,7 +266,7 @@ def _run_share(share: dict[str, Any], control: Control, report: IO[bytes]) -> No
 
     machine = require_runnable(load_file(plan.machine))
     known_catalog_prices(share["prices"])
-    store = open_store(plan.store)
+    store = open_note_store(plan.store, "a batch")
     max_cost = plan.budgets["max_cost"]
     try:
         with (

@@ -53,7 +53,7 @@ def runs(
         return
     with handle_errors(wants_json(format)):
         from mklang.cli.render import render_runs
-        from mklang.stores import RunQuery, open_store
+        from mklang.stores import RunQuery, open_store, summaries_of
 
         if store is None:
             raise fail("mklang runs needs --store URI (a folder, sqlite:///runs.db or postgresql://...)")
@@ -69,7 +69,7 @@ def runs(
         )
         opened = open_store(store, create=False)
         try:
-            found = opened.summaries(query)
+            found = summaries_of(opened, query)
         finally:
             opened.close()
         more = limit is not None and len(found) > limit
@@ -172,7 +172,7 @@ def runs_prune(
 
         from mklang.batching import location
         from mklang.runs import FINISHED, remove_run
-        from mklang.stores import RunQuery, open_store
+        from mklang.stores import RunQuery, open_store, summaries_of
 
         statuses = tuple(part.strip() for part in status.split(",") if part.strip())
         if not statuses or set(statuses) - set(FINISHED):
@@ -185,7 +185,7 @@ def runs_prune(
         try:
             candidates = [
                 summary.run
-                for summary in opened.summaries(RunQuery(statuses=statuses))
+                for summary in summaries_of(opened, RunQuery(statuses=statuses))
                 if summary.updated is not None and summary.updated < cutoff
             ]
             done = [remove_run(location(opened, store, run), statuses=statuses) for run in candidates]
@@ -259,7 +259,7 @@ def batch(
         from mklang.checker import require_runnable
         from mklang.cli.local_batch import LocalBatch, hosts, spread
         from mklang.engine import Control
-        from mklang.stores import open_store
+        from mklang.stores import open_note_store
         from mklang.syntax import load_file
 
         as_json = output.as_json
@@ -296,7 +296,7 @@ def batch(
         )
         with ExitStack() as stack:
             host_for = stack.enter_context(hosts(host_settings, max_cost, batch_cost)) if executor == "local" else None
-            opened = open_store(store)
+            opened = open_note_store(store, "a batch")
             stack.callback(opened.close)
             observer = stack.enter_context(event_stream(output.events, output.trace_content))
             if host_for is not None:  # the hosts, the store and the observer are ready: the runs start next

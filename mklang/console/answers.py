@@ -15,13 +15,13 @@ from mklang.batching import location
 from mklang.cli.hosting import Hosting
 from mklang.engine.events import Event
 from mklang.errors import first_line
-from mklang.stores import Store
+from mklang.stores import RunStore
 
 
 class Replies:
     """Delivers replies and remembers, per run, why the last one could not resume it."""
 
-    def __init__(self, store: Store, uri: str, hosting: Hosting, on_change: Callable[[str], None]):
+    def __init__(self, store: RunStore, uri: str, hosting: Hosting, on_change: Callable[[str], None]):
         self.store = store
         self.uri = uri
         self.hosting = hosting

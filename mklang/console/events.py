@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mklang.errors import MklangError
-from mklang.stores import RunQuery, Store
+from mklang.stores import RunQuery, RunStore, summaries_of
 
 WATCHED = 200  # the most runs told apart at one look; more changes at once: "everything"
 OVERLAP = 2.0  # seconds each look reaches back before the last: a write stamped just before it still counts
@@ -46,7 +46,7 @@ class RunChanges(Protocol):
 class StorePoller:
     """A `RunChanges` source that looks at the store's run summaries every `interval` seconds."""
 
-    def __init__(self, store: Store, interval: float):
+    def __init__(self, store: RunStore, interval: float):
         self.store = store
         self.interval = interval
         self._followers: set[asyncio.Queue[Change | None]] = set()  # None: the stream ends
@@ -111,7 +111,7 @@ class StorePoller:
             looked = time.time()
             query = RunQuery(since=looked - OVERLAP if since is None else since, limit=WATCHED + 1)
             try:
-                written = await asyncio.to_thread(self.store.summaries, query)
+                written = await asyncio.to_thread(summaries_of, self.store, query)
             except MklangError:
                 await asyncio.sleep(self.interval)
                 continue

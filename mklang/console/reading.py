@@ -1,6 +1,6 @@
 """What the console's pages show of a store's runs, as plain data for the templates.
 
-The runs list shows the summaries the store keeps (`Store.summaries`, as `mklang runs` does), so
+The runs list shows the summaries the store keeps (`stores.summaries_of`, as `mklang runs` does), so
 a page reads no envelope. A run's own page and the inbox read it the way `mklang show` does
 (`batching.described`), so a run that cannot be verified shows as `failed` with why, and nothing
 it holds is rendered.
@@ -14,7 +14,7 @@ from typing import Any
 
 from mklang.batching import described, location
 from mklang.errors import MklangError
-from mklang.stores import RunQuery, Store
+from mklang.stores import RunQuery, RunStore, summaries_of
 from mklang.stores.summary import RunSummary
 
 PAGE = 50  # runs on one page of the list
@@ -61,10 +61,10 @@ def waits_for_reply(described: dict[str, Any]) -> bool:
     )
 
 
-def runs_page(store: Store, number: int) -> Page:
+def runs_page(store: RunStore, number: int) -> Page:
     """Page `number` (from 1) of the store's runs: summaries only, one more than a page to tell
     whether older ones follow."""
-    summaries = store.summaries(RunQuery(limit=PAGE + 1, offset=(number - 1) * PAGE))
+    summaries = summaries_of(store, RunQuery(limit=PAGE + 1, offset=(number - 1) * PAGE))
     return Page(number, [row(summary) for summary in summaries[:PAGE]], len(summaries) > PAGE)
 
 
@@ -77,9 +77,9 @@ class Inbox:
     def __init__(self) -> None:
         self._seen: dict[str, tuple[float | None, dict[str, Any] | None]] = {}  # run -> (updated, its entry)
 
-    def entries(self, store: Store, uri: str) -> list[dict[str, Any]]:
+    def entries(self, store: RunStore, uri: str) -> list[dict[str, Any]]:
         seen = {}
-        for summary in store.summaries(RunQuery(statuses=("suspended",))):
+        for summary in summaries_of(store, RunQuery(statuses=("suspended",))):
             known = self._seen.get(summary.run)
             if known is None or known[0] != summary.updated:
                 known = (summary.updated, _entry(store, uri, summary))
@@ -88,14 +88,14 @@ class Inbox:
         return [entry for _, entry in seen.values() if entry is not None]
 
 
-def _entry(store: Store, uri: str, summary: RunSummary) -> dict[str, Any] | None:
+def _entry(store: RunStore, uri: str, summary: RunSummary) -> dict[str, Any] | None:
     described_run = described(store, uri, summary.run)
     if not waits_for_reply(described_run):
         return None
     return {**row(summary), "reply_to": described_run["reply_to"], **_held(store, uri, summary.run)}
 
 
-def _held(store: Store, uri: str, run: str) -> dict[str, Any]:
+def _held(store: RunStore, uri: str, run: str) -> dict[str, Any]:
     """What a verified run holds besides what `describe` tells: the context of its innermost level
     (what a question is about) and its result."""
     from mklang.checkpoint.envelope import load
@@ -108,14 +108,14 @@ def _held(store: Store, uri: str, run: str) -> dict[str, Any]:
     return {"context": frames[-1]["context"] if frames else {}, "result": envelope.result}
 
 
-def run_view(store: Store, uri: str, run: str) -> dict[str, Any]:
+def run_view(store: RunStore, uri: str, run: str) -> dict[str, Any]:
     """Everything the run page shows: status, spend against budgets, the whole trace, frames and ask."""
     summary = described(store, uri, run, last=WHOLE_TRACE)
     held = _held(store, uri, run) if summary["status"] != "failed" else {"context": {}, "result": None}
     return {"run": run, **summary, **held, "waiting": waits_for_reply(summary)}
 
 
-def drawing(store: Store, uri: str, run: str, trace: list[dict[str, Any]]) -> Any:
+def drawing(store: RunStore, uri: str, run: str, trace: list[dict[str, Any]]) -> Any:
     """The run's machine as a graph with the path it took (`mklang.graph.build`), or why there is none."""
     from mklang.graph import build
     from mklang.inspection import machine_of

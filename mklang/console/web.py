@@ -34,7 +34,7 @@ from mklang.console.answers import Replies
 from mklang.console.events import Change, StorePoller
 from mklang.errors import MklangError, redacted
 from mklang.limits import NestingError
-from mklang.stores import Store, run_name
+from mklang.stores import RunStore, run_name
 
 HERE = Path(__file__).parent
 HEADERS = {
@@ -54,7 +54,7 @@ UNAUTHORIZED = "401: open the console with the URL `mklang serve` printed (it ca
 class Console:
     """What every request of one console shares."""
 
-    store: Store
+    store: RunStore
     uri: str
     token: str
     hosting: Hosting = field(default_factory=Hosting)

@@ -16,7 +16,7 @@ from mklang.runs.driving import proceed
 from mklang.runs.opening import opened
 from mklang.runs.starting import start
 from mklang.session import Host
-from mklang.stores import Location, RunLock, Store, run_name
+from mklang.stores import Location, RunLock, RunStore, run_name
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import Envelope
@@ -54,7 +54,7 @@ class Outcome:
         return self.status in ("done", "halted") or (self.status == "suspended" and self.reason == PARKED)
 
 
-def outcome(store: Store, run: str) -> Outcome:
+def outcome(store: RunStore, run: str) -> Outcome:
     """A run's outcome as its envelope says; `pending` when it has not run or is still running.
 
     A run that cannot be read, or whose envelope is not signed with this
@@ -64,7 +64,7 @@ def outcome(store: Store, run: str) -> Outcome:
     return _read_outcome(store, run)[0]
 
 
-def _read_outcome(store: Store, run: str) -> tuple[Outcome, bool | None]:
+def _read_outcome(store: RunStore, run: str) -> tuple[Outcome, bool | None]:
     """`outcome`, and whether the store holds an envelope of the run (None: it could not be read)."""
     from mklang.checkpoint.envelope import parse
     from mklang.checkpoint.journal import resume_change

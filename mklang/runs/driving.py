@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from mklang.checkpoint import generations
 from mklang.checkpoint.paths import MachinePaths
 from mklang.effects import check_policy
 from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime
@@ -58,7 +59,7 @@ def claimed(location: Location, held: RunLock | None, replace: bool) -> Iterator
     try:
         if not replace:
             _require_vacant(location)
-        yield location.store.generation(location.run)
+        yield generations.written(location.store, location.run)
     finally:
         if held is None:
             lock.release()

@@ -136,7 +136,7 @@ def _verify(
     """Its seal (refused unless signed with this user's key, or `trust`), its generation (no
     rollback), its status (not finished), and every machine file it loaded, unchanged."""
     trusted = _require_seal(location, envelope, trust)
-    newest = max(location.store.generation(location.run), generations.seen(envelope.run_id))
+    newest = generations.newest(location.store, location.run, envelope.run_id)
     rolled_back = generations.rollback(str(location), envelope.run_id, envelope.generation, newest, allow_rollback)
     if envelope.status in ("done", "halted"):
         what = "finished" if envelope.status == "done" else f"halted ({envelope.error})"
@@ -303,7 +303,7 @@ def _fit(resumable: Resumable) -> None:
         raise CheckpointError(f"{location}: {misfit}")
     _check_spend(location, resumable)
     if resumable.trusted:
-        generations.remember(resumable.envelope.run_id, resumable.envelope.generation)
+        generations.remember(location.store, resumable.envelope.run_id, resumable.envelope.generation)
         return
     for frame in resumable.chain:  # its taint marks are as untrusted as the rest: distrust every value
         frame.tainted.update(frame.context)

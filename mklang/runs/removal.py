@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.errors import CheckpointError, RunBusy, first_line
 from mklang.runs.notes import record_key, report_key
-from mklang.stores import Location, run_name
+from mklang.stores import Location, NoteStore, run_name
 from mklang.terminal import printable
 
 if TYPE_CHECKING:
@@ -65,8 +65,9 @@ def remove_run(location: Location, *, unfinished: bool = False, statuses: tuple[
         if status in FINISHED and status not in statuses:
             return Removal(shown, False, status, f"{shown}: {status}, not {' or '.join(statuses)}")
         store.remove(run)
-        for key in (record_key(run), report_key(run)):
-            store.drop_note(key)
+        if isinstance(store, NoteStore):
+            for key in (record_key(run), report_key(run)):
+                store.drop_note(key)
         return Removal(shown, True, status)
     finally:
         lock.release()

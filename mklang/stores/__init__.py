@@ -1,14 +1,25 @@
-"""Where runs live: two small store protocols, bytes in and bytes out, and the registry of store URIs.
+"""Where runs live: the run-store protocol, its optional capabilities, and the registry of store URIs.
 
-A run store holds many runs, each named by a run id: its envelope (one
+A run store holds many runs, each named by a run name: its envelope (one
 document, replaced atomically), its journal (an append-only byte log that a
-new generation replaces whole), its trace segments (immutable documents
-named by their sha256, which envelopes refer to) and its lock (one process
-at a time). A note
-store keeps documents beside them: the machine texts runs share, batch
-records and each batch run's spend. Every built-in backend is both (`Store`).
+new generation replaces whole) and its lock (one process at a time). That is
+all a store must do (`RunStore`, ADR 0051). What it may do besides is
+declared by the capability protocols it also implements, each found with
+`isinstance` and each with a fallback where it is missing:
+
+- `SegmentStore`: trace segments beside the envelope (ADR 0040); without it
+  the whole trace stays in the envelope, as format 2 kept it.
+- `SummaryStore`: what a listing shows of each run, kept as envelopes are
+  written; without it a listing reads every envelope (`summaries`).
+- `NoteStore`: documents beside the runs (the machine texts runs share, batch
+  records and reports, each batch run's spend); without it no texts are kept
+  (a run resumes where its files are) and batches and workers refuse it.
+- `GenerationStore`: the generation each run id reached, kept in the store
+  (ADR 0022, 0051); without it the user's state folder remembers them.
+
 The envelope codec, the journal's records and recovery live above, in
-`mklang.checkpoint`, so every backend stores the same bytes.
+`mklang.checkpoint`, so every backend stores the same bytes; the promises
+are checked by `mklang.stores.conformance`, which a plugin's tests run.
 
 A checkpoint is named by a `Location`: a file path (the file store), or a
 store URI with the run after `#`: `sqlite:///runs.db#RUN`,
@@ -22,11 +33,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from mklang.errors import UsageError, first_line, redacted
 from mklang.stores.summary import RunQuery as RunQuery  # re-exported: what a listing asks stores for
 from mklang.stores.summary import RunSummary as RunSummary
+from mklang.stores.summary import peek_summary
 
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
@@ -47,22 +59,16 @@ class RunLock(Protocol):
 
 
 class RunStore(Protocol):
-    """Where runs persist: envelopes, journals and locks. Every method may raise `CheckpointError`."""
+    """What every store does: envelopes, journals, locks. Every method may raise `CheckpointError`."""
 
     def read(self, run: str) -> bytes | None:
         """The run's envelope, or None when the store holds no such run."""
 
-    def write(self, run: str, payload: bytes, *, generation: int, summary: RunSummary | None = None) -> None:
-        """Replace the run's envelope (of `generation`) atomically: a reader sees the old or the new one;
-        with `summary`, then keep it as `summarize` does (a store with rows, in the same statement).
-
-        A store that keeps generations refuses one older than it holds (ADR 0022)."""
-
-    def generation(self, run: str) -> int:
-        """The generation of the run's envelope written last; 0 for none, or a store that keeps none."""
+    def write(self, run: str, payload: bytes, *, generation: int) -> None:
+        """Replace the run's envelope (of `generation`) atomically: a reader sees the old or the new one."""
 
     def read_journal(self, run: str) -> bytes:
-        """The run's journal as written so far (empty when it has none)."""
+        """The run's journal as written so far, its appends in order (empty when it has none)."""
 
     def start_journal(self, run: str, payload: bytes) -> None:
         """Replace the run's journal with `payload` atomically (a new generation)."""
@@ -72,6 +78,28 @@ class RunStore(Protocol):
 
     def drop_journal(self, run: str) -> None:
         """Remove the run's journal (a finished run keeps none)."""
+
+    def lock(self, run: str) -> RunLock:
+        """Lock the run for this process, or raise `RunBusy` naming who holds it. The lock excludes
+        every other opener of the store, in this process or another, and dies with its process."""
+
+    def holder(self, run: str) -> str | None:
+        """Who holds the run's lock (a process id, maybe with its host), or None."""
+
+    def runs(self) -> list[str]:
+        """The names of every run the store holds an envelope of, sorted."""
+
+    def remove(self, run: str) -> None:
+        """Remove the run's envelope, journal and whatever else it keeps of the run (its lock stays:
+        held, it is the caller's); removing a run the store does not hold does nothing."""
+
+    def close(self) -> None:
+        """Release connections and open files (held locks are released by `RunLock.release`)."""
+
+
+@runtime_checkable
+class SegmentStore(Protocol):
+    """A store that keeps trace segments beside each run's envelope (ADR 0040)."""
 
     def write_segment(self, run: str, name: str, payload: bytes) -> None:
         """Keep a trace segment of the run under `name` (the sha256 of `payload`), durably: it
@@ -83,14 +111,13 @@ class RunStore(Protocol):
     def segment_names(self, run: str) -> set[str]:
         """The names of the run's trace segments the store holds: listing them reads none."""
 
-    def lock(self, run: str) -> RunLock:
-        """Lock the run for this process, or raise `CheckpointError` naming who holds it."""
 
-    def holder(self, run: str) -> str | None:
-        """Who holds the run's lock (a process id, maybe with its host), or None."""
+@runtime_checkable
+class SummaryStore(Protocol):
+    """A store that keeps what a listing shows of each run, so listing many runs reads no envelope."""
 
-    def runs(self) -> list[str]:
-        """The ids of every run the store holds."""
+    def write(self, run: str, payload: bytes, *, generation: int, summary: RunSummary | None = None) -> None:
+        """`RunStore.write`, and with `summary` then keep it as `summarize` does (in the same statement)."""
 
     def summarize(self, run: str, summary: RunSummary) -> None:
         """Keep `summary` (its times are ignored) as what a listing shows of the run; the store stamps
@@ -99,13 +126,8 @@ class RunStore(Protocol):
     def summaries(self, query: RunQuery) -> list[RunSummary]:
         """The summaries of the store's runs that `query` asks for, newest started first."""
 
-    def remove(self, run: str) -> None:
-        """Remove the run's envelope, journal, trace segments and summary (its lock stays: held, it is the caller's)."""
 
-    def close(self) -> None:
-        """Release connections and open files (held locks are released by `RunLock.release`)."""
-
-
+@runtime_checkable
 class NoteStore(Protocol):
     """Documents kept beside the runs: machine texts, batch records and reports, and batch spend."""
 
@@ -128,15 +150,52 @@ class NoteStore(Protocol):
         """Remove the note under `key`, if there is one."""
 
 
+@runtime_checkable
+class GenerationStore(Protocol):
+    """A store that keeps the generations runs reached, so a restored older envelope is refused
+    wherever it is resumed from (ADR 0022, 0051)."""
+
+    def generation(self, run: str) -> int:
+        """The generation of the run's envelope written last (0 for none). `write` refuses an older one."""
+
+    def generation_seen(self, run_id: str) -> int:
+        """The highest generation recorded for the run id `run_id` (0 for none), whatever run name it had;
+        removing the run keeps it."""
+
+    def record_generation(self, run_id: str, generation: int) -> None:
+        """Raise what is recorded of `run_id` to `generation` (never lowers it)."""
+
+
 class Store(RunStore, NoteStore, Protocol):
-    """A backend that keeps runs and their notes: what a URI opens (a run keeps its machine texts as notes)."""
+    """A run store that keeps notes: what batches, workers and kept machine texts need."""
+
+
+def open_note_store(uri: str | Path, needed_by: str) -> Store:
+    """The store `uri` names (made when missing), which must keep notes: else it is closed and
+    refused in one line saying that `needed_by` needs them."""
+    store = open_store(uri)
+    if isinstance(store, NoteStore):
+        return store
+    store.close()
+    raise UsageError(
+        f"{redacted(str(uri))}: {needed_by} needs a store that keeps notes (machine texts, records, spend), "
+        f"which {type(store).__name__} does not"
+    )
+
+
+def summaries_of(store: RunStore, query: RunQuery) -> list[RunSummary]:
+    """What a listing shows of the runs `query` asks for: the store's summaries, or (a store that keeps
+    none) what each envelope says, read one by one."""
+    if isinstance(store, SummaryStore):
+        return store.summaries(query)
+    return query.page([peek_summary(run, store.read(run) or b"", None) for run in store.runs()])
 
 
 @dataclass(frozen=True)
 class Location:
     """One run in one store; `str()` is how the user named it, `key` tells two names of one run apart."""
 
-    store: Store
+    store: RunStore
     run: str
     text: str
     key: str
@@ -171,7 +230,7 @@ BUILTIN: dict[str, str] = {
 class Opener(Protocol):
     """What a scheme names: it opens the store a URI names, making a missing one when `create`."""
 
-    def __call__(self, uri: str, *, create: bool) -> Store: ...
+    def __call__(self, uri: str, *, create: bool) -> RunStore: ...
 
 
 def is_uri(text: str | Path) -> bool:
@@ -179,7 +238,7 @@ def is_uri(text: str | Path) -> bool:
     return isinstance(text, str) and URI.match(text) is not None
 
 
-def open_store(uri: str | Path, *, create: bool = True) -> Store:
+def open_store(uri: str | Path, *, create: bool = True) -> RunStore:
     """The store a URI (without `#RUN`) or a folder names.
 
     With `create` a missing store is made (a folder, a database file, tables);

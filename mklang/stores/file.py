@@ -42,6 +42,7 @@ from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 SUFFIXES = (".journal", ".lock", ".tmp")
 SEGMENTS_FOLDER = ".mklang-segments"  # each run's trace segments, in a folder per run (ADR 0040)
+MARKS_FOLDER = ".mklang-marks"  # how much of each run's journal was committed (`JournalMark`)
 # How an envelope file begins: in field order (ADR 0036), or canonical JSON (keys sorted) as written before.
 ENVELOPE_STARTS = (b'{"answers":', b'{"format":')
 
@@ -52,6 +53,7 @@ class FileStore:
     def __init__(self, folder: Path):
         self.folder = folder
         self._journals: dict[str, IO[bytes]] = {}
+        self._marks: dict[str, JournalMark] = {}
         self._guard = threading.Lock()
 
     def _path(self, run: str) -> Path:
@@ -61,7 +63,7 @@ class FileStore:
         return _read_if_there(self._path(run), "the checkpoint")
 
     def write(self, run: str, payload: bytes, *, generation: int, summary: RunSummary | None = None) -> None:
-        # A file is copied and restored whole: the user's state folder remembers its generation.
+        # A file is copied and restored whole: the user's state folder remembers its generation (no `GenerationStore`).
         try:
             write_atomic(self._path(run), payload, point="envelope")
         except OSError as error:
@@ -69,19 +71,23 @@ class FileStore:
         if summary is not None:
             self.summarize(run, summary)
 
-    def generation(self, run: str) -> int:
-        return 0
-
     def _journal(self, run: str) -> Path:
         return self.folder / f"{run}.journal"
 
     def read_journal(self, run: str) -> bytes:
         try:
-            return self._journal(run).read_bytes()
+            raw = self._journal(run).read_bytes()
         except FileNotFoundError:
             return b""
         except OSError as error:
             raise CheckpointError(f"{self._journal(run)}: cannot read the journal: {error.strerror}") from None
+        committed = JournalMark.committed(self._mark(run), raw)
+        if committed > len(raw):
+            raise journal_cut(str(self._journal(run)), len(raw), committed)
+        return raw
+
+    def _mark(self, run: str) -> Path:
+        return self.folder / MARKS_FOLDER / hashed_name(run)
 
     def start_journal(self, run: str, payload: bytes) -> None:
         path = self._journal(run)
@@ -90,6 +96,8 @@ class FileStore:
             try:
                 write_atomic(path, payload, point="journal.gen")
                 self._journals[run] = open(path, "ab")  # noqa: SIM115 - held open across appends
+                (self.folder / MARKS_FOLDER).mkdir(mode=0o700, exist_ok=True)
+                self._marks[run] = JournalMark(self._mark(run), payload)
             except OSError as error:
                 raise CheckpointError(f"{path}: cannot write the journal: {error.strerror}") from None
 
@@ -102,19 +110,24 @@ class FileStore:
             handle.flush()  # at the OS now: it survives kill -9
             if durable:
                 os.fsync(handle.fileno())  # on disk: it survives a power cut
+                self._marks[run].commit(handle.tell())
         except OSError as error:
             raise CheckpointError(f"{self._journal(run)}: cannot append to the journal: {error.strerror}") from None
 
     def drop_journal(self, run: str) -> None:
         with self._guard:
             self._close_journal(run)
-        with contextlib.suppress(FileNotFoundError):
-            self._journal(run).unlink()
+        for path in (self._mark(run), self._journal(run)):  # the mark first: a journal is never short of it
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def _close_journal(self, run: str) -> None:
         handle = self._journals.pop(run, None)
         if handle is not None:
             handle.close()
+        mark = self._marks.pop(run, None)
+        if mark is not None:
+            mark.close()
 
     def _segments(self, run: str) -> Path:
         # Run names are file names, but a folder per run keyed by their hash keeps them out of `runs()`.
@@ -273,6 +286,51 @@ class FileStore:
         with self._guard:
             for run in list(self._journals):
                 self._close_journal(run)
+
+
+class JournalMark:
+    """How many bytes of a run's journal were committed, kept beside it (`.mklang-marks/`), so a
+    journal cut short after a crash (a truncated copy, lines removed) is refused, not recovered
+    from less than was committed (ADR 0051).
+
+    One fixed-width line, `<bytes> <sha256 of the journal's first line>`, rewritten in place after
+    each durable append, once the fsync put those bytes on disk, so it never counts more than a
+    power cut keeps. Naming the first line, the generation's header, it speaks only of the journal
+    it was written for: a mark left from an older generation (its rewrite lost in a power cut) is
+    ignored. The mark itself is not synced.
+    """
+
+    WIDTH = 20
+
+    def __init__(self, path: Path, header: bytes):
+        self._descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._digest = hashlib.sha256(header.partition(b"\n")[0]).hexdigest()
+        self.commit(len(header))
+
+    def commit(self, length: int) -> None:
+        os.pwrite(self._descriptor, f"{length:0{self.WIDTH}d} {self._digest}\n".encode(), 0)
+
+    def close(self) -> None:
+        os.close(self._descriptor)
+
+    @staticmethod
+    def committed(path: Path, journal: bytes) -> int:
+        """The bytes the mark at `path` says were committed to `journal` (0: no mark, or not this journal's)."""
+        try:
+            length, _, digest = path.read_text(encoding="ascii").strip().partition(" ")
+            named = digest == hashlib.sha256(journal.partition(b"\n")[0]).hexdigest()
+            return int(length) if named else 0
+        except (OSError, ValueError):
+            return 0
+
+
+def journal_cut(where: str, length: int, committed: int) -> CheckpointError:
+    """The refusal of a journal shorter than what was committed to it."""
+    return CheckpointError(
+        f"{where}: the journal holds {length} bytes, fewer than the {committed} committed to it: it was cut "
+        "short after the run stopped (a truncated copy, or lines removed); recovering from it would pay its "
+        "calls again, so it is refused"
+    )
 
 
 def hashed_name(text: str) -> str:

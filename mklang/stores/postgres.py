@@ -4,7 +4,8 @@
 (for a schema: `?options=-csearch_path%3Dmy_schema`). Runs are rows of
 `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, flushed like envelopes), batches
-keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
+keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`,
+`mklang_generations(run_id, generation)` how far each run id got (ADR 0051);
 tables are created on first use; every write is one committed transaction.
 
 A committed transaction is on the server, so it survives the client's
@@ -47,11 +48,12 @@ from typing import Any, NamedTuple
 
 from mklang.errors import CheckpointError, UsageError, first_line, redacted
 from mklang.stores.file import still_running
-from mklang.stores.sql import SUMMARY_COLUMNS, SqlStore
+from mklang.stores.sql import APPEND_LINE, DROP_LINES, RECOUNTED, SUMMARY_COLUMNS, UNCOUNTED, SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);
 ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS journal_bytes BIGINT NOT NULL DEFAULT 0;
 {summary}
 CREATE INDEX IF NOT EXISTS mklang_runs_status ON mklang_runs (status);
 CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated);
@@ -61,6 +63,7 @@ CREATE TABLE IF NOT EXISTS mklang_segments (
     run TEXT NOT NULL, name TEXT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run, name)
 );
 CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS mklang_generations (run_id TEXT PRIMARY KEY, generation BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS mklang_spend (
     batch TEXT NOT NULL, run TEXT NOT NULL, tokens BIGINT NOT NULL, cost DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (batch, run)
@@ -178,9 +181,21 @@ class PostgresStore(SqlStore):
             _exchange(db, db.pgconn.send_query_prepared, statement.name, (run.encode(), payload), LINE_FORMATS)
 
     def start_journal(self, run: str, payload: bytes) -> None:
-        with self._connection(run) as db, db.transaction():  # the old generation or the new one, never a mix
-            db.execute("DELETE FROM mklang_journal WHERE run = %s", (run,))
-            db.execute("INSERT INTO mklang_journal (run, line) VALUES (%s, %s)", (run, payload))
+        """One statement, so one transaction and one round trip: the old generation or the new one,
+        never a mix (the delete does not see the line inserted beside it)."""
+        self._rows(
+            f"WITH dropped AS ({DROP_LINES}), line AS ({APPEND_LINE}) {RECOUNTED}",
+            run,
+            run,
+            payload,
+            len(payload),
+            run,
+            run=run,
+        )
+
+    def drop_journal(self, run: str) -> None:
+        """One statement (one round trip): the lines go and the row's count with them, unflushed."""
+        self._rows(f"WITH dropped AS ({DROP_LINES}) {UNCOUNTED}", run, run, run=run, durable=False)
 
     def lock(self, run: str) -> AdvisoryLock:
         return AdvisoryLock(self, run)
@@ -247,13 +262,15 @@ TEXT_OID, BYTEA_OID = 25, 17
 TEXT_FORMAT, BINARY_FORMAT = 0, 1
 # A journal line: its run (text) and the line (bytea, sent as the bytes it is).
 LINE_TYPES, LINE_FORMATS = (TEXT_OID, BYTEA_OID), (TEXT_FORMAT, BINARY_FORMAT)
-APPEND = Prepared(b"mklang_append", b"INSERT INTO mklang_journal (run, line) VALUES ($1, $2)")
+# A journal line, and its bytes counted in the run's row in the same statement (ADR 0051).
+COUNTED = b"UPDATE mklang_runs SET journal_bytes = journal_bytes + octet_length($2) WHERE run = $1"
+APPEND = Prepared(b"mklang_append", b"WITH line AS (INSERT INTO mklang_journal (run, line) VALUES ($1, $2)) " + COUNTED)
 # A journal line whose commit does not wait for the flush: the setting is local to the statement's
 # own transaction, so it costs no extra statement or round trip.
 UNFLUSHED_APPEND = Prepared(
     b"mklang_append_unflushed",
-    b"WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) "
-    b"INSERT INTO mklang_journal (run, line) SELECT $1, $2 FROM unflushed",
+    b"WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)), "
+    b"line AS (INSERT INTO mklang_journal (run, line) SELECT $1, $2 FROM unflushed) " + COUNTED,
 )
 # Put before a statement that need not wait for the flush (`_rows`), as `UNFLUSHED_APPEND` does for lines.
 UNFLUSHED = "SELECT set_config('synchronous_commit', 'off', true); "

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from mklang.errors import CheckpointError
+from mklang.stores.file import journal_cut
 from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 # The summary of a run (`RunSummary`), columns of its `mklang_runs` row: name, and type as
@@ -37,9 +38,18 @@ SUMMARIZED_SET = (
 )
 
 
+# A journal and the count of its bytes in the run's row change in one transaction (ADR 0051).
+APPEND_LINE = "INSERT INTO mklang_journal (run, line) VALUES (?, ?)"
+COUNT_LINE = "UPDATE mklang_runs SET journal_bytes = journal_bytes + ? WHERE run = ?"
+DROP_LINES = "DELETE FROM mklang_journal WHERE run = ?"
+UNCOUNTED = "UPDATE mklang_runs SET journal_bytes = 0 WHERE run = ?"
+RECOUNTED = "UPDATE mklang_runs SET journal_bytes = ? WHERE run = ?"
+
+
 class SqlStore:
-    """The row operations of the `Store` protocol over `mklang_runs`, `mklang_journal`,
-    `mklang_segments`, `mklang_notes` and `mklang_spend`."""
+    """The row operations of every store capability over `mklang_runs`, `mklang_journal`,
+    `mklang_segments`, `mklang_notes`, `mklang_spend` and `mklang_generations` (a run id's
+    generation, kept when the run is removed)."""
 
     GREATEST = "MAX"  # the dialect's maximum of two values
 
@@ -88,16 +98,52 @@ class SqlStore:
         rows = self._select("SELECT generation FROM mklang_runs WHERE run = ?", run, run=run)
         return int(rows[0][0]) if rows else 0
 
+    def generation_seen(self, run_id: str) -> int:
+        rows = self._select("SELECT generation FROM mklang_generations WHERE run_id = ?", run_id)
+        return int(rows[0][0]) if rows else 0
+
+    def record_generation(self, run_id: str, generation: int) -> None:
+        # Not synced of its own: the envelope written with it is, and the run's row refuses an older one.
+        self._rows(
+            "INSERT INTO mklang_generations (run_id, generation) VALUES (?, ?) ON CONFLICT (run_id) "
+            f"DO UPDATE SET generation = {self.GREATEST}(mklang_generations.generation, excluded.generation)",
+            run_id,
+            generation,
+            durable=False,
+        )
+
     def read_journal(self, run: str) -> bytes:
-        rows = self._select("SELECT line FROM mklang_journal WHERE run = ? ORDER BY seq", run, run=run)
-        return b"".join(bytes(row[0]) for row in rows)
+        """The journal's lines, refused when fewer bytes than the run's row says were committed to it
+        (`journal_bytes`, kept in the transaction of each line: ADR 0051); read in one statement, so
+        the lines and the count are of one moment."""
+        rows = self._select(
+            "SELECT r.journal_bytes, j.line FROM mklang_runs r LEFT JOIN mklang_journal j ON j.run = r.run "
+            "WHERE r.run = ? ORDER BY j.seq",
+            run,
+            run=run,
+        )
+        if not rows:  # a journal of a run with no envelope yet: nothing counts it
+            rows = self._select("SELECT 0, line FROM mklang_journal WHERE run = ? ORDER BY seq", run, run=run)
+        journal = b"".join(bytes(line) for _, line in rows if line is not None)
+        committed = int(rows[0][0] or 0) if rows else 0
+        if committed > len(journal):
+            raise journal_cut(f"{self._where()}#{run}", len(journal), committed)
+        return journal
 
     def append(self, run: str, payload: bytes, *, durable: bool) -> None:
-        self._rows("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", run, payload, run=run, durable=durable)
+        self._statements([(APPEND_LINE, (run, payload)), (COUNT_LINE, (len(payload), run))], run=run, durable=durable)
 
     def drop_journal(self, run: str) -> None:
         # Not synced: should a power cut undo it, a journal older than its envelope's generation is never read.
-        self._rows("DELETE FROM mklang_journal WHERE run = ?", run, run=run, durable=False)
+        self._statements([(DROP_LINES, (run,)), (UNCOUNTED, (run,))], run=run, durable=False)
+
+    def _statements(self, statements: list[tuple[str, tuple[object, ...]]], *, run: str, durable: bool) -> None:
+        """Run `statements` in one transaction (about `run`; synced unless not `durable`)."""
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        """How errors name the store."""
+        raise NotImplementedError
 
     def write_segment(self, run: str, name: str, payload: bytes) -> None:
         self._rows(

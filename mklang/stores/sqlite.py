@@ -21,7 +21,8 @@ so the next is woken when the writer is free, not when SQLite's busy
 handler next polls. Runs
 are rows: `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, synced like envelopes);
-batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`.
+batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
+`mklang_generations(run_id, generation)` is how far each run id got (ADR 0051).
 
 SQLite has no lock that dies with its process, so a run's lock is the file
 store's `flock` on `<database>.locks/<run>.lock`: released by the kernel
@@ -43,11 +44,12 @@ from urllib.parse import unquote, urlsplit
 
 from mklang.errors import CheckpointError, UsageError
 from mklang.stores.file import FileLock, hashed_name, lock_holder, open_lock_file
-from mklang.stores.sql import SUMMARY_COLUMNS, SqlStore
+from mklang.stores.sql import APPEND_LINE, DROP_LINES, RECOUNTED, SUMMARY_COLUMNS, SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (
-    run TEXT PRIMARY KEY, envelope BLOB NOT NULL, generation INTEGER NOT NULL DEFAULT 0, started REAL, updated REAL
+    run TEXT PRIMARY KEY, envelope BLOB NOT NULL, generation INTEGER NOT NULL DEFAULT 0, started REAL, updated REAL,
+    journal_bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS mklang_journal (
     run TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, line BLOB NOT NULL
@@ -57,6 +59,7 @@ CREATE TABLE IF NOT EXISTS mklang_segments (
     run TEXT NOT NULL, name TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (run, name)
 );
 CREATE TABLE IF NOT EXISTS mklang_notes (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS mklang_generations (run_id TEXT PRIMARY KEY, generation INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS mklang_spend (
     batch TEXT NOT NULL, run TEXT NOT NULL, tokens INTEGER NOT NULL, cost REAL NOT NULL, PRIMARY KEY (batch, run)
 );
@@ -102,6 +105,8 @@ class SqliteStore(SqlStore):
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(mklang_runs)")}
             if "generation" not in columns:  # a database written before runs kept their generation
                 self._db.execute("ALTER TABLE mklang_runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+            if "journal_bytes" not in columns:  # ... or counted their journals' bytes
+                self._db.execute("ALTER TABLE mklang_runs ADD COLUMN journal_bytes INTEGER NOT NULL DEFAULT 0")
             for name, kind, _ in SUMMARY_COLUMNS:  # a database written before runs kept a summary
                 if name not in columns:
                     self._db.execute(f"ALTER TABLE mklang_runs ADD COLUMN {name} {kind}")
@@ -128,13 +133,17 @@ class SqliteStore(SqlStore):
             except sqlite3.Error as error:
                 raise self._failed(error) from None
 
+    def _statements(self, statements: list[Statement], *, run: str, durable: bool) -> None:
+        self._writes.commit(statements, durable=durable)
+
+    def _where(self) -> str:
+        return f"sqlite:///{self.path}"
+
     def start_journal(self, run: str, payload: bytes) -> None:
         # One writer's rows: the old generation or the new one, never a mix.
-        self._writes.commit(
-            [
-                ("DELETE FROM mklang_journal WHERE run = ?", (run,)),
-                ("INSERT INTO mklang_journal (run, line) VALUES (?, ?)", (run, payload)),
-            ],
+        self._statements(
+            [(DROP_LINES, (run,)), (APPEND_LINE, (run, payload)), (RECOUNTED, (len(payload), run))],
+            run=run,
             durable=True,
         )
 

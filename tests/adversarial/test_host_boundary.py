@@ -3,9 +3,8 @@
 What is around a checkpoint may decide only what its owner said: a config
 found in a project folder routes no key until allowed, a `--trust`ed file
 decides no run setting, a model server's numbers and a config's prices are
-validated, a restored older file cannot replay a human approval, a key file
-others can read or write is refused, resume cycles stay within the bound,
-and JSON output is JSON. Every test is one attack, against real `mklang`
+validated, a key file others can read or write is refused, resume cycles stay
+within the bound, and JSON output is JSON (restored runs: test_restored_runs.py). Every test is one attack, against real `mklang`
 processes, a real HTTP server, real files and real databases.
 """
 
@@ -14,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -23,8 +21,6 @@ import pytest
 from support import ROOT
 from support.commands import cli, cli_env, refused
 from support.fakeserver import Reply, Request, answer, raw
-from support.forks import forked
-from support.services import postgres_schema
 
 from mklang.providers.base import Produced, Verdict
 from mklang.providers.base import Usage as ProviderUsage
@@ -38,98 +34,6 @@ APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publi
 def approval(tmp_path: Path) -> Path:
     shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
     return tmp_path
-
-
-# --- item 5: a restored older file or row cannot replay a human approval ----------
-
-
-def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not_publish_again(approval):
-    suspended = cli("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval)
-    assert suspended.returncode == 3, suspended.stderr
-    backup = (approval / "cp.json").read_bytes()
-    # The approving resume dies just after its journal's first line (which records the approval).
-    killed = forked(
-        "resume", "cp.json", "--set", "approval.answer=yes", *APPROVAL, cwd=approval,
-        env=cli_env(MKLANG_KILL_AT="journal.gen:1"),
-    )  # fmt: skip
-    assert killed.returncode == -9
-    first_line = (approval / "cp.json.journal").read_bytes()
-    published = cli("resume", "cp.json", *APPROVAL, cwd=approval)
-    assert published.returncode == 0, published.stderr
-    assert '"result": "https://status.example.com/posts/118"' in published.stdout
-
-    (approval / "cp.json").write_bytes(backup)  # put back from a backup, with no --set and no --trust
-    (approval / "cp.json.journal").write_bytes(first_line)
-    line = refused(cli("resume", "cp.json", *APPROVAL, cwd=approval))
-    assert "is older than generation" in line and "human approvals" in line and "--allow-rollback" in line
-
-    again = cli("resume", "cp.json", "--allow-rollback", *APPROVAL, cwd=approval)
-    assert again.returncode == 0, again.stderr
-    assert "may repeat" not in again.stderr and "resuming it anyway (--allow-rollback)" in again.stderr
-
-
-def test_a_truncated_journal_is_reported_before_what_it_lost_is_paid_again(approval):
-    killed = forked(
-        "run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", "cp.json", cwd=approval,
-        env=cli_env(MKLANG_KILL_AT="journal.call:1"),
-    )  # fmt: skip
-    assert killed.returncode == -9
-    journal = approval / "cp.json.journal"
-    journal.write_bytes(journal.read_bytes()[:-20])  # a copy cut short inside its paid answer's line
-    resumed = cli("resume", "cp.json", *APPROVAL, cwd=approval)
-    assert resumed.returncode == 3, resumed.stderr
-    assert (
-        "cp.json: the journal ends in 1 incomplete or unreadable line(s) after line 1 (a crash mid-write, or a "
-        "truncated copy): what they recorded runs again, paid calls included"
-    ) in resumed.stderr
-
-
-def store_rows(uri: str):
-    """A DB-API connection to the store's database and its placeholder."""
-    if uri.startswith("sqlite"):
-        return sqlite3.connect(uri.removeprefix("sqlite:///"), isolation_level=None), "?"
-    import psycopg
-
-    return psycopg.connect(uri, autocommit=True), "%s"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_uri(request, approval: Path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{approval / 'runs.db'}"
-    else:
-        with postgres_schema() as uri:
-            yield uri
-
-
-def test_a_restored_store_row_is_refused_by_the_host_that_saw_newer_and_by_the_row_itself(
-    approval, store_uri, tmp_path_factory
-):
-    target = f"{store_uri}#announce"
-    assert cli("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", target, cwd=approval).returncode == 3
-    db, mark = store_rows(store_uri)
-    try:
-        (old_envelope, old_generation) = db.execute(
-            f"SELECT envelope, generation FROM mklang_runs WHERE run = {mark}", ("announce",)
-        ).fetchone()
-        done = cli("resume", target, "--set", "approval.answer=yes", *APPROVAL, cwd=approval)
-        assert done.returncode == 0, done.stderr
-
-        # A database backup taken at the question, restored whole: this host remembers the newer generation.
-        db.execute(
-            f"UPDATE mklang_runs SET envelope = {mark}, generation = {mark} WHERE run = {mark}",
-            (old_envelope, old_generation, "announce"),
-        )
-        assert "--allow-rollback" in refused(cli("resume", target, *APPROVAL, cwd=approval))
-
-        # Another host (a state folder of its own) reading a row whose envelope alone was put back: the row refuses.
-        db.execute(f"UPDATE mklang_runs SET generation = 99 WHERE run = {mark}", ("announce",))
-        elsewhere = cli_env(XDG_STATE_HOME=str(tmp_path_factory.mktemp("other-host")))
-        line = refused(cli("resume", target, *APPROVAL, cwd=approval, env=elsewhere))
-        assert f"generation {old_generation} of run" in line and "older than generation 99" in line
-
-    finally:
-        db.close()
 
 
 # --- item 6: a key file others could plant or read, a short fleet key ---------------

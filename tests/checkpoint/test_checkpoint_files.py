@@ -30,7 +30,7 @@ from conformance.harness import Recorder, write_machines
 from support import ROOT
 from support.checkpoints import blank_envelope, frame_record
 from support.crashes import dead_run
-from support.files import FsyncSpy, holder, journal_path, write_atomic
+from support.files import FsyncSpy, holder, journal_path, uncommitted, write_atomic
 from support.journals import run_journal
 from support.runs import JUDGED_TWO_STATES, LoopTops
 
@@ -176,6 +176,7 @@ def test_a_journal_cut_at_any_byte_reads_back_as_its_complete_lines(tmp_path):
     assert read_journal(locate(checkpoint), generation) == records
     assert "✓".encode() in lines[-1]  # the last line is cut inside multi-byte characters too
     path = journal_path(checkpoint)
+    uncommitted(checkpoint)
     ends = [len(b"\n".join(lines[: n + 1])) + 1 for n in range(len(lines))]  # offsets after each newline
     for offset in range(len(full) + 1):
         path.write_bytes(full[:offset])

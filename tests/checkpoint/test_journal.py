@@ -19,7 +19,7 @@ import pytest
 from conformance.harness import Recorder, write_machines
 from support.crashes import Crash
 from support.examples import EXAMPLES
-from support.files import holder, journal_lines
+from support.files import holder, journal_lines, uncommitted
 from support.journals import journal_records, run_journal, step_record
 from support.runs import TWO_STATES, LoopTops, outcome
 
@@ -643,6 +643,7 @@ def _journaled(tmp_path: Path) -> tuple[StoreJournal, Frame, Path]:
 
 def test_a_journal_line_cut_mid_way_is_ignored_on_recovery(tmp_path):
     _, _, path = _journaled(tmp_path)
+    uncommitted(tmp_path / "cp.json")
     whole = path.read_bytes()
     assert [r["k"] for r in journal_records(tmp_path)] == ["call", "step", "call"]
     path.write_bytes(whole[:-1])  # the last newline never reached the file
@@ -713,6 +714,7 @@ def test_a_journal_mac_edited_into_non_ascii_text_is_refused_as_an_edit(tmp_path
 
 def test_a_torn_line_is_not_checked_against_its_mac(tmp_path):
     _, _, path = _journaled(tmp_path)
+    uncommitted(tmp_path / "cp.json")
     path.write_bytes(path.read_bytes()[:-5])
     assert [r["k"] for r in journal_records(tmp_path)] == ["call", "step"]
 
@@ -752,6 +754,7 @@ def test_what_a_resume_changed_is_read_only_from_the_head_of_its_own_generation(
     journal.resume(CHANGE, envelope.stored_bytes)
     path = tmp_path / "cp.json.journal"
     whole = path.read_bytes()
+    uncommitted(tmp_path / "cp.json")
     assert resume_change(store, "cp.json", envelope.model_copy(update={"status": "running"})) is None
     assert resume_change(store, "cp.json", envelope.model_copy(update={"generation": 2})) is None
     for head in (
@@ -914,7 +917,7 @@ def test_a_new_runs_first_envelope_is_not_remembered_and_every_later_one_is(tmp_
     from mklang.checkpoint import generations
 
     remembered: list[int] = []
-    monkeypatch.setattr(generations, "remember", lambda run_id, generation: remembered.append(generation))
+    monkeypatch.setattr(generations, "remember", lambda store, run_id, generation: remembered.append(generation))
     machine = load_file(EXAMPLES / "nested" / "brief.mk")
     scenario = load_script(EXAMPLES / "nested" / "scenarios.yaml")[0]
     checkpoint = tmp_path / "cp.json"

@@ -166,27 +166,6 @@ def test_a_missing_segment_is_refused_before_a_resume_runs_and_when_the_trace_is
     _unreadable(where, f"cp.json: trace segment {name} is missing")
 
 
-class UnlistedStore(FileStore):
-    """A store written before stores listed their segments: it reads and writes them, no more."""
-
-    def __getattribute__(self, name: str):
-        if name == "segment_names":
-            raise AttributeError(name)
-        return super().__getattribute__(name)
-
-
-def test_a_store_that_cannot_list_its_segments_refuses_a_missing_one_when_the_trace_is_read(tmp_path):
-    store = UnlistedStore(tmp_path)
-    where = Location(store, "cp.json", str(tmp_path / "cp.json"), str(tmp_path / "cp.json"), tmp_path / "cp.json")
-    _suspended(where, tmp_path)
-    name = _segments(where)[0][0]
-    _segment_file(where, name).unlink()
-    done = _finish(where)  # the resume itself reads no segment
-    assert done.status == "done"
-    with pytest.raises(CheckpointError, match=f"trace segment {name} is missing from the run's store"):
-        done.trace  # noqa: B018 - reading it is what is refused
-
-
 def test_a_segment_of_another_run_under_this_runs_name_is_refused(tmp_path):
     one = _suspended(locate(tmp_path / "one.json"), tmp_path)
     other = _suspended(locate(tmp_path / "other.json"), tmp_path, letter="w")

@@ -10,12 +10,23 @@ from typing import Any
 import pytest
 
 from mklang.stores import locate
-from mklang.stores.file import FileLock, lock_holder
+from mklang.stores.file import MARKS_FOLDER, FileLock, hashed_name, lock_holder
 
 
 def journal_path(checkpoint: Path) -> Path:
     """The crash journal beside a checkpoint file."""
     return Path(f"{checkpoint}.journal")
+
+
+def mark_path(checkpoint: Path) -> Path:
+    """Where the file store counts the committed bytes of a checkpoint file's journal."""
+    return checkpoint.parent / MARKS_FOLDER / hashed_name(checkpoint.name)
+
+
+def uncommitted(checkpoint: Path) -> None:
+    """Forget how much of a checkpoint file's journal was committed, as if none of its lines had been
+    synced: cutting it then tears a tail a crash could tear, rather than cutting it short."""
+    mark_path(checkpoint).unlink()
 
 
 def journal_lines(checkpoint: Path) -> list[dict[str, Any]]:
