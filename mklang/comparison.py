@@ -83,13 +83,13 @@ def render(difference: dict[str, Any], first: str, second: str) -> str:
             continue
         lines.append(f"step {step['step']} ({step['state']}):")
         for key, (one, other) in step["fields"].items():
-            lines.append(f"  {key}: {_short(one)} | {_short(other)}")
+            lines.append(f"  {key}: {one_line(one)} | {one_line(other)}")
     for key, (one, other) in difference["outcome"].items():
-        lines.append(f"{key}: {_short(one)} | {_short(other)}")
+        lines.append(f"{key}: {one_line(one)} | {one_line(other)}")
     return "\n".join(lines)
 
 
-def _short(value: Any, width: int = 100) -> str:
+def one_line(value: Any, width: int = 100) -> str:
     """A value on one line, cut at `width`, with nothing a terminal would act on (a run's outputs
     are outside data)."""
     import json

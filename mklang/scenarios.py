@@ -201,6 +201,16 @@ def load_script(path: str | Path) -> list[Scenario]:
     return scenarios
 
 
+def named(scenarios: list[Scenario], names: list[str] | None, script: object) -> list[Scenario]:
+    """The scenarios named (all when none is), refused when a name is not one of them."""
+    if not names:
+        return scenarios
+    missing = sorted(set(names) - {scenario.name for scenario in scenarios})
+    if missing:
+        raise UsageError(f"{script}: no scenarios named {missing}")
+    return [scenario for scenario in scenarios if scenario.name in names]
+
+
 def _scenario(raw: Any, where: str, source: str) -> Scenario:
     if not isinstance(raw, dict):
         raise UsageError(f"{where}: expected a map, got {_kind(raw)}")

@@ -151,6 +151,7 @@ COMMAND_MODULES = {
     "resume": "run_cmds",
     "show": "run_cmds",
     "diff": "history_cmds",
+    "verify-resume": "history_cmds",
     "check": "syntax_cmds",
     "fmt": "syntax_cmds",
     "config": "provider_cmds",

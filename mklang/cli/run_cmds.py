@@ -442,16 +442,11 @@ def test(
         from mklang.checker import require_runnable
         from mklang.cli.render import render_scenarios
         from mklang.player import play
-        from mklang.scenarios import load_script
+        from mklang.scenarios import load_script, named
         from mklang.syntax import load_file
 
         loaded = require_runnable(load_file(machine))
-        scenarios = load_script(script)
-        if scenario:
-            missing = sorted(set(scenario) - {s.name for s in scenarios})
-            if missing:
-                raise fail(f"{script}: no scenarios named {missing}")
-            scenarios = [s for s in scenarios if s.name in scenario]
+        scenarios = named(load_script(script), scenario, script)
         chosen = policy(untrusted_flow)
         with event_stream(events, trace_content) as observer:
             outcomes = [(item, play(loaded, item, chosen, observer)) for item in scenarios]
