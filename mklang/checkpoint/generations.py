@@ -9,7 +9,7 @@ highest generation reached is remembered per run id, where the run's store
 can keep it (a `GenerationStore`: SQLite, PostgreSQL, which also refuse an
 older envelope over a newer one in the run's row), else in the user's state
 folder (`$XDG_STATE_HOME/mklang/generations/`, default
-`~/.local/state/mklang/`) (ADR 0051). Kept in the store, the record holds
+`~/.local/state/mklang/`) (ADR 0052). Kept in the store, the record holds
 wherever the run is resumed from: another machine, user or CI job. A record
 an earlier release left in the state folder still counts. `rollback` below
 turns what they hold into the one-line refusal.

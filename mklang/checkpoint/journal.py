@@ -36,7 +36,7 @@ Every line costs the same whatever the length of the run; the envelope is
 rewritten only when the journal has grown as large as it (compaction), so
 the checkpoint work per step stays flat (ADR 0009). A torn last line, the
 only thing a crash can leave, is dropped on recovery; a journal shorter than
-what its store counted as committed is refused by the store (ADR 0051).
+what its store counted as committed is refused by the store (ADR 0052).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A run store holds many runs, each named by a run name: its envelope (one
 document, replaced atomically), its journal (an append-only byte log that a
 new generation replaces whole) and its lock (one process at a time). That is
-all a store must do (`RunStore`, ADR 0051). What it may do besides is
+all a store must do (`RunStore`, ADR 0052). What it may do besides is
 declared by the capability protocols it also implements, each found with
 `isinstance` and each with a fallback where it is missing:
 
@@ -15,7 +15,7 @@ declared by the capability protocols it also implements, each found with
   records and reports, each batch run's spend); without it no texts are kept
   (a run resumes where its files are) and batches and workers refuse it.
 - `GenerationStore`: the generation each run id reached, kept in the store
-  (ADR 0022, 0051); without it the user's state folder remembers them.
+  (ADR 0022, 0052); without it the user's state folder remembers them.
 
 The envelope codec, the journal's records and recovery live above, in
 `mklang.checkpoint`, so every backend stores the same bytes; the promises
@@ -153,7 +153,7 @@ class NoteStore(Protocol):
 @runtime_checkable
 class GenerationStore(Protocol):
     """A store that keeps the generations runs reached, so a restored older envelope is refused
-    wherever it is resumed from (ADR 0022, 0051)."""
+    wherever it is resumed from (ADR 0022, 0052)."""
 
     def generation(self, run: str) -> int:
         """The generation of the run's envelope written last (0 for none). `write` refuses an older one."""

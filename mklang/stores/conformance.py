@@ -1,5 +1,5 @@
 """The store contract kit: every promise of `RunStore`, and of each capability a store declares,
-checked against a store that a factory opens (ADR 0051).
+checked against a store that a factory opens (ADR 0052).
 
 A store written outside mklang proves itself by running the kit in its own
 tests, as this repository does for its file, SQLite and PostgreSQL stores:

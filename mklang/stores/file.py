@@ -291,7 +291,7 @@ class FileStore:
 class JournalMark:
     """How many bytes of a run's journal were committed, kept beside it (`.mklang-marks/`), so a
     journal cut short after a crash (a truncated copy, lines removed) is refused, not recovered
-    from less than was committed (ADR 0051).
+    from less than was committed (ADR 0052).
 
     One fixed-width line, `<bytes> <sha256 of the journal's first line>`, rewritten in place after
     each durable append, once the fsync put those bytes on disk, so it never counts more than a

@@ -5,7 +5,7 @@
 `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, flushed like envelopes), batches
 keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`,
-`mklang_generations(run_id, generation)` how far each run id got (ADR 0051);
+`mklang_generations(run_id, generation)` how far each run id got (ADR 0052);
 tables are created on first use; every write is one committed transaction.
 
 A committed transaction is on the server, so it survives the client's
@@ -262,7 +262,7 @@ TEXT_OID, BYTEA_OID = 25, 17
 TEXT_FORMAT, BINARY_FORMAT = 0, 1
 # A journal line: its run (text) and the line (bytea, sent as the bytes it is).
 LINE_TYPES, LINE_FORMATS = (TEXT_OID, BYTEA_OID), (TEXT_FORMAT, BINARY_FORMAT)
-# A journal line, and its bytes counted in the run's row in the same statement (ADR 0051).
+# A journal line, and its bytes counted in the run's row in the same statement (ADR 0052).
 COUNTED = b"UPDATE mklang_runs SET journal_bytes = journal_bytes + octet_length($2) WHERE run = $1"
 APPEND = Prepared(b"mklang_append", b"WITH line AS (INSERT INTO mklang_journal (run, line) VALUES ($1, $2)) " + COUNTED)
 # A journal line whose commit does not wait for the flush: the setting is local to the statement's

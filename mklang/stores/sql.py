@@ -38,7 +38,7 @@ SUMMARIZED_SET = (
 )
 
 
-# A journal and the count of its bytes in the run's row change in one transaction (ADR 0051).
+# A journal and the count of its bytes in the run's row change in one transaction (ADR 0052).
 APPEND_LINE = "INSERT INTO mklang_journal (run, line) VALUES (?, ?)"
 COUNT_LINE = "UPDATE mklang_runs SET journal_bytes = journal_bytes + ? WHERE run = ?"
 DROP_LINES = "DELETE FROM mklang_journal WHERE run = ?"
@@ -114,7 +114,7 @@ class SqlStore:
 
     def read_journal(self, run: str) -> bytes:
         """The journal's lines, refused when fewer bytes than the run's row says were committed to it
-        (`journal_bytes`, kept in the transaction of each line: ADR 0051); read in one statement, so
+        (`journal_bytes`, kept in the transaction of each line: ADR 0052); read in one statement, so
         the lines and the count are of one moment."""
         rows = self._select(
             "SELECT r.journal_bytes, j.line FROM mklang_runs r LEFT JOIN mklang_journal j ON j.run = r.run "

@@ -22,7 +22,7 @@ handler next polls. Runs
 are rows: `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, synced like envelopes);
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
-`mklang_generations(run_id, generation)` is how far each run id got (ADR 0051).
+`mklang_generations(run_id, generation)` is how far each run id got (ADR 0052).
 
 SQLite has no lock that dies with its process, so a run's lock is the file
 store's `flock` on `<database>.locks/<run>.lock`: released by the kernel

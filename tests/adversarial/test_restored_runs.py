@@ -1,4 +1,4 @@
-"""Restored and cut-short runs (ADR 0022, ADR 0051, docs/limits.md "Trust"): an older envelope put
+"""Restored and cut-short runs (ADR 0022, ADR 0052, docs/limits.md "Trust"): an older envelope put
 back, or a journal cut shorter than what was committed to it, must not run again what ran after it
 (paid calls, tool actions, a human approval) without a word. Each test is one attack on real `mklang`
 processes killed at injected points (`MKLANG_KILL_AT`), real files and real databases.
@@ -79,7 +79,7 @@ def test_a_restored_checkpoint_and_the_first_line_of_its_approving_resume_do_not
 def test_a_store_row_and_journal_restored_for_a_fresh_state_folder_do_not_publish_again(
     approval, store_uri, tmp_path_factory
 ):
-    """The store keeps how far each run id got (ADR 0051): another machine, user or CI job, with a
+    """The store keeps how far each run id got (ADR 0052): another machine, user or CI job, with a
     state folder that never saw the run, is refused an old envelope and journal put back whole."""
     target = f"{store_uri}#announce"
     assert cli("run", "approval/approval.mk", *APPROVAL, "--hitl", "--checkpoint", target, cwd=approval).returncode == 3

@@ -1,4 +1,4 @@
-"""The newest generation of each run id (ADR 0022, 0051): kept by the run's store where it can keep it
+"""The newest generation of each run id (ADR 0022, 0052): kept by the run's store where it can keep it
 (SQLite, PostgreSQL), else in a private folder of the user's state home, so a restored older checkpoint
 is told from the newest."""
 
