@@ -35,7 +35,7 @@ from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.runs import Claim, Outcome, claim, outcome
 from mklang.session import Host
-from mklang.stores import Location, NoteStore, RunStore, Store, is_uri, run_name
+from mklang.stores import Location, NoteStore, RunStore, Store, is_uri, run_name, target
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
 
@@ -164,11 +164,6 @@ def location(store: RunStore, uri: str, run: str) -> Location:
     if is_uri(uri):
         return Location(store, run, text, text, getattr(store, "path", Path.cwd() / "checkpoint"))
     return Location(store, run, text, str(Path(text).resolve()), Path(text))
-
-
-def target(uri: str, run: str) -> str:
-    """How commands name `run` of the store `uri`: `STORE-URI#RUN`, or `FOLDER/RUN` of a folder store."""
-    return f"{uri}#{run}" if is_uri(uri) else str(Path(uri) / run)
 
 
 def described(store: RunStore, uri: str, run: str, last: int = 0) -> dict[str, Any]:

@@ -52,7 +52,6 @@ def runs(
     if context.invoked_subcommand is not None:
         return
     with handle_errors(wants_json(format)):
-        from mklang.cli.render import render_runs
         from mklang.stores import RunQuery, open_store, summaries_of
 
         if store is None:
@@ -77,6 +76,8 @@ def runs(
         if wants_json(format):
             print_json({"store": redacted(store), "page": page, "limit": limit, "more": more, "runs": listed})
         else:
+            from mklang.cli.render import render_runs  # rich, for people only
+
             render_runs(listed)
             if more:
                 print(f"more: --page {page + 1}", file=sys.stderr)
@@ -99,14 +100,13 @@ def _since(text: str | None) -> float | None:
 
 def _summary_json(store: str, summary: Any) -> dict[str, Any]:
     """One run of `runs --format json`: its summary, times in ISO 8601 (UTC), and how to name it."""
-    from mklang.batching import target
 
     def iso(seconds: float | None) -> str | None:
         from datetime import UTC, datetime
 
         return None if seconds is None else datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
-    from mklang.stores import run_name
+    from mklang.stores import run_name, target
 
     data = summary.to_json()
     data.update(started=iso(summary.started), updated=iso(summary.updated), checkpoint=None)

@@ -30,6 +30,7 @@ entry-point group `mklang.stores` (loaded only when its scheme is used).
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +239,11 @@ def is_uri(text: str | Path) -> bool:
     return isinstance(text, str) and URI.match(text) is not None
 
 
+def target(uri: str, run: str) -> str:
+    """How commands name `run` of the store `uri`: `STORE-URI#RUN`, or `FOLDER/RUN` of a folder store."""
+    return f"{uri}#{run}" if is_uri(uri) else str(Path(uri) / run)
+
+
 def open_store(uri: str | Path, *, create: bool = True) -> RunStore:
     """The store a URI (without `#RUN`) or a folder names.
 
@@ -258,25 +264,32 @@ def open_store(uri: str | Path, *, create: bool = True) -> RunStore:
 
 def opener(scheme: str, uri: str) -> Opener:
     """What opens stores of `scheme`: a built-in backend, else the entry point a package registers for it
-    (installed packages are looked up only for a scheme that is not built in)."""
-    from importlib.metadata import EntryPoint, entry_points
-
+    (installed packages are looked up only for a scheme that is not built in: `importlib.metadata`
+    is not imported to open a built-in store)."""
     value = BUILTIN.get(scheme)
-    if value is not None:
-        found = EntryPoint(scheme, value, ENTRY_POINTS)
-    else:
+    point = None
+    if value is None:
+        from importlib.metadata import entry_points
+
         registered = {point.name.lower(): point for point in entry_points(group=ENTRY_POINTS)}
         if scheme not in registered:
             known = ", ".join(sorted({*BUILTIN, *registered}))
             raise UsageError(
                 f"{redacted(uri)}: unknown store scheme '{scheme}': a store is {STORE_FORMS} (known schemes: {known})"
             )
-        found = registered[scheme]
+        point = registered[scheme]
+        value = point.value
     try:
-        loaded: Opener = found.load()
+        if point is not None:
+            loaded: Opener = point.load()
+        else:
+            module, _, name = value.partition(":")
+            loaded = importlib.import_module(module)  # then its attribute
+            for part in name.split("."):
+                loaded = getattr(loaded, part)
     except Exception as error:  # a broken package: its own import errors, whatever they are
         raise UsageError(
-            f"store scheme '{scheme}': cannot load {found.value}: {type(error).__name__}: {first_line(error)}"
+            f"store scheme '{scheme}': cannot load {value}: {type(error).__name__}: {first_line(error)}"
         ) from None
     return loaded
 
