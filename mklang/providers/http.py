@@ -1,14 +1,12 @@
-"""The HTTP plumbing both wire formats share: a kept-alive connection per thread, a request limit, retries.
+"""The HTTP plumbing both wire formats share: a pool of kept-alive connections, a request limit, retries.
 
-Each thread that calls a provider keeps one HTTP/1.1 connection to it
-(`http.client`, ADR 0033): it is opened on the thread's first call, reused
-while the server keeps it open, and opened again after a connection error, a
-`Connection: close`, or a server that closed it while it was idle. TLS is
-verified against `SSL_CERT_FILE` (or `SSL_CERT_DIR`), else certifi's bundle;
-`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY` are honoured (an
-`http://` proxy: a CONNECT tunnel for HTTPS, the absolute URL for HTTP), and a
-proxy that cannot be used is refused rather than bypassed. Redirects are not
-followed.
+Requests go through urllib3 (ADR 0053): one connection pool per provider,
+shared by every thread that calls it, so a connection one call used serves
+the next call of any thread. TLS is verified against `SSL_CERT_FILE` (or
+`SSL_CERT_DIR`), else certifi's bundle; `HTTPS_PROXY`, `HTTP_PROXY`,
+`ALL_PROXY` and `NO_PROXY` are honoured (an `http://` or `https://` proxy: a
+CONNECT tunnel for HTTPS, the absolute URL for HTTP), and a proxy that cannot
+be used is refused rather than bypassed. Redirects are not followed.
 
 Retries follow one rule: 429, 408, 5xx, timeouts and connection errors are
 tried again after an exponential, jittered delay (or the server's
@@ -26,19 +24,17 @@ import email.utils
 import json
 import os
 import random
-import select
-import socket
 import ssl
 import threading
 import time
 import urllib.parse
 import urllib.request
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.client import HTTPConnection, HTTPException, HTTPResponse, HTTPSConnection
 from typing import Any
+
+import urllib3
 
 from mklang.errors import ProviderError, UsageError
 from mklang.host.config import ProviderConfig
@@ -48,6 +44,7 @@ from mklang.version import __version__
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 REASON_LIMIT = 200
 MAX_CALL_TOKENS = 100_000_000  # more than any model reads and writes in one call: a larger count is malformed
+POOL_SIZE = 1024  # idle connections a provider keeps when no max_in_flight bounds its calls in flight
 
 
 @dataclass(frozen=True)
@@ -92,14 +89,16 @@ def _shown(value: Any) -> str:
 
 
 class HttpTransport:
-    """POSTs JSON to one provider over a kept-alive connection per thread, with retries.
+    """POSTs JSON to one provider over a pool of kept-alive connections, with retries.
 
-    Thread-safe: fan-out branches and batch runs share it, each thread on its own
-    connection, so a call costs the same however many are in flight (ADR 0033).
-    How many requests are in flight is the run's one limit (`--concurrency`); a
-    provider's `max_in_flight`, when the config sets one, caps its own requests
-    further (a semaphore). `sleep` is injectable so tests can observe the delays
-    without waiting for them.
+    Thread-safe: fan-out branches and batch runs share it and its one urllib3
+    pool (ADR 0053), which lends each request an idle connection or opens one,
+    so a call costs the same however many are in flight. How many requests are
+    in flight is the run's one limit (`--concurrency`); a provider's
+    `max_in_flight`, when the config sets one, caps its own requests further (a
+    semaphore). `sleep` is injectable so tests can observe the delays without
+    waiting for them. Every request goes out through `_send`, the one place a
+    request is made (a streamed answer would be read from its response).
     """
 
     def __init__(
@@ -118,27 +117,22 @@ class HttpTransport:
             threading.BoundedSemaphore(cap) if cap is not None else contextlib.nullcontext()
         )
         self._endpoint = Endpoint.of(config)
+        self._pool = self._endpoint.pool(cap or POOL_SIZE)
         self._headers = {
             "User-Agent": f"mklang/{__version__}",
             "Content-Type": "application/json",
             **self._endpoint.request_headers,
             **headers,
         }
-        self._local = threading.local()
-        self._kept: weakref.WeakSet[_Kept] = weakref.WeakSet()
-        self._kept_lock = threading.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
         return f"HttpTransport({self.config.name!r}, {self.config.base_url!r})"
 
     def close(self) -> None:
-        """Close every thread's connection; a later `post` raises RuntimeError."""
+        """Close every connection (one in use as soon as its request ends); a later `post` raises RuntimeError."""
         self._closed = True
-        with self._kept_lock:
-            kept = list(self._kept)
-        for each in kept:
-            each.connection.close()
+        self._pool.close()
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST `body` and return the decoded JSON object, retrying what can be retried."""
@@ -146,28 +140,23 @@ class HttpTransport:
             raise RuntimeError(f"{self.config.name}: the HTTP client is closed")
         name = self.config.name
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        target = self._endpoint.target(path)
         attempts = self.config.retries + 1
         for attempt in range(attempts):
             try:
                 with self._slots:
                     read, connect = self._timeouts()  # after waiting for a slot: what is left now
-                    response, data = self._exchange(self._endpoint.target(path), payload, read, connect)
-            except _Failed as failed:
-                failure, delay = failed.args[0], None
-            except ssl.SSLCertVerificationError as error:
-                raise ProviderError(
-                    f"{name} connection-error: the certificate of {self._endpoint.host} is not trusted "
-                    f"({error.verify_message}); SSL_CERT_FILE names the certificates to trust"
-                ) from None
-            except (OSError, HTTPException) as error:
-                failure, delay = f"connection-error: {self._snippet(_described(error))}", None
+                    response = self._send(target, payload, read, connect)
+            except urllib3.exceptions.HTTPError as error:
+                failure, delay = self._failure(error, read, connect), None
             else:
                 if response.status == 200:
-                    return self._decode(data)
-                failure = f"{response.status}: {self._reason(data, response.reason or _phrase(response.status))}"
+                    return self._decode(response.data)
+                phrase = response.reason or _phrase(response.status)
+                failure = f"{response.status}: {self._reason(response.data, phrase)}"
                 if response.status not in RETRYABLE_STATUS:
                     raise ProviderError(f"{name} {failure}{self._key_hint(response.status)}")
-                delay = retry_after(response.getheader("retry-after"))
+                delay = retry_after(response.headers.get("retry-after"))
             if attempt + 1 == attempts:
                 break
             pause = self._delay(attempt, delay)
@@ -177,39 +166,37 @@ class HttpTransport:
             self._sleep(pause)
         raise ProviderError(f"{name} {failure} (after {attempts} attempt{'s' if attempts > 1 else ''})")
 
-    def _exchange(self, target: str, payload: bytes, read: float, connect: float) -> tuple[HTTPResponse, bytes]:
-        """One request on this thread's connection, opened first when it is not open: the
-        response and its whole body. Any failure closes the connection, so the next call
-        opens a fresh one; a timeout raises `_Failed`, other errors propagate."""
-        connection = self._connection()
-        try:
-            if connection.sock is not None and _readable(connection.sock):
-                connection.close()  # an idle connection the server closed (or wrote to unasked): not reused
-            if connection.sock is None:
-                connection.timeout = connect
-                try:
-                    connection.connect()
-                except TimeoutError:
-                    raise _Failed(f"timeout: no connection within {connect:.3g}s") from None
-            connection.sock.settimeout(read)
-            try:
-                connection.request("POST", target, payload, self._headers)
-                response = connection.getresponse()
-                return response, response.read()
-            except TimeoutError:
-                raise _Failed(f"timeout: no answer within {read:.3g}s") from None
-        except BaseException:
-            connection.close()
-            raise
+    def _send(self, target: str, payload: bytes, read: float, connect: float) -> urllib3.BaseHTTPResponse:
+        """One request on a pooled connection, its answer read whole. urllib3 drops a connection a
+        request failed on (a late answer is never read as the next one's), and one its server closed
+        while it was idle, before a request is written to it."""
+        return self._pool.urlopen(
+            "POST",
+            target,
+            body=payload,
+            headers=self._headers,
+            retries=False,  # `post` retries, by its own rule
+            redirect=False,
+            assert_same_host=False,  # a plain-HTTP proxy's target is an absolute URL
+            timeout=urllib3.Timeout(connect=connect, read=read),
+        )
 
-    def _connection(self) -> HTTPConnection:
-        """This thread's connection object (its socket may be closed)."""
-        kept: _Kept | None = getattr(self._local, "kept", None)
-        if kept is None:
-            kept = self._local.kept = _Kept(self._endpoint.connection())
-            with self._kept_lock:
-                self._kept.add(kept)
-        return kept.connection
+    def _failure(self, error: urllib3.exceptions.HTTPError, read: float, connect: float) -> str:
+        """An attempt's failure in one phrase; a certificate not trusted is raised at once instead."""
+        chain = _chain(error)
+        for each in chain:
+            if isinstance(each, ssl.SSLCertVerificationError):
+                raise ProviderError(
+                    f"{self.config.name} connection-error: the certificate of {self._endpoint.host} is not "
+                    f"trusted ({each.verify_message}); SSL_CERT_FILE names the certificates to trust"
+                ) from None
+            if isinstance(each, urllib3.exceptions.NewConnectionError):
+                break  # a connection refused (urllib3 makes it a kind of connect timeout)
+            if isinstance(each, urllib3.exceptions.ConnectTimeoutError):
+                return f"timeout: no connection within {connect:.3g}s"
+            if isinstance(each, urllib3.exceptions.ReadTimeoutError):
+                return f"timeout: no answer within {read:.3g}s"
+        return f"connection-error: {self._snippet(_described(chain[-1]))}"
 
     def _timeouts(self) -> tuple[float, float]:
         """The read and connect timeouts, shortened to what is left before the run's deadline."""
@@ -260,33 +247,32 @@ class HttpTransport:
         return redact(text, self._secret)
 
 
-class _Failed(Exception):
-    """A timeout, already worded as the failure of one attempt."""
+class _Verified(urllib3.connection.HTTPSConnection):
+    """urllib3's HTTPS connection, with a timeout in a proxy's CONNECT or the TLS handshake reported as
+    one while connecting (urllib3 reports it as a read timeout), as one in the TCP connect is."""
+
+    def connect(self) -> None:
+        try:
+            super().connect()
+        except TimeoutError as error:  # the socket's, not urllib3's: the TCP connect's is urllib3's already
+            raise urllib3.exceptions.ConnectTimeoutError(self, f"Connection to {self.host} timed out") from error
 
 
-class _Kept:
-    """A thread's connection to one provider: closed when the thread ends (the thread-local
-    holding it is dropped) or when the transport closes."""
-
-    __slots__ = ("__weakref__", "connection")
-
-    def __init__(self, connection: HTTPConnection):
-        self.connection = connection
-
-    def __del__(self) -> None:
-        self.connection.close()
-
-
-def _readable(sock: socket.socket) -> bool:
-    """Whether an idle connection has something to read: its server closed it."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error and those it wraps, outermost first: urllib3 wraps the socket's, TLS's and the
+    standard library's HTTP errors."""
+    chain = [error]
+    while True:
+        last = chain[-1]
+        inner = last.__cause__ or next((arg for arg in reversed(last.args) if isinstance(arg, BaseException)), None)
+        if inner is None or inner in chain:
+            return chain
+        chain.append(inner)
 
 
 def _described(error: BaseException) -> str:
-    """A connection error as one readable phrase: an OSError says what failed, an
-    HTTPException (a broken response) is named by its kind."""
+    """The innermost error as one readable phrase: an OSError says what failed, a broken response
+    (the standard library's or urllib3's) is named by its kind."""
     text = str(error)
     if isinstance(error, OSError) or text.startswith(type(error).__name__):
         return text or type(error).__name__
@@ -302,17 +288,18 @@ def _phrase(status: int) -> str:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a provider's requests go: its server, directly or through an `http://` proxy.
+    """Where a provider's requests go: its server, directly or through a proxy.
 
-    Read once per provider, from its `base_url` and the environment, as httpx did:
-    the proxy variables and, for HTTPS, the certificates to trust (one
-    `ssl.SSLContext`, shared by the provider's connections)."""
+    Read once per provider, from its `base_url` and the environment: the proxy
+    variables and, for HTTPS to the server or to the proxy, the certificates
+    to trust (one `ssl.SSLContext`, shared by the provider's connections)."""
 
+    scheme: str
     host: str
     port: int
     prefix: str  # the base URL's path; every request path follows it
-    tls: ssl.SSLContext | None  # None: plain HTTP
-    proxy: tuple[str, int] | None = None
+    context: ssl.SSLContext | None  # None: neither the server nor the proxy is reached over TLS
+    proxy: str | None = None  # the proxy's URL, without its credentials
     proxy_headers: dict[str, str] | None = None
 
     @classmethod
@@ -329,38 +316,54 @@ class Endpoint:
                 f"provider {config.name}: base_url must not hold a user name or password; "
                 "set api_key_env to the variable that holds the key"
             )
-        https = url.scheme == "https"
         proxy, headers = _proxy(url.scheme, host, port)
+        tls = url.scheme == "https" or (proxy or "").startswith("https:")
         return cls(
-            host, port or (443 if https else 80), url.path, trusted_certificates() if https else None, proxy, headers
+            url.scheme,
+            host,
+            port or (443 if url.scheme == "https" else 80),
+            url.path,
+            trusted_certificates() if tls else None,
+            proxy,
+            headers,
         )
 
     @property
     def request_headers(self) -> dict[str, str]:
-        """Headers every request carries: a plain-HTTP proxy's credentials (a tunnel sends them once)."""
-        return (self.proxy_headers or {}) if self.tls is None else {}
+        """Headers every request carries: a forwarding proxy's credentials (a tunnel sends them once)."""
+        return (self.proxy_headers or {}) if self._forwarded else {}
 
-    def connection(self) -> HTTPConnection:
-        """A new, unopened connection to the server, tunnelled through the proxy for HTTPS."""
-        host, port = self.proxy or (self.host, self.port)
-        if self.tls is None:
-            return HTTPConnection(host, port)
-        connection = HTTPSConnection(host, port, context=self.tls)
-        if self.proxy is not None:
-            connection.set_tunnel(self.host, self.port, self.proxy_headers)
-        return connection
+    def pool(self, size: int) -> urllib3.HTTPConnectionPool:
+        """The pool every request goes through, keeping up to `size` idle connections: to the server,
+        tunnelled through the proxy for HTTPS (CONNECT), or to the proxy that forwards plain HTTP."""
+        options: dict[str, Any] = {"num_pools": 1, "maxsize": size, "block": False, "ssl_context": self.context}
+        manager = (
+            urllib3.ProxyManager(
+                self.proxy, proxy_headers=self.proxy_headers, proxy_ssl_context=self.context, **options
+            )
+            if self.proxy is not None
+            else urllib3.PoolManager(**options)
+        )
+        pool = manager.connection_from_host(self.host, self.port, self.scheme)
+        if isinstance(pool, urllib3.HTTPSConnectionPool):
+            pool.ConnectionCls = _Verified
+        return pool
 
     def target(self, path: str) -> str:
-        """The request target: the path, or the absolute URL a plain-HTTP proxy forwards."""
-        if self.tls is None and self.proxy is not None:
+        """The request target: the path, or the absolute URL a forwarding proxy reads."""
+        if self._forwarded:
             return f"http://{_netloc(self.host, self.port)}{self.prefix}{path}"
         return self.prefix + path
 
+    @property
+    def _forwarded(self) -> bool:
+        return self.proxy is not None and self.scheme == "http"
 
-def _proxy(scheme: str, host: str, port: int | None) -> tuple[tuple[str, int] | None, dict[str, str] | None]:
-    """The proxy the environment names for `scheme://host:port` and the headers that
-    authenticate to it, or (None, None): `HTTPS_PROXY`/`HTTP_PROXY`, else `ALL_PROXY`,
-    unless `NO_PROXY` lists the host. Only an `http://` proxy can be used; any other
+
+def _proxy(scheme: str, host: str, port: int | None) -> tuple[str | None, dict[str, str] | None]:
+    """The proxy the environment names for `scheme://host:port` (its URL without credentials) and the
+    headers that authenticate to it, or (None, None): `HTTPS_PROXY`/`HTTP_PROXY`, else `ALL_PROXY`,
+    unless `NO_PROXY` lists the host. Only an `http://` or `https://` proxy can be used; any other
     is refused, since ignoring it would send the requests around it."""
     proxies = urllib.request.getproxies_environment()
     setting = proxies.get(scheme) or proxies.get("all")
@@ -368,17 +371,17 @@ def _proxy(scheme: str, host: str, port: int | None) -> tuple[tuple[str, int] | 
     if not setting or bypass(_netloc(host, port), proxies):
         return None, None
     url = urllib.parse.urlsplit(setting if "://" in setting else f"http://{setting}")
-    shown = f"{url.scheme}://{url.hostname}" + (f":{url.port}" if url.port else "")
-    if url.scheme != "http" or not url.hostname:
+    shown = f"{url.scheme}://{_netloc(url.hostname or '', url.port)}"
+    if url.scheme not in ("http", "https") or not url.hostname:
         raise UsageError(
-            f"the proxy {shown} for {scheme}://{host} cannot be used: mklang reaches proxies at http:// "
-            "addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY lists the hosts to reach directly)"
+            f"the proxy {shown} for {scheme}://{host} cannot be used: mklang reaches proxies at http:// and "
+            "https:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY lists the hosts to reach directly)"
         )
     headers = {}
     if url.username is not None:
         credentials = f"{urllib.parse.unquote(url.username)}:{urllib.parse.unquote(url.password or '')}"
         headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
-    return (url.hostname, url.port or 80), headers
+    return shown, headers
 
 
 def _netloc(host: str, port: int | None) -> str:
@@ -388,7 +391,7 @@ def _netloc(host: str, port: int | None) -> str:
 
 def trusted_certificates() -> ssl.SSLContext:
     """A TLS context that verifies servers against `SSL_CERT_FILE` or `SSL_CERT_DIR` when
-    one is set, else certifi's bundle (what httpx trusted); an unreadable file is refused."""
+    one is set, else certifi's bundle; an unreadable file is refused."""
     cafile, capath = os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None
     if cafile is None and capath is None:
         import certifi

@@ -1,5 +1,6 @@
-"""The HTTP transport's connections (ADR 0033): one kept alive per thread, opened again when the server
-closes it or breaks off a response; TLS against the certificates trusted; proxies; connect and read timeouts.
+"""The HTTP transport's connections (ADR 0053): one pool per provider, its kept-alive connections shared by
+the threads, opened again when the server closes one or breaks off a response; TLS against the certificates
+trusted; proxies (`http://` and `https://`, CONNECT tunnels); connect and read timeouts.
 
 Every test talks to a real server on 127.0.0.1 (`support.fakeserver`, `support.proxy`) and counts the
 connections it accepted.
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.commands import cli, cli_env
-from support.fakeserver import CERTIFICATE, FakeServer, Reply, answer, raw
+from support.fakeserver import CERTIFICATE, FakeServer, InFlight, Reply, answer, raw
 from support.proxy import FakeProxy
 
 from mklang.errors import ProviderError, UsageError
@@ -62,37 +63,39 @@ def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-# --- one kept-alive connection per thread ---------------------------------------
+# --- kept-alive connections shared by the threads -----------------------------------
 
 
-def test_each_thread_keeps_one_connection_for_all_its_calls(server):
+def test_a_connection_serves_the_calls_of_every_thread_one_after_another(server):
     server.fallback = answer("ok")
     transport = _transport(server)
-    assert [_ask(transport) for _ in range(5)] == ["ok"] * 5
-    assert (server.count, server.connections) == (5, 1)
-    together = threading.Barrier(4)
+    assert [_ask(transport) for _ in range(3)] == ["ok"] * 3
+    for _ in range(3):  # each thread ends before the next starts: the connection outlives them
+        thread = threading.Thread(target=_ask, args=(transport,))
+        thread.start()
+        thread.join()
+    assert (server.count, server.connections, server.closed) == (6, 1, 0)
 
-    def three_calls() -> None:
+
+def test_calls_in_flight_at_once_each_have_a_connection_and_keep_them_for_the_next(server):
+    held = InFlight(lambda request: answer("ok"))
+    server.handler = held
+    transport = _transport(server)
+    together = threading.Barrier(6)
+
+    def two_calls() -> None:
         together.wait()
-        for _ in range(3):
-            _ask(transport)
+        _ask(transport)
+        together.wait()
+        _ask(transport)
 
-    threads = [threading.Thread(target=three_calls) for _ in range(4)]
+    threads = [threading.Thread(target=two_calls) for _ in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert (server.count, server.connections) == (5 + 4 * 3, 1 + 4)
-
-
-def test_a_thread_that_ends_closes_its_connection(server):
-    server.fallback = answer("ok")
-    transport = _transport(server)
-    thread = threading.Thread(target=_ask, args=(transport,))
-    thread.start()
-    thread.join()
-    _until(lambda: server.closed == 1)
-    assert (server.count, server.connections) == (1, 1)
+    assert held.peak == 6  # none waited for another's connection
+    assert (server.count, server.connections) == (12, 6)  # the second round reused the first round's
 
 
 def test_closing_the_transport_closes_every_connection_and_refuses_more_calls(server):
@@ -192,6 +195,25 @@ def test_the_connect_timeout_is_shortened_to_the_time_left(unaccepting):
     assert time.monotonic() - started < 2
 
 
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """The address of a listener whose connections are made (by the kernel) and never answered."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("through", ["a TLS handshake", "a proxy's CONNECT"])
+def test_a_connection_made_but_not_answered_is_a_connect_timeout(silent, through, monkeypatch):
+    if through == "a TLS handshake":
+        transport = _transport(f"https://{silent}/v1", connect_timeout=0.3, timeout=30)
+    else:
+        monkeypatch.setenv("HTTPS_PROXY", f"http://{silent}")
+        transport = _transport("https://api.example.com/v1", connect_timeout=0.3, timeout=30)
+    started = time.monotonic()
+    assert _fails(transport) == "p timeout: no connection within 0.3s (after 1 attempt)"
+    assert time.monotonic() - started < 2
+
+
 # --- TLS --------------------------------------------------------------------------
 
 
@@ -253,6 +275,32 @@ def test_https_goes_through_one_connect_tunnel_with_the_proxys_credentials(tls_s
     assert tls_server.connections == 1
 
 
+def test_https_goes_through_a_tunnel_inside_tls_to_an_https_proxy(tls_server, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))  # trusts the proxy and the server alike
+    tls_server.fallback = answer("tunnelled twice")
+    with FakeProxy(tls=True) as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+        transport = _transport(tls_server)
+        assert [_ask(transport), _ask(transport)] == ["tunnelled twice"] * 2
+    assert proxy.url.startswith("https://")
+    assert proxy.requests == [("CONNECT", tls_server.url.removeprefix("https://"), None)]
+    assert tls_server.connections == 1
+
+
+def test_an_https_proxy_whose_certificate_is_not_trusted_is_refused_at_once(monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    slept: list[float] = []
+    with FakeProxy(tls=True) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        message = _fails(_transport("http://api.example.com/v1", slept, retries=2))
+    assert message == (
+        "p connection-error: the certificate of api.example.com is not trusted (self-signed certificate); "
+        "SSL_CERT_FILE names the certificates to trust"
+    )
+    assert (proxy.requests, slept) == ([], [])
+
+
 def test_plain_http_is_sent_to_the_proxy_as_an_absolute_url(server, monkeypatch):
     server.fallback = answer("forwarded")
     with FakeProxy() as proxy:
@@ -271,15 +319,23 @@ def test_no_proxy_lists_the_hosts_reached_directly(server, monkeypatch):
     assert proxy.requests == []
 
 
-@pytest.mark.parametrize("scheme", ["https", "socks5"])
+def test_a_proxy_that_cannot_be_reached_is_a_connection_error_without_its_password(monkeypatch):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]  # free once closed: connections to it are refused
+    monkeypatch.setenv("HTTPS_PROXY", f"http://user:hunter2@127.0.0.1:{port}")
+    message = _fails(_transport("https://api.example.com/v1", retries=1))
+    assert re.fullmatch(r"p connection-error: \[Errno \d+\] Connection refused \(after 2 attempts\)", message), message
+
+
+@pytest.mark.parametrize("scheme", ["socks5", "socks5h", "ftp"])
 def test_a_proxy_that_cannot_be_used_is_refused_not_bypassed(monkeypatch, scheme):
     monkeypatch.setenv("HTTPS_PROXY", f"{scheme}://user:secret@proxy.example:3128")
     with pytest.raises(UsageError) as caught:
         _transport("https://api.example.com/v1")
     assert str(caught.value) == (
         f"the proxy {scheme}://proxy.example:3128 for https://api.example.com cannot be used: mklang reaches "
-        "proxies at http:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY lists the hosts to "
-        "reach directly)"
+        "proxies at http:// and https:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY lists the "
+        "hosts to reach directly)"
     )
 
 
@@ -296,6 +352,6 @@ def test_a_run_refuses_a_proxy_it_cannot_use_with_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "mklang: error: the proxy socks5://proxy.example:1080 for https://api.example.com cannot be used: mklang "
-        "reaches proxies at http:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY lists the hosts "
-        "to reach directly)"
+        "reaches proxies at http:// and https:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY "
+        "lists the hosts to reach directly)"
     ]

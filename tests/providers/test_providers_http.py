@@ -375,11 +375,15 @@ def test_providers_name_their_routes_and_close_each_client_once(tmp_path, server
     assert len(closed) == 1  # both tiers share one client
 
 
-def test_the_http_client_imports_no_http_library_beyond_the_standard_one():
-    """httpx (and its command line: click, rich, pygments) cost start-up time; the transport is http.client."""
-    probe = "import sys, mklang.providers.http; print(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'httpcore')))"
+def test_the_http_client_is_urllib3_and_imports_no_other_http_library():
+    """httpx and httpcore (and httpx's command line: click, rich, pygments) cost start-up time and CPU a call
+    with many calls in flight (ADR 0053); the transport is urllib3."""
+    probe = (
+        "import sys, mklang.providers.http; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'httpx', 'httpcore', 'urllib3', 'requests'}))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.splitlines() == ["[]"]
+    assert done.stdout.splitlines() == ["['urllib3']"]
 
 
 # --- retries: the Retry-After cap and the backoff jitter ---------------------

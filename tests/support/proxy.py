@@ -1,4 +1,5 @@
-"""An HTTP proxy on 127.0.0.1 for tests: CONNECT tunnels (HTTPS) and absolute-URL requests (plain HTTP).
+"""An HTTP proxy on 127.0.0.1 for tests: CONNECT tunnels (HTTPS) and absolute-URL requests (plain HTTP);
+`FakeProxy(tls=True)` is reached over TLS itself (an `https://` proxy, the fake server's certificate).
 
     with FakeProxy() as proxy:
         monkeypatch.setenv("HTTPS_PROXY", proxy.url)
@@ -11,18 +12,26 @@ Each request is recorded as (method, target, its Proxy-Authorization header).
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import urllib.parse
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from support.fakeserver import CERTIFICATE, TLS
+
 
 class FakeProxy:
-    def __init__(self) -> None:
+    def __init__(self, *, tls: bool = False) -> None:
         self.requests: list[tuple[str, str, str | None]] = []
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
         self._httpd.daemon_threads = True
+        self._tls = tls
+        if tls:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(CERTIFICATE, TLS / "key.pem")
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="fakeproxy", daemon=True
         )
@@ -30,7 +39,7 @@ class FakeProxy:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self._tls else 'http'}://{host}:{port}"
 
     def __enter__(self) -> FakeProxy:
         self._thread.start()
