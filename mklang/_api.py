@@ -6,12 +6,11 @@ only when called.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
 
-from mklang.errors import Diagnostic, UsageError
+from mklang.errors import Diagnostic
 
 if TYPE_CHECKING:
     from mklang.effects import ToolFunction
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
     from mklang.engine.events import EventSink
     from mklang.model import Machine
     from mklang.providers.base import Provider
-    from mklang.runs import Outcome, Resumable
+    from mklang.runs import Outcome, RunRequest
     from mklang.session import Host
 
 StrPath = str | os.PathLike[str]
@@ -81,7 +80,7 @@ class BatchOptions(Answering, Bounds, total=False):
     """The keywords `batch` shares with `run` and `resume`."""
 
 
-class RunOptions(Answering, Bounds, total=False):
+class RunKeywords(Answering, Bounds, total=False):
     """The keywords of `run`, which `resume` takes too: a run that persists records a cassette,
     keeps a checkpoint, may replace what is there and may wait for a human."""
 
@@ -92,18 +91,18 @@ class RunOptions(Answering, Bounds, total=False):
 
 
 def run(
-    machine: Machine | StrPath, context: Mapping[str, Any] | None = None, **options: Unpack[RunOptions]
+    machine: Machine | StrPath, context: Mapping[str, Any] | None = None, **options: Unpack[RunKeywords]
 ) -> RunResult:
     """Run `machine` (a `Machine` or a file) from its entry with `context` and return how it ended.
 
     The keywords are those of `mklang run` (docs/api.md). Without `checkpoint`
     a budget halts the run; with it the run persists there and suspends instead.
     """
-    from mklang.runs import start
+    from mklang.runs import build_host, start
 
-    _require_keywords(run, options, RunOptions.__optional_keys__)
+    _require_keywords(run, options, RunKeywords.__optional_keys__)
     loaded = _runnable(machine)
-    with _hosted(options) as host:
+    with build_host(_request(options)) as host:
         return start(loaded, dict(context or {}), host, **_run_settings(options))
 
 
@@ -116,7 +115,7 @@ def resume(
     allow_rollback: bool = False,
     machine: StrPath | None = None,
     budget: int | None = None,
-    **options: Unpack[RunOptions],
+    **options: Unpack[RunKeywords],
 ) -> RunResult:
     """Continue a suspended, interrupted or crashed run from its checkpoint (a file or `STORE-URI#RUN`).
 
@@ -125,20 +124,20 @@ def resume(
     no provider, script or replay given, a checkpoint signed with your key
     is answered as the run was. The other keywords are those of `mklang resume`.
     """
-    from mklang.runs import opened, proceed
+    from mklang import runs
 
-    _require_keywords(resume, options, RunOptions.__optional_keys__)
-    with (
-        opened(
-            _where(source),
-            force=force,
-            machine_path=None if machine is None else os.fspath(machine),
-            trust=trust,
-            allow_rollback=allow_rollback,
-        ) as resumable,
-        _hosted(options, resumable) as host,
-    ):
-        return proceed(resumable, host, reply=dict(reply or {}), budget=budget, **_run_settings(options))
+    _require_keywords(resume, options, RunKeywords.__optional_keys__)
+    request = _request(
+        options,
+        source=_where(source),
+        reply=dict(reply or {}),
+        budget=budget,
+        force=force,
+        machine_path=None if machine is None else os.fspath(machine),
+        trust=trust,
+        allow_rollback=allow_rollback,
+    )
+    return runs.resume(request, observer=options.get("observer"))
 
 
 def batch(
@@ -164,6 +163,7 @@ def batch(
     from contextlib import AbstractContextManager, ExitStack, nullcontext
 
     from mklang import batching
+    from mklang.runs import build_host
     from mklang.stores import open_note_store
     from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
@@ -176,10 +176,14 @@ def batch(
 
     # A dollar limit, the run's or else the batch's, is refused when a model has no price.
     max_cost = options.get("max_cost")
-    dollars: RunOptions = {**options, "max_cost": max_cost if max_cost is not None else batch_max_cost}
+    dollars = _request(
+        options,
+        max_cost=max_cost if max_cost is not None else batch_max_cost,
+        priced_for="max_cost" if max_cost is not None else "batch_max_cost",
+    )
 
     def host() -> AbstractContextManager[Host]:
-        return _hosted(dollars)
+        return build_host(dollars)
 
     with ExitStack() as stack:
         # A provider is shared by every run (it is thread-safe); a scripted host keeps a state per run.
@@ -238,60 +242,36 @@ def _require_keywords(function: Callable[..., Any], options: Mapping[str, Any], 
         raise TypeError(f"{function.__name__}() got an unexpected keyword argument '{unknown[0]}'")
 
 
-def _run_settings(options: RunOptions) -> dict[str, Any]:
-    """What of `options` the run service takes (the rest builds the host): the bounds, and where
+def _run_settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """What of `options` `runs.start` takes (the rest builds the host): the bounds, and where
     and how the run persists."""
     settings: dict[str, Any] = {name: value for name, value in options.items() if name not in _HOST_KEYWORDS}
     settings["checkpoint"] = _where(options.get("checkpoint"))
     return settings
 
 
-_HOST_KEYWORDS = Answering.__optional_keys__ | {"record"}  # what builds the host (`_hosted`)
+_HOST_KEYWORDS = Answering.__optional_keys__ | {"record"}  # what builds the host (`runs.build_host`)
 
 
-@contextmanager
-def _hosted(options: RunOptions, resumable: Resumable | None = None) -> Iterator[Host]:
-    """The host a caller asks for: a provider object as it is (left open: it is the caller's),
-    else one built as the CLI builds it (a provider name or the config, a scenario script, a
-    cassette; for a `resumable`, what its checkpoint recorded), closed after the block."""
-    from mklang.host.settings import CHOSEN, given
-    from mklang.session import Host
+def _request(options: Mapping[str, Any], **asked: Any) -> RunRequest:
+    """The `runs.RunRequest` of a call: its keywords, and its refusals in their words (`max_cost=`).
+
+    A provider given by name is a host setting; a provider object is used as it is (left open: it
+    is the caller's)."""
+    from mklang.host.settings import CHOSEN
+    from mklang.runs import KEYWORDS, RunRequest
 
     provider = options.get("provider")
     own = provider is not None and not isinstance(provider, str)  # a provider object, not a name
-    chosen = given(**{setting.name: options.get(setting.name) for setting in CHOSEN})
-    tools, hooks, max_cost = options.get("tools"), options.get("hooks"), options.get("max_cost")
-    if not own:
-        with (
-            Host.build(**chosen, max_cost=max_cost)
-            if resumable is None
-            else Host.resumed(resumable, chosen, max_cost) as host
-        ):
-            yield _with_callables(host, tools, hooks)
-        return
-    clash = [name for name, value in chosen.items() if value is not None and name not in ("provider", "plugins", "mcp")]
-    if clash:
-        raise UsageError(f"{clash[0]}= builds a provider: it cannot be combined with a provider object")
-    from mklang.host.plugins import load_plugins
-    from mklang.session import connect_mcp
-
-    plugin_tools, plugin_hooks = load_plugins(list(options.get("plugins") or []))
-    hub = connect_mcp(chosen["mcp"], None)
-    host = Host(provider, {**(hub.tools() if hub else {}), **plugin_tools}, plugin_hooks, mcp=hub)
-    try:
-        yield _with_callables(host, tools, hooks)
-    finally:
-        if hub is not None:
-            hub.close()
-
-
-def _with_callables(
-    host: Host, tools: Mapping[str, Callable[..., Any]] | None, hooks: Mapping[str, Callable[..., Any]] | None
-) -> Host:
-    """The caller's tools and hooks win over plugins; a scenario's scripted answers win over both."""
-    scenario = host.scenario
-    scripted_tools = {name: host.tools[name] for name in scenario.tools} if scenario else {}
-    scripted_hooks = {name: host.hooks[name] for name in scenario.hooks} if scenario else {}
-    host.tools = {**host.tools, **(tools or {}), **scripted_tools}
-    host.hooks = {**host.hooks, **(hooks or {}), **scripted_hooks}
-    return host
+    hosting = {setting.name: options.get(setting.name) for setting in CHOSEN}
+    if own:
+        hosting["provider"] = None
+    settings = {name: value for name, value in _run_settings(options).items() if name != "observer"}
+    return RunRequest(
+        **{**settings, **asked},
+        hosting=hosting,
+        provider=provider if own else None,
+        tools=options.get("tools"),
+        hooks=options.get("hooks"),
+        words=KEYWORDS,
+    )

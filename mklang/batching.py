@@ -33,9 +33,9 @@ from mklang.errors import MklangError, RunBusy, UsageError, first_line
 from mklang.limits import load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.runs import Claim, Outcome, claim, outcome
+from mklang.runs import Claim, Outcome, claim, location, outcome
 from mklang.session import Host
-from mklang.stores import Location, NoteStore, RunStore, Store, is_uri, run_name, target
+from mklang.stores import NoteStore, Store, run_name
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY
 
 
@@ -155,27 +155,6 @@ def input_hash(data: dict[str, Any]) -> str:
     """The name of an input without `id`: the hash of its canonical JSON, whether it came from a file or not."""
     canonical = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
-
-
-def location(store: RunStore, uri: str, run: str) -> Location:
-    """Where `run` is in the store opened from `uri`: named and anchored as `locate` does it, so a run
-    a batch wrote records its machine as `mklang resume STORE#RUN` (or FOLDER/RUN) finds it."""
-    text = target(uri, run)
-    if is_uri(uri):
-        return Location(store, run, text, text, getattr(store, "path", Path.cwd() / "checkpoint"))
-    return Location(store, run, text, str(Path(text).resolve()), Path(text))
-
-
-def described(store: RunStore, uri: str, run: str, last: int = 0) -> dict[str, Any]:
-    """What `mklang show` tells of a run of the store opened from `uri` (its `last` steps); a run that
-    cannot be read or verified is `failed` with why, so one bad run does not hide the others."""
-    from mklang.inspection import describe, unverified
-
-    where = location(store, uri, run)
-    try:
-        return describe(where, last=last)
-    except MklangError as error:
-        return unverified(str(where), first_line(error))
 
 
 class Batch:

@@ -34,7 +34,7 @@ OUTCOME_KEYS = ("status", "error", "at", "result", "usage")
 def run_of(target: str | Path) -> dict[str, Any]:
     """The document of a run, refused when it is not one this user can read as its own."""
     from mklang.errors import CheckpointError
-    from mklang.inspection import run_document
+    from mklang.runs.inspection import run_document
 
     document = run_document(target)
     if document.get("status") == "failed":

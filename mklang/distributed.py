@@ -42,7 +42,18 @@ from mklang.engine.events import EventSink
 from mklang.errors import CheckpointError, MklangError, UsageError, first_line, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.runs import Outcome, fleet_mac, outcome, read_signed, record_key, report_key, verified, write_signed
+from mklang.runs import (
+    Outcome,
+    RunRequest,
+    build_host,
+    fleet_mac,
+    outcome,
+    read_signed,
+    record_key,
+    report_key,
+    verified,
+    write_signed,
+)
 from mklang.stores import Store, open_note_store, run_name
 from mklang.terminal import printable
 
@@ -341,9 +352,9 @@ class Worker:
             budgets = dict(record["budgets"])
             # A dollar limit this worker's models have no price for cannot hold: the host refuses it.
             limit, priced_for = (
-                (budgets["max_cost"], "--max-cost")
+                (budgets["max_cost"], "max_cost")
                 if budgets.get("max_cost") is not None
-                else (ceilings.max_cost, "--batch-max-cost")
+                else (ceilings.max_cost, "batch_max_cost")
             )
             runner = Batch(
                 self.machine(str(record["machine"]), dict(record["texts"])),
@@ -425,20 +436,17 @@ class Worker:
         self.stopping.set()
 
     def host_for(self, max_cost: float | None, priced_for: str) -> AbstractContextManager[Host]:
-        """A run's host; a dollar limit (`max_cost`, given as the option `priced_for`) needs every
+        """A run's host; a dollar limit (`max_cost`, given as the setting `priced_for`) needs every
         model's price. A scripted host keeps a state per run, so each run gets its own; a real
         provider is thread-safe and built once, so runs share its HTTP client and connections (as
         `mklang batch` does) instead of paying a client, a TLS context and a connection each."""
-        from mklang.session import Host
-
+        request = RunRequest(hosting=self.host_settings, max_cost=max_cost, priced_for=priced_for)
         if self.host_settings.get("script"):
-            return Host.build(**self.host_settings, max_cost=max_cost, priced_for=priced_for)
+            return build_host(request)
         with self._hosts_guard:
             host = self._hosts.get(max_cost)
             if host is None:
-                host = self._hosts[max_cost] = Host.build(
-                    **self.host_settings, max_cost=max_cost, priced_for=priced_for
-                )
+                host = self._hosts[max_cost] = build_host(request)
         return nullcontext(host)
 
 

@@ -12,6 +12,7 @@ machines, scripts and data need.
 
 from __future__ import annotations
 
+import math
 from array import array
 from itertools import accumulate
 from pathlib import Path
@@ -82,6 +83,20 @@ def load_json(text: str | bytes, max_depth: int = MAX_DEPTH, *, scan: bool = Tru
         raise NestingError(max_depth) from None
     if scan and text_depth(text.encode("utf-8") if isinstance(text, str) else text) > max_depth:
         raise NestingError(max_depth)
+    return value
+
+
+def parse_value(raw: str) -> Any:
+    """A `--set` value (and an inbox reply): JSON when it parses to JSON, else the text itself.
+    Raises NestingError for JSON nested too deep."""
+    try:
+        value = load_json(raw)
+    except NestingError:
+        raise
+    except ValueError:
+        return raw
+    if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity, 1e400: not JSON
+        return raw
     return value
 
 

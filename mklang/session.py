@@ -3,14 +3,14 @@
 A `Host` is a provider, tools and hooks, either scripted from a scenario or
 real (a provider from the config, plugins), plus the `HostSettings` a
 checkpoint records so that a resume can rebuild it without secrets.
-`preflight` refuses what would stop a run after it had paid for some. Runs
-are started and resumed with a host by `mklang.runs`; `mklang/host/` (the
+`preflight` refuses what would stop a run after it had paid for some. A host
+is built from the settings a caller chooses by `mklang.runs.build_host`, and
+runs are started and resumed with it by `mklang.runs`; `mklang/host/` (the
 user's config and plugins) stays below.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from mklang.engine import Toolbox
     from mklang.host.config import HostConfig
     from mklang.mcp.client import McpHub
-    from mklang.runs import Resumable
 
 __all__ = ["Host", "preflight"]
 
@@ -44,6 +43,7 @@ class Host:
     settings: dict[str, Any] = field(default_factory=dict)
     read_only_tools: frozenset[str] = frozenset()  # the host config's `[tools] read_only`
     mcp: McpHub | None = None  # the sessions of the MCP servers whose tools are among `tools`
+    owns_provider: bool = True  # closed with the host; a provider object a caller passed stays the caller's
 
     @classmethod
     def for_scenario(cls, scenario: Scenario, settings: dict[str, Any] | None = None) -> Host:
@@ -59,74 +59,6 @@ class Host:
             scenario=scenario,
             settings=settings or {"scenario": scenario.name, "script": script},
         )
-
-    @classmethod
-    def build(cls, *, max_cost: float | None = None, priced_for: str = "--max-cost", **chosen: Any) -> Host:
-        """A host from the host settings a caller chooses (keywords of `host.settings.given`; the
-        options of `mklang run`): a scenario script, or a real provider.
-
-        A dollar limit (`max_cost`, given as the option `priced_for`) is refused here when
-        a model has no price: it could not be kept."""
-        from mklang.host.plugins import load_plugins
-        from mklang.host.settings import SETTINGS, files_renamed, given
-
-        chosen = given(**chosen)
-        settings = {**chosen, **files_renamed(chosen, lambda file: str(Path(file).resolve()))}
-        settings.update({setting.name: settings[setting.name] or [] for setting in SETTINGS if setting.many})
-        script, scenario, provider, model = (chosen[name] for name in ("script", "scenario", "provider", "model"))
-        loaded: HostConfig | None = None
-        if script is not None:
-            if any(chosen[name] for name in ("provider", "model", "replay", "record", "config")):
-                raise UsageError(
-                    "--script answers offline: it cannot be combined with --provider, --model, --config, "
-                    "--replay or --record"
-                )
-            if max_cost is not None:
-                raise UsageError(f"{priced_for} needs model prices, and a scripted model has none: use --max-tokens")
-            from mklang.scenarios import find_scenario, load_script
-
-            found = find_scenario(load_script(script), scenario, str(script))
-            host = cls.for_scenario(found, {**settings, "scenario": found.name})
-        else:
-            if scenario is not None:
-                raise UsageError("--scenario needs --script")
-            from mklang.host.config import load_config
-            from mklang.providers.factory import make_provider
-
-            replay = chosen["replay"]
-            # Loaded here once, for its read-only tools too: a cassette replays with no config.
-            loaded = None if replay else load_config(chosen["config"], provider=provider, model=model)
-            host = cls(
-                provider=make_provider(
-                    record=chosen["record"], replay=replay, max_cost=max_cost, config=loaded, priced_for=priced_for
-                ),
-                settings=settings,
-                read_only_tools=loaded.read_only_tools if loaded else frozenset(),
-            )
-        plugin_tools, plugin_hooks = load_plugins(settings["plugins"])
-        host.mcp = connect_mcp(settings["mcp"], loaded)
-        mcp_tools = host.mcp.tools() if host.mcp else {}
-        # Plugins win over MCP servers, scripted answers over both: a scenario pins what the tools say.
-        host.tools = {**mcp_tools, **plugin_tools, **host.tools}
-        host.hooks = {**plugin_hooks, **host.hooks}
-        return host
-
-    @classmethod
-    def resumed(cls, resumable: Resumable, given: dict[str, Any], max_cost: float | None) -> Host:
-        """The host settings `given` (`host.settings.given`), filled in from a trusted checkpoint
-        (never re-recording).
-
-        From an untrusted one nothing is filled in; stderr names what was ignored (ADR 0014).
-        """
-        from mklang.checkpoint.trust import host_choice
-
-        chosen, ignored = host_choice(resumable.envelope.host, given, resumable.trusted)
-        if ignored:
-            print(
-                f"mklang: the checkpoint is not signed with your key: ignored its recorded {', '.join(ignored)}",
-                file=sys.stderr,
-            )
-        return cls.build(**chosen, max_cost=max_cost or resumable.envelope.budgets.max_cost)
 
     def recorded(self) -> HostSettings:
         """The settings as a checkpoint records them."""
@@ -148,7 +80,7 @@ class Host:
         return default
 
     def close(self) -> None:
-        closer = getattr(self.provider, "close", None)
+        closer = getattr(self.provider, "close", None) if self.owns_provider else None
         if closer is not None:
             closer()
         if self.mcp is not None:

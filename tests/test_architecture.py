@@ -1,9 +1,10 @@
 """The import rules of docs/architecture.md: layers, no cycles, a static checker without the runtime.
 
 Every `import` counts, at the top of a file or inside a function (a function-level
-import runs when the function does, so it can close a cycle at run time), except
-those under `if TYPE_CHECKING:`, which never run. The generated parser is left out:
-its text is Lark's, not ours.
+import runs when the function does, so it can close a cycle at run time). Those
+under `if TYPE_CHECKING:` never run, so the layers leave them out, but they count
+for cycles: a module that needs another's types to be read is not independent of
+it. The generated parser is left out: its text is Lark's, not ours.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "mklang.session",
             "mklang.runs",
             "mklang.player",
-            "mklang.inspection",
             "mklang.comparison",
             "mklang.verification",
             "mklang.forking",
@@ -102,11 +102,12 @@ def layer_of(module: str) -> int:
     return best[1]
 
 
-def _runs(node: ast.AST, top_only: bool) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements under `node` that can run (those under `if TYPE_CHECKING:` cannot);
-    with `top_only`, only those that run when the module is imported (not inside a function)."""
+def _runs(node: ast.AST, top_only: bool, typing: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements under `node` that can run (those under `if TYPE_CHECKING:` cannot,
+    unless `typing`); with `top_only`, only those that run when the module is imported (not
+    inside a function)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test) and not typing:
             children: list[ast.AST] = list(child.orelse)
         elif top_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -116,7 +117,7 @@ def _runs(node: ast.AST, top_only: bool) -> Iterator[ast.Import | ast.ImportFrom
             if isinstance(each, (ast.Import, ast.ImportFrom)):
                 yield each
             else:
-                yield from _runs(each, top_only)
+                yield from _runs(each, top_only, typing)
 
 
 def _known(name: str) -> str | None:
@@ -126,12 +127,13 @@ def _known(name: str) -> str | None:
     return name or None
 
 
-def imports(module: str, top_only: bool = False) -> set[str]:
-    """Every mklang module `module` imports, at any depth of its file (with `top_only`, on import)."""
+def imports(module: str, top_only: bool = False, typing: bool = False) -> set[str]:
+    """Every mklang module `module` imports, at any depth of its file (with `top_only`, on import;
+    with `typing`, under `if TYPE_CHECKING:` too)."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in _runs(ast.parse(path.read_text(encoding="utf-8")), top_only):
+    for node in _runs(ast.parse(path.read_text(encoding="utf-8")), top_only, typing):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
@@ -146,6 +148,7 @@ def imports(module: str, top_only: bool = False) -> set[str]:
 
 GRAPH = {module: imports(module) for module in MODULES if module not in GENERATED}
 ON_IMPORT = {module: imports(module, top_only=True) for module in GRAPH}
+TYPED = {module: imports(module, typing=True) for module in GRAPH}  # with what only a type checker reads
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -250,8 +253,14 @@ def test_only_the_runs_package_starts_or_continues_a_run():
     }
 
 
-def test_no_import_cycles():
-    assert cycles(GRAPH) == []
+def test_no_import_cycles_not_even_through_what_only_a_type_checker_reads():
+    assert cycles(TYPED) == []
+
+
+def test_the_cycle_finder_reads_imports_under_type_checking():
+    """`TYPED` holds what `GRAPH` leaves out: a request names the store `Location` type, which only a
+    type checker imports."""
+    assert "mklang.stores" in TYPED["mklang.runs.request"] - GRAPH["mklang.runs.request"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -286,3 +295,43 @@ def test_the_static_checker_loads_no_engine_provider_host_or_store(entry):
 def test_the_yaml_front_end_uses_no_private_name_of_the_builder():
     source = (PACKAGE / "syntax" / "yaml_front.py").read_text(encoding="utf-8")
     assert "builder._" not in source and "import Builder, _" not in source
+
+
+def taken_from_runs(source: str) -> set[str]:
+    """The names a module's text takes from the runs package: imported from it, or read off it
+    (`runs.proceed`, after `from mklang import runs`)."""
+    taken: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mklang.runs"):
+            taken |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "runs":
+            taken.add(node.attr)
+    return taken
+
+
+# Every surface that continues a stored run: the CLI, the API, the console, batch claims (which the
+# workers' and `mklang batch`'s passes use), and the scenario player.
+RESUMING = ["mklang.cli.run_cmds", "mklang._api", "mklang.console.answers", "mklang.runs.claims", "mklang.player"]
+
+
+def test_a_stored_run_is_resumed_in_one_place():
+    """Opening a stored run, hosting it and driving it (`opened` -> `build_host` -> `proceed`) is
+    written once, in `runs.resuming.resume`: every surface calls it, none drives an opened run itself."""
+    drivers = sorted(
+        module
+        for module, path in MODULES.items()
+        if module != "mklang.runs" and "proceed" in taken_from_runs(path.read_text(encoding="utf-8"))
+    )
+    assert drivers == ["mklang.runs.resuming"]
+    for surface in RESUMING:
+        assert "resume" in taken_from_runs(MODULES[surface].read_text(encoding="utf-8")), surface
+    assert "claim" in taken_from_runs(MODULES["mklang.batching"].read_text(encoding="utf-8"))
+    assert "mklang.batching" in GRAPH["mklang.distributed"]  # workers run their claims through a batch
+
+
+def test_the_resume_scan_finds_a_surface_that_drives_a_run_itself():
+    second = (
+        "from mklang import runs\n\ndef again(x, host):\n    with runs.opened(x) as r:\n        runs.proceed(r, host)\n"
+    )
+    assert {"opened", "proceed"} <= taken_from_runs(second)
+    assert "proceed" in taken_from_runs("from mklang.runs.driving import proceed as drive\n")

@@ -16,13 +16,16 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from mklang.host.settings import files_renamed
 from mklang.syntax.resolve import stdlib_dirs
 
 if TYPE_CHECKING:
-    from mklang.checkpoint.envelope import HostSettings
+    from pydantic import BaseModel
+
+# The envelope's `HostSettings`, named by what these functions need of it: this module is below the envelope's.
+HostSettings = TypeVar("HostSettings", bound="BaseModel")
 
 STDLIB = "stdlib:"
 

@@ -33,4 +33,4 @@ def serve(
                     exitcodes.USAGE,
                 ) from None
             raise
-        serve_console(store, host=host, port=port, hosting=hosting)
+        serve_console(store, host=host, port=port, hosting=hosting.settings)

@@ -86,15 +86,17 @@ def hosts(
     """What gives each run its host. Built before any run, so a bad host option (or a dollar limit
     on a model without a price) is a usage error. A real provider is shared by every run (it is
     thread-safe); a scripted host keeps a state per run, so each gets its own."""
+    from mklang.runs import RunRequest, build_host
+
     limit = (
-        {"max_cost": batch_cost, "priced_for": "--batch-max-cost"}
+        RunRequest(hosting=host_settings, max_cost=batch_cost, priced_for="batch_max_cost")
         if max_cost is None and batch_cost is not None
-        else {"max_cost": max_cost}
+        else RunRequest(hosting=host_settings, max_cost=max_cost)
     )
-    shared = Host.build(**host_settings, **limit)
+    shared = build_host(limit)
     try:
         if host_settings["script"]:
-            yield lambda: Host.build(**host_settings, max_cost=max_cost)
+            yield lambda: build_host(RunRequest(hosting=host_settings, max_cost=max_cost))
         else:
             yield lambda: nullcontext(shared)
     finally:

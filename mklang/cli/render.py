@@ -126,16 +126,19 @@ class Display:
 
 class LiveView(Display):
     """The current state, steps and tokens against their budgets, on a terminal: an event sink
-    that shows each state entered outside fan-out branches."""
+    that shows each state entered outside fan-out branches. The token budget is the one the run
+    starts or resumes under, as its first event says."""
 
-    def __init__(self, max_tokens: int | None):
-        self.max_tokens = max_tokens
+    def __init__(self) -> None:
+        self.max_tokens: int | None = None
         self.live = Live(Text(""), console=stderr, transient=True, refresh_per_second=8)
         super().__init__(self.live)
 
     def emit(self, event: Event) -> None:
-        from mklang.engine.events import StateEntered
+        from mklang.engine.events import RunResumed, RunStarted, StateEntered
 
+        if isinstance(event, (RunStarted, RunResumed)):
+            self.max_tokens = event.max_tokens
         if not isinstance(event, StateEntered) or event.in_branch:
             return
         path = printable(" › ".join(f"{level.machine}:{level.state}" for level in event.path))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -20,7 +19,7 @@ from mklang.cli.groups import grouped, option
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
 from mklang.effects import FLOW_POLICIES
-from mklang.limits import NestingError, load_json, load_json_object, read_text
+from mklang.limits import NestingError, load_json_object, parse_value, read_text
 from mklang.terminal import printable
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, PATH
 
@@ -68,7 +67,7 @@ class Output(NamedTuple):
         return wants_json(self.format)
 
 
-class RunOptions(NamedTuple):
+class RunFlags(NamedTuple):
     """How a run may go, as `run` and `resume` are told: its budgets, human gates, flow policy and concurrency."""
 
     replace: bool = False
@@ -79,8 +78,8 @@ class RunOptions(NamedTuple):
     max_time: str | None = None
     concurrency: int | None = None
 
-    def service_keywords(self) -> dict[str, Any]:
-        """The keywords of `runs.start` and `runs.proceed` these options give; a bad value is a usage error."""
+    def keywords(self) -> dict[str, Any]:
+        """The keywords of `runs.start` and of a `runs.RunRequest` these flags give; a bad value is a usage error."""
         return {
             **self._asdict(),
             "untrusted_flow": policy(self.untrusted_flow),
@@ -99,7 +98,7 @@ reported = grouped(
     Output,
 )
 
-# Gives a command the options of `RunOptions`, passed to it as `options: RunOptions`.
+# Gives a command the options of `RunFlags`, passed to it as `options: RunFlags`.
 run_options = grouped(
     "options",
     [
@@ -111,7 +110,7 @@ run_options = grouped(
         option("max_time", str | None, MaxTimeOpt),
         option("concurrency", int | None, ConcurrencyOpt),
     ],
-    RunOptions,
+    RunFlags,
 )
 
 
@@ -127,20 +126,6 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         except NestingError as error:
             raise fail(f"--set {key}: the value is {error}") from None
     return values
-
-
-def parse_value(raw: str) -> Any:
-    """A `--set` value (and an inbox reply): JSON when it parses to JSON, else the text itself.
-    Raises NestingError for JSON nested too deep."""
-    try:
-        value = load_json(raw)
-    except NestingError:
-        raise
-    except ValueError:
-        return raw
-    if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity, 1e400: not JSON
-        return raw
-    return value
 
 
 def policy(value: str | None) -> str | None:
@@ -191,7 +176,7 @@ def interrupts(control, forward: Callable[[], object] | None = None, quiet: bool
 
 
 @contextmanager
-def observed(output: Output, max_tokens: int | None) -> Iterator[Any]:
+def observed(output: Output) -> Iterator[Any]:
     """What watches a run: the `--events` stream, and a live line of state and spend on a
     terminal (not when the events go to stderr); None when nothing does."""
     from mklang.engine.events import joined
@@ -202,7 +187,7 @@ def observed(output: Output, max_tokens: int | None) -> Iterator[Any]:
             return
         from mklang.cli.render import LiveView
 
-        with LiveView(max_tokens) as view:
+        with LiveView() as view:
             yield joined(view, stream)
 
 
@@ -214,7 +199,7 @@ def report(result, as_json: bool, checkpoint: str | None = None) -> None:
     """
     document = result.to_json()
     if result.status == "suspended" and checkpoint is not None:
-        from mklang.inspection import describe
+        from mklang.runs.inspection import describe
 
         summary = describe(checkpoint, last=0)
         document.update(checkpoint=summary["path"], ran_out=summary["ran_out"], continue_with=summary["continue_with"])
@@ -252,7 +237,7 @@ def run(
     checkpoint: str | None = typer.Option(
         None, "--checkpoint", help="Persist the run here; suspend instead of halting on budgets."
     ),
-    options: RunOptions = RunOptions(),
+    options: RunFlags = RunFlags(),
     hosting: Hosting = Hosting(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the machine's check warnings."),
     output: Output = Output(),
@@ -262,7 +247,6 @@ def run(
         from mklang import runs
         from mklang.checker import require_runnable
         from mklang.engine import Control
-        from mklang.session import Host
         from mklang.syntax import load_file
 
         as_json = output.as_json
@@ -274,16 +258,12 @@ def run(
         if input_file is not None:
             context.update(_read_input(input_file))
         context.update(parse_assignments(set_))
-        keywords = options.service_keywords()
+        keywords = options.keywords()
         control = Control()
-        host = Host.build(**hosting.settings, max_cost=options.max_cost)
+        host = runs.build_host(runs.RunRequest(hosting=hosting.settings, max_cost=options.max_cost))
         if not quiet:
             _print_warnings(loaded, {**(host.scenario.input if host.scenario else {}), **context})
-        with (
-            host,
-            interrupts(control),
-            observed(output, host.run_setting("max_tokens", options.max_tokens)) as observer,
-        ):
+        with host, interrupts(control), observed(output) as observer:
             result = runs.start(loaded, context, host, checkpoint=where, **keywords, control=control, observer=observer)
         report(result, as_json, checkpoint)
 
@@ -341,7 +321,7 @@ def resume(
     out: str | None = typer.Option(
         None, "--checkpoint", help="Write a re-suspension here, a file or STORE-URI#RUN (default: the same)."
     ),
-    options: RunOptions = RunOptions(),
+    options: RunFlags = RunFlags(),
     hosting: Hosting = Hosting(),
     output: Output = Output(),
 ) -> None:
@@ -349,44 +329,28 @@ def resume(
     with handle_errors(output.as_json):
         from mklang import runs
         from mklang.engine import Control
-        from mklang.session import Host
 
-        as_json = output.as_json
-        keywords = options.service_keywords()
-        values = parse_assignments(set_)
         if options.replace and out is None:
             raise fail("--replace replaces the run at another --checkpoint: it needs --checkpoint")
-
-        control = Control()
-        opened = runs.opened(
-            checkpoint,
+        request = runs.RunRequest(
+            source=checkpoint,
+            reply=parse_assignments(set_),
+            budget=budget,
+            checkpoint=out,
             force=force,
             machine_path=str(machine) if machine else None,
             trust=trust,
             allow_rollback=allow_rollback,
+            hosting=hosting.settings,
+            **options.keywords(),
         )
-        with opened as resumable:
-            if resumable.machines_note is not None:
-                print(printable(f"mklang: {resumable.machines_note}"), file=sys.stderr)
-            if check:
-                _report_compatible(resumable, as_json)
-            budgets = resumable.envelope.budgets
-            with (
-                Host.resumed(resumable, hosting.settings, options.max_cost) as host,
-                interrupts(control),
-                observed(output, options.max_tokens or budgets.max_tokens) as observer,
-            ):
-                result = runs.proceed(
-                    resumable,
-                    host,
-                    checkpoint=out,
-                    reply=values,
-                    budget=budget,
-                    **keywords,
-                    control=control,
-                    observer=observer,
-                )
-        report(result, as_json, out or checkpoint)
+        if check:
+            with runs.opened(checkpoint, **request.opening()) as resumable:
+                _report_compatible(resumable, output.as_json)
+        control = Control()
+        with interrupts(control), observed(output) as observer:
+            result = runs.resume(request, control=control, observer=observer)
+        report(result, output.as_json, out or checkpoint)
 
 
 def _report_compatible(resumable: Resumable, as_json: bool) -> None:
@@ -413,7 +377,7 @@ def show(
     `--format json` is the document of `run --format json` (less `calls`); `--summary` tells the
     run's state for an operator instead (docs/runs.md)."""
     with handle_errors(wants_json(format)):
-        from mklang.inspection import describe, run_document
+        from mklang.runs.inspection import describe, run_document
 
         if not summary:
             print_document(run_document(checkpoint), wants_json(format))

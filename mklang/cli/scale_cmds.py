@@ -170,8 +170,7 @@ def runs_prune(
     with handle_errors(wants_json(format)):
         import time
 
-        from mklang.batching import location
-        from mklang.runs import FINISHED, remove_run
+        from mklang.runs import FINISHED, location, remove_run
         from mklang.stores import RunQuery, open_store, summaries_of
 
         statuses = tuple(part.strip() for part in status.split(",") if part.strip())

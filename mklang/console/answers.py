@@ -1,41 +1,44 @@
 """Replies from the inbox: each resumes its run as `mklang resume STORE#RUN --set PATH=REPLY` does.
 
-The reply is parsed as `--set` parses a value and goes through the same run service, so the run
+The reply is parsed as `--set` parses a value and goes through the same `runs.resume`, so the run
 takes it as untrusted data. The host that answers the resumed run is the one `mklang serve` was
 started with (its --script, --provider, --plugin ...), filled in from the run's own record as a
-resume fills it in. The run goes on in a thread of the console; the run page follows it.
+resume fills it in. The run goes on in a thread of the console; the run page follows it, and shows
+what the resume had to tell (a note, settings of the checkpoint ignored) where the terminal would.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from mklang.batching import location
-from mklang.cli.hosting import Hosting
 from mklang.engine.events import Event
 from mklang.errors import first_line
 from mklang.stores import RunStore
 
 
 class Replies:
-    """Delivers replies and remembers, per run, why the last one could not resume it."""
+    """Delivers replies and remembers, per run, why the last one could not resume it and what its
+    resume told."""
 
-    def __init__(self, store: RunStore, uri: str, hosting: Hosting, on_change: Callable[[str], None]):
+    def __init__(self, store: RunStore, uri: str, hosting: Mapping[str, Any], on_change: Callable[[str], None]):
         self.store = store
         self.uri = uri
-        self.hosting = hosting
+        self.hosting = hosting  # the host settings chosen (`host.settings.given`)
         self.on_change = on_change
         self.failures: dict[str, str] = {}
+        self.notes: dict[str, list[str]] = {}
         self._threads: list[threading.Thread] = []
 
     def deliver(self, run: str, reply_to: str, reply: str) -> None:
         """Resume `run` with `reply` set at `reply_to`, in the background; JSON nested too deep to be
         a value raises NestingError here."""
-        from mklang.cli.run_cmds import parse_value
+        from mklang.limits import parse_value
 
         values = {reply_to: parse_value(reply)}
         self.failures.pop(run, None)
+        self.notes[run] = []
         thread = threading.Thread(target=self._resume, args=(run, values), name=f"mklang-reply-{run}", daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -43,14 +46,10 @@ class Replies:
     def _resume(self, run: str, values: dict[str, object]) -> None:
         from mklang import runs
         from mklang.errors import MklangError
-        from mklang.session import Host
 
+        request = runs.RunRequest(source=runs.location(self.store, self.uri, run), reply=values, hosting=self.hosting)
         try:
-            with (
-                runs.opened(location(self.store, self.uri, run)) as resumable,
-                Host.resumed(resumable, self.hosting.settings, None) as host,
-            ):
-                runs.proceed(resumable, host, reply=values, observer=_Progress(run, self.on_change))
+            runs.resume(request, observer=_Progress(run, self.on_change), tell=self.notes[run].append)
         except MklangError as error:
             self.failures[run] = first_line(error)
         finally:

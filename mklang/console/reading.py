@@ -1,9 +1,9 @@
 """What the console's pages show of a store's runs, as plain data for the templates.
 
 The runs list shows the summaries the store keeps (`stores.summaries_of`, as `mklang runs` does), so
-a page reads no envelope. A run's own page and the inbox read it the way `mklang show` does
-(`batching.described`), so a run that cannot be verified shows as `failed` with why, and nothing
-it holds is rendered.
+a page reads no envelope. A run's own page and the inbox read it through `mklang.runs` the way
+`mklang show` does (`runs.inspection.described`), so a run that cannot be verified shows as
+`failed` with why, and nothing it holds is rendered.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from mklang.batching import described, location
 from mklang.errors import MklangError
+from mklang.runs import location
+from mklang.runs.inspection import described, held
 from mklang.stores import RunQuery, RunStore, summaries_of
 from mklang.stores.summary import RunSummary
 
@@ -92,33 +93,20 @@ def _entry(store: RunStore, uri: str, summary: RunSummary) -> dict[str, Any] | N
     described_run = described(store, uri, summary.run)
     if not waits_for_reply(described_run):
         return None
-    return {**row(summary), "reply_to": described_run["reply_to"], **_held(store, uri, summary.run)}
-
-
-def _held(store: RunStore, uri: str, run: str) -> dict[str, Any]:
-    """What a verified run holds besides what `describe` tells: the context of its innermost level
-    (what a question is about) and its result."""
-    from mklang.checkpoint.envelope import load
-
-    try:
-        envelope = load(location(store, uri, run))
-    except MklangError:
-        return {"context": {}, "result": None}
-    frames = envelope.frames
-    return {"context": frames[-1]["context"] if frames else {}, "result": envelope.result}
+    return {**row(summary), "reply_to": described_run["reply_to"], **held(store, uri, summary.run)}
 
 
 def run_view(store: RunStore, uri: str, run: str) -> dict[str, Any]:
     """Everything the run page shows: status, spend against budgets, the whole trace, frames and ask."""
     summary = described(store, uri, run, last=WHOLE_TRACE)
-    held = _held(store, uri, run) if summary["status"] != "failed" else {"context": {}, "result": None}
-    return {"run": run, **summary, **held, "waiting": waits_for_reply(summary)}
+    kept = held(store, uri, run) if summary["status"] != "failed" else {"context": {}, "result": None}
+    return {"run": run, **summary, **kept, "waiting": waits_for_reply(summary)}
 
 
 def drawing(store: RunStore, uri: str, run: str, trace: list[dict[str, Any]]) -> Any:
     """The run's machine as a graph with the path it took (`mklang.graph.build`), or why there is none."""
     from mklang.graph import build
-    from mklang.inspection import machine_of
+    from mklang.runs.inspection import machine_of
 
     try:
         return build(machine_of(location(store, uri, run)), trace)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import secrets
 import socket
 import sys
+from collections.abc import Mapping
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
-from mklang.cli.hosting import Hosting
 from mklang.console.web import Console, create_app
 from mklang.errors import UsageError, redacted
 from mklang.stores import open_store
@@ -17,8 +18,8 @@ from mklang.stores import open_store
 EVERYWHERE = ("0.0.0.0", "::", "")
 
 
-def serve(uri: str, *, host: str, port: int, hosting: Hosting) -> None:
-    """Serve the console of the store `uri` until interrupted."""
+def serve(uri: str, *, host: str, port: int, hosting: Mapping[str, Any]) -> None:
+    """Serve the console of the store `uri` until interrupted; `hosting` holds the host settings chosen."""
     store = open_store(uri, create=False)
     listening = _bind(host, port)
     token = secrets.token_urlsafe(32)

@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +28,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mklang.cli.hosting import Hosting
 from mklang.console import reading
 from mklang.console.answers import Replies
 from mklang.console.events import Change, StorePoller
 from mklang.errors import MklangError, redacted
+from mklang.host.settings import given
 from mklang.limits import NestingError
 from mklang.stores import RunStore, run_name
 
@@ -57,7 +57,7 @@ class Console:
     store: RunStore
     uri: str
     token: str
-    hosting: Hosting = field(default_factory=Hosting)
+    hosting: Mapping[str, Any] = field(default_factory=given)  # the host settings chosen (`host.settings.given`)
     interval: float = 0.5  # seconds between looks at the store
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
@@ -138,7 +138,12 @@ def create_app(console: Console) -> ASGIApp:
         run = _run(request, console)
         view = reading.run_view(console.store, console.uri, run)
         drawn = reading.drawing(console.store, console.uri, run, view.get("last_steps") or [])
-        values = dict(view=view, failure=console.replies.failures.get(run), drawn=drawn)
+        values = dict(
+            view=view,
+            failure=console.replies.failures.get(run),
+            notes=console.replies.notes.get(run, []),
+            drawn=drawn,
+        )
         name = "run_body.html" if "fragment" in request.query_params else "run.html"
         return console.page(name, here="runs", **values)
 

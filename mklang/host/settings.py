@@ -2,7 +2,7 @@
 
 A run's host comes from a few settings: a scenario script, or a provider,
 model and config; cassettes to replay or record; plugins. Each setting a
-caller chooses is a keyword of `mklang.run` and `Host.build`, a command-line
+caller chooses is a keyword of `mklang.run` and of a `runs.RunRequest`, a command-line
 option, and a field of the checkpoint's `HostSettings`, and on resume a
 checkpoint signed with your key may fill it in (ADR 0014). `SETTINGS` says
 all of that once; the typed declarations (the envelope's pydantic model, the

@@ -12,8 +12,8 @@ from mklang.engine import Control
 from mklang.engine.events import EventSink, Named
 from mklang.errors import MklangError, first_line
 from mklang.model import Machine
-from mklang.runs.driving import proceed
-from mklang.runs.opening import opened
+from mklang.runs.request import RunRequest
+from mklang.runs.resuming import resume
 from mklang.runs.starting import start
 from mklang.session import Host
 from mklang.stores import Location, RunLock, RunStore, run_name
@@ -158,8 +158,14 @@ class Claim:
                 **budgets,
             )
         else:
-            with opened(self.location, kept_texts=kept_texts, held=self.lock) as resumable:
-                proceed(resumable, host, control=control, observer=observer, on_end=ended.append, **budgets)
+            resume(
+                RunRequest(source=self.location, kept_texts=kept_texts, **budgets),
+                host,
+                held=self.lock,
+                control=control,
+                observer=observer,
+                on_end=ended.append,
+            )
         (written,) = ended
         return _outcome_of(run, written.model_copy(update=read_back(written, "result", "usage")), running=False)
 

@@ -4,7 +4,6 @@ one (`proceed`), its journal, the runtime, `continue_run` and the finish (`drive
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from mklang.engine.frame import Frame
 from mklang.engine.runtime import Caps
 from mklang.errors import CheckpointError, did_you_mean
 from mklang.runs.opening import Resumable, apply_resume
+from mklang.runs.request import Tell, on_stderr
 from mklang.session import Host, preflight
 from mklang.stores import Location, RunLock, locate
 from mklang.syntax.machines import MachineLoader
@@ -96,6 +96,7 @@ def proceed(
     reply: dict[str, Any] | None = None,
     budget: int | None = None,
     on_end: Callable[[Envelope], None] | None = None,
+    tell: Tell = on_stderr,
     **options: Unpack[RunSettings],
 ) -> RunResult:
     """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
@@ -126,10 +127,7 @@ def proceed(
     }
     settings, ignored = run_settings(recorded, given, resumable.trusted)
     if ignored:
-        print(
-            f"mklang: the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}",
-            file=sys.stderr,
-        )
+        tell(f"the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}")
     _require_answer(resumable, reply or {})
     change = {
         "budgets": {name: settings[name] for name in BUDGETS},

@@ -11,7 +11,6 @@ of a run not signed with this user's key.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,9 +25,9 @@ from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, LoadError
 from mklang.model import Machine
 from mklang.providers.base import Usage, decode_answer
+from mklang.runs.request import Tell, on_stderr
 from mklang.stores import Location, RunLock, locate
 from mklang.syntax.machines import MachineLoader, file_sha256
-from mklang.terminal import printable
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import Envelope
@@ -332,17 +331,23 @@ def _check_spend(location: Location, resumable: Resumable) -> None:
 
 @contextmanager
 def opened(
-    source: str | Path | Location, *, held: RunLock | None = None, **options: Unpack[OpenOptions]
+    source: str | Path | Location,
+    *,
+    held: RunLock | None = None,
+    tell: Tell = on_stderr,
+    **options: Unpack[OpenOptions],
 ) -> Iterator[Resumable]:
     """`open_run` for a block: the lock is held until the run ends or the block does.
 
     Everything that can make it unresumable is raised here, before the caller
     sets up any provider; what the user should know before it runs (a rollback
-    allowed, a torn journal) is printed on stderr.
+    allowed, a torn journal, machines run from the texts the store keeps) is told to `tell`.
     """
     resumable = open_run(source, held=held, **options)
     for note in resumable.notes:
-        print(f"mklang: note: {printable(note)}", file=sys.stderr)
+        tell(f"note: {note}")
+    if resumable.machines_note is not None and not options.get("kept_texts"):
+        tell(resumable.machines_note)  # a worker (`kept_texts`) says which texts it runs in its own log
     try:
         yield resumable
     finally:

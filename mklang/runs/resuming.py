@@ -1,49 +1,88 @@
-"""Resuming a stored run: open it (`opening`), then drive it with a host (`driving`)."""
+"""How a stored run is resumed, written once: open it, build its host, drive it.
+
+The command line, the Python API, the console, batch claims, workers and the
+scenario player all continue a run through `resume` (tests/test_architecture.py
+holds them to it); what differs between them is only the `RunRequest` they
+make and what they hand the run as it goes.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mklang.engine import RunResult
+from mklang.engine import Control, RunResult
+from mklang.engine.events import EventSink
 from mklang.errors import CheckpointError
 from mklang.runs.driving import proceed
+from mklang.runs.hosting import build_host
 from mklang.runs.opening import opened
+from mklang.runs.request import RunRequest, Tell, on_stderr
 from mklang.session import Host
-from mklang.stores import Location, locate
+from mklang.stores import Location, RunLock, locate
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import Envelope
 
 
 def resume(
-    source: str | Path | Location | Envelope,
-    host: Host,
+    request: RunRequest | str | Path | Location | Envelope,
+    host: Host | None = None,
     *,
-    force: bool = False,
-    machine_path: str | None = None,
-    trust: bool = False,
-    allow_rollback: bool = False,
-    checkpoint: str | Path | Location | None = None,
-    **options: Any,
+    held: RunLock | None = None,
+    control: Control | None = None,
+    observer: EventSink | None = None,
+    on_end: Callable[[Envelope], None] | None = None,
+    tell: Tell = on_stderr,
+    **asked: Any,
 ) -> RunResult:
-    """Verify a checkpoint, then continue it with `host`.
+    """Verify a checkpoint, then continue it: the run `request` describes, or, given a checkpoint,
+    `RunRequest(source=it, **asked)`.
 
-    `source` is a checkpoint file or an `Envelope`; an envelope is first
-    written to `checkpoint` (required then), with the trace segments it
-    names (`segments.placed`). A re-suspension goes to
-    `checkpoint`, by default the same file. Other options are those of `proceed`.
+    The host is `host` when the caller has one (it stays the caller's), else built from the request
+    (`hosting.build_host`, filled in from a trusted checkpoint) and closed after the run. `held` is
+    the run's lock when the caller took it already (a claim); `control`, `observer` and `on_end`
+    go to the run as `proceed` takes them; `tell` is told what the user should know. An `Envelope`
+    source is first written to the request's `checkpoint` (required then), with the trace segments
+    it names (`segments.placed`).
     """
+    if not isinstance(request, RunRequest):
+        request = RunRequest(source=request, **asked)
+    elif asked:
+        raise TypeError(f"resume() takes a RunRequest or keywords, not both: {sorted(asked)[0]}")
+    source = _stored(request)
+    with opened(source, held=held, tell=tell, **request.opening()) as resumable:
+        hosted = build_host(request, resumable, tell) if host is None else nullcontext(host)
+        with hosted as answering:
+            return proceed(
+                resumable,
+                answering,
+                reply=dict(request.reply),
+                budget=request.budget,
+                on_end=on_end,
+                tell=tell,
+                checkpoint=request.checkpoint,
+                replace=request.replace,
+                control=control,
+                observer=observer,
+                **request.bounds(),
+            )
+
+
+def _stored(request: RunRequest) -> str | Path | Location:
+    """Where the checkpoint to continue is: an `Envelope` is saved at `checkpoint` first."""
     from mklang.checkpoint.envelope import Envelope, save
     from mklang.checkpoint.segments import placed
 
-    if isinstance(source, Envelope):
-        if checkpoint is None:
-            raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
-        target = locate(checkpoint)
-        save(target, placed(source, target))
-        source = target
-    with opened(
-        source, force=force, machine_path=machine_path, trust=trust, allow_rollback=allow_rollback
-    ) as resumable:
-        return proceed(resumable, host, checkpoint=checkpoint, **options)
+    source = request.source
+    if source is None:
+        raise CheckpointError("resuming needs the checkpoint of a run")
+    if not isinstance(source, Envelope):
+        return source
+    if request.checkpoint is None:
+        raise CheckpointError("resuming an Envelope needs checkpoint=PATH to persist the run to")
+    target = locate(request.checkpoint)
+    save(target, placed(source, target))
+    return target

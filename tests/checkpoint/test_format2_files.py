@@ -13,9 +13,9 @@ import pytest
 
 from mklang.checkpoint import segments
 from mklang.checkpoint.envelope import load
-from mklang.inspection import run_document
 from mklang.providers.scripted import ScriptedProvider
 from mklang.runs import open_run, proceed
+from mklang.runs.inspection import run_document
 from mklang.session import Host
 from mklang.version import __version__
 

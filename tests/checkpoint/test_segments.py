@@ -28,9 +28,9 @@ import mklang.checkpoint.segments as segments_module
 from mklang.checkpoint.envelope import load, parse
 from mklang.engine.trace import Segment
 from mklang.errors import CheckpointError
-from mklang.inspection import describe, run_document
 from mklang.providers.scripted import ScriptedProvider
 from mklang.runs import open_run, proceed, remove_run, resume, start
+from mklang.runs.inspection import describe, run_document
 from mklang.session import Host
 from mklang.stores import Location, locate, open_store
 from mklang.stores.file import FileStore

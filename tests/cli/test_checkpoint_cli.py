@@ -357,7 +357,7 @@ def test_the_suggested_budget_covers_the_steps_of_the_state_ahead(tmp_path, ahea
 
 
 def test_show_suggests_the_budget_past_the_fan_out_even_with_the_machine_edited_and_the_run_held(tmp_path):
-    from mklang.inspection import describe
+    from mklang.runs.inspection import describe
 
     suspended_fan(tmp_path)
     with open(tmp_path / "fan.mk", "a", encoding="utf-8") as edited:
@@ -473,7 +473,7 @@ def test_the_checkpoint_file_is_owner_only_even_when_it_existed(loop):
     assert stat.S_IMODE((loop / "other.json").stat().st_mode) == 0o600
 
 
-# --- what `mklang show` says about a checkpoint (`mklang.inspection`) ---------
+# --- what `mklang show` says about a checkpoint (`mklang.runs.inspection`) ---------
 
 
 def _checkpoint(**fields: Any) -> Envelope:
@@ -491,7 +491,7 @@ def _suspended(tmp_path: Path, **fields: Any) -> Path:
 
 def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_steps(tmp_path):
     from mklang.checkpoint.envelope import Budgets, HostSettings
-    from mklang.inspection import describe
+    from mklang.runs.inspection import describe
 
     trace = [{"state": f"s{n}"} for n in range(7)]
     path = _suspended(
@@ -538,7 +538,7 @@ def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_step
 
 def test_show_counts_a_budget_overspent_as_nothing_remaining(tmp_path):
     from mklang.checkpoint.envelope import Budgets
-    from mklang.inspection import describe
+    from mklang.runs.inspection import describe
 
     path = _suspended(
         tmp_path,
@@ -554,7 +554,7 @@ def test_show_counts_a_budget_overspent_as_nothing_remaining(tmp_path):
 
 
 def test_show_asks_the_question_of_the_innermost_level_and_a_halted_run_is_not_resumable(tmp_path):
-    from mklang.inspection import describe
+    from mklang.runs.inspection import describe
 
     asked = {"ask": "Which one?", "reply_to": "pick"}
     path = _suspended(
@@ -588,8 +588,8 @@ def while_held(path: Path, read: Any) -> Any:
 def test_show_replays_the_journal_of_a_run_that_died_or_still_runs(tmp_path):
     from support import ROOT
 
-    from mklang.inspection import describe
     from mklang.runs import start as start_run
+    from mklang.runs.inspection import describe
     from mklang.scenarios import load_script
 
     machine = load_file(ROOT / "examples" / "nested" / "brief.mk")
@@ -716,7 +716,7 @@ def test_show_says_which_budget_ran_out_and_the_command_that_continues(
     reason, innermost, usage, budgets, reply_to, expected
 ):
     from mklang.checkpoint.envelope import Budgets
-    from mklang.inspection import how_to_continue
+    from mklang.runs.inspection import how_to_continue
 
     ran_out, flags = expected
     command = "mklang resume 'my runs/cp.json'" + (f" {flags}" if flags else "")
@@ -727,7 +727,7 @@ def test_show_says_which_budget_ran_out_and_the_command_that_continues(
 
 
 def test_show_says_which_step_budget_ran_out_even_with_no_level_recorded(tmp_path):
-    from mklang.inspection import describe
+    from mklang.runs.inspection import describe
 
     path = _suspended(
         tmp_path, reason="budget-exhausted", frames=[frame_record("m", "a", 1, 5), frame_record("child", "b", 3, 3)]
@@ -738,7 +738,7 @@ def test_show_says_which_step_budget_ran_out_even_with_no_level_recorded(tmp_pat
 
 
 def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
-    from mklang.inspection import describe
+    from mklang.runs.inspection import describe
 
     path = dead_run(tmp_path, "nested", "brief.mk", 5)
     with open(tmp_path / "nested" / "brief.mk", "a", encoding="utf-8") as edited:
@@ -747,7 +747,7 @@ def test_show_reads_a_dead_run_whose_machine_changed_since(tmp_path):
 
 
 def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_holds(tmp_path, monkeypatch):
-    from mklang.inspection import describe
+    from mklang.runs.inspection import describe
 
     path = dead_run(tmp_path, "triage", "triage.mk", 2)
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
@@ -757,7 +757,7 @@ def test_show_reports_a_dead_run_signed_with_another_key_failed_and_nothing_it_h
 
 
 def test_a_dead_run_is_drawn_as_the_machine_that_ran_and_its_document_has_no_end_state(tmp_path):
-    from mklang.inspection import machine_of, run_document
+    from mklang.runs.inspection import machine_of, run_document
 
     path = dead_run(tmp_path, "triage", "triage.mk", 2)
     file = tmp_path / "triage" / "triage.mk"
@@ -769,7 +769,7 @@ def test_a_dead_run_is_drawn_as_the_machine_that_ran_and_its_document_has_no_end
 
 
 def test_the_document_of_a_dead_run_says_how_far_its_journal_got_and_who_holds_it(tmp_path):
-    from mklang.inspection import describe, run_document
+    from mklang.runs.inspection import describe, run_document
 
     path = dead_run(tmp_path, "nested", "brief.mk", 5)
     document = run_document(path)
@@ -789,9 +789,9 @@ def test_the_document_of_a_dead_run_says_how_far_its_journal_got_and_who_holds_i
 
 
 def test_a_resume_that_died_is_documented_running_not_at_the_state_it_had_parked_at(tmp_path):
-    from mklang.inspection import run_document
     from mklang.runs import open_run, proceed
     from mklang.runs import start as start_run
+    from mklang.runs.inspection import run_document
     from mklang.scenarios import load_script
 
     machine = load_file(ROOT / "examples" / "approval" / "approval.mk")
@@ -811,7 +811,7 @@ def test_a_resume_that_died_is_documented_running_not_at_the_state_it_had_parked
 
 
 def test_a_run_signed_with_another_key_names_its_seal_and_draws_no_machine(tmp_path, monkeypatch):
-    from mklang.inspection import describe, machine_of
+    from mklang.runs.inspection import describe, machine_of
 
     path = dead_run(tmp_path, "triage", "triage.mk", 2)
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
@@ -827,7 +827,7 @@ def test_a_run_signed_with_another_key_names_its_seal_and_draws_no_machine(tmp_p
 
 @pytest.mark.parametrize("store", ["sqlite:///{tmp}/runs.db", "{tmp}/runs"])
 def test_show_of_a_store_that_does_not_exist_creates_none(tmp_path, store):
-    from mklang.inspection import describe, run_document
+    from mklang.runs.inspection import describe, run_document
 
     target = f"{store.format(tmp=tmp_path)}#r" if "://" in store else str(Path(store.format(tmp=tmp_path)) / "r")
     for read in (describe, run_document):

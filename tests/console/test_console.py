@@ -18,7 +18,6 @@ pytest.importorskip("starlette", reason="the console extra is not installed")
 from starlette.testclient import TestClient
 
 from mklang.checkpoint.envelope import load
-from mklang.cli.hosting import Hosting
 from mklang.console import reading
 from mklang.console.events import Change, StorePoller
 from mklang.console.web import Console, create_app
@@ -228,7 +227,7 @@ def test_the_pages_read_a_folder_and_a_postgresql_store_too(kind, tmp_path, requ
     try:
         # The host the console was started with answers the resumed run (a PostgreSQL run's relative
         # host files are relative to the folder the console runs in, not where the run started).
-        hosting = Hosting(given(script=tmp_path / "approval" / "fenced.yaml", scenario="fenced"))
+        hosting = given(script=tmp_path / "approval" / "fenced.yaml", scenario="fenced")
         console = Console(opened, uri, TOKEN, hosting)
         with TestClient(create_app(console), follow_redirects=False) as client:
             signed_in(client)

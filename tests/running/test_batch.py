@@ -23,13 +23,13 @@ from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, cli_env, model_config, wait_for
 
 import mklang as api
-from mklang.batching import Batch, Item, batch_id, described, location, target
+from mklang.batching import Batch, Item, batch_id
 from mklang.checkpoint.envelope import load
 from mklang.errors import MklangError, UsageError, first_line
-from mklang.inspection import describe
 from mklang.providers.base import Usage
-from mklang.runs import Outcome
-from mklang.stores import locate, open_store
+from mklang.runs import Outcome, location
+from mklang.runs.inspection import describe, described
+from mklang.stores import locate, open_store, target
 from mklang.stores.file import FileStore
 
 

@@ -398,10 +398,12 @@ def test_the_documented_kinds_are_the_emitted_kinds_and_its_example_lines_are_va
     assert len(valid([json.loads(line) for line in example.splitlines()])) == 5
 
 
-def test_the_live_view_shows_each_state_entered_outside_branches():
+def test_the_live_view_shows_each_state_entered_outside_branches_against_the_budget_the_run_began_under():
     from mklang.cli.render import LiveView
 
-    view = LiveView(max_tokens=100)
+    view = LiveView()
+    began = {"machine": "brief", "max_tokens": 100, "max_cost": None, "concurrency": 4, "hitl": False}
+    view.emit(events.RunResumed(**began, recovered=False, spent=Usage(30, 12)))
     levels = (events.Segment("brief", "add_section", 1), events.Segment("section", "write", 2))
     entered = events.StateEntered(
         path=levels, machine="section", state="write", step=2, steps=1, budget=5, spent=Usage(30, 12)

@@ -22,7 +22,6 @@ from mklang.checkpoint.envelope import Envelope, HostSettings, load, save
 from mklang.checkpoint.signing import checkpoint_key, sign
 from mklang.engine.runtime import Control
 from mklang.errors import CheckpointError, ProviderError, UsageError
-from mklang.inspection import run_document
 from mklang.providers.base import NONE, Usage
 from mklang.runs import (
     Outcome,
@@ -36,6 +35,7 @@ from mklang.runs import (
     start,
     verified,
 )
+from mklang.runs.inspection import run_document
 from mklang.scenarios import Scenario, ScriptedHost, load_script
 from mklang.session import Host
 from mklang.stores import locate

@@ -13,7 +13,7 @@ from support.runs import CALLS_CHILD, HOOKED_CHILD
 import mklang
 from mklang.checkpoint.envelope import load
 from mklang.errors import LoadError, UsageError
-from mklang.runs import start
+from mklang.runs import RunRequest, build_host, start
 from mklang.scenarios import Scenario, load_script
 from mklang.session import Host, preflight
 
@@ -64,20 +64,49 @@ def test_a_scenario_host_supplies_input_and_run_settings_under_the_callers(tmp_p
 SCRIPT = EXAMPLES / "approval" / "scenarios.yaml"
 
 
+def built(max_cost: float | None = None, priced_for: str = "max_cost", **hosting) -> Host:
+    """The host `mklang run` builds from these host options (`runs.build_host`)."""
+    return build_host(RunRequest(hosting=hosting, max_cost=max_cost, priced_for=priced_for))
+
+
 @pytest.mark.parametrize("given", ["provider", "model", "replay", "record", "config"])
 def test_a_script_answers_offline_and_refuses_what_builds_a_provider(given):
     with pytest.raises(UsageError) as refused:
-        Host.build(script=SCRIPT, **{given: "x"})
+        built(script=SCRIPT, **{given: "x"})
     assert str(refused.value) == (
         "--script answers offline: it cannot be combined with --provider, --model, --config, --replay or --record"
     )
 
 
-@pytest.mark.parametrize("priced_for", ["--max-cost", "--batch-max-cost"])
-def test_a_dollar_limit_is_refused_for_a_scripted_model_naming_the_option_given(priced_for):
+@pytest.mark.parametrize(("priced_for", "option"), [("max_cost", "--max-cost"), ("batch_max_cost", "--batch-max-cost")])
+def test_a_dollar_limit_is_refused_for_a_scripted_model_naming_the_option_given(priced_for, option):
     with pytest.raises(UsageError) as refused:
-        Host.build(script=SCRIPT, max_cost=1.0, priced_for=priced_for)
-    assert str(refused.value) == f"{priced_for} needs model prices, and a scripted model has none: use --max-tokens"
+        built(script=SCRIPT, max_cost=1.0, priced_for=priced_for)
+    assert str(refused.value) == f"{option} needs model prices, and a scripted model has none: use --max-tokens"
+
+
+def test_the_python_api_is_told_of_its_keywords_not_of_command_line_flags(tmp_path):
+    """A host refused for a call of `mklang.run`, `resume` or `batch` names what the call passed."""
+    machine = EXAMPLES / "approval" / "approval.mk"
+    with pytest.raises(UsageError) as priced:
+        mklang.run(machine, script=SCRIPT, scenario="ask-then-publish", max_cost=1.0)
+    assert str(priced.value) == "max_cost= needs model prices, and a scripted model has none: use max_tokens="
+    with pytest.raises(UsageError) as offline:
+        mklang.run(machine, script=SCRIPT, model="m")
+    assert str(offline.value) == (
+        "script= answers offline: it cannot be combined with provider=, model=, config=, replay= or record="
+    )
+    with pytest.raises(UsageError) as batched:
+        mklang.batch(machine, [{}], store=tmp_path / "runs", provider="ollama", model="m", batch_max_cost=1.0)
+    assert str(batched.value).startswith("batch_max_cost= needs a price for ollama:m (tier ")
+    parked = mklang.run(machine, script=SCRIPT, scenario="ask-then-publish", checkpoint=tmp_path / "cp.json")
+    assert parked.status == "suspended"
+    with pytest.raises(UsageError) as resumed:
+        mklang.resume(tmp_path / "cp.json", reply={"approval.answer": "yes"}, max_cost=1.0)
+    assert str(resumed.value) == "max_cost= needs model prices, and a scripted model has none: use max_tokens="
+    with pytest.raises(UsageError) as unscripted:
+        mklang.run(machine, scenario="ask-then-publish", provider="ollama")
+    assert str(unscripted.value) == "scenario= needs script="
 
 
 def test_a_host_built_from_the_config_routes_its_tiers_and_takes_its_read_only_tools(tmp_path, monkeypatch):
@@ -89,28 +118,28 @@ def test_a_host_built_from_the_config_routes_its_tiers_and_takes_its_read_only_t
         '[providers.local]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n[tiers]\ndefault = "local:m"\n'
         '[tools]\nread_only = ["issue_refund"]\n'
     )
-    with Host.build(config=config) as built:
-        assert (built.provider.route_of("fast"), built.read_only_tools) == (("local", "m"), {"issue_refund"})
-    with Host.build(config=config, provider="ollama", model="llama3") as chosen:
+    with built(config=config) as routed:
+        assert (routed.provider.route_of("fast"), routed.read_only_tools) == (("local", "m"), {"issue_refund"})
+    with built(config=config, provider="ollama", model="llama3") as chosen:
         assert chosen.provider.route_of("fast") == ("ollama", "llama3")
-    with Host.build(config=config, record=tmp_path / "calls.yaml"):
+    with built(config=config, record=tmp_path / "calls.yaml"):
         assert (tmp_path / "calls.yaml").is_file()  # a recording's cassette is written from the start
     config.write_text("[tiers\n")
     monkeypatch.chdir(tmp_path)
-    with Host.build(replay="calls.yaml") as replaying:
+    with built(replay="calls.yaml") as replaying:
         assert replaying.read_only_tools == frozenset() and replaying.recorded().replay == str(tmp_path / "calls.yaml")
 
 
 def test_a_scenario_needs_a_script():
     with pytest.raises(UsageError) as refused:
-        Host.build(scenario="ask-then-publish", provider="scripted")
+        built(scenario="ask-then-publish", provider="scripted")
     assert str(refused.value) == "--scenario needs --script"
 
 
 def test_a_scripted_host_records_the_script_and_scenario_it_answers_from(tmp_path, monkeypatch):
     (tmp_path / "plugin.py").write_text("TOOLS = {'publish': lambda text: 'mine'}\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    host = Host.build(script=SCRIPT, scenario="ask-then-publish", plugins=["plugin.py"])
+    host = built(script=SCRIPT, scenario="ask-then-publish", plugins=["plugin.py"])
     assert host.recorded().model_dump() == {
         **host.recorded().model_dump(),
         "script": str(SCRIPT.resolve()),
@@ -131,10 +160,10 @@ def test_a_scripted_host_records_the_script_and_scenario_it_answers_from(tmp_pat
 def test_a_script_of_one_scenario_answers_from_it_and_records_its_name_else_one_must_be_picked(tmp_path):
     """The recorded name is what `mklang resume` answers from; a script's errors name the script."""
     (tmp_path / "one.yaml").write_text("scenarios:\n  - name: only\n", encoding="utf-8")
-    host = Host.build(script=tmp_path / "one.yaml")
+    host = built(script=tmp_path / "one.yaml")
     assert (host.scenario.name, host.recorded().scenario) == ("only", "only")
     with pytest.raises(UsageError) as unpicked:
-        Host.build(script=SCRIPT)
+        built(script=SCRIPT)
     assert str(unpicked.value).startswith(f"{SCRIPT} holds 4 scenarios: pick one with --scenario (")
 
 
@@ -303,4 +332,4 @@ def test_a_resume_keeps_the_runs_dollar_limit_and_refuses_a_host_that_cannot_pri
     assert started.status == "suspended"
     with pytest.raises(UsageError) as refused:
         mklang.resume(checkpoint, max_tokens=30, script=SCRIPT, scenario="ask-then-publish")
-    assert str(refused.value) == "--max-cost needs model prices, and a scripted model has none: use --max-tokens"
+    assert str(refused.value) == "max_cost= needs model prices, and a scripted model has none: use max_tokens="

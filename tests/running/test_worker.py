@@ -674,11 +674,11 @@ def test_a_worker_builds_a_real_provider_once_per_dollar_limit_and_refuses_a_lim
     config = model_config("http://127.0.0.1:1/v1", tmp_path / "mklang.toml")
     worker = Worker(f"sqlite:///{tmp_path}/runs.db", {"config": str(config)})
     try:
-        with worker.host_for(None, "--max-cost") as one, worker.host_for(None, "--max-cost") as two:
+        with worker.host_for(None, "max_cost") as one, worker.host_for(None, "max_cost") as two:
             assert isinstance(one, Host) and one is two  # its HTTP client and connections shared by the runs
-        for limit, option in ((0.5, "--max-cost"), (2.0, "--batch-max-cost")):
+        for limit, setting, option in ((0.5, "max_cost", "--max-cost"), (2.0, "batch_max_cost", "--batch-max-cost")):
             with pytest.raises(UsageError, match=f"^{option} needs a price for local:m"):
-                worker.host_for(limit, option)
+                worker.host_for(limit, setting)
     finally:
         worker.store.close()
 
@@ -687,7 +687,7 @@ def test_a_scripted_worker_gives_each_run_a_host_of_its_own(project):
     """A scenario's answers are consumed run by run: runs sharing one host would share its place in them."""
     worker = worker_of(project)
     try:
-        with worker.host_for(None, "--max-cost") as one, worker.host_for(None, "--max-cost") as two:
+        with worker.host_for(None, "max_cost") as one, worker.host_for(None, "max_cost") as two:
             assert isinstance(one, Host) and isinstance(two, Host) and one is not two
     finally:
         worker.store.close()

@@ -32,8 +32,8 @@ from support.services import postgres_schema
 
 from mklang.checkpoint.envelope import dump, load
 from mklang.errors import CheckpointError, RunBusy, UsageError
-from mklang.inspection import describe
 from mklang.runs import resume, start
+from mklang.runs.inspection import describe
 from mklang.scenarios import load_script
 from mklang.session import Host
 from mklang.stores import Location, RunQuery, Store, locate, open_store, run_name
@@ -150,8 +150,8 @@ def test_a_run_crashed_at_any_loop_top_resumes_from_the_store(store, store_uri, 
 def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(store, store_uri):
     """A clean resume starts a journal generation against the suspended envelope instead of
     rewriting it; a crash mid-way shows as running, and a bare resume keeps the reply and budgets."""
-    from mklang.inspection import describe
     from mklang.runs import outcome as batch_outcome
+    from mklang.runs.inspection import describe
 
     machine = load_file(EXAMPLES / "approval" / "approval.mk")
     scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")

@@ -284,7 +284,7 @@ def test_the_host_config_classifies_tools_read_only(machine_path, tmp_path):
     assert read_only == {"issue_refund"}
     machine, provider = _refund(machine_path)
     tools = {"issue_refund": _search_kb, "search_kb": _search_kb}
-    host = Host(provider, tools, HOOKS, read_only_tools=read_only)  # as `Host.build` makes it (test_session.py)
+    host = Host(provider, tools, HOOKS, read_only_tools=read_only)  # as `runs.build_host` makes it (test_session.py)
     result = start(machine, TICKET, host, untrusted_flow="halt")
     assert result.status == "done" and "untrusted_control_flow" not in result.trace[1]
     config.write_text('[tools]\nread_only = "issue_refund"\n')

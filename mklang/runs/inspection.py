@@ -1,4 +1,8 @@
-"""What `mklang show` and `mklang runs` tell about a stored run, as plain data; they only read."""
+"""What `mklang show`, `mklang runs` and the console tell about a stored run, as plain data; they only read.
+
+It loads the envelope's module (pydantic) as it is imported, so `mklang.runs` does not import it:
+its readers do.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +20,12 @@ from mklang.checkpoint.texts import machine_root
 from mklang.checkpoint.trust import recorded_host
 from mklang.engine.frame import Frame
 from mklang.engine.trace import Trace
-from mklang.errors import CheckpointError, MklangError, redacted
+from mklang.errors import CheckpointError, MklangError, first_line, redacted
 from mklang.model import Machine
 from mklang.providers.base import Usage
-from mklang.runs import open_run
-from mklang.stores import Location, locate, run_name
+from mklang.runs.opening import open_run
+from mklang.runs.places import location
+from mklang.stores import Location, RunStore, locate, run_name
 
 
 def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
@@ -264,3 +269,24 @@ def how_to_continue(
     if reason == "escalated" and reply_to:
         return None, f"{command} --set {reply_to}=<reply>"
     return None, command
+
+
+def described(store: RunStore, uri: str, run: str, last: int = 0) -> dict[str, Any]:
+    """What `mklang show` tells of a run of the store opened from `uri` (its `last` steps); a run that
+    cannot be read or verified is `failed` with why, so one bad run does not hide the others."""
+    where = location(store, uri, run)
+    try:
+        return describe(where, last=last)
+    except MklangError as error:
+        return unverified(str(where), first_line(error))
+
+
+def held(store: RunStore, uri: str, run: str) -> dict[str, Any]:
+    """What a run holds besides what `describe` tells: the context of its innermost level (what a
+    question is about) and its result; nothing when it cannot be read."""
+    try:
+        envelope = load(location(store, uri, run))
+    except MklangError:
+        return {"context": {}, "result": None}
+    frames = envelope.frames
+    return {"context": frames[-1]["context"] if frames else {}, "result": envelope.result}
