@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape, quoteattr
 
 if TYPE_CHECKING:
-    from mklang.graph import _Edge, _Graph, _Node
+    from mklang.drawn import DrawnEdge, DrawnGraph, DrawnNode
 
 Point = tuple[float, float]
 
@@ -71,10 +71,10 @@ class _Route:
 class _Placed:
     """A node of the drawing: its box, where it stands, and its self-loops' labels."""
 
-    node: _Node
+    node: DrawnNode
     w: float
     h: float
-    loops: list[_Edge]
+    loops: list[DrawnEdge]
     loop_labels: list[list[str]]
     box: _Box = field(init=False)
 
@@ -98,7 +98,7 @@ def _label_size(lines: list[str]) -> tuple[float, float]:
     return (width + 8, len(lines) * LABEL_SIZE * LEADING + 4)
 
 
-def _node_size(node: _Node, traced: bool) -> tuple[float, float]:
+def _node_size(node: DrawnNode, traced: bool) -> tuple[float, float]:
     if node.kind == "end":
         return (max(46.0, text_width(node.title, TITLE_SIZE) + 2 * PAD_X), 34.0)
     lines = node.shown_lines(traced)
@@ -180,7 +180,7 @@ def _text(lines: Iterable[tuple[str, float, str]], x: float, top: float, anchor:
 class _Drawing:
     """One SVG drawing of a neutral graph."""
 
-    def __init__(self, graph: _Graph) -> None:
+    def __init__(self, graph: DrawnGraph) -> None:
         self.graph = graph
         self.placed: dict[str, _Placed] = {}
         self.reached = {edge.target for edge in graph.edges if edge.taken}
@@ -238,7 +238,7 @@ class _Drawing:
         placed = self.placed[node_id]
         return placed.centre, (placed.w / 2, placed.h / 2)
 
-    def _edge_path(self, number: int, edge: _Edge) -> list[Point]:
+    def _edge_path(self, number: int, edge: DrawnEdge) -> list[Point]:
         points = [point for route in self.routes[number] for point in route.points]
         points = [p for i, p in enumerate(points) if i == 0 or p != points[i - 1]]
         (source, source_half), (target, target_half) = self._ends(edge.source), self._ends(edge.target)
@@ -277,7 +277,7 @@ class _Drawing:
         out.append("</svg>")
         return "\n".join(out) + "\n"
 
-    def _edge(self, number: int, edge: _Edge) -> list[str]:
+    def _edge(self, number: int, edge: DrawnEdge) -> list[str]:
         taken = bool(edge.taken) or (edge.kind == "start" and edge.target in self._visited())
         out = [self._open_edge(edge, taken), self._stroke(_smooth(self._edge_path(number, edge)), edge, taken)]
         if number in self.labels:
@@ -289,7 +289,7 @@ class _Drawing:
     def _visited(self) -> set[str]:
         return {node.id for node in self.graph.nodes if node.visits}
 
-    def _open_edge(self, edge: _Edge, taken: bool) -> str:
+    def _open_edge(self, edge: DrawnEdge, taken: bool) -> str:
         names = {node.id: node.title for node in self.graph.nodes}
         title = f"{names.get(edge.source, 'start')} → {names[edge.target]}"
         classes = " ".join(["edge", edge.kind, *(["taken"] if taken else [])])
@@ -298,7 +298,7 @@ class _Drawing:
             f"<title>{escape(title)}</title>"
         )
 
-    def _stroke(self, path: str, edge: _Edge, taken: bool) -> str:
+    def _stroke(self, path: str, edge: DrawnEdge, taken: bool) -> str:
         colour, width = (TAKEN, 2.5) if taken else (MUTED, 1.3)
         dash = ' stroke-dasharray="5,3"' if edge.kind == "call" else ""
         return (
@@ -374,6 +374,6 @@ class _Drawing:
         return out
 
 
-def to_svg(graph: _Graph) -> str:
+def to_svg(graph: DrawnGraph) -> str:
     """The SVG drawing of a neutral graph (`mklang.graph.build`)."""
     return _Drawing(graph).svg()

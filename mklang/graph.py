@@ -1,6 +1,6 @@
 """A machine as a diagram: Mermaid state diagram, Graphviz DOT, or SVG drawn here (`mklang.diagram`).
 
-The renderers walk one neutral description (`_Graph`) built from the model,
+The renderers walk one neutral description (`DrawnGraph`) built from the model,
 so the formats always show the same nodes, edges and labels and differ
 only in syntax and escaping. A run trace (or a checkpoint's root frame)
 overlays visit counts on the states and edges the run went through.
@@ -12,51 +12,17 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mklang.diagram import to_svg
+from mklang.drawn import DrawnEdge, DrawnGraph, DrawnNode
 from mklang.errors import UsageError
 from mklang.model import Gate, Machine, State
 from mklang.vocabulary import END
 
 FORMATS = ("mermaid", "dot", "svg")
 _START, _END, _FAIL = "start", "t_end", "t_fail"
-
-
-@dataclass(frozen=True)
-class _Node:
-    id: str
-    title: str
-    lines: tuple[str, ...] = ()
-    kind: str = "state"  # state | end | fail | machine
-    visits: int = 0
-
-    def shown_lines(self, traced: bool) -> list[str]:
-        """The lines under the title, with the visit count when a run is overlaid."""
-        return [*self.lines, *([f"visits {self.visits}"] if traced and self.visits else [])]
-
-
-@dataclass(frozen=True)
-class _Edge:
-    source: str
-    target: str
-    label: str
-    kind: str = "gate"  # gate | start | call
-    taken: int = 0
-
-    def shown_label(self, traced: bool) -> str:
-        """The label, with how often the run went this way when a run is overlaid."""
-        return f"{self.label} ({self.taken}×)" if traced and self.taken and self.label else self.label
-
-
-@dataclass
-class _Graph:
-    name: str
-    nodes: list[_Node] = field(default_factory=list)
-    edges: list[_Edge] = field(default_factory=list)
-    traced: bool = False
 
 
 def _state_id(name: str) -> str:
@@ -121,34 +87,34 @@ def _takes(step: dict, state: State, gate: Gate) -> bool:
     )
 
 
-def build(machine: Machine, trace: list[dict] | None = None) -> _Graph:
+def build(machine: Machine, trace: list[dict] | None = None) -> DrawnGraph:
     """The neutral graph of `machine`, with visit counts when a trace is given."""
     steps = trace or []
     visits = Counter(step.get("state") for step in steps)
-    graph = _Graph(machine.name, traced=trace is not None)
-    graph.edges.append(_Edge(_START, _state_id(machine.entry), "", "start"))
+    graph = DrawnGraph(machine.name, traced=trace is not None)
+    graph.edges.append(DrawnEdge(_START, _state_id(machine.entry), "", "start"))
     uses_end = uses_fail = False
     called: list[str] = []
     for state in machine.states:
         lines = [face_text(state)]
         lines += [text for text in (fan_out_text(state),) if text]
         lines.append(f"output {state.output}")
-        graph.nodes.append(_Node(_state_id(state.name), state.name, tuple(lines), visits=visits[state.name]))
+        graph.nodes.append(DrawnNode(_state_id(state.name), state.name, tuple(lines), visits=visits[state.name]))
         for gate in state.gates:
             target = _gate_target(gate)
             uses_end |= target == _END
             uses_fail |= target == _FAIL
             taken = sum(_takes(step, state, gate) for step in steps)
-            graph.edges.append(_Edge(_state_id(state.name), target, gate_label(gate), taken=taken))
+            graph.edges.append(DrawnEdge(_state_id(state.name), target, gate_label(gate), taken=taken))
         if state.face.kind == "call":
             if state.face.machine not in called:
                 called.append(state.face.machine)
-            graph.edges.append(_Edge(_state_id(state.name), _machine_id(state.face.machine), "calls", "call"))
-    graph.nodes += [_Node(_machine_id(name), name, ("machine",), "machine") for name in called]
+            graph.edges.append(DrawnEdge(_state_id(state.name), _machine_id(state.face.machine), "calls", "call"))
+    graph.nodes += [DrawnNode(_machine_id(name), name, ("machine",), "machine") for name in called]
     if uses_end:
-        graph.nodes.append(_Node(_END, END, kind="end"))
+        graph.nodes.append(DrawnNode(_END, END, kind="end"))
     if uses_fail:
-        graph.nodes.append(_Node(_FAIL, "fail", kind="fail"))
+        graph.nodes.append(DrawnNode(_FAIL, "fail", kind="fail"))
     return graph
 
 
@@ -172,7 +138,7 @@ def escape_mermaid(text: str) -> str:
     return "".join(_MERMAID_ENTITIES.get(char, char) for char in text)
 
 
-def to_mermaid(graph: _Graph) -> str:
+def to_mermaid(graph: DrawnGraph) -> str:
     out = ["stateDiagram-v2", f"    %% machine {escape_mermaid(graph.name)}"]
     for node in graph.nodes:
         out.append(f'    state "{escape_mermaid(node.title)}" as {node.id}')
@@ -217,7 +183,7 @@ _DOT_NODE_STYLE = {
 }
 
 
-def to_dot(graph: _Graph) -> str:
+def to_dot(graph: DrawnGraph) -> str:
     out = [
         f'digraph "{escape_dot(graph.name)}" {{',
         '    graph [rankdir="TB", fontname="Helvetica"];',
@@ -287,7 +253,7 @@ def load_trace(path: Path, machine: Machine, sealed: Callable[[dict], list[dict]
     return steps
 
 
-RENDERERS: dict[str, Callable[[_Graph], str]] = {"mermaid": to_mermaid, "dot": to_dot, "svg": to_svg}
+RENDERERS: dict[str, Callable[[DrawnGraph], str]] = {"mermaid": to_mermaid, "dot": to_dot, "svg": to_svg}
 
 
 def render(machine: Machine, fmt: str = "mermaid", trace: list[dict] | None = None) -> str:
