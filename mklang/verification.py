@@ -37,7 +37,7 @@ from mklang.engine import Control, RunResult
 from mklang.engine.events import Event, StateEntered
 from mklang.engine.runtime import BRANCH_THREADS
 from mklang.model import Machine
-from mklang.runs import open_run, proceed, resume, start
+from mklang.runs import Resumable, resume, start
 from mklang.scenarios import Scenario
 from mklang.session import Host
 from mklang.vocabulary import lookup
@@ -199,19 +199,22 @@ class _Attempt:
         """`mklang resume cp.json` in phase `number` after a stop; the run's own outcome when its end
         was durable already; None when nothing was (the phase is run again)."""
         from mklang.checkpoint.envelope import load
-        from mklang.inspection import run_document
+        from mklang.runs.inspection import run_document
 
         if not self.checkpoint.exists():
             return None
         if load(self.checkpoint).status in ("done", "halted"):
             document = run_document(self.checkpoint)
             return {key: document.get(key) for key in OUTCOME}
-        resumable = open_run(self.checkpoint)
         reply = self.scenario.resumes[number - 1].set if number > 0 else {}
-        replied = number > 0 and all(
-            any(lookup(frame.context, path) == value for frame in resumable.chain) for path, value in reply.items()
-        )
-        return _outcome(proceed(resumable, self.host(replied)))
+
+        def host(resumable: Resumable) -> Host:
+            replied = number > 0 and all(
+                any(lookup(frame.context, path) == value for frame in resumable.chain) for path, value in reply.items()
+            )
+            return self.host(replied)
+
+        return _outcome(resume(self.checkpoint, host, tell=_unsaid))
 
     def crashing(self, run: Callable[[], dict[str, Any] | None], point: str, count: int) -> dict[str, Any] | None:
         """`run` with a crash armed at the count-th `point`: its outcome, or None when it crashed."""
@@ -231,6 +234,10 @@ class _Attempt:
             return None
         finally:
             faults.disarm()
+
+
+def _unsaid(line: str) -> None:
+    """What a recovery would tell the user (a torn journal): the verifier reports what it compares instead."""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "language",
-        ("mklang.syntax", "mklang.checker", "mklang.costs", "mklang.diagram", "mklang.drawn", "mklang.graph", "mklang.highlight"),
+        (
+            "mklang.syntax",
+            "mklang.checker",
+            "mklang.costs",
+            "mklang.diagram",
+            "mklang.drawn",
+            "mklang.graph",
+            "mklang.highlight",
+        ),
     ),
     ("host", ("mklang.host", "mklang.mcp.servers", "mklang.mcp.client")),
     ("providers", ("mklang.providers",)),

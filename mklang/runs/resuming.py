@@ -9,7 +9,7 @@ make and what they hand the run as it goes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from mklang.engine.events import EventSink
 from mklang.errors import CheckpointError
 from mklang.runs.driving import proceed
 from mklang.runs.hosting import build_host
-from mklang.runs.opening import opened
+from mklang.runs.opening import Resumable, opened
 from mklang.runs.request import RunRequest, Tell, on_stderr
 from mklang.session import Host
 from mklang.stores import Location, RunLock, locate
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def resume(
     request: RunRequest | str | Path | Location | Envelope,
-    host: Host | None = None,
+    host: Host | Callable[[Resumable], Host] | None = None,
     *,
     held: RunLock | None = None,
     control: Control | None = None,
@@ -41,8 +41,9 @@ def resume(
     """Verify a checkpoint, then continue it: the run `request` describes, or, given a checkpoint,
     `RunRequest(source=it, **asked)`.
 
-    The host is `host` when the caller has one (it stays the caller's), else built from the request
-    (`hosting.build_host`, filled in from a trusted checkpoint) and closed after the run. `held` is
+    The host is `host` when the caller has one, or makes one from the opened run (either stays the
+    caller's), else built from the request (`hosting.build_host`, filled in from a trusted
+    checkpoint) and closed after the run. `held` is
     the run's lock when the caller took it already (a claim); `control`, `observer` and `on_end`
     go to the run as `proceed` takes them; `tell` is told what the user should know. An `Envelope`
     source is first written to the request's `checkpoint` (required then), with the trace segments
@@ -54,7 +55,10 @@ def resume(
         raise TypeError(f"resume() takes a RunRequest or keywords, not both: {sorted(asked)[0]}")
     source = _stored(request)
     with opened(source, held=held, tell=tell, **request.opening()) as resumable:
-        hosted = build_host(request, resumable, tell) if host is None else nullcontext(host)
+        if host is None:
+            hosted: AbstractContextManager[Host] = build_host(request, resumable, tell)
+        else:
+            hosted = nullcontext(host(resumable) if callable(host) else host)
         with hosted as answering:
             return proceed(
                 resumable,
