@@ -323,10 +323,13 @@ def _notes(factory: Factory, run: str) -> None:
         store.drop_note(key)  # dropping none is no error
         expect(other.read_note(key) is None, "drop_note removes the note")
         batch = f"batch-{run}"
-        store.record_spend(batch, "a", 10, 0.5)
-        store.record_spend(batch, "a", 5, 0.25)  # a resumed run replays from a smaller total
-        other.record_spend(batch, "b", 1, 0.125)
-        expect(other.spend(batch) == (11, 0.625), "spend sums each run's highest recorded spend in its batch")
+        store.record_spend(batch, "run ä/1", 100, 0.5)
+        store.record_spend(batch, "run ä/1", 150, 0.25)  # more tokens, fewer dollars
+        store.record_spend(batch, "run ä/1", 10, 0.75)  # more dollars, fewer tokens
+        store.record_spend(batch, "run ä/1", 1, 0.125)  # a resumed run replays from a smaller total
+        expect(other.spend(batch) == (150, 0.75), "record_spend keeps the most of tokens and of dollars, apart")
+        other.record_spend(batch, "b", 5, 0.25)
+        expect(store.spend(batch) == (155, 1.0), "spend sums each run's highest recorded spend in its batch")
         expect(other.spend(batch + "-other") == (0, 0.0), "spend belongs to its batch alone")
 
 

@@ -305,23 +305,6 @@ def test_a_sqlite_store_file_may_have_a_colon_in_its_name(tmp_path, monkeypatch)
     store.close()
 
 
-def test_a_runs_recorded_spend_keeps_the_most_of_tokens_and_of_dollars_apart(named_store):
-    store, _, _ = named_store
-    store.record_spend("b", "run ä/1", 100, 0.5)
-    store.record_spend("b", "run ä/1", 150, 0.25)  # more tokens, fewer dollars
-    assert store.spend("b") == (150, 0.5)
-    store.record_spend("b", "run ä/1", 10, 0.75)  # more dollars, fewer tokens
-    assert store.spend("b") == (150, 0.75)
-    store.record_spend("b", "run ä/1", 1, 0.1)  # less of both: nothing changes
-    store.record_spend("b", "run 2", 5, 0.25)
-    assert store.spend("b") == (155, 1.0)
-    assert (store.spend("other"), store.read_note("batch:b")) == ((0, 0.0), None)
-    store.record_spend("c", "r", 1, 0.0)  # a first record of one token and no dollars
-    assert store.spend("c") == (1, 0.0)
-    store.write_note("batch:b", b"\x00binary\xff")
-    assert store.read_note("batch:b") == b"\x00binary\xff"
-
-
 def test_file_store_notes_and_spend_are_private_and_their_damage_is_named(tmp_path):
     from mklang.stores import open_store
 
@@ -779,15 +762,6 @@ def test_a_file_stores_run_summaries_are_owner_only(tmp_path):
     assert len(written) == 1 and json.loads(written[0].read_text())["status"] == "done"
     for path in [tmp_path / ".mklang-runs", *written]:
         assert stat.S_IMODE(path.stat().st_mode) in (0o700, 0o600), path
-
-
-def test_a_runs_spend_never_goes_down_in_tokens_or_in_cost(tmp_path):
-    store = FileStore(tmp_path)
-    store.record_spend("batch", "run", 10, 0.5)
-    store.record_spend("batch", "run", 4, 0.75)
-    assert store.spend("batch") == (10, 0.75)
-    store.record_spend("batch", "run", 20, 0.1)
-    assert store.spend("batch") == (20, 0.75)
 
 
 def open_descriptors() -> int:
