@@ -301,13 +301,18 @@ def test_an_https_proxy_whose_certificate_is_not_trusted_is_refused_at_once(monk
     assert (proxy.requests, slept) == ([], [])
 
 
-def test_plain_http_is_sent_to_the_proxy_as_an_absolute_url(server, monkeypatch):
+@pytest.mark.parametrize("tls", [False, True], ids=["http-proxy", "https-proxy"])
+def test_plain_http_is_sent_to_the_proxy_as_an_absolute_url_with_its_credentials(server, monkeypatch, tls):
+    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
     server.fallback = answer("forwarded")
-    with FakeProxy() as proxy:
-        monkeypatch.setenv("HTTP_PROXY", proxy.url)
-        assert _ask(_transport(server)) == "forwarded"
-    assert proxy.requests == [("POST", f"{server.openai_url}/chat/completions", None)]
+    with FakeProxy(tls=tls) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("://", "://user:pa%20ss@"))
+        transport = _transport(server)
+        assert [_ask(transport), _ask(transport)] == ["forwarded"] * 2
+    credentials = "Basic " + base64.b64encode(b"user:pa ss").decode()
+    assert proxy.requests == [("POST", f"{server.openai_url}/chat/completions", credentials)] * 2
     assert server.requests[0].body == {"model": "m"}
+    assert "proxy-authorization" not in server.requests[0].headers
 
 
 def test_no_proxy_lists_the_hosts_reached_directly(server, monkeypatch):
