@@ -176,4 +176,4 @@ def test_every_install_hint_asks_for_this_line_not_1x():
     texts = [*ROOT.glob("mklang/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md"]
     hints = [hint for path in texts for hint in re.findall(r"pip install\s+['\"]?mklang[^\s'\"`)]*", path.read_text())]
     assert len(hints) >= 8
-    assert all(re.fullmatch(r"pip install\s+['\"]mklang(\\*\[\w+\])?>=2", hint) for hint in hints), hints
+    assert all(re.fullmatch(r"pip install\s+['\"]mklang(\\*\[[\w{}]+\])?>=2", hint) for hint in hints), hints

@@ -163,6 +163,9 @@ COMMAND_MODULES = {
     "serve": "console_cmds",
     "tools": "mcp_cmds",
     "mcp": "mcp_cmds",
+    "init": "setup_cmds",
+    "doctor": "setup_cmds",
+    "lint": "syntax_cmds",  # mklang 1.x's name of check
 }
 
 
@@ -233,10 +236,12 @@ def _expected(param: Any) -> str:
 
 def usage_words(error: click_errors.UsageError, args: list[str]) -> str:
     """A command line that did not parse, said the way the user typed it."""
+    from mklang.cli.habits import command_1x, flag_1x
     from mklang.errors import did_you_mean
 
     if isinstance(error, click_errors.NoSuchOption):
-        return f"unknown option {error.option_name}{did_you_mean(error.option_name, error.possibilities or [])}"
+        option = error.option_name
+        return f"unknown option {option}{flag_1x(option) or did_you_mean(option, error.possibilities or [])}"
     if isinstance(error, click_errors.BadOptionUsage):
         if "requires an argument" in error.format_message():
             return f"{error.option_name} needs a value"
@@ -253,7 +258,8 @@ def usage_words(error: click_errors.UsageError, args: list[str]) -> str:
     message = error.format_message()
     unknown = re.match(r"No such command '([^']*)'", message)
     if unknown:
-        return f"unknown command {unknown.group(1)!r}{did_you_mean(unknown.group(1), COMMAND_MODULES)}"
+        name = unknown.group(1)
+        return f"unknown command {name!r}{command_1x(name) or did_you_mean(name, COMMAND_MODULES)}"
     extra = re.match(r"Got unexpected extra argument(?:s|\(s\))? \((.*)\)", message)
     if extra:
         return f"unexpected argument {extra.group(1)!r}"

@@ -246,11 +246,12 @@ def run(
     with handle_errors(output.as_json):
         from mklang import runs
         from mklang.checker import require_runnable
+        from mklang.cli.habits import machine_file
         from mklang.engine import Control
         from mklang.syntax import load_file
 
         as_json = output.as_json
-        loaded = require_runnable(load_file(machine))
+        loaded = require_runnable(load_file(machine_file(machine)))
         where = run_name_of(checkpoint)
         if options.replace and checkpoint is None:
             raise fail("--replace replaces the run at a checkpoint: it needs --checkpoint")
@@ -404,12 +405,13 @@ def test(
     """Run the named scenarios of a script (resumes included) and compare them with their expectations."""
     with handle_errors(wants_json(format)):
         from mklang.checker import require_runnable
+        from mklang.cli.habits import machine_file
         from mklang.cli.render import render_scenarios
         from mklang.player import play
         from mklang.scenarios import load_script, named
         from mklang.syntax import load_file
 
-        loaded = require_runnable(load_file(machine))
+        loaded = require_runnable(load_file(machine_file(machine)))
         scenarios = named(load_script(script), scenario, script)
         chosen = policy(untrusted_flow)
         with event_stream(events, trace_content) as observer:

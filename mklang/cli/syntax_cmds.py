@@ -1,4 +1,4 @@
-"""`mklang check` and `mklang fmt`: diagnostics and canonical formatting of machine files.
+"""`mklang check` (and 1.x's `lint`) and `mklang fmt`: diagnostics and canonical formatting of machine files.
 
 Diagnostics go to stderr (or, with `--format json`, one JSON list on
 stdout); formatted text and results go to stdout.
@@ -74,6 +74,18 @@ def check_command(
 
         code = report(expand(files), as_json, prompt_tokens, config, provider, model)
     raise typer.Exit(code)
+
+
+@app.command("lint", hidden=True)
+def lint(
+    files: list[Path] = typer.Argument(..., help="Machine files (.mk, .mkl, .yaml) or directories of .mk files."),
+    output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text (stderr) or json (stdout)."),
+) -> None:
+    """mklang 1.x's `lint`: runs `mklang check`."""
+    print("mklang: lint is mklang check in mklang 2: running mklang check", file=sys.stderr)
+    as_json = wants_json(output_format)
+    with handle_errors(as_json):
+        raise typer.Exit(check_paths(files, as_json))
 
 
 def _errors_only(paths: list[Path]) -> int:
