@@ -17,7 +17,8 @@ source_suffix = {".md": "markdown"}
 root_doc = "docs/index"
 # Only these are pages; the rest of the tree (code, tests, examples) is what the pages link to.
 include_patterns = ["docs/**", "adr/**", "CHANGELOG.md"]
-exclude_patterns = ["docs/conf.py"]
+# Folders never walked: CI's virtual environment (.venv) and the caches are in the tree.
+exclude_patterns = ["docs/conf.py", ".*", "build", "dist", "mutants", "tests"]
 
 # GitHub's heading anchors (`page.md#a-heading`), so links that work on the forge work here.
 myst_heading_anchors = 6
