@@ -226,6 +226,10 @@ class _Drawing:
             box.xy = (box.xy[0] + MARGIN, box.xy[1] - low_y + MARGIN)
         for route in routes:
             route.setpath([(x + MARGIN, y - low_y + MARGIN) for x, y in route.points])
+        for edge in self.graph.edges:  # the entry arrow straight down, not to the room of the entry's loops
+            if edge.kind == "start":
+                start = self.start_box[edge.source]
+                start.xy = (self.placed[edge.target].centre[0], start.xy[1])
         bends = [point for route in routes for point in route.points]
         self.width = max([*(box.xy[0] + box.w / 2 for box in boxes), *(x for x, _ in bends)]) + MARGIN
         self.height = max([*(box.xy[1] + box.h / 2 for box in boxes), *(y for _, y in bends)]) + MARGIN
@@ -359,13 +363,11 @@ class _Drawing:
             middle = top + height / 2
             top += height
             spread = min(placed.h / (2 * count + 2), 9.0)
-            start, end = (right, middle - spread), (right, middle + spread)
-            start = (right, max(min(start[1], y + placed.h / 2 - 2), y - placed.h / 2 + 2))
-            end = (right, max(min(end[1], y + placed.h / 2 - 2), y - placed.h / 2 + 2))
-            path = (
-                f"M{start[0]:.1f},{start[1]:.1f} C{right + LOOP_REACH:.1f},{start[1] - 14:.1f}"
-                f" {right + LOOP_REACH:.1f},{end[1] + 14:.1f} {end[0] + 1:.1f},{end[1]:.1f}"
-            )
+            low, high = y - placed.h / 2 + 2, y + placed.h / 2 - 2  # the loop leaves and enters the box
+            out_y, in_y = min(max(middle - spread, low), high), min(max(middle + spread, low), high)
+            reach = right + LOOP_REACH
+            curve = f"C{reach:.1f},{out_y - 14:.1f} {reach:.1f},{in_y + 14:.1f} {right + 1:.1f},{in_y:.1f}"
+            path = f"M{right:.1f},{out_y:.1f} {curve}"
             taken = bool(edge.taken)
             out += [self._open_edge(edge, taken), self._stroke(path, edge, taken)]
             width = _label_size(lines)[0]
