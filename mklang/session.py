@@ -111,13 +111,16 @@ def connect_mcp(given: list[str] | None, config: HostConfig | None) -> McpHub | 
     return McpHub(servers, config.read_only_tools if config else frozenset()).connect()
 
 
-def preflight(machine: Machine, host: Host) -> None:
+def preflight(machine: Machine, host: Host, checked: frozenset[str] = frozenset()) -> None:
     """Refuse, before the first model call, what would stop a run after it had paid for some.
 
     Every machine the run may call passes its static checks (the `mklang`
-    version line among them; `mklang.load` and the CLI check the root). A scenario scripts only tools and hooks that
-    the machines declare or use; any other host implements all of them. The
-    provider's API key was checked when the provider was built.
+    version line among them; `mklang.load` and the CLI check the root), but
+    those `checked` already: a resume names the files its checkpoint found
+    unchanged, which passed them when the run started (`Resumable.checked`).
+    A scenario scripts only tools and hooks that the machines declare or use;
+    any other host implements all of them. The provider's API key was checked
+    when the provider was built.
     """
     from mklang.checker import require_runnable
     from mklang.host.registry import BUILTIN_TOOLS, as_registry
@@ -127,7 +130,8 @@ def preflight(machine: Machine, host: Host) -> None:
 
     machines = machine_tree(machine)
     for called in machines[1:]:  # every way to start a run has checked the root already
-        require_runnable(called)
+        if called.path not in checked:
+            require_runnable(called)
     tools = {d.name for m in machines for d in m.tools}
     tools |= {s.face.tool for m in machines for s in m.states if isinstance(s.face, ToolUse)}
     hooks = {d.name for m in machines for d in m.hooks}

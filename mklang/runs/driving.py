@@ -114,7 +114,7 @@ def proceed(
     from mklang.checkpoint.segments import copy_segments
     from mklang.checkpoint.trust import BUDGETS, run_settings
 
-    preflight(resumable.chain[0].machine, host)
+    preflight(resumable.chain[0].machine, host, checked=resumable.checked)
     envelope = resumable.envelope
     given: dict[str, Any] = {name: options.get(name) for name in (*BUDGETS, "hitl", "concurrency")}
     untrusted_flow = options.get("untrusted_flow")

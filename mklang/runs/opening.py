@@ -28,6 +28,7 @@ from mklang.providers.base import Usage, decode_answer
 from mklang.runs.request import Tell, on_stderr
 from mklang.stores import Location, RunLock, locate
 from mklang.syntax.machines import MachineLoader, file_sha256
+from mklang.version import __version__
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import Envelope
@@ -52,6 +53,9 @@ class Resumable:
     trusted: bool = True  # signed with this user's key: it may choose host settings (ADR 0014)
     lock: RunLock | None = None
     notes: list[str] = field(default_factory=list)  # what the caller should tell the user before it runs
+    # The machine files that passed the static checks when the run started, as far as this
+    # version can tell: those of a trusted checkpoint it wrote, each found with its recorded sha256.
+    checked: frozenset[str] = frozenset()
 
     def release(self) -> None:
         if self.lock is not None:
@@ -67,6 +71,7 @@ class _Verified:
     paths: MachinePaths
     machines_note: str | None
     notes: list[str]
+    hashed: frozenset[str]  # the machine files found with the sha256 the checkpoint records
 
 
 class OpenOptions(TypedDict, total=False):
@@ -106,6 +111,8 @@ def open_run(
         resumable = _rebuild(location, envelope, verified)
         _recover(resumable, verified.paths, options.get("trust", False))
         _fit(resumable)
+        if resumable.trusted and resumable.envelope.mklang_version == __version__:
+            resumable.checked = verified.hashed
     except BaseException:
         if held is not None:
             held.release()
@@ -149,7 +156,8 @@ def _verify(
     paths = MachinePaths(root)
     if not force:
         _verify_hashes(envelope.machines, paths)
-    return _Verified(trusted, paths, note, [rolled_back] if rolled_back else [])
+    hashed = frozenset() if force else frozenset(str(paths.file(name)) for name in envelope.machines)
+    return _Verified(trusted, paths, note, [rolled_back] if rolled_back else [], hashed)
 
 
 def _require_seal(location: Location, envelope: Envelope, trust: bool) -> bool:

@@ -1144,3 +1144,39 @@ def test_an_old_envelope_put_back_in_a_database_is_refused_by_the_generation_the
         db.execute("UPDATE mklang_runs SET envelope = ? WHERE run = 'r'", (old,))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "another-machine"))
     assert "is older than generation" in refusal(path)
+
+
+def test_a_resume_checks_only_the_machines_its_checkpoint_cannot_vouch_for(tmp_path, monkeypatch):
+    """The hashes and the frames are checked on every resume; the static checks are not run again on a
+    machine file a signed checkpoint of this version found unchanged: it passed them when the run
+    started. A file not hashed yet, a `force`d resume and an untrusted checkpoint are checked."""
+    import mklang.checker
+
+    shutil.copytree(EXAMPLES / "nested", tmp_path / "nested")
+    machine = load_file(tmp_path / "nested" / "brief.mk")
+    scenario = load_script(tmp_path / "nested" / "scenarios.yaml")[0]
+    checked: list[str] = []
+    check = mklang.checker.check
+    monkeypatch.setattr(mklang.checker, "check", lambda m, *a, **k: checked.append(m.name) or check(m, *a, **k))
+    path = tmp_path / "cp.json"
+    assert start(machine, {}, Host.for_scenario(scenario), checkpoint=path, max_tokens=5).status == "suspended"
+    assert checked == ["section", "fact_check"]  # the root was checked as it was loaded
+    assert sorted(load(path).machines) == ["brief.mk", "section.mk"]  # fact_check.mk is not entered yet
+    for copy, options, expected in (
+        ("trusted", {}, ["fact_check"]),
+        ("forced", {"force": True}, ["section", "fact_check"]),
+        ("untrusted", {"trust": True}, ["section", "fact_check"]),
+    ):
+        shutil.copy(path, tmp_path / f"{copy}.json")
+        checked.clear()
+        again = {"allow_rollback": True}  # each copy repeats the same run
+        with monkeypatch.context() as key:
+            if copy == "untrusted":
+                key.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+            resumed = resume(
+                tmp_path / f"{copy}.json", Host.for_scenario(scenario), max_tokens=10**6, **again, **options
+            )
+        assert (resumed.status, checked) == ("done", expected), copy
+    (tmp_path / "nested" / "section.mk").write_text("mklang 0.4\nnot a machine\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"section\.mk: machine file changed since the checkpoint was written"):
+        resume(path, Host.for_scenario(scenario), allow_rollback=True)  # what the checks would find, the hash finds
