@@ -33,7 +33,7 @@ SCHEMA_VERSION = 1  # raised when an event's meaning or a field changes; new kin
 
 
 @dataclass(frozen=True, slots=True)
-class Segment:
+class PathLevel:
     """One level of a run in an event's path: its machine, the state it runs (the
     state's step number) and, inside a fan-out of that state, the branch's index."""
 
@@ -48,7 +48,7 @@ class Segment:
 
 # The path of the code running now: set by the engine as it enters a state or a branch, and
 # carried into a fan-out branch's thread with the rest of its caller's context.
-PATH: ContextVar[tuple[Segment, ...]] = ContextVar("mklang_path", default=())
+PATH: ContextVar[tuple[PathLevel, ...]] = ContextVar("mklang_path", default=())
 
 
 @dataclass(kw_only=True)
@@ -61,7 +61,7 @@ class Event:
     run_id: str = ""
     seq: int = 0  # 1, 2, ... in the order this process emitted the run's events
     time: float = 0.0  # seconds since the epoch
-    path: tuple[Segment, ...] = ()
+    path: tuple[PathLevel, ...] = ()
     run: str | None = None
 
     @property

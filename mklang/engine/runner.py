@@ -57,7 +57,7 @@ def run_frame(rt: Runtime, level: Level, resume: list[Frame] | None = None) -> F
         events.PATH.reset(entered)
 
 
-def _loop(rt: Runtime, level: Level, outer: tuple[events.Segment, ...], resume: list[Frame] | None) -> Frame:
+def _loop(rt: Runtime, level: Level, outer: tuple[events.PathLevel, ...], resume: list[Frame] | None) -> Frame:
     """The loop of `run_frame`: each state runs with its segment ending the event path (`outer`
     is the path of the state that called this level)."""
     frame = level.frame
@@ -77,7 +77,7 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.Segment, ...], resume: 
         step_no = len(frame.trace) + 1
         observed = rt.observer is not None  # the path and the spend so far are only for events
         if observed:
-            events.PATH.set((*outer, events.Segment(frame.machine.name, frame.state, step_no)))
+            events.PATH.set((*outer, events.PathLevel(frame.machine.name, frame.state, step_no)))
         if not resume:
             if not level.branch:
                 rt.journal.loop_top(level.chain)
@@ -535,7 +535,7 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
         if observed:
             rt.emit(events.BranchStarted(index=i, count=count))
             *above, here = events.PATH.get()
-            inside = events.PATH.set((*above, events.Segment(here.machine, here.state, here.step, i)))
+            inside = events.PATH.set((*above, events.PathLevel(here.machine, here.state, here.step, i)))
         status: events.BranchStatus = "stopped"  # unless it returns
         try:
             record, status = run_branch(i, branch_calls)

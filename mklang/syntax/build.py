@@ -1,6 +1,6 @@
 """Parse tree to model: one method per grammar rule, named like the rule.
 
-Rules return small `Item`s (a statement with its span); `start` and `state`
+Rules return small `Clause`s (a statement with its span); `start` and `state`
 assemble them into the model. Problems that make a model impossible (a
 missing `entry`, a state with two faces, `budget 2.5`) are collected as
 diagnostics and raised together as one `MkSyntaxError`; every other rule of
@@ -27,7 +27,7 @@ FACE_WORDS = {"produce": "a prompt", "call": "a call", "tool": "a tool"}
 
 
 @dataclass
-class Item:
+class Clause:
     """One statement of the file or of a state body."""
 
     key: str
@@ -118,9 +118,9 @@ class Builder:
             return None
         return str(token)
 
-    def _fields(self, items: list[Item], owner: str) -> dict[str, Item]:
+    def _fields(self, items: list[Clause], owner: str) -> dict[str, Clause]:
         """One item per key; a repeated key is reported at its second occurrence."""
-        fields: dict[str, Item] = {}
+        fields: dict[str, Clause] = {}
         for item in items:
             if item.key in fields:
                 first = fields[item.key].span.line
@@ -163,28 +163,28 @@ class Builder:
 
     # -- header lines --------------------------------------------------------
 
-    def version(self, meta, number) -> Item:
-        return Item("version", str(number), self._span(meta))
+    def version(self, meta, number) -> Clause:
+        return Clause("version", str(number), self._span(meta))
 
-    def machine_name(self, meta, name) -> Item:
-        return Item("name", self.plain_name(name, "a machine name"), self._span(meta))
+    def machine_name(self, meta, name) -> Clause:
+        return Clause("name", self.plain_name(name, "a machine name"), self._span(meta))
 
-    def entry(self, meta, name) -> Item:
-        return Item("entry", self.plain_name(name, "a state name"), self._span(meta))
+    def entry(self, meta, name) -> Clause:
+        return Clause("entry", self.plain_name(name, "a state name"), self._span(meta))
 
-    def budget(self, meta, number) -> Item:
-        return Item("budget", self.whole_number(number, "budget"), self._span(meta))
+    def budget(self, meta, number) -> Clause:
+        return Clause("budget", self.whole_number(number, "budget"), self._span(meta))
 
-    def tier(self, meta, name) -> Item:
-        return Item("tier", self.one_of(name, TIERS, "tier"), self._span(meta))
+    def tier(self, meta, name) -> Clause:
+        return Clause("tier", self.one_of(name, TIERS, "tier"), self._span(meta))
 
-    def result(self, meta, name) -> Item:
-        return Item("result", str(name), self._span(meta))
+    def result(self, meta, name) -> Clause:
+        return Clause("result", str(name), self._span(meta))
 
-    def context(self, meta, value) -> Item:
-        return Item("context", value, self._span(meta))
+    def context(self, meta, value) -> Clause:
+        return Clause("context", value, self._span(meta))
 
-    def tool_decl(self, meta, name, read_only, description) -> Item:
+    def tool_decl(self, meta, name, read_only, description) -> Clause:
         span = self._span(meta)
         node = ToolDeclaration(
             name=self.plain_name(name, "a tool name"),
@@ -192,62 +192,62 @@ class Builder:
             read_only=bool(read_only),
             span=span,
         )
-        return Item("tools", node, span)
+        return Clause("tools", node, span)
 
     def read_only(self, meta) -> bool:
         return True
 
-    def hook_decl(self, meta, name, description) -> Item:
+    def hook_decl(self, meta, name, description) -> Clause:
         span = self._span(meta)
         node = Declaration(name=self.plain_name(name, "a hook name"), description=description or "", span=span)
-        return Item("hooks", node, span)
+        return Clause("hooks", node, span)
 
     # -- state statements ----------------------------------------------------
 
-    def prompt(self, meta, text) -> Item:
-        return Item("prompt", text, self._span(meta))
+    def prompt(self, meta, text) -> Clause:
+        return Clause("prompt", text, self._span(meta))
 
-    def structure(self, meta, text) -> Item:
-        return Item("structure", text, self._span(meta))
+    def structure(self, meta, text) -> Clause:
+        return Clause("structure", text, self._span(meta))
 
-    def execution(self, meta, text) -> Item:
-        return Item("execution", text, self._span(meta))
+    def execution(self, meta, text) -> Clause:
+        return Clause("execution", text, self._span(meta))
 
-    def reason(self, meta) -> Item:
-        return Item("reason", True, self._span(meta))
+    def reason(self, meta) -> Clause:
+        return Clause("reason", True, self._span(meta))
 
-    def parse(self, meta, mode) -> Item:
-        return Item("parse", self.one_of(mode, PARSE_MODES, "parse"), self._span(meta))
+    def parse(self, meta, mode) -> Clause:
+        return Clause("parse", self.one_of(mode, PARSE_MODES, "parse"), self._span(meta))
 
-    def call(self, meta, name, inputs) -> Item:
+    def call(self, meta, name, inputs) -> Clause:
         span = self._span(meta)
         face = Call(machine=self.plain_name(name, "a machine name"), input=inputs, span=span)
-        return Item("call", face, span)
+        return Clause("call", face, span)
 
-    def tool_use(self, meta, name, inputs) -> Item:
+    def tool_use(self, meta, name, inputs) -> Clause:
         span = self._span(meta)
-        return Item("tool", ToolUse(tool=self.plain_name(name, "a tool name"), input=inputs, span=span), span)
+        return Clause("tool", ToolUse(tool=self.plain_name(name, "a tool name"), input=inputs, span=span), span)
 
-    def output(self, meta, name) -> Item:
-        return Item("output", self.plain_name(name, "an output key"), self._span(meta))
+    def output(self, meta, name) -> Clause:
+        return Clause("output", self.plain_name(name, "an output key"), self._span(meta))
 
-    def accumulate(self, meta) -> Item:
-        return Item("accumulate", True, self._span(meta))
+    def accumulate(self, meta) -> Clause:
+        return Clause("accumulate", True, self._span(meta))
 
-    def sample(self, meta, number) -> Item:
-        return Item("sample", self.whole_number(number, "sample"), self._span(meta))
+    def sample(self, meta, number) -> Clause:
+        return Clause("sample", self.whole_number(number, "sample"), self._span(meta))
 
-    def over(self, meta, path) -> Item:
-        return Item("over", str(path), self._span(meta))
+    def over(self, meta, path) -> Clause:
+        return Clause("over", str(path), self._span(meta))
 
-    def max_visits(self, meta, number) -> Item:
-        return Item("max_visits", self.whole_number(number, "max_visits"), self._span(meta))
+    def max_visits(self, meta, number) -> Clause:
+        return Clause("max_visits", self.whole_number(number, "max_visits"), self._span(meta))
 
     # -- gates ---------------------------------------------------------------
 
-    def gate(self, meta, condition: dict, policy: dict) -> Item:
+    def gate(self, meta, condition: dict, policy: dict) -> Clause:
         span = self._span(meta)
-        return Item("gate", Gate(**condition, **policy, span=span), span)
+        return Clause("gate", Gate(**condition, **policy, span=span), span)
 
     def when(self, _meta, text, hook) -> dict:
         return {"when": text, "hook": hook}
@@ -287,12 +287,12 @@ class Builder:
 
     # -- assembly ------------------------------------------------------------
 
-    def state(self, meta, name, *items: Item) -> Item:
+    def state(self, meta, name, *items: Clause) -> Clause:
         return self.assemble_state(
             self.plain_name(name, "a state name"), _token_span(name, self.file), self._span(meta), items
         )
 
-    def assemble_state(self, state_name: str, name_span: Span, span: Span, items) -> Item:
+    def assemble_state(self, state_name: str, name_span: Span, span: Span, items) -> Clause:
         """A state from its statements (shared with the YAML front end)."""
         owner = f'state "{state_name}"'
         gates = [item.value for item in items if item.key == "gate"]
@@ -301,7 +301,7 @@ class Builder:
         if "output" not in fields:
             self.report(span, "no-output", f"{owner} has no output: add `output <key>`")
         if face is None or "output" not in fields:
-            return Item("state", None, span)
+            return Clause("state", None, span)
         node = State(
             name=state_name,
             face=face,
@@ -314,11 +314,11 @@ class Builder:
                 if key in fields
             },
         )
-        return Item("state", node, span)
+        return Clause("state", node, span)
 
-    def _face(self, fields: dict[str, Item], owner: str, name_span: Span):
+    def _face(self, fields: dict[str, Clause], owner: str, name_span: Span):
         """The one face of a state, or None after reporting why there is not exactly one."""
-        kinds: dict[str, Item] = {}
+        kinds: dict[str, Clause] = {}
         for key, item in fields.items():
             kind = "produce" if key in PRODUCE_FIELDS else key if key in ("call", "tool") else None
             if kind and kind not in kinds:
@@ -349,13 +349,13 @@ class Builder:
         values = {key: fields[key].value for key in PRODUCE_FIELDS if key in fields}
         return Produce(**values, span=item.span)
 
-    def start(self, _meta, *items: Item) -> Machine | None:
+    def start(self, _meta, *items: Clause) -> Machine | None:
         return self.assemble_machine(items)
 
     def assemble_machine(self, items) -> Machine | None:
         """The machine from its top-level statements (shared with the YAML front end)."""
-        declarations: dict[str, list[Item]] = {"tools": [], "hooks": [], "state": []}
-        singles: list[Item] = []
+        declarations: dict[str, list[Clause]] = {"tools": [], "hooks": [], "state": []}
+        singles: list[Clause] = []
         for item in items:
             (declarations.get(item.key, singles)).append(item)
         fields = self._fields(singles, "the machine")

@@ -1,7 +1,7 @@
 """YAML machine documents in the original mklang layout (SPEC section 2, last bullet).
 
 The document is composed into YAML nodes (which carry line marks), each entry
-becomes the same statement `Item` the `.mk` grammar produces, and the
+becomes the same statement `Clause` the `.mk` grammar produces, and the
 `.mk` builder assembles the machine, so both syntaxes obey one set of rules
 and diagnostics point at YAML lines.
 """
@@ -14,7 +14,7 @@ from typing import Any
 from mklang.effects import LEGACY_READ_ONLY
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolDeclaration, ToolUse
-from mklang.syntax.build import Builder, Item
+from mklang.syntax.build import Builder, Clause
 from mklang.vocabulary import LANGUAGE_VERSION, PARSE_MODES, PLACEHOLDER, TIERS, VERSION_NUMBER
 
 # YAML key -> `.mk` statement, where they differ.
@@ -90,11 +90,11 @@ class _Reader:
         for key, key_node, node in self.mapping(root, "the machine", allowed):
             span = self.span(key_node)
             if key in ("tools", "hooks"):
-                items += [Item(key, decl, decl.span or span) for decl in self.declarations(node, key)]
+                items += [Clause(key, decl, decl.span or span) for decl in self.declarations(node, key)]
             elif key == "states":
                 items += self.states(node)
             else:
-                items.append(Item(TOP_KEYS[key], self.top_value(TOP_KEYS[key], node), span))
+                items.append(Clause(TOP_KEYS[key], self.top_value(TOP_KEYS[key], node), span))
         items += _legacy_declarations(items)
         return self.builder.assemble_machine(items)
 
@@ -161,7 +161,7 @@ class _Reader:
             )
         return found
 
-    def states(self, node) -> list[Item]:
+    def states(self, node) -> list[Clause]:
         """`states` as a mapping name -> state, or as a list of states with a `name`."""
         if isinstance(node, self.yaml.MappingNode):
             pairs = [(self.value(k), k, v) for k, v in node.value]
@@ -182,7 +182,7 @@ class _Reader:
             return []
         return [self.state(self.name(name_node, "a state name"), name_node, body) for _, name_node, body in pairs]
 
-    def state(self, name: str, name_node, node) -> Item:
+    def state(self, name: str, name_node, node) -> Clause:
         items, inputs, faces = [], None, []
         for key, key_node, value_node in self.mapping(node, f'state "{name}"', STATE_KEYS):
             span = self.span(key_node)
@@ -197,10 +197,10 @@ class _Reader:
             elif key in ("call", "tool"):
                 faces.append((key, self.name(value_node, f"a {'machine' if key == 'call' else 'tool'} name"), span))
             elif key in ("sample", "max_visits"):
-                items.append(Item(key, self.builder.whole_number(value, key, span), span))
+                items.append(Clause(key, self.builder.whole_number(value, key, span), span))
             elif key in ("reason", "accumulate"):
                 if value:
-                    items.append(Item(key, True, span))
+                    items.append(Clause(key, True, span))
             elif key == "over":
                 match = PLACEHOLDER.fullmatch(value.strip()) if isinstance(value, str) else None
                 path = match.group(1) if match else value
@@ -210,30 +210,32 @@ class _Reader:
                         "invalid-name",
                         f'over must name a context list, as "{{{{list}}}}" or list, not {value!r}',
                     )
-                items.append(Item(key, path if isinstance(path, str) else "_", span))
+                items.append(Clause(key, path if isinstance(path, str) else "_", span))
             elif key in ("tier", "parse"):
                 allowed = TIERS if key == "tier" else PARSE_MODES
-                items.append(Item(key, self.builder.one_of(value, allowed, key, span), span))
+                items.append(Clause(key, self.builder.one_of(value, allowed, key, span), span))
             elif key == "output":
-                items.append(Item(key, self.name(value_node, "an output key"), span))
+                items.append(Clause(key, self.name(value_node, "an output key"), span))
             else:
-                items.append(Item(key, self.text(value_node, key), span))
+                items.append(Clause(key, self.text(value_node, key), span))
         for key, value, span in faces:  # the `input` map applies to whichever face there is
             face = (Call(machine=str(value), input=inputs, span=span) if key == "call"
                     else ToolUse(tool=str(value), input=inputs, span=span))  # fmt: skip
-            items.append(Item(key, face, span))
+            items.append(Clause(key, face, span))
         name_span, body = self.span(name_node), self.span(node)
         span = Span(
             file=self.file, line=name_span.line, col=name_span.col, end_line=body.end_line, end_col=body.end_col
         )
         return self.builder.assemble_state(name, name_span, span, items)
 
-    def gates(self, node) -> list[Item]:
+    def gates(self, node) -> list[Clause]:
         if not isinstance(node, self.yaml.SequenceNode):
             self.error(node, "invalid-value", "gates must be a list")
             return []
         return [
-            Item("gate", gate, gate.span or self.span(node)) for gate in map(self.gate, node.value) if gate is not None
+            Clause("gate", gate, gate.span or self.span(node))
+            for gate in map(self.gate, node.value)
+            if gate is not None
         ]
 
     def gate(self, node) -> Gate | None:
@@ -274,17 +276,17 @@ class _Reader:
         )
 
 
-def _legacy_declarations(items: list[Item]) -> list[Item]:
+def _legacy_declarations(items: list[Clause]) -> list[Clause]:
     """A declaration `read_only` for each of 1.x's read-only built-ins a state uses undeclared:
     the machine keeps the classification 1.x gave it, in `.mk` too once converted."""
     declared = {item.value.name for item in items if item.key == "tools"}
-    added: dict[str, Item] = {}
+    added: dict[str, Clause] = {}
     for item in items:
         if item.key != "state" or item.value is None:
             continue
         face = item.value.face
         if isinstance(face, ToolUse) and face.tool in LEGACY_READ_ONLY and face.tool not in declared | set(added):
-            added[face.tool] = Item("tools", ToolDeclaration(name=face.tool, read_only=True), item.span)
+            added[face.tool] = Clause("tools", ToolDeclaration(name=face.tool, read_only=True), item.span)
     return list(added.values())
 
 

@@ -142,7 +142,7 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
 
 
-def _keys(path: tuple[events.Segment, ...]) -> Key:
+def _keys(path: tuple[events.PathLevel, ...]) -> Key:
     """The span an event's path is in: each level's state, inside its branch, inside the call
     state that called the level below."""
     key: list[tuple[Any, ...]] = []

@@ -114,16 +114,16 @@ def test_events_of_concurrent_branches_nest_under_the_branch_they_ran_in(tmp_pat
     finished = [event.index for event in sink.of(events.BranchFinished)]
     assert sorted(started) == sorted(finished) == [0, 1, 2, 3]
     assert finished[-1] == 0  # the slow first branch ended last: the branches overlapped
-    fan_state = events.Segment("fan", "each", 1)
+    fan_state = events.PathLevel("fan", "each", 1)
     for event in sink.of(events.BranchStarted) + sink.of(events.BranchFinished):
         assert event.path == (fan_state,)
     for event in sink.of(events.ModelStarted):
         if event.path[0].state == "check":
-            assert event.path == (events.Segment("fan", "check", 2),)
+            assert event.path == (events.PathLevel("fan", "check", 2),)
             continue
         index = int(event.prompt["user"].split(":")[0].removeprefix("item "))
         # The branch that made the call, then the called machine's state.
-        assert event.path == (events.Segment("fan", "each", 1, index), events.Segment("item", "say", 1))
+        assert event.path == (events.PathLevel("fan", "each", 1, index), events.PathLevel("item", "say", 1))
     for event in sink.of(events.CallStarted):
         assert event.machine == "item" and event.path[0].branch is not None
     entered = [(len(event.path), event.machine, event.state) for event in sink.of(events.StateEntered)]
@@ -404,14 +404,14 @@ def test_the_live_view_shows_each_state_entered_outside_branches_against_the_bud
     view = LiveView()
     began = {"machine": "brief", "max_tokens": 100, "max_cost": None, "concurrency": 4, "hitl": False}
     view.emit(events.RunResumed(**began, recovered=False, spent=Usage(30, 12)))
-    levels = (events.Segment("brief", "add_section", 1), events.Segment("section", "write", 2))
+    levels = (events.PathLevel("brief", "add_section", 1), events.PathLevel("section", "write", 2))
     entered = events.StateEntered(
         path=levels, machine="section", state="write", step=2, steps=1, budget=5, spent=Usage(30, 12)
     )
     view.emit(entered)
     shown = str(view.live.renderable)
     assert shown == "▶ brief:add_section › section:write   steps 1/5   tokens 42/100"
-    in_branch = (events.Segment("brief", "add_section", 1, 0), events.Segment("section", "write", 1))
+    in_branch = (events.PathLevel("brief", "add_section", 1, 0), events.PathLevel("section", "write", 1))
     view.emit(dataclasses.replace(entered, path=in_branch, steps=0))
     view.emit(events.RunFinished(status="done", usage=Usage(50, 20)))
     assert str(view.live.renderable) == shown  # branches and other kinds leave it as it was
