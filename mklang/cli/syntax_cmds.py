@@ -118,12 +118,15 @@ def fmt_command(
         failed, changed = False, []
         for path in expand(files):
             try:
-                text = format_machine(load_file(path))
+                machine = load_file(path)
             except LoadError as error:
                 print(render_text(error.diagnostics, color=wants_color(sys.stderr)), file=sys.stderr)
                 failed = True
                 continue
+            text = format_machine(machine)
             is_yaml = path.suffix.lower() in YAML_SUFFIXES
+            if is_yaml and not check:
+                print(version_note(path, machine.version), file=sys.stderr)
             if check:
                 if is_yaml or path.read_text(encoding="utf-8") != text:
                     changed.append(path)
@@ -145,3 +148,13 @@ def fmt_command(
     if failed:
         raise typer.Exit(exitcodes.USAGE)
     raise typer.Exit(exitcodes.HALT if changed else exitcodes.OK)
+
+
+def version_note(path: Path, version: str | None) -> str:
+    """What `fmt` did to the language version of a YAML machine it printed as `.mk`: kept, never raised."""
+    from mklang.vocabulary import LANGUAGE_VERSION
+
+    if version is None:
+        return f"{path}: printed as .mk without a version line, as the YAML had none"
+    current = "" if version == LANGUAGE_VERSION else f"; this release's is {LANGUAGE_VERSION}: edit the line to upgrade"
+    return f"{path}: printed as .mk with its language version kept: mklang {version}{current}"

@@ -15,6 +15,7 @@ from mklang.effects import LEGACY_READ_ONLY
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolDeclaration, ToolUse
 from mklang.syntax.build import Builder, Clause
+from mklang.syntax.lexemes import Lexeme, scan_at
 from mklang.vocabulary import LANGUAGE_VERSION, PARSE_MODES, PLACEHOLDER, TIERS, VERSION_NUMBER
 
 # YAML key -> `.mk` statement, where they differ.
@@ -341,4 +342,29 @@ def parse_yaml(text: str, filename: str | None = None) -> Machine:
     if reader.builder.diagnostics:
         raise MkSyntaxError(sorted(reader.builder.diagnostics, key=lambda d: (d.line, d.col)))
     assert machine is not None, "the builder returns no machine only with diagnostics"
+    from mklang.syntax.comments import attach
+
+    attach(machine, yaml_comments(text))  # `fmt` keeps them, as it keeps a .mk file's
     return machine
+
+
+_COMMENT = re.compile(r"#[^\n]*")
+_COMMENT_START = re.compile(r"(?:^|(?<=[ \t\n]))#")
+
+
+def yaml_comments(text: str) -> list[Lexeme]:
+    """The comments of a YAML text. They lie between its tokens (a scalar token, block
+    scalars included, holds any `#` that is part of a value), where a `#` begins a comment
+    at a line's start or after a space."""
+    import yaml
+
+    found: list[re.Match[str]] = []
+    reached = 0
+    for token in [*yaml.scan(text, Loader=yaml.SafeLoader), None]:
+        start, end = (token.start_mark.index, token.end_mark.index) if token is not None else (len(text), len(text))
+        for mark in _COMMENT_START.finditer(text, reached, max(start, reached)):
+            comment = _COMMENT.match(text, mark.start())
+            if comment is not None and (not found or comment.start() >= found[-1].end()):
+                found.append(comment)
+        reached = max(reached, end)
+    return scan_at(text, found)

@@ -32,6 +32,7 @@ from mklang.effects import FLOW_POLICIES
 from mklang.scenarios import STATUS_1X, load_script
 from mklang.session import Host
 from mklang.syntax import load_file, parse
+from mklang.vocabulary import LANGUAGE_VERSION
 
 RELEASE = "mklang==1.4.0"
 INTERPRETER_1X = Path(__file__).with_name("interpreter_1x.py")
@@ -178,6 +179,14 @@ def test_a_1x_machine_checks_and_converts_to_canonical_mk(wheel_data, name, tmp_
     code, printed, err = cli("fmt", str(source))
     assert code == 0, err
     assert parse(printed) == load_file(source)
+    # Every comment is kept (the header documents the machine's inputs), and stderr says the version is kept.
+    comments = [
+        line.strip() for line in source.read_text(encoding="utf-8").splitlines() if line.strip().startswith("#")
+    ]
+    assert comments and all(comment in printed for comment in comments)
+    version = load_file(source).version
+    upgrade = "" if version == LANGUAGE_VERSION else f"; this release's is {LANGUAGE_VERSION}: edit the line to upgrade"
+    assert err == f"{source}: printed as .mk with its language version kept: mklang {version}{upgrade}\n"
     converted = tmp_path / f"{source.stem}.mk"
     converted.write_text(printed, encoding="utf-8")
     code, _, err = cli("check", str(converted))
