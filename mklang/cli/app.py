@@ -80,13 +80,25 @@ def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = N
 
     message = redacted(message)  # a store or broker URI in it keeps its password
     if diagnostics is None:
-        print(f"mklang: error: {printable(message)}", file=sys.stderr)
+        print(error_line(message), file=sys.stderr)
     if _JSON_ERRORS.get():
         document = {"status": "error", "error": message, "exit_code": code}
         if diagnostics is not None:
             document["diagnostics"] = [d.to_json() for d in diagnostics]
         print(json.dumps(finite(document), ensure_ascii=False, allow_nan=False))
     return typer.Exit(code)
+
+
+def error_line(message: str) -> str:
+    """The one line an error is printed as (`mklang mcp` answers it as a tool error too)."""
+    from mklang.errors import redacted
+
+    return f"mklang: error: {printable(redacted(message))}"
+
+
+def internal_error(error: Exception) -> str:
+    """What a failure nobody planned for says, without its traceback."""
+    return f"internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)"
 
 
 @contextmanager
@@ -121,7 +133,7 @@ def handle_errors(as_json: bool = False) -> Iterator[None]:
     except Exception as error:
         if debug_enabled():
             raise
-        raise fail(f"internal error: {type(error).__name__}: {error} (set MKLANG_DEBUG=1 for details)", 1) from None
+        raise fail(internal_error(error), 1) from None
     finally:
         _JSON_ERRORS.reset(token)
 

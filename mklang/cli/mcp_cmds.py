@@ -11,7 +11,9 @@ from typing import Any
 import typer
 
 from mklang import exitcodes
-from mklang.cli.app import OutputFormat, app, handle_errors, print_json, wants_json
+from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
+from mklang.cli.hosting import Hosting, hosted
+from mklang.cli.run_cmds import UntrustedFlowOpt, parse_duration, policy
 from mklang.errors import Diagnostic
 
 McpOpt = typer.Option(
@@ -108,3 +110,49 @@ def tool_findings(path: Path, host: Any, listed: list[Any]) -> list[Diagnostic]:
                 )
             )
     return found
+
+
+@app.command("mcp")
+@hosted("record")
+def mcp_server(
+    store: str = typer.Option("mklang-runs", "--store", help="Where runs persist: a folder or a store URI."),
+    http: str | None = typer.Option(
+        None, "--http", metavar="HOST:PORT", help="Serve streamable HTTP here (port 0: a free one), not stdio."
+    ),
+    machines: list[Path] | None = typer.Option(
+        None, "--machines", metavar="DIR", help="A folder machines are run from (default: this one). Repeatable."
+    ),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Ceiling of every run's tokens."),
+    max_cost: float | None = typer.Option(None, "--max-cost", min=0.0, help="Ceiling of every run's dollars."),
+    max_time: str | None = typer.Option(None, "--max-time", metavar="DURATION", help="Ceiling of a run's time."),
+    untrusted_flow: str | None = UntrustedFlowOpt,
+    hosting: Hosting = Hosting(),
+) -> None:
+    """Serve machines as the tools of an MCP server: check, describe, run, resume, answer, show, runs."""
+    with handle_errors():
+        try:
+            from mklang.mcp import server
+        except ImportError as error:
+            if (error.name or "").split(".")[0] in ("mcp", "anyio", "uvicorn", "starlette", "pydantic"):
+                raise fail("mklang mcp needs the mcp extra: pip install 'mklang[mcp]>=2'", exitcodes.USAGE) from None
+            raise
+        from mklang.mcp.tools import Owner
+        from mklang.stores import open_store
+
+        folders = [folder.resolve() for folder in machines or [Path.cwd()]]
+        missing = [str(folder) for folder in folders if not folder.is_dir()]
+        if missing:
+            raise fail(f"--machines {missing[0]}: not a folder")
+        ceilings = {"max_tokens": max_tokens, "max_cost": max_cost, "max_time": parse_duration(max_time)}
+        opened = open_store(store)
+        owner = Owner(folders, opened, store, ceilings, policy(untrusted_flow), hosting.settings)
+        try:
+            if http is None:
+                server.serve_stdio(owner)
+            else:
+                host, sep, port = http.rpartition(":")
+                if not sep or not port.isdigit() or not host:
+                    raise fail(f"--http expects HOST:PORT (127.0.0.1:8766, port 0: a free one), got {http!r}")
+                server.serve_http(owner, host.strip("[]"), int(port))
+        finally:
+            opened.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import socket
 import sys
 from collections.abc import Mapping
 from types import FrameType
@@ -11,8 +10,9 @@ from typing import Any
 
 import uvicorn
 
+from mklang.cli.listening import LOOPBACK, bind
 from mklang.console.web import Console, create_app
-from mklang.errors import UsageError, redacted
+from mklang.errors import redacted
 from mklang.stores import open_store
 
 EVERYWHERE = ("0.0.0.0", "::", "")
@@ -21,14 +21,14 @@ EVERYWHERE = ("0.0.0.0", "::", "")
 def serve(uri: str, *, host: str, port: int, hosting: Mapping[str, Any]) -> None:
     """Serve the console of the store `uri` until interrupted; `hosting` holds the host settings chosen."""
     store = open_store(uri, create=False)
-    listening = _bind(host, port)
+    listening = bind(host, port)
     token = secrets.token_urlsafe(32)
     console = Console(store, uri, token, hosting)
     bound = listening.getsockname()[1]
     shown = "127.0.0.1" if host in EVERYWHERE else host
     if ":" in shown:
         shown = f"[{shown}]"
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host not in LOOPBACK:
         print(
             f"mklang: warning: listening on {host or '0.0.0.0'}:{bound}: anyone who can reach this machine on that "
             f"port and has the token can read every run of {redacted(uri)} (outputs, context, questions) and answer "
@@ -54,18 +54,3 @@ class Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.console.changes.close()
         super().handle_exit(sig, frame)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket on `host:port` (port 0: a free one), or a one-line error."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listening = socket.socket(family, socket.SOCK_STREAM)
-    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listening.bind((host, port))
-    except OSError as error:
-        listening.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
-    listening.listen(128)
-    listening.set_inheritable(True)
-    return listening

@@ -20,8 +20,6 @@ import mklang
 from mklang.mcp.client import McpError, McpHub
 from mklang.mcp.servers import McpServer
 
-pytest.importorskip("mcp")
-
 COUNTER = str(ROOT / "tests" / "support" / "mcp_counter.py")
 TIME = f"time={sys.executable} -m mcp_server_time --local-timezone UTC"
 EMPTY_SCRIPT = "scenarios:\n  - name: tools-only\n    llm: {produce: []}\n"

@@ -1,0 +1,232 @@
+"""What `mklang mcp` does for each of its seven tools, in plain synchronous code (docs/mcp.md, ADR 0048).
+
+The server's owner decides what runs and how far: machines come only from the
+folders the server was started with, a caller may lower the owner's budgets
+but never raise them, and the untrusted-flow policy and the host (provider,
+script, plugins, MCP servers) are the owner's. Every run goes through the run
+service (`mklang.runs`): started at a name of the server's store, continued
+with the run's lock held, a human's answer applied only while the run waits
+on that very question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mklang.engine import RunResult
+from mklang.engine.events import EventSink
+from mklang.errors import UsageError
+from mklang.model import Machine
+from mklang.stores import Store
+from mklang.vocabulary import SUFFIXES
+
+BUDGETS = ("max_tokens", "max_cost", "max_time")  # what a caller may lower, never raise past the owner's
+
+
+@dataclass
+class Owner:
+    """What the person who started the server decided: the folders machines come from, the store,
+    the ceilings, the untrusted-flow policy and the host settings every run is answered with."""
+
+    folders: Sequence[Path]
+    store: Store
+    uri: str
+    ceilings: dict[str, float | None] = field(default_factory=dict)
+    untrusted_flow: str | None = None
+    hosting: dict[str, Any] = field(default_factory=dict)
+
+    def machine_path(self, given: str) -> Path:
+        """The machine file `given` names inside one of the folders (relative to it, or absolute
+        within it), symlinks followed: anything that lands outside them is refused."""
+        if not given or "\x00" in given:
+            raise UsageError("machine: give the path of a machine file inside the server's folders")
+        for folder in self.folders:
+            root = folder.resolve()
+            candidate = Path(given) if Path(given).is_absolute() else root / given
+            found = candidate.resolve()
+            if found.is_relative_to(root) and found.is_file():
+                if found.suffix.lower() not in SUFFIXES:
+                    raise UsageError(f"machine {given!r} is not a machine file ({', '.join(SUFFIXES)})")
+                return found
+        shown = ", ".join(str(folder) for folder in self.folders)
+        raise UsageError(f"machine {given!r} is not a machine file inside the folders this server runs ({shown})")
+
+    def bounds(self, asked: dict[str, float | None]) -> dict[str, Any]:
+        """The run's budgets: the caller's where given (each at most the owner's ceiling), else the owner's."""
+        chosen: dict[str, Any] = {}
+        for name in BUDGETS:
+            ceiling, wanted = self.ceilings.get(name), asked.get(name)
+            if wanted is not None and (wanted <= 0 or (ceiling is not None and wanted > ceiling)):
+                limit = "above 0" if ceiling is None else f"above 0 and at most this server's {ceiling:g}"
+                raise UsageError(f"{name} {wanted:g} is refused: a caller may only lower a budget ({limit})")
+            chosen[name] = wanted if wanted is not None else ceiling
+        return chosen
+
+
+def check(owner: Owner, machine: str) -> dict[str, Any]:
+    """The static checks of a machine: `mklang check --format json`'s diagnostics."""
+    from mklang.checker import check_file
+
+    path = owner.machine_path(machine)
+    found = [diagnostic.to_json() for diagnostic in check_file(path)]
+    return {"machine": str(path), "ok": not any(d["severity"] == "error" for d in found), "diagnostics": found}
+
+
+def describe(owner: Owner, machine: str) -> dict[str, Any]:
+    """A machine's states, gates, budgets and graph (Mermaid): what a caller needs to run it."""
+    from mklang.graph import condition_text, face_text, policy_text, render
+
+    loaded = _runnable(owner.machine_path(machine))
+    states = [
+        {
+            "name": state.name,
+            "does": face_text(state),
+            "output": state.output,
+            "gates": [
+                {
+                    "when": condition_text(gate),
+                    "policy": policy_text(gate) or gate.policy,
+                    "to": gate.target,
+                    "ask": gate.ask,
+                    "reply_to": gate.effective_reply_to if gate.policy == "escalate" else None,
+                }
+                for gate in state.gates
+            ],
+        }
+        for state in loaded.states
+    ]
+    return {
+        "name": loaded.name,
+        "entry": loaded.entry,
+        "budget": loaded.budget,
+        "result": loaded.result,
+        "context": loaded.context,
+        "tools": [tool.name for tool in loaded.tools],
+        "states": states,
+        "budgets": owner.bounds({}),
+        "mermaid": render(loaded, "mermaid"),
+    }
+
+
+def run(
+    owner: Owner, machine: str, context: dict[str, Any], asked: dict[str, float | None], observer: EventSink | None
+) -> dict[str, Any]:
+    """Start `machine` as a new run of the store, under a fresh name, waiting at every question."""
+    from mklang import runs
+    from mklang.batching import location
+    from mklang.session import Host
+
+    loaded = _runnable(owner.machine_path(machine))
+    name = f"mcp-{secrets.token_hex(16)}"  # unguessable: a caller cannot aim at another caller's run
+    with Host.build(**owner.hosting, max_cost=owner.bounds(asked)["max_cost"]) as host:
+        result = runs.start(
+            loaded,
+            context,
+            host,
+            checkpoint=location(owner.store, owner.uri, name),
+            hitl=True,
+            untrusted_flow=owner.untrusted_flow,
+            observer=observer,
+            **owner.bounds(asked),
+        )
+    return outcome(name, result)
+
+
+def resume(
+    owner: Owner,
+    name: str,
+    answering: tuple[str, str] | None,
+    asked: dict[str, float | None],
+    observer: EventSink | None,
+) -> dict[str, Any]:
+    """Continue a run of the store with its lock held. `answering` (a question's id and the reply)
+    sets the reply where the run expects it, as `resume --set REPLY_TO=REPLY` does, only while the
+    run waits on that very question: read under the lock, so of two answers one wins, and the
+    other changes nothing and is told."""
+    from mklang import runs
+    from mklang.batching import location
+    from mklang.cli.run_cmds import parse_value
+    from mklang.session import Host
+    from mklang.stores import run_name
+
+    where = location(owner.store, owner.uri, run_name(name, "run"))
+    bounds = owner.bounds(asked)
+    with runs.opened(where) as resumable:
+        reply: dict[str, Any] = {}
+        if answering is not None:
+            question, text = answering
+            waiting = question_id(name, resumable.chain)
+            if waiting != question:
+                now = "waits on no question" if waiting is None else f"waits on question {waiting}"
+                raise UsageError(f"run {name} does not wait on question {question} (it {now}): nothing changed")
+            ask: dict[str, Any] = dict(resumable.chain[-1].ask or {})
+            reply = {str(ask.get("reply_to")): parse_value(text)}
+        with Host.resumed(resumable, owner.hosting, bounds["max_cost"]) as host:
+            result = runs.proceed(
+                resumable,
+                host,
+                reply=reply,
+                hitl=True,
+                untrusted_flow=owner.untrusted_flow,
+                observer=observer,
+                **{key: value for key, value in bounds.items() if asked.get(key) is not None},
+            )
+    return outcome(name, result)
+
+
+def show(owner: Owner, name: str, last: int) -> dict[str, Any]:
+    """What `mklang show STORE#RUN` says of a run: status, reason, frames, spend, last steps, pending question."""
+    from mklang.batching import location
+    from mklang.inspection import describe as described
+    from mklang.stores import run_name
+
+    return described(location(owner.store, owner.uri, run_name(name, "run")), last=last)
+
+
+def listing(owner: Owner, statuses: list[str], limit: int) -> dict[str, Any]:
+    """The store's runs, newest first, as `mklang runs --format json` lists them (without their paths)."""
+    from mklang.stores import RunQuery
+
+    found = owner.store.summaries(RunQuery(statuses=tuple(statuses), limit=limit))
+    return {"runs": [summary.to_json() for summary in found]}
+
+
+def outcome(name: str, result: RunResult) -> dict[str, Any]:
+    """How a run ended, and what a caller needs to go on: the run's name and the question it waits on."""
+    waiting = question_id(name, result.frames) if result.status == "suspended" and result.reply_to else None
+    return {
+        "run": name,
+        "status": result.status,
+        "reason": result.reason,
+        "error": result.error if result.status == "halted" else None,
+        "at": result.at,
+        "result": result.result if result.status == "done" else None,
+        "question": None
+        if waiting is None
+        else {"id": waiting, "ask": result.ask, "reply_to": result.reply_to, "answer_with": "answer"},
+        "usage": result.usage.to_json(),
+    }
+
+
+def question_id(name: str, frames: Sequence[Any]) -> str | None:
+    """The question a run waits on, named by the run, where each level stands and what is asked:
+    an answer names it, so an answer meant for an earlier question never answers a later one."""
+    ask = frames[-1].ask if frames else None
+    if not ask or not ask.get("reply_to"):
+        return None
+    where = [[frame.machine.name, frame.state, frame.steps] for frame in frames]
+    text = json.dumps([name, where, ask.get("ask"), ask.get("reply_to")], sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _runnable(path: Path) -> Machine:
+    from mklang.checker import require_runnable
+    from mklang.syntax import load_file
+
+    return require_runnable(load_file(path))
