@@ -23,7 +23,7 @@ from mklang.engine import RunResult
 from mklang.engine.events import EventSink
 from mklang.errors import UsageError
 from mklang.model import Machine
-from mklang.stores import Store
+from mklang.stores import RunStore
 from mklang.vocabulary import SUFFIXES
 
 BUDGETS = ("max_tokens", "max_cost", "max_time")  # what a caller may lower, never raise past the owner's
@@ -35,7 +35,7 @@ class Owner:
     the ceilings, the untrusted-flow policy and the host settings every run is answered with."""
 
     folders: Sequence[Path]
-    store: Store
+    store: RunStore
     uri: str
     ceilings: dict[str, float | None] = field(default_factory=dict)
     untrusted_flow: str | None = None
@@ -191,9 +191,9 @@ def show(owner: Owner, name: str, last: int) -> dict[str, Any]:
 
 def listing(owner: Owner, statuses: list[str], limit: int) -> dict[str, Any]:
     """The store's runs, newest first, as `mklang runs --format json` lists them (without their paths)."""
-    from mklang.stores import RunQuery
+    from mklang.stores import RunQuery, summaries_of
 
-    found = owner.store.summaries(RunQuery(statuses=tuple(statuses), limit=limit))
+    found = summaries_of(owner.store, RunQuery(statuses=tuple(statuses), limit=limit))
     return {"runs": [summary.to_json() for summary in found]}
 
 
