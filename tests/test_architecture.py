@@ -317,9 +317,16 @@ def taken_from_runs(source: str) -> set[str]:
     return taken
 
 
-# Every surface that continues a stored run: the CLI, the API, the console, batch claims (which the
+# Every surface that continues a stored run: the CLI, the API, the console, the MCP server, batch claims (which the
 # workers' and `mklang batch`'s passes use), and the scenario player.
-RESUMING = ["mklang.cli.run_cmds", "mklang._api", "mklang.console.answers", "mklang.runs.claims", "mklang.player"]
+RESUMING = [
+    "mklang.cli.run_cmds",
+    "mklang._api",
+    "mklang.console.answers",
+    "mklang.mcp.tools",
+    "mklang.runs.claims",
+    "mklang.player",
+]
 
 
 def test_a_stored_run_is_resumed_in_one_place():

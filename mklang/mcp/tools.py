@@ -119,21 +119,20 @@ def run(
 ) -> dict[str, Any]:
     """Start `machine` as a new run of the store, under a fresh name, waiting at every question."""
     from mklang import runs
-    from mklang.batching import location
-    from mklang.session import Host
 
     loaded = _runnable(owner.machine_path(machine))
     name = f"mcp-{secrets.token_hex(16)}"  # unguessable: a caller cannot aim at another caller's run
-    with Host.build(**owner.hosting, max_cost=owner.bounds(asked)["max_cost"]) as host:
+    bounds = owner.bounds(asked)
+    with runs.build_host(runs.RunRequest(hosting=owner.hosting, max_cost=bounds["max_cost"])) as host:
         result = runs.start(
             loaded,
             context,
             host,
-            checkpoint=location(owner.store, owner.uri, name),
+            checkpoint=runs.location(owner.store, owner.uri, name),
             hitl=True,
             untrusted_flow=owner.untrusted_flow,
             observer=observer,
-            **owner.bounds(asked),
+            **bounds,
         )
     return outcome(name, result)
 
@@ -145,45 +144,54 @@ def resume(
     asked: dict[str, float | None],
     observer: EventSink | None,
 ) -> dict[str, Any]:
-    """Continue a run of the store with its lock held. `answering` (a question's id and the reply)
-    sets the reply where the run expects it, as `resume --set REPLY_TO=REPLY` does, only while the
-    run waits on that very question: read under the lock, so of two answers one wins, and the
-    other changes nothing and is told."""
+    """Continue a run of the store (`runs.resume`). `answering` (a question's id and the reply) sets
+    the reply where the run expects it, as `resume --set REPLY_TO=REPLY` does, only while the run
+    waits on that very question: checked once its lock is held, so of two answers one wins, and
+    the other changes nothing and is told."""
     from mklang import runs
-    from mklang.batching import location
-    from mklang.cli.run_cmds import parse_value
+    from mklang.limits import parse_value
     from mklang.session import Host
     from mklang.stores import run_name
 
-    where = location(owner.store, owner.uri, run_name(name, "run"))
+    where = runs.location(owner.store, owner.uri, run_name(name, "run"))
     bounds = owner.bounds(asked)
-    with runs.opened(where) as resumable:
-        reply: dict[str, Any] = {}
+    reply: dict[str, Any] = {}
+    if answering is not None:
+        from mklang.runs.inspection import describe
+
+        reply_to = describe(where, last=0).get("reply_to")  # read unlocked: checked again under the lock
+        reply = {str(reply_to): parse_value(answering[1])} if reply_to else {}
+    request = runs.RunRequest(
+        source=where,
+        reply=reply,
+        hitl=True,
+        untrusted_flow=owner.untrusted_flow,
+        hosting=owner.hosting,
+        **{key: value for key, value in bounds.items() if asked.get(key) is not None},
+    )
+    hosts: list[Host] = []
+
+    def host_for(resumable: runs.Resumable) -> Host:
         if answering is not None:
-            question, text = answering
             waiting = question_id(name, resumable.chain)
-            if waiting != question:
+            if waiting != answering[0]:
                 now = "waits on no question" if waiting is None else f"waits on question {waiting}"
-                raise UsageError(f"run {name} does not wait on question {question} (it {now}): nothing changed")
-            ask: dict[str, Any] = dict(resumable.chain[-1].ask or {})
-            reply = {str(ask.get("reply_to")): parse_value(text)}
-        with Host.resumed(resumable, owner.hosting, bounds["max_cost"]) as host:
-            result = runs.proceed(
-                resumable,
-                host,
-                reply=reply,
-                hitl=True,
-                untrusted_flow=owner.untrusted_flow,
-                observer=observer,
-                **{key: value for key, value in bounds.items() if asked.get(key) is not None},
-            )
+                raise UsageError(f"run {name} does not wait on question {answering[0]} (it {now}): nothing changed")
+        hosts.append(runs.build_host(request, resumable))
+        return hosts[-1]
+
+    try:
+        result = runs.resume(request, host_for, observer=observer)
+    finally:
+        for host in hosts:
+            host.close()
     return outcome(name, result)
 
 
 def show(owner: Owner, name: str, last: int) -> dict[str, Any]:
     """What `mklang show STORE#RUN` says of a run: status, reason, frames, spend, last steps, pending question."""
-    from mklang.batching import location
-    from mklang.inspection import describe as described
+    from mklang.runs import location
+    from mklang.runs.inspection import describe as described
     from mklang.stores import run_name
 
     return described(location(owner.store, owner.uri, run_name(name, "run")), last=last)
