@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mklang.checkpoint.envelope import HostSettings
-from mklang.host.settings import ANSWERS, BY_NAME
+from mklang.host.settings import ANSWERS, BY_NAME, RUN_NAMES, RUN_SETTINGS
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 
@@ -44,9 +44,6 @@ def host_choice(recorded: HostSettings, given: dict[str, Any], trusted: bool) ->
     return dict(given), ignored
 
 
-BUDGETS = ("max_tokens", "max_cost", "max_time")
-
-
 def run_settings(recorded: dict[str, Any], given: dict[str, Any], trusted: bool) -> tuple[dict[str, Any], list[str]]:
     """The budgets, hitl and concurrency of a resume, and what of the file's it ignores.
 
@@ -57,15 +54,19 @@ def run_settings(recorded: dict[str, Any], given: dict[str, Any], trusted: bool)
     (`halt` is stricter than the default `report`); human gates stay on unless
     `--no-hitl`, and concurrency is at most the default.
     """
-    chosen = {name: given[name] if given[name] is not None else recorded[name] for name in recorded}
+    chosen = {name: given[name] if given[name] is not None else recorded[name] for name in RUN_NAMES}
     if trusted:
         return chosen, []
     ignored = []
-    if given["hitl"] is None:
-        chosen["hitl"] = True
-        if not recorded["hitl"]:
-            ignored.append("hitl false (human gates stay on; --no-hitl turns them off)")
-    if given["concurrency"] is None and recorded["concurrency"] > DEFAULT_RUN_CONCURRENCY:
-        chosen["concurrency"] = DEFAULT_RUN_CONCURRENCY
-        ignored.append(f"concurrency {recorded['concurrency']} (at most {DEFAULT_RUN_CONCURRENCY}; --concurrency N)")
+    for setting in RUN_SETTINGS:  # what the resume leaves out, the file decides only as `untrusted` says
+        name, file = setting.name, recorded[setting.name]
+        if given[name] is not None or setting.untrusted == "file":
+            continue
+        if setting.untrusted == "on":
+            chosen[name] = True
+            if not file:
+                ignored.append(f"{name} false (human gates stay on; --no-{name} turns them off)")
+        elif file > DEFAULT_RUN_CONCURRENCY:
+            chosen[name] = DEFAULT_RUN_CONCURRENCY
+            ignored.append(f"{name} {file} (at most {DEFAULT_RUN_CONCURRENCY}; --{name} N)")
     return chosen, ignored

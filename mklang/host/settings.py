@@ -1,4 +1,4 @@
-"""The host settings a run is built from, declared once (ADR 0039).
+"""The host settings a run is built from, and the run settings it goes by, each declared once (ADR 0039).
 
 A run's host comes from a few settings: a scenario script, or a provider,
 model and config; cassettes to replay or record; plugins. Each setting a
@@ -70,6 +70,34 @@ SETTINGS: tuple[Setting, ...] = (
 CHOSEN = tuple(setting for setting in SETTINGS if setting.help is not None)  # what a caller may choose
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 ANSWERS = tuple(setting.name for setting in SETTINGS if setting.resumed == "answers")
+
+
+# From a checkpoint not signed with your key, a run setting the resume leaves out is:
+# "file": the file's, which can only make the run stricter (a lower budget, `halt`);
+# "on": on, whatever the file says (human gates); "capped": at most the default (calls in flight).
+Untrusted = Literal["file", "on", "capped"]
+
+
+class RunSetting(NamedTuple):
+    """One run setting: how a run may go, whoever answers it. Each is a field of `runs.RunRequest`,
+    of the CLI's `RunFlags` and the API's keywords, and of the envelope (a `budget` in its `budgets`),
+    as tests/host/test_settings.py holds them to this declaration."""
+
+    name: str
+    untrusted: Untrusted
+    budget: bool = False  # one of the run's budgets: a continued run's value is a new total
+
+
+RUN_SETTINGS: tuple[RunSetting, ...] = (
+    RunSetting("max_tokens", "file", budget=True),
+    RunSetting("max_cost", "file", budget=True),
+    RunSetting("max_time", "file", budget=True),
+    RunSetting("hitl", "on"),
+    RunSetting("concurrency", "capped"),
+    RunSetting("untrusted_flow", "file"),
+)
+RUN_NAMES = tuple(setting.name for setting in RUN_SETTINGS)
+BUDGETS = tuple(setting.name for setting in RUN_SETTINGS if setting.budget)
 
 
 def given(**values: Any) -> dict[str, Any]:

@@ -112,18 +112,17 @@ def proceed(
     the run ends. `on_end` is handed the envelope the run ended with, as `start`'s is.
     """
     from mklang.checkpoint.segments import copy_segments
-    from mklang.checkpoint.trust import BUDGETS, run_settings
+    from mklang.checkpoint.trust import run_settings
+    from mklang.host.settings import BUDGETS, RUN_NAMES, RUN_SETTINGS
 
     preflight(resumable.chain[0].machine, host, checked=resumable.checked)
     envelope = resumable.envelope
-    given: dict[str, Any] = {name: options.get(name) for name in (*BUDGETS, "hitl", "concurrency")}
+    given: dict[str, Any] = {name: options.get(name) for name in RUN_NAMES}
     untrusted_flow = options.get("untrusted_flow")
     given["untrusted_flow"] = None if untrusted_flow is None else check_policy(untrusted_flow)
     recorded = {
-        **envelope.budgets.model_dump(),
-        "hitl": envelope.hitl,
-        "concurrency": envelope.concurrency,
-        "untrusted_flow": envelope.untrusted_flow,
+        setting.name: getattr(envelope.budgets if setting.budget else envelope, setting.name)
+        for setting in RUN_SETTINGS
     }
     settings, ignored = run_settings(recorded, given, resumable.trusted)
     if ignored:

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mklang.host.settings import BY_NAME, given
+from mklang.host.settings import BY_NAME, RUN_NAMES, given
 from mklang.terminal import printable
 
 if TYPE_CHECKING:
@@ -120,11 +120,4 @@ class RunRequest:
 
     def bounds(self) -> dict[str, Any]:
         """Its budgets, calls in flight, human gates and untrusted-flow policy, by name (None: not given)."""
-        return {
-            "max_tokens": self.max_tokens,
-            "max_cost": self.max_cost,
-            "max_time": self.max_time,
-            "concurrency": self.concurrency,
-            "hitl": self.hitl,
-            "untrusted_flow": self.untrusted_flow,
-        }
+        return {name: getattr(self, name) for name in RUN_NAMES}

@@ -114,3 +114,41 @@ def test_a_signed_checkpoint_fills_in_what_the_caller_leaves_out_as_each_setting
     assert ignored == []
     _, ignored = host_choice(every, given(), trusted=False)
     assert ignored == filled  # an unsigned one decides none of them, and says so in the declared order
+
+
+def test_every_place_that_names_the_run_settings_names_the_declared_ones():
+    """The run settings are declared once (`host.settings.RUN_SETTINGS`): the run request, the
+    command line's flags, the API's keywords, what `start` and `proceed` take and the envelope
+    name the same ones, the budgets among them in the envelope's `budgets`."""
+    from mklang._api import Bounds
+    from mklang.checkpoint.envelope import Budgets, Envelope
+    from mklang.cli.run_cmds import RunFlags
+    from mklang.host.settings import BUDGETS, RUN_NAMES
+    from mklang.runs import RunRequest, RunSettings
+
+    names = set(RUN_NAMES)
+    assert names <= set(RunRequest.__dataclass_fields__)
+    assert set(RunFlags._fields) == names | {"replace"}
+    assert set(Bounds.__optional_keys__) == names - {"hitl"} | {"observer"}  # `hitl` is a keyword of run and resume
+    assert names <= set(RunSettings.__optional_keys__)
+    assert list(Budgets.model_fields) == list(BUDGETS)
+    assert names - set(BUDGETS) <= set(Envelope.model_fields)
+
+
+def test_an_untrusted_checkpoint_decides_a_run_setting_only_as_its_declaration_says():
+    from mklang.checkpoint.trust import run_settings
+    from mklang.host.settings import RUN_NAMES
+    from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY as DEFAULT
+
+    recorded = {"max_tokens": 10, "max_cost": 0.5, "max_time": 60.0, "concurrency": 500, "hitl": False}
+    recorded["untrusted_flow"] = "halt"
+    unset = dict.fromkeys(RUN_NAMES)
+    assert run_settings(recorded, unset, trusted=True) == (recorded, [])
+    chosen, ignored = run_settings(recorded, unset, trusted=False)
+    assert chosen == {**recorded, "hitl": True, "concurrency": DEFAULT}
+    assert ignored == [
+        "hitl false (human gates stay on; --no-hitl turns them off)",
+        f"concurrency 500 (at most {DEFAULT}; --concurrency N)",
+    ]
+    given = {**unset, "hitl": False, "concurrency": 64}
+    assert run_settings(recorded, given, trusted=False) == ({**recorded, "concurrency": 64}, [])
