@@ -27,13 +27,19 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from mklang.engine import Control
+from mklang.checkpoint.envelope import Ancestor, Envelope, UsageRecord
+from mklang.engine import Control, RunResult
 from mklang.engine.events import Event, StateEntered
-from mklang.errors import MklangError, UsageError
-from mklang.model import Call, Machine, Produce, State
+from mklang.errors import CheckpointError, MklangError, UsageError
+from mklang.model import Call, Machine, Produce, State, ToolUse, called_machines
 from mklang.providers.base import NONE, UNPARSEABLE, Produced, Usage, Verdict
+from mklang.runs.request import RunRequest
+from mklang.session import Host
+from mklang.stores import Location, locate, run_name
+from mklang.syntax.machines import MachineLoader
 
 _LEVEL = re.compile(r"^(\d+)\.(0|g|h|\d+of\d+)$")  # a level of a key: `<step>.<part>`
 _PART = re.compile(r"^(\d+)of(\d+)$")
@@ -230,3 +236,190 @@ class StopAt:
         if at and tuple(segment.step for segment in event.path) == self.path:
             self.reached = True
             self.control.interrupted.set()
+
+
+# --- the fork --------------------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """A run to fork, read as `mklang show` reads it: its envelope, root trace and root machine."""
+
+    location: Location
+    envelope: Envelope
+    trace: list[dict[str, Any]]
+    machine: Machine
+
+
+def read_source(target: str | Path | Location) -> Source:
+    """The run at `target`, refused unless it is this user's own (signed with their key) and records
+    the context it started with."""
+    from mklang.checkpoint.envelope import load
+    from mklang.checkpoint.signing import SEAL_TEXT
+    from mklang.runs.inspection import machine_of, run_document
+
+    location = locate(target, create=False)
+    run_name(location.run)
+    envelope = load(location)
+    if envelope.seal != "signed":
+        raise CheckpointError(f"{location}: {SEAL_TEXT[envelope.seal]}: a fork replays only runs signed with your key")
+    if envelope.input is None:
+        raise CheckpointError(
+            f"{location}: the run records no start context (it began before forks did): fork a newer run"
+        )
+    trace = json.loads(json.dumps(run_document(location)["trace"]))
+    return Source(location, envelope, trace, machine_of(location))
+
+
+def _at(source: Source, at: tuple[int, ...]) -> Mapping[str, Any]:
+    """The step the fork starts at, which the source must have taken (at each level of the path)."""
+    records: Sequence[Mapping[str, Any]] = source.trace
+    step: Mapping[str, Any] = {}
+    for depth, number in enumerate(at):
+        if not 1 <= number <= len(records):
+            where = "the source's trace" if depth == 0 else f"the run step {'.'.join(map(str, at[:depth]))} calls"
+            raise UsageError(f"--at {'.'.join(map(str, at))}: {where} has {len(records)} steps")
+        step = records[number - 1]
+        records = step.get("sub_trace") or []
+    return step
+
+
+def inherited(source: Source, at: tuple[int, ...]) -> Usage:
+    """What the steps before `at` spent: the fork's prefix, answered from the source and not paid again."""
+    total, records = Usage(), source.trace
+    for number in at:
+        for step in records[: number - 1]:
+            total = total + _usage(step.get("usage"))
+        records = records[number - 1].get("sub_trace") or []
+    return total
+
+
+@dataclass
+class Preview:
+    """What a fork would do before anything is paid: where it starts and the effectful tool states
+    it may run again (the source ran them from there on)."""
+
+    step: str
+    state: str
+    effects: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "state": self.state, "effects": self.effects}
+
+    def text(self) -> str:
+        head = f"the fork starts at step {self.step} ({self.state}), its steps before answered from the source"
+        if not self.effects:
+            return head + "; it runs no effectful tool the source ran from there"
+        return head + "; it may run again: " + ", ".join(self.effects)
+
+
+def preview(source: Source, at: tuple[int, ...], machine: Machine | None = None) -> Preview:
+    """The effectful tool states the source ran at or after `at` (at every level), which the fork may
+    run again: a tool's effect is not undone by forking."""
+    from mklang.effects import declared_read_only
+
+    machine = machine or source.machine
+    loader = MachineLoader()
+    loader.add(machine)
+    effects: list[str] = []
+
+    def walk(records: Sequence[Mapping[str, Any]], level: Machine, start: int) -> None:
+        for step in records[start:]:
+            state = level.state(str(step.get("state")))
+            if state is None:
+                continue
+            if isinstance(state.face, ToolUse) and not declared_read_only(level, state.face.tool):
+                effects.append(f"{level.name}:{state.name} ({state.face.tool})")
+            if isinstance(state.face, Call):
+                child = loader(state.face.machine, level.path)
+                for below in [step, *(step.get("branches") or [])]:
+                    if isinstance(below, Mapping):
+                        walk(below.get("sub_trace") or [], child, 0)
+
+    walk(source.trace, machine, at[0] - 1)
+    step = _at(source, at)
+    return Preview(".".join(map(str, at)), str(step.get("state")), list(dict.fromkeys(effects)))
+
+
+def fork(
+    source: Source,
+    at: tuple[int, ...],
+    request: RunRequest,
+    *,
+    machine: Machine | None = None,
+    control: Control | None = None,
+    observer: Any = None,
+) -> RunResult:
+    """Start a new run at `request.checkpoint` from the source's inputs, answer its steps before `at`
+    from the source's trace (nothing paid), stop at the loop-top of `at`, then continue it as
+    `mklang resume` would with `request` (its `reply` the edits, applied there and tainted). A
+    prefix that does not replay the source's is refused and its checkpoint removed."""
+    from mklang.runs import build_host, remove_run, resume, start
+
+    if request.checkpoint is None:
+        raise UsageError("a fork needs a checkpoint of its own (--checkpoint FILE or --store URI#NAME)")
+    _at(source, at)
+    machine = machine or source.machine
+    loader = MachineLoader()
+    loader.add(machine)
+    answers = TraceAnswers(source.trace, machine, loader)
+    tools = [s.face.tool for m in called_machines(machine, loader) for s in m.states if isinstance(s.face, ToolUse)]
+    live = build_host(request)
+    prefix = Host(
+        PrefixProvider(answers), prefix_tools(answers, tools), live.hooks, read_only_tools=live.read_only_tools
+    )
+    envelope = source.envelope
+    ancestor = Ancestor(
+        run_id=envelope.run_id,
+        checkpoint=str(source.location),
+        step=".".join(map(str, at)),
+        machines={"": envelope.machine.sha256 or "", **envelope.machines},
+        inherited=_record(inherited(source, at)),
+    )
+    halt = Control()
+    stop = StopAt(halt, at)
+    budget = int(envelope.frames[0]["budget"]) if envelope.frames else machine.budget
+    stopped = start(
+        machine.replace(budget=budget),
+        dict(envelope.input or {}),
+        prefix,
+        checkpoint=request.checkpoint,
+        replace=request.replace,
+        control=halt,
+        observer=stop,
+        lineage=[*envelope.lineage, ancestor],
+        max_tokens=envelope.budgets.max_tokens,
+        max_cost=envelope.budgets.max_cost,
+        hitl=envelope.hitl,
+        untrusted_flow=envelope.untrusted_flow,
+        concurrency=envelope.concurrency,
+    )
+    problem = _prefix_problem(stopped, stop, source, at)
+    if problem is not None:
+        remove_run(locate(request.checkpoint), unfinished=True)
+        raise CheckpointError(f"{source.location}: the fork's prefix is not the source's: {problem}")
+    return resume(_continued(request), control=control, observer=observer)
+
+
+def _record(usage: Usage) -> UsageRecord:
+    return UsageRecord(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, cost_usd=usage.cost_usd)
+
+
+def _continued(request: RunRequest) -> RunRequest:
+    """The request that continues the fork from its checkpoint (replacing nothing there)."""
+    from dataclasses import replace
+
+    return replace(request, source=request.checkpoint, replace=False)
+
+
+def _prefix_problem(stopped: RunResult, stop: StopAt, source: Source, at: tuple[int, ...]) -> str | None:
+    """Why the prefix did not end at `at` with the source's steps, or None."""
+    if not stop.reached or (stopped.status, stopped.reason) != ("suspended", "interrupted"):
+        said = stopped.error if stopped.status != "suspended" else stopped.reason
+        return f"it ended {stopped.status} ({said}) before step {'.'.join(map(str, at))}"
+    replayed = json.loads(json.dumps(stopped.trace))
+    expected = source.trace[: at[0] - 1]
+    if replayed != expected:
+        first = next(i for i, (a, b) in enumerate(zip([*replayed, None], [*expected, None], strict=False)) if a != b)
+        return f"step {first + 1} differs (a hook answered otherwise, or the machine changed)"
+    return None

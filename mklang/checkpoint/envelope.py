@@ -146,6 +146,17 @@ class EnteredFrame(FrameRecord):
     sha256: NotRequired[str | None]  # its machine file's hash, when the snapshot did not record it
 
 
+class Ancestor(BaseModel):
+    """A run a fork was made from (ADR 0054): which run, where it was read, the step the fork
+    starts at, the sha256 of that run's machine files, and what its prefix had spent (inherited)."""
+
+    run_id: str
+    checkpoint: str
+    step: str
+    machines: dict[str, str] = Field(default_factory=dict)
+    inherited: UsageRecord
+
+
 class Envelope(BaseModel):
     """Everything needed to continue a run, as one JSON document."""
 
@@ -180,6 +191,9 @@ class Envelope(BaseModel):
     # in the snapshot itself, so that no crash between snapshot and journal loses them,
     # and in a suspended envelope for the fan-out branches a ceiling stopped mid-way.
     answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # The context the run started with, its host's inputs, so a fork starts as it did (ADR 0054).
+    input: dict[str, Any] | None = None
+    lineage: list[Ancestor] = Field(default_factory=list)  # the runs it was forked from, oldest first
     # The W3C trace context (`traceparent`, ...) the run's spans continue under when it resumes
     # (ADR 0034). Display data, left out of the signature: a malformed one reads as none.
     trace: dict[str, str] | None = None

@@ -1,5 +1,6 @@
-"""`mklang diff` (two runs compared step by step, mklang.comparison) and `mklang verify-resume`
-(resume parity of a machine's scenarios, mklang.verification)."""
+"""`mklang diff` (two runs compared step by step, mklang.comparison), `mklang verify-resume`
+(resume parity of a machine's scenarios, mklang.verification) and `mklang fork` (a run from any
+step of another, its prefix replayed from the source's trace, mklang.forking)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ from pathlib import Path
 import typer
 
 from mklang import exitcodes
-from mklang.cli.app import OutputFormat, app, handle_errors, print_json, wants_json
+from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
+from mklang.cli.hosting import Hosting, hosted
+from mklang.cli.run_cmds import (
+    Output,
+    RunFlags,
+    SetOpt,
+    interrupts,
+    observed,
+    parse_assignments,
+    report,
+    reported,
+    run_options,
+)
 
 
 @app.command()
@@ -63,3 +76,51 @@ def verify_resume(
                 print(result.text())
     failed = any(result.divergence is not None for result in results)
     raise typer.Exit(exitcodes.HALT if failed else exitcodes.OK)
+
+
+@app.command()
+@hosted()
+@run_options
+@reported
+def fork(
+    source: str = typer.Argument(..., help="The run to fork: a checkpoint file, or STORE-URI#RUN (finished or not)."),
+    at: str = typer.Option(..., "--at", metavar="STEP", help="The step it starts at: 7, or 4.2 inside a call."),
+    set_: list[str] | None = SetOpt,
+    machine: Path | None = typer.Option(None, "--machine", help="Run this machine file from the step on."),
+    checkpoint: str | None = typer.Option(None, "--checkpoint", help="The fork's own checkpoint (a file)."),
+    store: str | None = typer.Option(None, "--store", metavar="URI#NAME", help="The fork's own run in a store."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Say where it starts and what it may run again, running nothing."
+    ),
+    options: RunFlags = RunFlags(),
+    hosting: Hosting = Hosting(),
+    output: Output = Output(),
+) -> None:
+    """A new run that replays the source's steps before STEP from its trace (no call paid again),
+    applies the --set edits at that loop-top, and goes on live; the source is never changed."""
+    with handle_errors(output.as_json):
+        from mklang import runs
+        from mklang.engine import Control
+        from mklang.forking import fork as forked
+        from mklang.forking import preview, read_source, step_path
+        from mklang.syntax import load_file
+
+        if (checkpoint is None) == (store is None) and not dry_run:
+            raise fail("fork needs one place of its own: --checkpoint FILE or --store URI#NAME")
+        path = step_path(at)
+        read = read_source(source)
+        other = load_file(machine) if machine is not None else None
+        if dry_run:
+            shown = preview(read, path, other)
+            if output.as_json:
+                print_json(shown.to_json())
+            else:
+                print(shown.text())
+            return
+        place = checkpoint or store
+        edits = parse_assignments(set_)
+        request = runs.RunRequest(reply=edits, checkpoint=place, hosting=hosting.settings, **options.keywords())
+        control = Control()
+        with interrupts(control), observed(output) as observer:
+            result = forked(read, path, request, machine=other, control=control, observer=observer)
+        report(result, output.as_json, place)

@@ -176,6 +176,18 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
             )
         )
     console.print(chain)
+    for ancestor in summary.get("lineage", []):
+        inherited = ancestor["inherited"]
+        console.print(
+            Text(
+                printable(
+                    f"forked from {ancestor['checkpoint']} (run {ancestor['run_id']}) at step {ancestor['step']}: "
+                    f"inherited {inherited['input_tokens'] + inherited['output_tokens']} tokens, "
+                    f"${inherited['cost_usd']}"
+                ),
+                style="dim",
+            )
+        )
     for label, key in (("tokens", "tokens"), ("dollars", "cost_usd")):
         spend = summary[key]
         limit = "(no budget)" if spend["budget"] is None else f"of {spend['budget']} ({spend['remaining']} left)"

@@ -101,6 +101,11 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         "resumable": envelope.status in ("running", "suspended"),
         "signature": {"seal": envelope.seal, "text": SEAL_TEXT[envelope.seal]},
         "host": recorded_host(located_host(envelope.host, location.anchor)),
+        # The runs it was forked from, oldest first, and what their prefixes spent (inherited, in its spend).
+        "lineage": [
+            {"run_id": a.run_id, "checkpoint": redacted(a.checkpoint), "step": a.step, "inherited": dict(a.inherited)}
+            for a in envelope.lineage
+        ],
     }
     if envelope.status == "suspended":
         innermost = dict(frames[-1]) if frames else {}

@@ -25,7 +25,7 @@ from mklang.version import __version__
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 if TYPE_CHECKING:
-    from mklang.checkpoint.envelope import Envelope
+    from mklang.checkpoint.envelope import Ancestor, Envelope
 
 
 def start(
@@ -37,6 +37,7 @@ def start(
     held: RunLock | None = None,
     texts: dict[str, str] | None = None,
     on_end: Callable[[Envelope], None] | None = None,
+    lineage: list[Ancestor] | None = None,
     **options: Unpack[RunSettings],
 ) -> RunResult:
     """Run `machine` with `host`; with a checkpoint the run persists and suspends, and a
@@ -47,7 +48,7 @@ def start(
     is the checkpoint's lock when the caller took it already; `texts` the
     machine texts its store keeps already (`keep_texts`: a batch keeps them
     once for all its runs); `on_end` is handed the envelope the run ended with,
-    once it is written (`drive`).
+    once it is written (`drive`); `lineage` the runs a fork comes from (`forking`).
 
     A scenario's input lies under `context`, and its `run:` settings under the
     given options. Scripted branches run concurrently like real ones: a
@@ -94,6 +95,8 @@ def start(
         untrusted_flow=chosen["untrusted_flow"],
         concurrency=chosen["concurrency"],
         host=host.recorded(),
+        input=dict(context or {}),
+        lineage=list(lineage or []),
     )
     frame = Frame.start(machine, context or {})
     with claimed(location, held, replace) as above:

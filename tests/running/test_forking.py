@@ -72,3 +72,129 @@ def test_a_judge_asked_what_the_source_was_not_asked_is_a_mismatch():
     with pytest.raises(PrefixMismatch, match="the source made no such model call"):
         answers.produce("r:2.0.1")  # step 2 is the KB lookup, a tool
     assert answers.tool("r:2.0.1") == source[1]["output"]
+
+
+# --- mklang fork, end to end -------------------------------------------------------------------
+
+
+def _chain(count: int) -> str:
+    """A machine of `count` produce states in a row, each writing on the one before."""
+    states = []
+    for n in range(1, count + 1):
+        after = "END" if n == count else f"s{n + 1}"
+        prompt = "Begin on {{topic}}." if n == 1 else f"Go on from {{{{o{n - 1}}}}} about {{{{topic}}}}."
+        states.append(
+            f'state s{n} {{\n  structure "A line."\n  prompt "{prompt}"\n  output o{n}\n  otherwise -> {after}\n}}\n'
+        )
+    return f"machine chain\nentry s1\nbudget {count + 2}\n" + "".join(states)
+
+
+def _echo(request):
+    from support.fakeserver import answer
+
+    return answer(f"line for: {request.user[-60:]}")
+
+
+@pytest.fixture
+def twelve(tmp_path, server):
+    from support.commands import model_config
+
+    (tmp_path / "chain.mk").write_text(_chain(12))
+    model_config(server.openai_url, tmp_path / "mklang.toml")
+    server.handler = _echo
+    return tmp_path
+
+
+def _envelope(path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_a_fork_pays_only_for_the_steps_from_its_start_and_keeps_the_source_untouched(twelve, server):
+    from support.commands import cli
+
+    host = ("--config", "mklang.toml")
+    source = cli(
+        "run", "chain.mk", "--set", "topic=tides", "--checkpoint", "src.json", *host, "--format", "json", cwd=twelve
+    )
+    assert source.returncode == 0, source.stderr
+    assert server.count == 12
+    before = (twelve / "src.json").read_bytes()
+    forked = cli(
+        "fork",
+        "src.json",
+        "--at",
+        "7",
+        "--set",
+        "topic=storms",
+        "--checkpoint",
+        "fork.json",
+        *host,
+        "--format",
+        "json",
+        cwd=twelve,
+    )
+    assert forked.returncode == 0, forked.stderr
+    assert server.count == 12 + 6  # steps 7 to 12 paid; 1 to 6 answered from the source's trace
+    assert "storms" in server.requests[-6].body["messages"][-1]["content"]  # the edit reached step 7
+    source_trace, fork_trace = json.loads(source.stdout)["trace"], json.loads(forked.stdout)["trace"]
+    assert fork_trace[:6] == source_trace[:6] and fork_trace[6:] != source_trace[6:]
+    assert (twelve / "src.json").read_bytes() == before  # the source is never changed
+    (ancestor,) = _envelope(twelve / "fork.json")["lineage"]
+    assert ancestor["run_id"] == _envelope(twelve / "src.json")["run_id"] and ancestor["step"] == "7"
+    spent = [step["usage"] for step in source_trace[:6]]
+    assert ancestor["inherited"]["input_tokens"] == sum(usage["input_tokens"] for usage in spent)
+    shown = json.loads(cli("show", "fork.json", "--summary", "--format", "json", cwd=twelve).stdout)
+    assert [(a["run_id"], a["step"], a["inherited"]) for a in shown["lineage"]] == [
+        (ancestor["run_id"], "7", ancestor["inherited"])
+    ]
+    assert "forked from" in cli("show", "fork.json", "--summary", "--format", "text", cwd=twelve).stdout
+
+    again = cli("fork", "fork.json", "--at", "10", "--checkpoint", "fork2.json", *host, "--format", "json", cwd=twelve)
+    assert again.returncode == 0, again.stderr
+    assert server.count == 18 + 3
+    lineage = _envelope(twelve / "fork2.json")["lineage"]
+    assert [(a["run_id"], a["step"]) for a in lineage] == [
+        (ancestor["run_id"], "7"),
+        (_envelope(twelve / "fork.json")["run_id"], "10"),
+    ]
+
+
+def test_a_tampered_parent_reference_is_refused_and_a_foreign_source_too(twelve, server):
+    from support.commands import cli
+
+    host = ("--config", "mklang.toml")
+    assert cli("run", "chain.mk", "--set", "topic=a", "--checkpoint", "src.json", *host, cwd=twelve).returncode == 0
+    assert cli("fork", "src.json", "--at", "3", "--checkpoint", "fork.json", *host, cwd=twelve).returncode == 0
+    paid = server.count
+    forged = _envelope(twelve / "fork.json")
+    forged["lineage"][0]["run_id"] = "0" * 32
+    (twelve / "fork.json").write_text(json.dumps(forged))
+    for command in (["fork", "fork.json", "--at", "5", "--checkpoint", "f2.json"], ["resume", "fork.json"]):
+        refused = cli(*command, *host, cwd=twelve)
+        assert refused.returncode == 2 and "signed" in refused.stderr, refused.stderr
+    assert server.count == paid and not (twelve / "f2.json").exists()
+
+
+def test_a_fork_says_what_it_may_run_again_before_anything_is_paid(tmp_path):
+    import shutil
+
+    from support.commands import cli
+
+    shutil.copytree(ROOT / "examples/approval", tmp_path / "approval")
+    folder = tmp_path / "approval"
+    ran = cli(
+        "run",
+        "approval.mk",
+        "--script",
+        "scenarios.yaml",
+        "--scenario",
+        "approved-answer-given-up-front",
+        "--checkpoint",
+        "src.json",
+        cwd=folder,
+    )
+    assert ran.returncode == 0, ran.stderr
+    shown = cli("fork", "src.json", "--at", "2", "--dry-run", "--format", "json", cwd=folder)
+    assert json.loads(shown.stdout) == {"step": "2", "state": "decide", "effects": ["approval:publish (publish)"]}
+    late = cli("fork", "src.json", "--at", "9", "--dry-run", cwd=folder)
+    assert late.returncode == 2 and "the source's trace has 3 steps" in late.stderr
