@@ -62,6 +62,19 @@ class RunBusy(CheckpointError):
     """Another process holds the run's lock: it is still going there."""
 
 
+class JournalCut(CheckpointError):
+    """A run's journal holds fewer bytes than its store counted as committed to it (ADR 0052):
+    recovering from what is left would pay the lost lines' calls again. `journal` is what is left."""
+
+    def __init__(self, where: str, journal: bytes, committed: int):
+        super().__init__(
+            f"{where}: the journal holds {len(journal)} bytes, fewer than the {committed} committed to it: it was "
+            "cut short after the run stopped (a truncated copy, or lines removed); recovering from it would pay "
+            "its calls again, so it is refused"
+        )
+        self.journal = journal
+
+
 class ProviderError(MklangError):
     """A model provider failed after its retries; the run halts `provider-error`.
 

@@ -55,7 +55,7 @@ from mklang.checkpoint.segments import trace_fields
 from mklang.checkpoint.signing import check_lines, checkpoint_key, sign_line
 from mklang.engine.frame import Frame
 from mklang.engine.records import StepRecord
-from mklang.errors import CheckpointError, UsageError
+from mklang.errors import CheckpointError, JournalCut, UsageError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, load_json
 from mklang.providers.base import Usage, decode_answer, earlier_key, encode_answer
 from mklang.stores import Location, RunStore, SummaryStore
@@ -341,7 +341,11 @@ def resume_change(store: RunStore, run: str, envelope: Envelope) -> dict[str, An
     died): the `resume` field of the journal generation it started, else None."""
     if envelope.status != "suspended":
         return None
-    head, newline, _ = store.read_journal(run).partition(b"\n")
+    try:
+        journal = store.read_journal(run)
+    except JournalCut as cut:  # its head still says whether a resume began; recovering from it is refused
+        journal = cut.journal
+    head, newline, _ = journal.partition(b"\n")
     try:
         record = load_json(head, MAX_CHECKPOINT_DEPTH) if newline else None
     except ValueError:

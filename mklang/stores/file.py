@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from mklang.errors import CheckpointError, RunBusy
+from mklang.errors import CheckpointError, JournalCut, RunBusy
 from mklang.files import write_atomic
 from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
@@ -83,7 +83,7 @@ class FileStore:
             raise CheckpointError(f"{self._journal(run)}: cannot read the journal: {error.strerror}") from None
         committed = JournalMark.committed(self._mark(run), raw)
         if committed > len(raw):
-            raise journal_cut(str(self._journal(run)), len(raw), committed)
+            raise JournalCut(str(self._journal(run)), raw, committed)
         return raw
 
     def _mark(self, run: str) -> Path:
@@ -322,15 +322,6 @@ class JournalMark:
             return int(length) if named else 0
         except (OSError, ValueError):
             return 0
-
-
-def journal_cut(where: str, length: int, committed: int) -> CheckpointError:
-    """The refusal of a journal shorter than what was committed to it."""
-    return CheckpointError(
-        f"{where}: the journal holds {length} bytes, fewer than the {committed} committed to it: it was cut "
-        "short after the run stopped (a truncated copy, or lines removed); recovering from it would pay its "
-        "calls again, so it is refused"
-    )
 
 
 def hashed_name(text: str) -> str:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mklang.errors import CheckpointError
-from mklang.stores.file import journal_cut
+from mklang.errors import CheckpointError, JournalCut
 from mklang.stores.summary import RunQuery, RunSummary, peek_summary
 
 # The summary of a run (`RunSummary`), columns of its `mklang_runs` row: name, and type as
@@ -127,7 +126,7 @@ class SqlStore:
         journal = b"".join(bytes(line) for _, line in rows if line is not None)
         committed = int(rows[0][0] or 0) if rows else 0
         if committed > len(journal):
-            raise journal_cut(f"{self._where()}#{run}", len(journal), committed)
+            raise JournalCut(f"{self._where()}#{run}", journal, committed)
         return journal
 
     def append(self, run: str, payload: bytes, *, durable: bool) -> None:

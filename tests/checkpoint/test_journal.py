@@ -34,7 +34,7 @@ from mklang.checkpoint.journal import (
     resume_change,
 )
 from mklang.engine.frame import Frame
-from mklang.errors import CheckpointError, UsageError
+from mklang.errors import CheckpointError, JournalCut, UsageError
 from mklang.providers.base import Produced, Usage
 from mklang.runs import resume, start
 from mklang.scenarios import load_script
@@ -769,6 +769,21 @@ def test_what_a_resume_changed_is_read_only_from_the_head_of_its_own_generation(
         assert resume_change(store, "cp.json", envelope) is None, head
     path.write_bytes(b'{"k":"gen","g":1,"resume":{"set":{}}}\n{"k":"call"}\n')
     assert resume_change(store, "cp.json", envelope) == {"set": {}}
+
+
+def test_a_resume_whose_journal_was_cut_is_still_seen_resuming_and_its_recovery_is_refused(tmp_path):
+    """What a cut journal keeps of its head still says a resume began (so `runs rm` and a batch see the
+    run as running); recovering from what is left is refused (ADR 0052)."""
+    journal, _ = _suspended_journal(tmp_path)
+    envelope = journal.envelope
+    journal.resume(CHANGE, envelope.stored_bytes)
+    journal.record("r:1.0", "tool", "paid")  # durable: the store counts it
+    path = tmp_path / "cp.json.journal"
+    path.write_bytes(path.read_bytes().splitlines(keepends=True)[0])  # cut back to its head
+    location = locate(tmp_path / "cp.json")
+    assert resume_change(location.store, "cp.json", envelope) == CHANGE
+    with pytest.raises(JournalCut, match=r"cp.json.journal: the journal holds \d+ bytes, fewer than the \d+ committed"):
+        read_journal(location, envelope.generation)
 
 
 def test_a_resume_change_may_nest_values_as_deep_as_a_checkpoint(tmp_path):
