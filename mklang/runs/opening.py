@@ -25,7 +25,7 @@ from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, LoadError
 from mklang.model import Machine
 from mklang.providers.base import Usage, decode_answer
-from mklang.runs.request import Tell, on_stderr
+from mklang.runs.request import FLAGS, Tell, Words, on_stderr
 from mklang.stores import Location, RunLock, locate
 from mklang.syntax.machines import MachineLoader, file_sha256
 from mklang.version import __version__
@@ -72,6 +72,7 @@ class _Verified:
     machines_note: str | None
     notes: list[str]
     hashed: frozenset[str]  # the machine files found with the sha256 the checkpoint records
+    words: Words  # how a refusal names the caller's settings
 
 
 class OpenOptions(TypedDict, total=False):
@@ -83,6 +84,7 @@ class OpenOptions(TypedDict, total=False):
     moved. `kept_texts` (a worker): edited machine files are replaced by the texts the store
     keeps, as missing ones always are, instead of refused. `allow_rollback`: an older
     generation of a run than one already written is not refused as a rollback (ADR 0022).
+    `words`: how a refusal names these settings (default: the command line's flags).
     """
 
     force: bool
@@ -90,6 +92,7 @@ class OpenOptions(TypedDict, total=False):
     trust: bool
     kept_texts: bool
     allow_rollback: bool
+    words: Words
 
 
 def open_run(
@@ -109,7 +112,7 @@ def open_run(
         envelope = _read(location)
         verified = _verify(location, envelope, **options)
         resumable = _rebuild(location, envelope, verified)
-        _recover(resumable, verified.paths, options.get("trust", False))
+        _recover(resumable, verified, options.get("trust", False))
         _fit(resumable)
         if resumable.trusted and resumable.envelope.mklang_version == __version__:
             resumable.checked = verified.hashed
@@ -138,10 +141,11 @@ def _verify(
     force: bool = False,
     machine_path: str | None = None,
     kept_texts: bool = False,
+    words: Words = FLAGS,
 ) -> _Verified:
     """Its seal (refused unless signed with this user's key, or `trust`), its generation (no
     rollback), its status (not finished), and every machine file it loaded, unchanged."""
-    trusted = _require_seal(location, envelope, trust)
+    trusted = _require_seal(location, envelope, trust, words)
     newest = generations.newest(location.store, location.run, envelope.run_id)
     rolled_back = generations.rollback(str(location), envelope.run_id, envelope.generation, newest, allow_rollback)
     if envelope.status in ("done", "halted"):
@@ -149,36 +153,38 @@ def _verify(
         raise CheckpointError(f"{location}: the run already {what}; a finished run cannot be resumed")
     if not envelope.frames:
         raise CheckpointError(f"{location}: the checkpoint holds no frames")
-    root = Path(machine_path) if machine_path else _recorded_root(location, envelope)
+    root = Path(machine_path) if machine_path else _recorded_root(location, envelope, words)
     note = None
     if machine_path is None and not force:  # files gone (or changed, on a worker): the texts the signature covers
         root, note = machine_root(location.store, root, {**envelope.texts, **envelope.machines}, changed=kept_texts)
     paths = MachinePaths(root)
     if not force:
-        _verify_hashes(envelope.machines, paths)
+        _verify_hashes(envelope.machines, paths, words)
     hashed = frozenset() if force else frozenset(str(paths.file(name)) for name in envelope.machines)
-    return _Verified(trusted, paths, note, [rolled_back] if rolled_back else [], hashed)
+    return _Verified(trusted, paths, note, [rolled_back] if rolled_back else [], hashed, words)
 
 
-def _require_seal(location: Location, envelope: Envelope, trust: bool) -> bool:
+def _require_seal(location: Location, envelope: Envelope, trust: bool, words: Words) -> bool:
     """Whether the envelope is signed with this user's key; refuse it otherwise, unless `trust`."""
     if envelope.seal == "signed":
         return True
     if not trust:
         raise CheckpointError(
-            f"{location}: the checkpoint is {SEAL_TEXT[envelope.seal]}; resume it with --trust to run it "
-            f"as untrusted data (host settings from your command line only)"
+            f"{location}: the checkpoint is {SEAL_TEXT[envelope.seal]}; resume it with {words.given('trust')} "
+            f"to run it as untrusted data (host settings from {words.caller} only)"
         )
     return False
 
 
-def _recorded_root(location: Location, envelope: Envelope) -> Path:
+def _recorded_root(location: Location, envelope: Envelope, words: Words) -> Path:
     if not envelope.machine.path:
-        raise CheckpointError(f"{location}: the checkpoint records no root machine file (use --machine PATH)")
+        raise CheckpointError(
+            f"{location}: the checkpoint records no root machine file (use {words.given('machine', 'PATH')})"
+        )
     return root_file(envelope.machine.path, location.anchor)
 
 
-def _verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
+def _verify_hashes(machines: dict[str, str], paths: MachinePaths, words: Words) -> None:
     """Every machine file the run loaded is where the checkpoint says, unchanged."""
     for name, digest in sorted(machines.items()):
         file = paths.file(name)
@@ -186,12 +192,13 @@ def _verify_hashes(machines: dict[str, str], paths: MachinePaths) -> None:
             current = file_sha256(file)
         except OSError:
             raise CheckpointError(
-                f"{file}: machine file of the checkpoint is missing (use --machine PATH if the root moved, or --force)"
+                f"{file}: machine file of the checkpoint is missing (use {words.given('machine', 'PATH')} "
+                f"if the root moved, or {words.given('force')})"
             ) from None
         if current != digest:
             raise CheckpointError(
                 f"{file}: machine file changed since the checkpoint was written "
-                f"(resume with --force to accept the change)"
+                f"(resume with {words.given('force')} to accept the change)"
             )
 
 
@@ -201,7 +208,7 @@ def _rebuild(location: Location, envelope: Envelope, verified: _Verified) -> Res
     from mklang.checkpoint.segments import reader, require_present
 
     loader = MachineLoader()
-    machine_for = _frame_reader(location, envelope.machines, verified.paths, loader)
+    machine_for = _frame_reader(location, envelope.machines, verified, loader)
     read = reader(location.store, location.run, str(location), trusted=verified.trusted)
     chain = [rebuild(frame, machine_for(frame), str(location), read) for frame in map(dict, envelope.frames)]
     require_present(location, chain)
@@ -224,7 +231,7 @@ def _rebuild(location: Location, envelope: Envelope, verified: _Verified) -> Res
 
 
 def _frame_reader(
-    location: Location, machines: dict[str, str], paths: MachinePaths, loader: MachineLoader, *, digests: bool = False
+    location: Location, machines: dict[str, str], verified: _Verified, loader: MachineLoader, *, digests: bool = False
 ) -> Callable[[dict[str, Any]], Machine]:
     """Loads the machine of a recorded frame: only a hashed file.
 
@@ -232,6 +239,8 @@ def _frame_reader(
     carry the sha256 of a machine first loaded after the last snapshot.
     """
     from mklang.checkpoint.compat import frame_shape_error
+
+    paths = verified.paths
 
     def machine_for(frame: dict[str, Any]) -> Machine:
         problem = frame_shape_error(frame)
@@ -252,13 +261,13 @@ def _frame_reader(
         except OSError as error:
             raise CheckpointError(f"{location}: cannot read machine {file}: {error.strerror}") from None
         if name not in machines:
-            _verify_hashes({name: digest}, paths)
+            _verify_hashes({name: digest}, paths, verified.words)
         return machine
 
     return machine_for
 
 
-def _recover(resumable: Resumable, paths: MachinePaths, trust: bool) -> None:
+def _recover(resumable: Resumable, verified: _Verified, trust: bool) -> None:
     """When the process died (the envelope says running, or a resume of it is journaled):
     replay its journal into the frames, the paid answers and the host's state."""
     from mklang.checkpoint.journal import recover, resume_change
@@ -271,7 +280,7 @@ def _recover(resumable: Resumable, paths: MachinePaths, trust: bool) -> None:
     try:
         if change is not None:  # it died resuming this envelope: redo what that resume changed
             resumable.envelope = apply_resume(envelope, resumable.chain, change)
-        entered = _frame_reader(location, envelope.machines, paths, resumable.loader, digests=resumable.trusted)
+        entered = _frame_reader(location, envelope.machines, verified, resumable.loader, digests=resumable.trusted)
         resumable.chain, resumable.answers, host_state = recover(resumable.chain, envelope.answers, records, entered)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
         raise CheckpointError(f"{location}: malformed journal: {type(error).__name__}: {error}") from None

@@ -51,6 +51,18 @@ class Words(NamedTuple):
         setting = BY_NAME.get(name)
         return setting.option if setting is not None else "--" + name.replace("_", "-")
 
+    def given(self, name: str, value: str | None = None) -> str:
+        """A setting given, as the caller writes it: `--machine PATH` or `machine=PATH`; a switch
+        (no `value`) `--force` or `force=True`."""
+        if self.flags:
+            return self(name) if value is None else f"{self(name)} {value}"
+        return f"{name}={'True' if value is None else value}"
+
+    @property
+    def caller(self) -> str:
+        """Where the caller gives its settings."""
+        return "your command line" if self.flags else "your call"
+
     def listed(self, *names: str) -> str:
         """`--a, --b or --c`, as a refusal lists settings."""
         said = [self(name) for name in names]
@@ -109,13 +121,14 @@ class RunRequest:
         object.__setattr__(self, "reply", MappingProxyType(dict(self.reply)))
 
     def opening(self) -> dict[str, Any]:
-        """How its checkpoint is let through, as `opening.open_run` takes it."""
+        """How its checkpoint is let through, and how its refusals name that, as `opening.open_run` takes them."""
         return {
             "force": self.force,
             "machine_path": self.machine_path,
             "trust": self.trust,
             "allow_rollback": self.allow_rollback,
             "kept_texts": self.kept_texts,
+            "words": self.words,
         }
 
     def bounds(self) -> dict[str, Any]:

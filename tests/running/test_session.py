@@ -333,3 +333,27 @@ def test_a_resume_keeps_the_runs_dollar_limit_and_refuses_a_host_that_cannot_pri
     with pytest.raises(UsageError) as refused:
         mklang.resume(checkpoint, max_tokens=30, script=SCRIPT, scenario="ask-then-publish")
     assert str(refused.value) == "max_cost= needs model prices, and a scripted model has none: use max_tokens="
+
+
+def test_a_python_caller_is_told_which_keyword_lets_a_checkpoint_through(tmp_path, monkeypatch):
+    """`trust=True` and `force=True`: what `mklang resume` says as --trust and --force."""
+    import shutil
+
+    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    machine, script = tmp_path / "approval" / "approval.mk", tmp_path / "approval" / "scenarios.yaml"
+    checkpoint = tmp_path / "cp.json"
+    parked = mklang.run(machine, script=script, scenario="ask-then-publish", checkpoint=checkpoint)
+    assert parked.status == "suspended"
+    with monkeypatch.context() as other:
+        other.setenv("MKLANG_CHECKPOINT_KEY", "another user's checkpoint key, 32 bytes or more")
+        with pytest.raises(mklang.CheckpointError) as unsigned:
+            mklang.resume(checkpoint, reply={"approval.answer": "yes"})
+    assert str(unsigned.value).endswith(
+        "resume it with trust=True to run it as untrusted data (host settings from your call only)"
+    )
+    machine.write_text(machine.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    with pytest.raises(mklang.CheckpointError) as changed:
+        mklang.resume(checkpoint, reply={"approval.answer": "yes"})
+    assert str(changed.value) == (
+        f"{machine}: machine file changed since the checkpoint was written (resume with force=True to accept the change)"
+    )
