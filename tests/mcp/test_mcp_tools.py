@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from mklang.mcp.client import McpError, McpHub
 from mklang.mcp.servers import McpServer
 
 COUNTER = str(ROOT / "tests" / "support" / "mcp_counter.py")
+EVERYTHING = ROOT / ".ci" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"  # .ci/run installs it
 TIME = f"time={sys.executable} -m mcp_server_time --local-timezone UTC"
 EMPTY_SCRIPT = "scenarios:\n  - name: tools-only\n    llm: {produce: []}\n"
 
@@ -79,6 +81,29 @@ def test_mcp_server_git_reads_a_repository_and_its_commit_tool_is_effectful(tmp_
     assert effects["git_commit"] is False and effects["git_add"] is False
     result = mklang.run(status, script=script(tmp_path), mcp=[git])
     assert result.status == "done" and "trunk" in result.result and "notes.txt" in result.result
+
+
+@pytest.fixture
+def everything() -> str:
+    """`@modelcontextprotocol/server-everything` from npm, as `--mcp` names it, where Node is."""
+    if shutil.which("node") is None:
+        pytest.skip("no Node here: server-everything is an npm package")
+    if not EVERYTHING.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{EVERYTHING} is missing: .ci/run installs it where npm is")
+        pytest.skip("npm install --prefix .ci/npm @modelcontextprotocol/server-everything (as .ci/run does)")
+    return f"every={EVERYTHING}"
+
+
+def test_server_everything_from_npm_is_classified_by_its_annotations_and_echoes(tmp_path, everything):
+    listing = cli("tools", "--mcp", everything, "--format", "json")
+    assert listing.returncode == 0, listing.stderr
+    effects = {row["name"]: row["read_only"] for row in json.loads(listing.stdout)["tools"]}
+    assert effects["echo"] is True and effects["get-sum"] is True
+    assert effects["toggle-simulated-logging"] is False and effects["gzip-file-as-resource"] is False
+    echo = machine(tmp_path, "echo", ("say", 'tool echo { message: "hello" }'))
+    result = mklang.run(echo, script=script(tmp_path), mcp=[everything])
+    assert (result.status, result.result) == ("done", "Echo: hello")
 
 
 def test_the_host_config_overrides_the_annotations_and_names_a_server_with_a_command(tmp_path):
