@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import re
 import sys
 import threading
 from collections.abc import Iterable
@@ -85,6 +86,11 @@ def ambiguity(name: str, servers: list[str]) -> str:
     return f"listed by the MCP servers {' and '.join(servers)}: name it {names}"
 
 
+def spelled(tool: str) -> str:
+    """A tool's name as a machine can write it: each character a `.mk` name cannot hold becomes `_`."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", tool)
+
+
 def qualified(server: str, tool: str) -> str:
     """A tool's name with its server's, which a machine may use whatever other servers list."""
     return f"{server}__{tool}"
@@ -115,12 +121,14 @@ class McpHub:
         return self
 
     def tools(self) -> dict[str, Any]:
-        """Every tool by `server__tool`, and by its bare name when one server alone lists it."""
+        """Every tool by `server__tool`, and by its bare name when one server alone lists it; a name
+        with characters a `.mk` name cannot hold (`get-sum`) is also spelled with `_` for them (`get_sum`)."""
         by_name: dict[str, list[Listed]] = {}
         found: dict[str, Any] = {}
         for listed in self.listed:
-            found[qualified(listed.server, listed.name)] = McpTool(self, listed)
-            by_name.setdefault(listed.name, []).append(listed)
+            for name in dict.fromkeys((listed.name, spelled(listed.name))):
+                found[qualified(listed.server, name)] = McpTool(self, listed)
+                by_name.setdefault(name, []).append(listed)
         for name, listings in by_name.items():
             if len(listings) == 1:
                 found[name] = McpTool(self, listings[0])

@@ -101,9 +101,15 @@ def test_server_everything_from_npm_is_classified_by_its_annotations_and_echoes(
     effects = {row["name"]: row["read_only"] for row in json.loads(listing.stdout)["tools"]}
     assert effects["echo"] is True and effects["get-sum"] is True
     assert effects["toggle-simulated-logging"] is False and effects["gzip-file-as-resource"] is False
-    echo = machine(tmp_path, "echo", ("say", 'tool echo { message: "hello" }'))
-    result = mklang.run(echo, script=script(tmp_path), mcp=[everything])
-    assert (result.status, result.result) == ("done", "Echo: hello")
+    both = machine(
+        tmp_path,
+        "both",
+        ("say", 'tool echo { message: "hello" }'),
+        ("add", "tool get_sum { a: 2, b: 3 }"),  # `get-sum` as a machine can write it
+    )
+    result = mklang.run(both, script=script(tmp_path), mcp=[everything])
+    assert result.status == "done", result.error
+    assert result.context["say"] == "Echo: hello" and "5" in result.context["add"]
 
 
 def test_the_host_config_overrides_the_annotations_and_names_a_server_with_a_command(tmp_path):
