@@ -14,6 +14,7 @@ import mklang
 
 # Importing a command module registers its commands.
 import mklang.cli.console_cmds
+import mklang.cli.mcp_cmds
 import mklang.cli.run_cmds
 import mklang.cli.scale_cmds
 from mklang.checkpoint.envelope import HostSettings
@@ -70,6 +71,7 @@ def _options(command: str) -> set[str]:
         ("resume", ()),
         ("batch", ("--record",)),
         ("serve", ("--record",)),
+        ("mcp", ("--record",)),
         ("worker", ("--scenario", "--record")),
     ],
 )
