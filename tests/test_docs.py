@@ -1,4 +1,5 @@
-"""The docs site keeps its promises: the tutorial runs as written, from its files and commands, and
+"""The docs site keeps its promises: the tutorial runs as written, from its files and commands, the
+home page's machine checks clean, and
 the site's link check finds what is broken (the strict build itself runs in .ci/run)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
-from support.commands import cli_env
+from support.commands import cli, cli_env
 
 TUTORIAL = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
@@ -83,6 +84,15 @@ def test_the_tutorial_runs_as_written(tmp_path):
             assert status == 0, f"`{command}` exited {status}:\n{output}"
     drawn = (tmp_path / "haiku.svg").read_text(encoding="utf-8")
     assert drawn.startswith("<svg") and 'class="edge gate taken"' in drawn
+
+
+def test_the_home_pages_machine_checks_clean(tmp_path):
+    (machine,) = [
+        body for language, body in FENCE.findall((ROOT / "docs" / "index.md").read_text()) if language == "mk"
+    ]
+    (tmp_path / "greet.mk").write_text(machine, encoding="utf-8")
+    done = cli("check", str(tmp_path / "greet.mk"))
+    assert (done.returncode, done.stderr) == (0, "0 errors, 0 warnings in 1 file\n")
 
 
 def write_site(site: Path, pages: dict[str, str]) -> None:
