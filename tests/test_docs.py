@@ -1,6 +1,6 @@
 """The docs site keeps its promises: the tutorial runs as written, from its files and commands, the
-home page's machine checks clean, and
-the site's link check finds what is broken (the strict build itself runs in .ci/run)."""
+home page's machine checks clean, and the site's link check finds what is broken (the strict
+build itself runs in .ci/run)."""
 
 from __future__ import annotations
 
