@@ -10,7 +10,7 @@ from mklang.engine import RunResult
 from mklang.engine.events import EventSink, Named
 from mklang.model import Machine
 from mklang.runs import resume, start
-from mklang.scenarios import Scenario, compare
+from mklang.scenarios import Scenario, judged
 from mklang.session import Host
 
 
@@ -39,12 +39,12 @@ def play(
     if not scenario.durable:
         with Host.for_scenario(scenario) as host:
             result = start(machine, {}, host, untrusted_flow=untrusted_flow, observer=observer)
-        return [Part("run", result, compare(scenario.expect, result))]
+        return [Part("run", result, judged(scenario, scenario.expect, result))]
     with tempfile.TemporaryDirectory(prefix="mklang-test-") as folder:
         checkpoint = Path(folder) / "checkpoint.json"
         with Host.for_scenario(scenario) as host:
             result = start(machine, {}, host, checkpoint=checkpoint, untrusted_flow=untrusted_flow, observer=observer)
-        parts = [Part("run", result, compare(scenario.expect, result))]
+        parts = [Part("run", result, judged(scenario, scenario.expect, result))]
         for number, step in enumerate(scenario.resumes, 1):
             label = f"resumes[{number}]"
             if result.status != "suspended":
@@ -61,5 +61,5 @@ def play(
                     untrusted_flow=untrusted_flow,
                     observer=observer,
                 )
-            parts.append(Part(label, result, compare(step.expect, result)))
+            parts.append(Part(label, result, judged(scenario, step.expect, result)))
     return parts

@@ -104,6 +104,7 @@ class Scenario:
     expect: dict[str, Any] = field(default_factory=dict)
     resumes: list[Resume] = field(default_factory=list)
     source: str = ""  # the script file, for messages
+    traps: list[str] = field(default_factory=list)  # what may not mean what it looks like (`list_traps`)
 
     @property
     def durable(self) -> bool:
@@ -228,11 +229,36 @@ def _scenario(raw: Any, where: str, source: str) -> Scenario:
                 Resume(**{k: v for k, v in (item or {}).items() if v is not None}) for item in raw.get("resumes") or []
             ],
             source=source,
+            traps=list_traps(raw),
         )
         ScriptedHost(scenario)  # the scripted answers themselves (llm.tokens, answer lists)
     except UsageError as error:
         raise UsageError(f"{where}: {error}") from None
     return scenario
+
+
+def list_traps(raw: dict[str, Any]) -> list[str]:
+    """A list under a keyed answer (`produce: {"Classify": [a, b]}`, a hook's or tool's map) is one
+    structured answer, sent as the JSON array, not answers in turn: each such place, in words,
+    told with a scenario that fails (it may be meant: a `parse list` state's answer is a list)."""
+    keyed = [("llm.produce", (raw.get("llm") or {}).get("produce"))]
+    keyed += [
+        (f"{kind}.{name}", answers) for kind in ("hooks", "tools") for name, answers in (raw.get(kind) or {}).items()
+    ]
+    return [
+        f"'{place}.{json.dumps(key)}' is a list under a key: that is one structured answer (sent as the JSON "
+        f"array), not answers in turn; for answers in turn give '{place}' a list, or a key of its own to each"
+        for place, answers in keyed
+        if isinstance(answers, dict)
+        for key, answer in answers.items()
+        if isinstance(answer, list)
+    ]
+
+
+def judged(scenario: Scenario, expect: dict[str, Any], result: RunResult) -> list[str]:
+    """What differed from `expect` (`compare`), and, when anything did, the scenario's list traps."""
+    problems = compare(expect, result)
+    return [*problems, *(f"note: {trap}" for trap in scenario.traps)] if problems else problems
 
 
 def _run_settings(run: dict[str, Any]) -> dict[str, Any]:
