@@ -350,3 +350,18 @@ def test_the_resume_scan_finds_a_surface_that_drives_a_run_itself():
     )
     assert {"opened", "proceed"} <= taken_from_runs(second)
     assert "proceed" in taken_from_runs("from mklang.runs.driving import proceed as drive\n")
+
+
+def test_the_console_reads_and_resumes_runs_only_through_the_runs_package():
+    """No envelope of its own, no batch runner, no command's parser or host options: what the console
+    shows and the replies it delivers go through `mklang.runs`, as `mklang show` and `resume` do."""
+    reached = {
+        module: sorted(
+            target
+            for target in TYPED[module]
+            if target.startswith(("mklang.checkpoint", "mklang.batching", "mklang.cli.run_cmds", "mklang.cli.hosting"))
+        )
+        for module in GRAPH
+        if module.startswith("mklang.console")
+    }
+    assert {module: targets for module, targets in reached.items() if targets} == {}
