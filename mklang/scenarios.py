@@ -286,13 +286,14 @@ def check_names(scenario: Scenario, tools: set[str], hooks: set[str]) -> None:
                 )
 
 
-def find_scenario(scenarios: list[Scenario], name: str | None, path: str) -> Scenario:
+def find_scenario(scenarios: list[Scenario], name: str | None, path: str, option: str = "--scenario") -> Scenario:
+    """The scenario `name` of a script (its only one when no name is given); `option` is how the
+    caller picks one (`--scenario`, or the API's `scenario=`)."""
     if name is None:
         if len(scenarios) == 1:
             return scenarios[0]
         raise UsageError(
-            f"{path} holds {len(scenarios)} scenarios: pick one with --scenario "
-            f"({', '.join(s.name for s in scenarios)})"
+            f"{path} holds {len(scenarios)} scenarios: pick one with {option} ({', '.join(s.name for s in scenarios)})"
         )
     for scenario in scenarios:
         if scenario.name == name:

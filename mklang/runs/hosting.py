@@ -89,7 +89,7 @@ def _made(chosen: dict[str, Any], max_cost: float | None, request: RunRequest) -
             )
         from mklang.scenarios import find_scenario, load_script
 
-        found = find_scenario(load_script(script), scenario, str(script))
+        found = find_scenario(load_script(script), scenario, str(script), words("scenario"))
         host = Host.for_scenario(found, {**settings, "scenario": found.name})
     else:
         if scenario is not None:

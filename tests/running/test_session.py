@@ -107,6 +107,9 @@ def test_the_python_api_is_told_of_its_keywords_not_of_command_line_flags(tmp_pa
     with pytest.raises(UsageError) as unscripted:
         mklang.run(machine, scenario="ask-then-publish", provider="ollama")
     assert str(unscripted.value) == "scenario= needs script="
+    with pytest.raises(UsageError) as unpicked:
+        mklang.run(machine, script=SCRIPT)
+    assert str(unpicked.value).startswith(f"{SCRIPT} holds 4 scenarios: pick one with scenario= (")
 
 
 def test_a_host_built_from_the_config_routes_its_tiers_and_takes_its_read_only_tools(tmp_path, monkeypatch):
