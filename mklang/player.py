@@ -51,15 +51,6 @@ def play(
                 parts.append(Part(label, result, [f"nothing to resume: the run ended {result.status}"]))
                 break
             with Host.for_scenario(scenario) as host:
-                result = resume(
-                    checkpoint,
-                    host,
-                    reply=step.set,
-                    max_tokens=step.max_tokens,
-                    budget=step.budget,
-                    hitl=step.hitl,
-                    untrusted_flow=untrusted_flow,
-                    observer=observer,
-                )
+                result = resume(checkpoint, host, untrusted_flow=untrusted_flow, observer=observer, **step.continuing())
             parts.append(Part(label, result, judged(scenario, step.expect, result)))
     return parts

@@ -92,6 +92,10 @@ class Resume:
     hitl: bool | None = None
     expect: dict[str, Any] = field(default_factory=dict)
 
+    def continuing(self) -> dict[str, Any]:
+        """How `resume` continues the suspended run with this entry: its reply and raised budgets."""
+        return {"reply": self.set, "max_tokens": self.max_tokens, "budget": self.budget, "hitl": self.hitl}
+
 
 @dataclass
 class Scenario:

@@ -183,17 +183,7 @@ class _Attempt:
                 start(self.machine, {}, host, checkpoint=self.checkpoint, observer=observer, control=control)
             )
         step = self.scenario.resumes[number - 1]
-        resumed = resume(
-            self.checkpoint,
-            host,
-            reply=step.set,
-            max_tokens=step.max_tokens,
-            budget=step.budget,
-            hitl=step.hitl,
-            observer=observer,
-            control=control,
-        )
-        return _outcome(resumed)
+        return _outcome(resume(self.checkpoint, host, observer=observer, control=control, **step.continuing()))
 
     def recover(self, number: int) -> dict[str, Any] | None:
         """`mklang resume cp.json` in phase `number` after a stop; the run's own outcome when its end
