@@ -14,6 +14,7 @@ TYPE_CHECKING = False  # `typing` is not imported for this; type checkers read t
 if TYPE_CHECKING:
     from mklang._api import batch, check, load, read_only, resume, run
     from mklang.engine import RunResult
+    from mklang.engine.decisions import Answer
     from mklang.engine.events import (
         BranchFinished,
         BranchStarted,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from mklang.engine.frame import Frame
     from mklang.errors import (
         CheckpointError,
+        DecisionRefused,
         Diagnostic,
         LoadError,
         MklangError,
@@ -58,7 +60,9 @@ _HOMES = {
     "read_only": "mklang._api",
     "resume": "mklang._api",
     "run": "mklang._api",
+    "Answer": "mklang.engine.decisions",
     "CheckpointError": "mklang.errors",
+    "DecisionRefused": "mklang.errors",
     "Diagnostic": "mklang.errors",
     "LoadError": "mklang.errors",
     "MklangError": "mklang.errors",
@@ -96,11 +100,13 @@ _HOMES = {
 }
 
 __all__ = [
+    "Answer",
     "BranchFinished",
     "BranchStarted",
     "CallFinished",
     "CallStarted",
     "CheckpointError",
+    "DecisionRefused",
     "Diagnostic",
     "Event",
     "EventSink",

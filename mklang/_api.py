@@ -15,6 +15,7 @@ from mklang.errors import Diagnostic
 if TYPE_CHECKING:
     from mklang.effects import ToolFunction
     from mklang.engine import RunResult
+    from mklang.engine.decisions import Answer
     from mklang.engine.events import EventSink
     from mklang.model import Machine
     from mklang.providers.base import Provider
@@ -109,7 +110,7 @@ def run(
 def resume(
     source: StrPath,
     *,
-    reply: Mapping[str, Any] | None = None,
+    reply: Mapping[str, Any] | Answer | None = None,
     force: bool = False,
     trust: bool = False,
     allow_rollback: bool = False,
@@ -120,17 +121,22 @@ def resume(
     """Continue a suspended, interrupted or crashed run from its checkpoint (a file or `STORE-URI#RUN`).
 
     `reply` maps dotted context paths to values, as `mklang resume --set`
-    does: the answer to a parked question goes under its `reply_to`. With
+    does: the answer to a parked question goes under its `reply_to`. A run
+    parked on a human decision is answered with an `Answer` instead, as
+    `mklang resume --answer` does (refused with `DecisionRefused`, nothing
+    changed, unless it is one of the choices of the question pending). With
     no provider, script or replay given, a checkpoint signed with your key
     is answered as the run was. The other keywords are those of `mklang resume`.
     """
     from mklang import runs
+    from mklang.engine.decisions import Answer
 
     _require_keywords(resume, options, RunKeywords.__optional_keys__)
     request = _request(
         options,
         source=_where(source),
-        reply=dict(reply or {}),
+        reply=dict(reply) if reply is not None and not isinstance(reply, Answer) else {},
+        decision=reply.decision() if isinstance(reply, Answer) else None,
         budget=budget,
         force=force,
         machine_path=None if machine is None else os.fspath(machine),

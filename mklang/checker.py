@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mklang.effects import tainted_effects
 from mklang.errors import Diagnostic, LoadError, Severity, did_you_mean
-from mklang.model import Call, Machine, Node, Produce, Span, State, ToolUse
+from mklang.model import Call, Gate, Machine, Node, Produce, Span, State, ToolUse
 from mklang.version import __version__
 from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, UNCLOSED_PLACEHOLDER, lookup, root_key, version_refusal
 
@@ -69,11 +69,11 @@ def shortest_steps(machine: Machine) -> int | None:
         if name in done:
             continue
         done.add(name)
-        for gate in states[name].gates:
-            if gate.target == END:
+        for target in (target for gate in states[name].gates for target in gate.targets):
+            if target == END:
                 return cost
-            if gate.target in states and gate.target not in done:
-                heapq.heappush(queue, (cost + step_cost(states[gate.target]), gate.target))
+            if target in states and target not in done:
+                heapq.heappush(queue, (cost + step_cost(states[target]), target))
     return None
 
 
@@ -85,8 +85,32 @@ def _reachable(machine: Machine) -> set[str]:
         if name in seen or name not in states:
             continue
         seen.add(name)
-        todo += [gate.target for gate in states[name].gates if gate.target]
+        todo += [target for gate in states[name].gates for target in gate.targets]
     return seen
+
+
+def _reaching_end(machine: Machine) -> set[str]:
+    """The states from which some path leads to END."""
+    sources: dict[str, set[str]] = {}
+    for state in machine.states:
+        for target in (target for gate in state.gates for target in gate.targets):
+            sources.setdefault(target, set()).add(state.name)
+    found, todo = set(), [END]
+    while todo:
+        for source in sources.get(todo.pop(), ()):
+            if source not in found:
+                found.add(source)
+                todo.append(source)
+    return found
+
+
+def _transitions(gate: Gate) -> list[tuple[str, Span | None]]:
+    """Each target a gate names, with the span to report it at: the gate's, each choice's, its timeout's."""
+    found = [(gate.target, gate.span)] if gate.target is not None else []
+    found += [(choice.target, choice.span or gate.span) for choice in gate.choices if choice.target is not None]
+    if gate.timeout is not None and gate.timeout.target is not None:
+        found.append((gate.timeout.target, gate.timeout.span or gate.span))
+    return found
 
 
 def _texts(state: State) -> list[tuple[str, str]]:
@@ -151,8 +175,11 @@ def check(machine: Machine, provided: Iterable[str] = ()) -> list[Diagnostic]:
     }
     near = Path(machine.path).parent if machine.path else Path.cwd()
 
+    ends = _reaching_end(machine)
     for state in machine.states:
         _check_state(out, machine, state, names, tools, hooks, written, near)
+        for gate in state.gates:
+            _check_decision(out, gate, names, ends)
 
     _check_effects(out, machine)
     reachable = _reachable(machine)
@@ -203,9 +230,10 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
     for gate in state.gates:
         if catch_all is not None:
             out.warning(gate.span, "dead-gate", "this gate comes after `otherwise` and never fires")
-        if gate.target is not None and gate.target != END and gate.target not in names:
-            hint = did_you_mean(gate.target, names)
-            out.error(gate.span, "unknown-target", f'"{gate.target}" is not a state (or END){hint}')
+        for target, where in _transitions(gate):
+            if target != END and target not in names:
+                hint = did_you_mean(target, names)
+                out.error(where, "unknown-target", f'"{target}" is not a state (or END){hint}')
         if gate.hook and gate.hook not in hooks:
             out.warning(
                 gate.span,
@@ -254,6 +282,41 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
         if key not in written and not (fan_out and key in FAN_OUT_KEYS) and key not in warned:
             out.warning(_at(state, field), "unwritten-context-key", f'{owner} reads "{key}", which nothing writes')
             warned.add(key)
+
+
+def _check_decision(out: _Findings, gate: Gate, names: dict[str, State], ends: set[str]) -> None:
+    """A human decision (SPEC section 8): labelled choices, once each; a deadline whose
+    transition can still finish the run; `show` and `within` only with choices."""
+    if gate.policy == "escalate" and not gate.choices:
+        parts = [word for word, given in (("show", gate.show), ("within", gate.timeout)) if given is not None]
+        if parts or gate.target is None:
+            need = " and ".join(f"`{part}`" for part in parts) + (" need" if len(parts) > 1 else " needs")
+            out.error(
+                gate.span,
+                "no-choices",
+                f'{need if parts else "a human decision needs"} choices: add `choice "<answer>" -> <state>`',
+            )
+    seen: set[str] = set()
+    for choice in gate.choices:
+        if not choice.label.strip():
+            out.error(choice.span or gate.span, "invalid-choice", "a choice needs a label a human can answer with")
+        elif choice.label in seen:
+            out.error(choice.span or gate.span, "duplicate-choice", f'the choice "{choice.label}" is given twice')
+        seen.add(choice.label)
+    timeout = gate.timeout
+    if (
+        timeout is not None
+        and timeout.target not in (None, END)
+        and timeout.target in names
+        and timeout.target not in ends
+    ):
+        out.error(
+            timeout.span or gate.span,
+            "timeout-no-end",
+            f'the deadline leads to "{timeout.target}", from which no path reaches END',
+        )
+    if timeout is not None and timeout.seconds <= 0:
+        out.error(timeout.span or gate.span, "invalid-value", "a deadline must be longer than 0s")
 
 
 def _check_effects(out: _Findings, machine: Machine) -> None:

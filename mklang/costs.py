@@ -174,8 +174,9 @@ class _Bounds:
             visit = spent + self._visit_least(machine, state, depth, weights)
             judge = weights.per_call(state.tier or machine.tier, False)
             for index, gate in enumerate(state.gates):
-                if gate.target == END or (gate.target in states and gate.target not in settled):
-                    heapq.heappush(queue, (visit + _times(judge_calls(state.gates, index)[0], judge), gate.target))
+                for target in gate.targets:  # a human decision's every choice and its deadline
+                    if target == END or (target in states and target not in settled):
+                        heapq.heappush(queue, (visit + _times(judge_calls(state.gates, index)[0], judge), target))
         return None
 
     def _most(self, machine: Machine, depth: int, weights: Weights) -> float:
@@ -245,17 +246,15 @@ def _walk_bound(machine: Machine, states: dict[str, State], visit: dict[str, _Vi
 def _best_gate(seen: _Visit, states: dict[str, State], most: dict[str, list[float]], left: int) -> float:
     best = 0.0
     for index, gate in enumerate(seen.state.gates):
-        value = seen.judged[index]
-        if gate.target is not None and gate.target in states:
-            value += most[gate.target][left]
-        best = max(best, value)
+        ahead = [most[target][left] for target in gate.targets if target in states]
+        best = max(best, seen.judged[index] + max(ahead, default=0.0))
     return best
 
 
-def _cut(gate: Gate, states: dict[str, State]) -> bool:
-    """Whether a transition is counted apart: a repair, or an entry into a state with `max_visits`."""
-    target = states.get(gate.target or "")
-    return gate.policy == "repair" or (target is not None and target.max_visits is not None)
+def _cut(gate: Gate, target: str, states: dict[str, State]) -> bool:
+    """Whether a transition to `target` is counted apart: a repair, or an entry into a state with `max_visits`."""
+    entered = states.get(target)
+    return gate.policy == "repair" or (entered is not None and entered.max_visits is not None)
 
 
 def _segment_bound(machine: Machine, states: dict[str, State], visit: dict[str, _Visit]) -> tuple[float, int] | None:
@@ -272,10 +271,8 @@ def _segment_bound(machine: Machine, states: dict[str, State], visit: dict[str, 
         here = seen.width(budget) * seen.branch
         best = (0.0, 0)
         for index, gate in enumerate(seen.state.gates):
-            tail = (0.0, 0)
-            if gate.target in states and not _cut(gate, states):
-                tail = longest[gate.target]
-            best = (max(best[0], seen.judged[index] + tail[0]), max(best[1], tail[1]))
+            for tail in [longest[t] for t in gate.targets if t in states and not _cut(gate, t, states)] or [(0.0, 0)]:
+                best = (max(best[0], seen.judged[index] + tail[0]), max(best[1], tail[1]))
         longest[name] = (here + best[0], steps + best[1])
     # A walk's segments start at the entry and wherever a cut edge lands. A state with `max_visits`
     # starts at most that many (the entry's first visit among them); a repair edge elsewhere, at most
@@ -296,8 +293,9 @@ def _segment_bound(machine: Machine, states: dict[str, State], visit: dict[str, 
 def _edges(states: dict[str, State]) -> Iterator[tuple[str, str]]:
     for name, state in states.items():
         for gate in state.gates:
-            if gate.target in states and not _cut(gate, states):
-                yield name, gate.target
+            for target in gate.targets:
+                if target in states and not _cut(gate, target, states):
+                    yield name, target
 
 
 def _topological(states: dict[str, State]) -> list[str] | None:

@@ -75,6 +75,10 @@ class JournalCut(CheckpointError):
         self.journal = journal
 
 
+class DecisionRefused(CheckpointError):
+    """An answer to a human decision (or its deadline) that may not apply: nothing was changed."""
+
+
 class ProviderError(MklangError):
     """A model provider failed after its retries; the run halts `provider-error`.
 

@@ -70,20 +70,34 @@ def gate_label(gate: Gate) -> str:
     return " · ".join(part for part in (condition_text(gate), policy_text(gate)) if part)
 
 
-def _gate_target(gate: Gate) -> str:
-    if gate.policy == "fail":
+def _node_of(target: str | None) -> str:
+    """The node a transition goes to: a state, END, or fail (None)."""
+    if target is None:
         return _FAIL
-    return _END if gate.target == END else _state_id(gate.target or "")
+    return _END if target == END else _state_id(target)
 
 
-def _takes(step: dict, state: State, gate: Gate) -> bool:
-    """Whether a trace step went through this gate (its `gate` text disambiguates twins)."""
-    target = None if gate.policy == "fail" else gate.target
+def _transitions(gate: Gate) -> list[tuple[str | None, str, str | None]]:
+    """Each transition of a gate as (target, label, answer): one for a plain gate, one per
+    choice and one for the deadline of a human decision (the answer the trace records)."""
+    if not gate.decides:
+        return [(None if gate.policy == "fail" else gate.target, gate_label(gate), None)]
+    found: list[tuple[str | None, str, str | None]] = [
+        (c.target, f"{gate_label(gate)} · {c.label}", c.label) for c in gate.choices
+    ]
+    if gate.timeout is not None:
+        found.append((gate.timeout.target, f"{gate_label(gate)} · within {gate.timeout.within}", None))
+    return found
+
+
+def _takes(step: dict, state: State, gate: Gate, target: str | None, answer: str | None) -> bool:
+    """Whether a trace step went through this transition (its `gate` text disambiguates twins)."""
+    decided = step.get("decision")
     return (
         step.get("state") == state.name
-        and step.get("policy") == gate.policy
         and step.get("to") == target
         and step.get("gate", gate.label) == gate.label
+        and (decided.get("choice") == answer if decided else step.get("policy") == gate.policy)
     )
 
 
@@ -101,11 +115,12 @@ def build(machine: Machine, trace: list[dict] | None = None) -> DrawnGraph:
         lines.append(f"output {state.output}")
         graph.nodes.append(DrawnNode(_state_id(state.name), state.name, tuple(lines), visits=visits[state.name]))
         for gate in state.gates:
-            target = _gate_target(gate)
-            uses_end |= target == _END
-            uses_fail |= target == _FAIL
-            taken = sum(_takes(step, state, gate) for step in steps)
-            graph.edges.append(DrawnEdge(_state_id(state.name), target, gate_label(gate), taken=taken))
+            for to, label, answer in _transitions(gate):
+                target = _node_of(to)
+                uses_end |= target == _END
+                uses_fail |= target == _FAIL
+                taken = sum(_takes(step, state, gate, to, answer) for step in steps)
+                graph.edges.append(DrawnEdge(_state_id(state.name), target, label, taken=taken))
         if state.face.kind == "call":
             if state.face.machine not in called:
                 called.append(state.face.machine)

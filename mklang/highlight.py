@@ -63,6 +63,7 @@ class MkLexer(RegexLexer):
             (words(KEYWORDS, suffix=r"\b"), Keyword),
             (words(CONSTANTS, prefix=r"\b", suffix=r"\b"), Keyword.Constant),
             (r"\bEND\b", Keyword.Constant),
+            (r"\b[0-9]+[smhd]\b", Number),  # a decision's deadline: `within 48h`
             (r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\b", Number),
             (PATH, Name.Variable),
             (r"[{}\[\]:,]", Punctuation),

@@ -102,16 +102,61 @@ def _plain(value: Any) -> Any:
 
 
 @dataclass(kw_only=True, eq=False)
+class Choice(Node):
+    """One answer a human may give to a decision, and the transition it takes
+    (`choice "approve" -> publish`; `target is None` means `fail`)."""
+
+    label: str
+    target: str | None = None
+
+
+@dataclass(kw_only=True, eq=False)
+class Timeout(Node):
+    """The deadline of a human decision and the transition taken once it passes
+    (`within 48h -> expired`; `target is None` means `fail`)."""
+
+    within: str  # a duration as written: `90s`, `30m`, `48h`, `2d`
+    target: str | None = None
+
+    @property
+    def seconds(self) -> int:
+        from mklang.vocabulary import duration_seconds
+
+        return duration_seconds(self.within) or 0
+
+
+@dataclass(kw_only=True, eq=False)
 class Gate(Node):
-    """A condition plus a policy. `when is None` means the catch-all `otherwise`."""
+    """A condition plus a policy. `when is None` means the catch-all `otherwise`.
+
+    An escalation with `choices` is a human decision (language 0.5): it has no
+    `target` of its own, the human's choice (or its `timeout`) takes the transition.
+    """
 
     when: str | None = None
     hook: str | None = None
     policy: Policy = "ok"
-    target: str | None = None  # None only for `fail`
+    target: str | None = None  # None only for `fail` and a human decision
     repair: int | None = None  # the repair budget N of `repair N`
     ask: str | None = None
     reply_to: str | None = None  # None means DEFAULT_REPLY_TO
+    show: str | None = None  # the context path a human decision approves
+    choices: list[Choice] = field(default_factory=list)
+    timeout: Timeout | None = None
+
+    @property
+    def decides(self) -> bool:
+        """A human decision: the transition is the answer to a question, not the gate's own."""
+        return bool(self.choices)
+
+    @property
+    def targets(self) -> list[str]:
+        """Every state (or END) this gate may go to: its target, its choices' and its timeout's."""
+        found = [self.target] if self.target is not None else []
+        found += [choice.target for choice in self.choices if choice.target is not None]
+        if self.timeout is not None and self.timeout.target is not None:
+            found.append(self.timeout.target)
+        return list(dict.fromkeys(found))
 
     @property
     def label(self) -> str:
@@ -199,7 +244,7 @@ class ToolDeclaration(Declaration):
 @dataclass(kw_only=True, eq=False)
 class Machine(Node):
     name: str
-    version: str | None = None  # the `mklang 0.4` line, when present
+    version: str | None = None  # the `mklang 0.5` line, when present
     entry: str
     budget: int
     tier: Tier = "balanced"

@@ -22,6 +22,7 @@ from mklang.providers.scripted import ScriptedCallables, ScriptedProvider, Scrip
 
 if TYPE_CHECKING:
     from mklang.engine import RunResult
+    from mklang.engine.decisions import Decision
 
 TRACE_KEYS = {
     "step",
@@ -67,7 +68,7 @@ KEYS: dict[str, set[str]] = {
     "expect": EXPECT_KEYS,
     "expect.usage": {"input_tokens", "output_tokens", "cost_usd"},
     "expect.trace[]": TRACE_KEYS,
-    "resumes[]": {"set", "max_tokens", "budget", "hitl", "expect"},
+    "resumes[]": {"set", "answer", "note", "max_tokens", "budget", "hitl", "expect"},
     "resumes[].expect": EXPECT_KEYS,
     "resumes[].expect.usage": {"input_tokens", "output_tokens", "cost_usd"},
     "resumes[].expect.trace[]": TRACE_KEYS,
@@ -87,14 +88,29 @@ class Resume:
     """One `resumes:` entry: how to continue the suspended run, and what to expect of it."""
 
     set: dict[str, Any] = field(default_factory=dict)
+    answer: str | None = None  # the choice that answers the human decision the run waits on
+    note: str | None = None  # the note that travels with it
     max_tokens: int | None = None
     budget: int | None = None
     hitl: bool | None = None
     expect: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def decision(self) -> Decision | None:
+        """What `answer` (and `note`) decide, as `mklang resume --answer` does."""
+        if self.answer is None:
+            return None
+        return {"choice": self.answer, "note": self.note, "question": None, "by": "human"}
+
     def continuing(self) -> dict[str, Any]:
-        """How `resume` continues the suspended run with this entry: its reply and raised budgets."""
-        return {"reply": self.set, "max_tokens": self.max_tokens, "budget": self.budget, "hitl": self.hitl}
+        """How `resume` continues the suspended run with this entry: its reply or answer, and raised budgets."""
+        return {
+            "reply": self.set,
+            "decision": self.decision,
+            "max_tokens": self.max_tokens,
+            "budget": self.budget,
+            "hitl": self.hitl,
+        }
 
 
 @dataclass
@@ -174,6 +190,8 @@ def _check_setting(place: str, key: str, value: Any, shown: str) -> None:
             raise UsageError(f"'{shown}' expects a whole number of at least {least}, got {json.dumps(value)}")
     elif key in FLAGS and not isinstance(value, bool):
         raise UsageError(f"'{shown}' expects true or false, got {json.dumps(value)}")
+    elif key in ("answer", "note") and not isinstance(value, str):
+        raise UsageError(f"'{shown}' expects text, got {json.dumps(value)}")
     elif key == "on_untrusted_flow" and value not in FLOW_POLICIES:
         raise UsageError(f"'{shown}' is {json.dumps(value)}, not one of {' | '.join(FLOW_POLICIES)}")
 

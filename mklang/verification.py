@@ -34,6 +34,7 @@ from typing import Any
 from mklang import faults
 from mklang.comparison import compare, one_line
 from mklang.engine import Control, RunResult
+from mklang.engine.decisions import steady
 from mklang.engine.events import Event, StateEntered
 from mklang.engine.runtime import BRANCH_THREADS
 from mklang.model import Machine
@@ -195,13 +196,20 @@ class _Attempt:
             return None
         if load(self.checkpoint).status in ("done", "halted"):
             document = run_document(self.checkpoint)
-            return {key: document.get(key) for key in OUTCOME}
-        reply = self.scenario.resumes[number - 1].set if number > 0 else {}
+            return {key: steady(document[key]) if key == "trace" else document.get(key) for key in OUTCOME}
+        step = self.scenario.resumes[number - 1] if number > 0 else None
 
         def host(resumable: Resumable) -> Host:
-            replied = number > 0 and all(
-                any(lookup(frame.context, path) == value for frame in resumable.chain) for path, value in reply.items()
+            """Replied once this phase's values are set and, for an answer, its decision made."""
+            if step is None:
+                return self.host(False)
+            chain = resumable.chain
+            replied = all(
+                any(lookup(frame.context, path) == value for frame in chain) for path, value in step.set.items()
             )
+            if step.answer is not None:
+                answers = sum(1 for earlier in self.scenario.resumes[:number] if earlier.answer is not None)
+                replied = replied and _decisions(resumable.chain) >= answers
             return self.host(replied)
 
         return _outcome(resume(self.checkpoint, host, tell=_unsaid))
@@ -243,9 +251,16 @@ def _crash() -> None:
 
 
 def _outcome(result: RunResult) -> dict[str, Any]:
-    """The JSON of what a resumed run must share with the uninterrupted one."""
+    """The JSON of what a resumed run must share with the uninterrupted one (a decision's question id
+    and times are each run's own: `decisions.steady`)."""
     data = result.to_json()
+    data["trace"] = steady(data["trace"])
     return dict(json.loads(json.dumps({key: data.get(key) for key in OUTCOME}, default=str)))
+
+
+def _decisions(chain: list[Any]) -> int:
+    """How many human decisions (and deadlines) the levels of a run have applied."""
+    return sum(1 for frame in chain for step in frame.trace if "decision" in step)
 
 
 def _spread(total: int, every: bool) -> list[int]:

@@ -27,17 +27,21 @@ STATE_KEYWORDS: Final = (
 )  # fmt: skip
 # Words later on a gate line: the hook of a condition, the policies and an escalation's options.
 POLICY_KEYWORDS: Final = ("repair", "escalate", "fail")
-GATE_KEYWORDS: Final = ("hook", *POLICY_KEYWORDS, "ask", "reply_to")
+GATE_KEYWORDS: Final = ("hook", *POLICY_KEYWORDS, "ask", "show", "reply_to")
+# Words that open a line inside the block of a human decision (`escalate ... { choice ... }`).
+DECISION_KEYWORDS: Final = ("choice", "within")
 # Words later on a `tool` declaration line.
 DECLARATION_KEYWORDS: Final = ("read_only",)
-KEYWORDS: Final = tuple(dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_KEYWORDS, *DECLARATION_KEYWORDS)))
+KEYWORDS: Final = tuple(
+    dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_KEYWORDS, *DECISION_KEYWORDS, *DECLARATION_KEYWORDS))
+)
 END: Final = "END"  # the target that finishes a run
 LITERALS: Final = ("true", "false", "null")
 
 # The language version this release implements. Earlier versions are subsets
 # of it (the YAML machines of mklang 1.x declare 0.2 and 0.3) and run
 # unchanged; only a newer one is refused.
-LANGUAGE_VERSION: Final = "0.4"
+LANGUAGE_VERSION: Final = "0.5"
 # What a `mklang` line may say: X or X.Y, and in YAML also X.Y.Z (1.x machines say
 # "0.2.0"), read as X.Y: a language version has no patch level.
 VERSION_NUMBER: Final = re.compile(r"([0-9]+)(?:\.([0-9]+))?(\.[0-9]+)?\Z")
@@ -93,6 +97,17 @@ def lookup(context: dict[str, Any], path: str) -> Any:
         else:
             return None
     return value
+
+
+# A deadline of a human decision (`within 48h`): whole seconds, minutes, hours or days.
+DURATION: Final = re.compile(r"([0-9]+)([smhd])\Z")
+DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> int | None:
+    """The seconds a duration like `48h` stands for; None when it is not one."""
+    match = DURATION.match(text)
+    return None if match is None else int(match[1]) * DURATION_UNITS[match[2]]
 
 
 # A placeholder still being typed at the end of a line, for completion.

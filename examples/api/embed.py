@@ -2,8 +2,8 @@
 the scenario scripts beside the example machines, so no key or network is needed.
 
 It checks a machine, runs one until its token budget suspends it and resumes it with a
-larger one, parks another on a human question and answers it with a reply mapping, and
-runs a small batch. Run it from anywhere: python examples/api/embed.py
+larger one, parks another on a human decision and answers it with one of its choices, and
+runs a small batch whose runs all park on that decision. Run it from anywhere: python examples/api/embed.py
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def say(label: str, result: mklang.RunResult) -> None:
 
 def main() -> None:
     approval = EXAMPLES / "approval" / "approval.mk"
-    for finding in mklang.check(approval):
-        print(f"check: {finding.line}:{finding.col} {finding.severity} [{finding.code}]")
+    findings = mklang.check(approval)
+    print(f"check: {len(findings)} findings")
 
     with tempfile.TemporaryDirectory() as folder:
         # A token budget suspends a durable run instead of halting it; a larger one continues it.
@@ -45,19 +45,22 @@ def main() -> None:
         say("resume", finished)
         print(f"answer: {finished.result}")
 
-        # An escalation parks the run on a question; the reply goes under its `reply_to` path.
+        # A human decision parks the run on its question; an answer is one of its choices.
         parked_at = Path(folder) / "approval.json"
         parked = mklang.run(
             mklang.load(approval),
             script=EXAMPLES / "approval" / "scenarios.yaml",
             scenario="ask-then-publish",
             checkpoint=parked_at,
-            hitl=True,
         )
         say("run", parked)
-        print(f"ask: {parked.ask} -> {parked.reply_to}")
-        assert parked.reply_to is not None
-        published = mklang.resume(parked_at, reply={parked.reply_to: "yes, ship it"})
+        question = parked.to_json()["question"]
+        print(f"ask: {parked.ask} {question['choices']} -> {parked.reply_to}")
+        try:
+            mklang.resume(parked_at, reply=mklang.Answer("maybe"))
+        except mklang.DecisionRefused as refused:
+            print(f"refused: {str(refused).partition(': ')[2]}")
+        published = mklang.resume(parked_at, reply=mklang.Answer("approve", note="Ship it."))
         say("resume", published)
         print(f"published: {published.result}")
 
@@ -67,10 +70,10 @@ def main() -> None:
             [{"id": "ops", "audience": "operators"}, {"id": "all", "audience": "all customers"}],
             store=Path(folder) / "runs",
             script=EXAMPLES / "approval" / "scenarios.yaml",
-            scenario="approved-answer-given-up-front",
+            scenario="ask-then-publish",
         )
         for outcome in outcomes:
-            print(f"batch: {outcome.run} {outcome.status} {outcome.result}")
+            print(f"batch: {outcome.run} {outcome.status} ({outcome.reason})")
 
 
 if __name__ == "__main__":

@@ -133,7 +133,8 @@ class FrameRecord(TypedDict):
     last_output: Any
     branches: NotRequired[list[tuple[int, BranchRecord]]]  # finished branches of a fan-out a budget cut short
     halted: NotRequired[str | None]  # the halt that ended the level
-    ask: NotRequired[dict[str, str | None] | None]  # the human question it waits on: {ask, reply_to}
+    # The human question it waits on: {ask, reply_to}, a decision's whole record (`engine.decisions`).
+    ask: NotRequired[dict[str, Any] | None]
     # Control-flow taint; a frame without them resumes as all external with a tainted decision.
     external: NotRequired[list[str]]  # top-level keys holding data from outside the run
     decision_tainted: NotRequired[bool]  # a judge reading external data chose the way here, unconfirmed

@@ -102,12 +102,29 @@ def render_result(data: dict[str, Any], console: Console = stdout) -> None:
         console.print("calls paid by this process: " + ", ".join(f"{kind} {n}" for kind, n in data["calls"].items()))
     if status == "done":
         console.print(Text("result: ", style="bold") + Text(_short(data.get("result"), 2000)))
-    if status == "suspended" and data.get("ask"):
+    question = data.get("question")
+    if status == "suspended" and question:
+        render_question(question, data.get("ask"), console)
+    elif status == "suspended" and data.get("ask"):
         console.print(
             Text("ask: ", style="bold yellow")
             + Text(printable(str(data["ask"])))
             + Text(f"  (reply with --set {printable(str(data.get('reply_to')))}=...)", style="dim")
         )
+
+
+def render_question(question: dict[str, Any], ask: str | None, console: Console) -> None:
+    """A pending human decision: what it asks, its choices, what it shows, its id and deadline."""
+    from mklang.engine.decisions import answer_hint
+
+    console.print(
+        Text("decision: ", style="bold yellow")
+        + Text(printable(str(ask or "")))
+        + Text(f"  ({printable(answer_hint(question))})", style="dim")
+    )
+    shown = f", showing {question['show']}" if question.get("show") else ""
+    deadline = f", deadline {question['deadline']}" if question.get("deadline") else ", no deadline"
+    console.print(Text(f"  question {question['question']}{shown}{deadline}", style="dim"))
 
 
 class Display:
@@ -196,7 +213,9 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
         tree = Tree(Text("last steps", style="bold"))
         _add_steps(tree, summary["last_steps"])
         console.print(tree)
-    if summary.get("ask"):
+    if summary.get("question"):
+        render_question(summary["question"], summary.get("ask"), console)
+    elif summary.get("ask"):
         console.print(Text("ask: ", style="bold yellow") + Text(printable(summary["ask"])))
     if summary.get("ran_out"):
         console.print(Text(summary["ran_out"], style="yellow"))

@@ -25,6 +25,7 @@ from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, PATH
 
 if TYPE_CHECKING:
     from mklang.engine import RunResult
+    from mklang.engine.decisions import Decision
     from mklang.model import Machine
     from mklang.runs import Resumable
 
@@ -302,6 +303,15 @@ def resume(
         ..., help="The checkpoint of a suspended or crashed run: a file, or STORE-URI#RUN (docs/scale.md)."
     ),
     set_: list[str] | None = SetOpt,
+    answer: str | None = typer.Option(
+        None, "--answer", metavar="CHOICE", help="Answer the decision the run waits on with one of its choices."
+    ),
+    note: str | None = typer.Option(
+        None, "--note", metavar="TEXT", help="A note that travels with the --answer (untrusted data)."
+    ),
+    question: str | None = typer.Option(
+        None, "--question", metavar="ID", help="The question the --answer answers (default: the one pending)."
+    ),
     budget: int | None = typer.Option(None, "--budget", min=0, help="New step budget of the innermost frame."),
     force: bool = typer.Option(False, "--force", help="Resume even if a machine file changed."),
     trust: bool = typer.Option(
@@ -333,9 +343,15 @@ def resume(
 
         if options.replace and out is None:
             raise fail("--replace replaces the run at another --checkpoint: it needs --checkpoint")
+        if answer is None and (note is not None or question is not None):
+            raise fail("--note and --question go with --answer CHOICE")
+        decision: Decision | None = None
+        if answer is not None:
+            decision = {"choice": answer, "note": note, "question": question, "by": "human"}
         request = runs.RunRequest(
             source=checkpoint,
             reply=parse_assignments(set_),
+            decision=decision,
             budget=budget,
             checkpoint=out,
             force=force,

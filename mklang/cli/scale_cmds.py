@@ -193,6 +193,53 @@ def runs_prune(
         _report_removed(done, wants_json(format), pruned=True)
 
 
+@runs_app.command("sweep")
+@hosted()
+def runs_sweep(
+    store: str = StoreOpt,
+    untrusted_flow: str | None = UntrustedFlowOpt,
+    max_time: str | None = MaxTimeOpt,
+    hosting: Hosting = Hosting(),
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """One pass, for cron: continue every run whose human decision's deadline has passed,
+    along the decision's timeout transition, exactly once (docs/runs.md).
+
+    Each run is decided under its lock: one another process holds is passed over (`busy`),
+    one a human answered meanwhile is no longer due. The host options answer the runs it
+    continues, as those of `resume` do. Exit 0, or 1 when a run could not be continued."""
+    with handle_errors(wants_json(format)):
+        from mklang import exitcodes
+        from mklang.batching import location
+        from mklang.runs import RunRequest
+        from mklang.runs.sweeping import sweep
+        from mklang.stores import open_store
+
+        request = RunRequest(
+            hosting=hosting.settings, untrusted_flow=policy(untrusted_flow), max_time=parse_duration(max_time)
+        )
+        opened = open_store(store, create=False)
+        try:
+            swept = sweep(opened, lambda run: location(opened, store, run), request)
+        finally:
+            opened.close()
+        if wants_json(format):
+            print_json({"store": redacted(store), "swept": [done.to_json() for done in swept]})
+        elif not swept:
+            print("mklang: no run's deadline has passed", file=sys.stderr)
+        for done in [] if wants_json(format) else swept:
+            print(f"{done.run}: {done.outcome}" + "".join(f" {part}" for part in _sweep_parts(done)))
+        if any(done.outcome == "failed" for done in swept):
+            raise typer.Exit(exitcodes.HALT)
+
+
+def _sweep_parts(done: Any) -> list[str]:
+    """The rest of a `runs sweep` line: the question, what the run came to, why."""
+    parts = [f"question {done.question}"] if done.question else []
+    parts += [f"-> {done.status}"] if done.status else []
+    return parts + ([f"({done.detail})"] if done.detail else [])
+
+
 def _report_removed(done: list[Any], as_json: bool, pruned: bool = False) -> None:
     """What `runs rm` and `runs prune` removed: one line per run (kept ones on stderr), and the exit code.
 

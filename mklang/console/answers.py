@@ -1,4 +1,5 @@
-"""Replies from the inbox: each resumes its run as `mklang resume STORE#RUN --set PATH=REPLY` does.
+"""Replies from the inbox: each resumes its run as `mklang resume STORE#RUN --set PATH=REPLY` does,
+or, to a run parked on a human decision, as `mklang resume STORE#RUN --answer REPLY` does.
 
 The reply is parsed as `--set` parses a value and goes through the same `runs.resume`, so the run
 takes it as untrusted data. The host that answers the resumed run is the one `mklang serve` was
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mklang.engine.events import Event
 from mklang.errors import first_line
 from mklang.stores import RunStore
+
+if TYPE_CHECKING:
+    from mklang.engine.decisions import Decision
 
 
 class Replies:
@@ -31,23 +35,28 @@ class Replies:
         self.notes: dict[str, list[str]] = {}
         self._threads: list[threading.Thread] = []
 
-    def deliver(self, run: str, reply_to: str, reply: str) -> None:
+    def deliver(self, run: str, reply_to: str, reply: str, decides: bool = False) -> None:
         """Resume `run` with `reply` set at `reply_to`, in the background; JSON nested too deep to be
-        a value raises NestingError here."""
+        a value raises NestingError here. To a run the inbox showed parked on a human decision
+        (`decides`) the reply is the answer, a choice, checked as `--answer` is under the run's lock."""
         from mklang.limits import parse_value
 
-        values = {reply_to: parse_value(reply)}
+        decision: Decision | None = {"choice": reply.strip(), "by": "human"} if decides else None
+        values = {} if decides else {reply_to: parse_value(reply)}
         self.failures.pop(run, None)
         self.notes[run] = []
-        thread = threading.Thread(target=self._resume, args=(run, values), name=f"mklang-reply-{run}", daemon=True)
+        thread = threading.Thread(
+            target=self._resume, args=(run, values, decision), name=f"mklang-reply-{run}", daemon=True
+        )
         self._threads.append(thread)
         thread.start()
 
-    def _resume(self, run: str, values: dict[str, object]) -> None:
+    def _resume(self, run: str, values: dict[str, object], decision: Decision | None) -> None:
         from mklang import runs
         from mklang.errors import MklangError
 
-        request = runs.RunRequest(source=runs.location(self.store, self.uri, run), reply=values, hosting=self.hosting)
+        where = runs.location(self.store, self.uri, run)
+        request = runs.RunRequest(source=where, reply=values, decision=decision, hosting=self.hosting)
         try:
             runs.resume(request, observer=_Progress(run, self.on_change), tell=self.notes[run].append)
         except MklangError as error:

@@ -174,7 +174,8 @@ def create_app(console: Console) -> ASGIApp:
         if not summary["waiting"]:
             return console.page("answered.html", 409, run=run, status=summary["status"], here="inbox")
         try:
-            console.replies.deliver(run, summary["reply_to"], form.get("reply", ""))
+            decides = summary.get("question") is not None  # a human decision: the reply is a choice
+            console.replies.deliver(run, summary["reply_to"], form.get("reply", ""), decides)
         except NestingError as error:
             return PlainTextResponse(f"400: the reply is {error}\n", 400)
         return RedirectResponse(f"/runs/{run}", 303)

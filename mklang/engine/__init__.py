@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any, TypedDict, Unpack
 
 from mklang.effects import FlowPolicy, check_policy
-from mklang.engine import events
+from mklang.engine import decisions, events
 from mklang.engine.events import EventSink
 from mklang.engine.frame import Frame
 from mklang.engine.launch import ran_out
@@ -72,6 +72,9 @@ class RunResult:
                 reply_to=self.reply_to,
                 frames=[{"machine": f.machine.name, "state": f.state} for f in self.frames],
             )
+            question = decisions.public(self.frames[-1].ask) if self.frames else None
+            if question is not None:
+                data["question"] = question
         if self.detail:
             data["detail"] = self.detail
         return data

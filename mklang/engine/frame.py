@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mklang.engine import decisions
 from mklang.engine.interpolate import assign
 from mklang.engine.records import HumanAsk, StepRecord, TraceStep
 from mklang.engine.trace import Segment, SegmentReader, Trace
@@ -142,12 +143,43 @@ class Frame:
             self.repair_left[(name, repaired)] -= 1
         self.feedback = record.get("feedback")
         self.branches = {}
+        asked = record.get("ask")
+        if asked is not None and "choices" in asked:  # a human decision: the step waits for it
+            self.ask = decisions.parked(asked, step, self.context)
+            return
         self.trace.append(step)
         target = step.get("to")
         if target is not None:
             self.state = target
         self.halted = record.get("halt")
         self.ask = record.get("ask")
+
+    def decide(self, decision: decisions.Decision) -> None:
+        """Apply a decision to the question this level waits on (`decisions.refusal` allowed
+        it): the step that asked takes the chosen transition, or the deadline's, and the
+        answer is set at the question's `reply_to`. A human's choice confirms the way (it
+        clears a tainted decision, as a hook does); their note is untrusted data."""
+        asked = self.ask
+        assert asked is not None and decisions.is_decision(asked), "a decision answers a pending question"
+        gate = decisions.asking_gate(self.machine, self.state, asked)
+        assert gate is not None, "a decision allowed answers a decision of the frame's machine"
+        target = decisions.target(gate, decision)
+        step: TraceStep = {**asked["step"], "to": target, "decision": decisions.recorded(decision, asked)}
+        if decision.get("by") == "human":
+            step.pop("decision_tainted", None)
+            self.decision_tainted = False
+        reply_to = str(asked["reply_to"])
+        assign(self.context, reply_to, decisions.reply(decision))
+        if decision.get("note") is not None:
+            self.tainted.add(root_key(reply_to))
+            self.external.add(root_key(reply_to))
+        self.ask = None
+        if target is None:
+            step["policy"] = "fail"
+            self.halted = "gate-fail"
+        else:
+            self.state = target
+        self.trace.append(step)
 
     def stop(self, error: str, usage: Usage) -> None:
         """End the level with a halt that came before its step in flight was made;
@@ -163,7 +195,7 @@ class Frame:
         key = root_key(path)
         self.tainted.add(key)
         self.external.add(key)
-        if self.ask is None:
+        if self.ask is None or decisions.is_decision(self.ask):  # a decision is answered, never set
             return
         pending = str(self.ask.get("reply_to"))
         if pending == path or pending.startswith(path + "."):

@@ -20,6 +20,7 @@ class StepDetails(TypedDict, total=False):
     judge_none: int
     judge_parse: str
     decision_tainted: bool  # a judge reading external data chose this transition
+    decision: dict[str, Any]  # a human decision took this transition: question, choice, by, at
     untrusted_control_flow: bool  # a tainted decision reached this effectful tool state
 
 
@@ -35,11 +36,20 @@ class TraceStep(StepDetails, total=False):
     usage: Required[dict[str, Any]]
 
 
-class HumanAsk(TypedDict):
-    """The question a HITL escalation suspends on, and where the reply goes."""
+class HumanAsk(TypedDict, total=False):
+    """The question a HITL escalation suspends on, and where the reply goes; a human
+    decision's (language 0.5, `mklang.engine.decisions`) also has the rest."""
 
-    ask: str | None
-    reply_to: str | None
+    ask: Required[str | None]
+    reply_to: Required[str | None]
+    question: str  # its random id
+    gate: int  # the index of the gate that asks it
+    choices: list[str]  # the labels a human may answer with
+    show: str | None  # the context path of what it approves
+    digest: str | None  # the sha256 of that value as canonical JSON when it was asked
+    asked_at: str  # ISO 8601, UTC
+    deadline: str | None  # ISO 8601, UTC; None: it waits for ever
+    step: TraceStep  # the step that asked it, completed by the decision
 
 
 class StepRecord(TypedDict, total=False):

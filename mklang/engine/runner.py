@@ -15,7 +15,8 @@ import json
 import re
 from typing import Any
 
-from mklang.engine import events
+from mklang.engine import decisions, events
+from mklang.engine.decisions import DECISION_NEEDED
 from mklang.engine.frame import Frame, deposit_into
 from mklang.engine.gates import NoGate, Selected, select_gate
 from mklang.engine.interpolate import Scope, input_taint, render_prompt, resolve_input, uses_taint
@@ -124,7 +125,8 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.PathLevel, ...], resume
             continue
         resume = None
         step, fired = record["step"], record.get("gate")
-        if fired is not None and step["policy"] == "escalate" and step["to"] != END and rt.hitl and level.suspendable:
+        hitl = rt.hitl and level.suspendable and "ask" not in record  # a decision asks already
+        if fired is not None and step["policy"] == "escalate" and step["to"] != END and hitl:
             gate = state.gates[fired]
             record["ask"] = {"ask": gate.ask, "reply_to": gate.effective_reply_to}
         frame.apply(state, record, usage)
@@ -220,9 +222,11 @@ def _run_state(
         step = _step(step_no, state, choice.halt, None, None, details, usage)
         return {"charge": charge, "feedback": feedback, "gate": None, "halt": choice.halt, "step": step}, usage
     gate = choice.gate
-    if gate.policy == "fail":
-        step = _step(step_no, state, "fail", None, gate, details, usage)
-        return {"charge": charge, "feedback": feedback, "gate": choice.index, "step": step, "halt": "gate-fail"}, usage
+    # A human decision (its `choices`: no property call on the step's path) without a checkpoint to wait in.
+    if gate.policy == "fail" or (gate.choices and not level.suspendable):
+        policy, halt = ("fail", "gate-fail") if gate.policy == "fail" else (DECISION_NEEDED, DECISION_NEEDED)
+        step = _step(step_no, state, policy, None, gate, details, usage)
+        return {"charge": charge, "feedback": feedback, "gate": choice.index, "step": step, "halt": halt}, usage
     step = _step(step_no, state, gate.policy, gate.target, gate, details, usage)
     record: StepRecord = {
         "charge": charge,
@@ -231,6 +235,8 @@ def _run_state(
         "step": step,
         "external": external,
     }
+    if gate.choices:  # a human decision: it parks on its question until a human or its deadline decides
+        record["ask"] = decisions.question(gate, choice.index, decisions.now())
     if gate.policy == "repair":
         record["repair"] = choice.index
         record["feedback"] = f"The previous attempt does not satisfy: '{gate.label}'. Fix it."

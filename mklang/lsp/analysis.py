@@ -29,6 +29,7 @@ from mklang.graph import condition_text, face_text, fan_out_text, policy_text
 from mklang.highlight import MkLexer
 from mklang.model import Machine, State, ToolUse
 from mklang.vocabulary import (
+    DECISION_KEYWORDS,
     DECLARATION_KEYWORDS,
     END,
     FAN_OUT_KEYS,
@@ -191,19 +192,29 @@ class Document:
             block = self._block_at(self.offset(pos))
             if block == "state":
                 return [Completion(word, "keyword") for word in STATE_KEYWORDS]
+            if block == "decision":
+                return [Completion(word, "keyword", "an answer, or the deadline") for word in DECISION_KEYWORDS]
             if block is None:
                 return [Completion(word, "keyword") for word in HEADER_KEYWORDS]
         return []
 
     def _block_at(self, offset: int) -> str | None:
-        """The innermost open brace before `offset`: `state`, `map`, or None at the top level."""
+        """The innermost open brace before `offset`: `state`, `decision` (the choices of an
+        escalation), `map`, or None at the top level."""
         stack: list[str] = []
         recent: list[str] = []
+        escalates = -1  # the line of the last `escalate`
         for start, kind, value in self._significant():
             if start >= offset:
                 break
+            line = self.position(start)[0]
+            if value == "escalate":
+                escalates = line
             if kind in Punctuation and value == "{":
-                stack.append("state" if recent[-2:-1] == ["state"] else "map")
+                if recent[-2:-1] == ["state"]:
+                    stack.append("state")
+                else:
+                    stack.append("decision" if stack[-1:] == ["state"] and escalates == line else "map")
             elif kind in Punctuation and value == "}" and stack:
                 stack.pop()
             recent.append(value)
@@ -311,8 +322,12 @@ def describe_state(state: State, machine: Machine) -> str:
     lines = [f"**state `{state.name}`**: " + ", ".join(facts), "", _worst_case(state, machine), ""]
     for gate in state.gates:
         policy = policy_text(gate)
-        target = "" if gate.policy == "fail" else f" → `{gate.target}`"
+        target = "" if gate.target is None else f" → `{gate.target}`"
         lines.append(f"- {condition_text(gate)}" + (f" · {policy}" if policy else "") + target)
+        for choice in gate.choices:  # a human decision: each answer and where it goes
+            lines.append(f'  - choice "{choice.label}"' + _to(choice.target))
+        if gate.timeout is not None:
+            lines.append(f"  - within {gate.timeout.within}" + _to(gate.timeout.target))
     return "\n".join(lines)
 
 
@@ -334,3 +349,7 @@ def _worst_case(state: State, machine: Machine) -> str:
     width = " (a list's length: at most the step budget)" if state.over is not None else ""
     fewest = "" if least is None else f"at least {least:,.0f}, "
     return f"model calls a visit: {fewest}at most {most:,.0f}{width}"
+
+
+def _to(target: str | None) -> str:
+    return " · fail" if target is None else f" → `{target}`"

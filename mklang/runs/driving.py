@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from mklang.checkpoint import generations
 from mklang.checkpoint.paths import MachinePaths
 from mklang.effects import check_policy
-from mklang.engine import Control, RunOptions, RunResult, continue_run, make_runtime
+from mklang.engine import Control, RunOptions, RunResult, continue_run, decisions, make_runtime
+from mklang.engine.decisions import Decision
 from mklang.engine.events import EventSink
 from mklang.engine.frame import Frame
+from mklang.engine.interpolate import assign
 from mklang.engine.runtime import Caps
-from mklang.errors import CheckpointError, did_you_mean
+from mklang.errors import CheckpointError, DecisionRefused, did_you_mean
 from mklang.runs.opening import Resumable, apply_resume
 from mklang.runs.request import Tell, on_stderr
 from mklang.session import Host, preflight
@@ -94,6 +96,7 @@ def proceed(
     host: Host,
     *,
     reply: dict[str, Any] | None = None,
+    decision: Decision | None = None,
     budget: int | None = None,
     on_end: Callable[[Envelope], None] | None = None,
     tell: Tell = on_stderr,
@@ -102,7 +105,9 @@ def proceed(
     """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
 
     `reply` maps dotted context paths to the values set before the run continues (`--set`),
-    the answer to a parked question among them.
+    the answer to a parked question among them. `decision` decides the human decision the run
+    waits on (`--answer`, or its deadline): refused, with nothing changed, unless
+    `decisions.refusal` allows it now, this process holding the run's lock.
 
     The checkpoint then records `host`'s settings, not the ones it was read
     with, so a later resume never reuses settings that an untrusted file
@@ -128,6 +133,7 @@ def proceed(
     if ignored:
         tell(f"the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}")
     _require_answer(resumable, reply or {})
+    decided = _decided(resumable, reply or {}, decision)
     change = {
         "budgets": {name: settings[name] for name in BUDGETS},
         "hitl": settings["hitl"],
@@ -136,6 +142,7 @@ def proceed(
         "host": host.recorded().model_copy(update={"state": envelope.host.state}).model_dump(mode="json"),
         "budget": budget,
         "set": dict(reply or {}),
+        **({"decision": decided} if decided is not None else {}),
     }
     chain = resumable.chain
     envelope = apply_resume(envelope, chain, change)
@@ -180,7 +187,13 @@ def _require_answer(resumable: Resumable, reply: dict[str, Any]) -> None:
     under another name leaves the question pending, as documented."""
     ask = resumable.chain[-1].ask
     pending = str(ask.get("reply_to") or "") if ask else ""
-    if not pending or any(pending == path or pending.startswith(path + ".") for path in reply):
+    answering = [path for path in reply if pending == path or pending.startswith(path + ".")]
+    if ask is not None and decisions.is_decision(ask) and answering:
+        raise CheckpointError(
+            f"{resumable.location}: question {ask['question']} is a decision, answered with "
+            f"--answer {'|'.join(ask.get('choices') or [])}, not --set {answering[0]}"
+        )
+    if not pending or answering:
         return
     for path in sorted(reply):
         hint = did_you_mean(path, [pending])
@@ -189,6 +202,23 @@ def _require_answer(resumable: Resumable, reply: dict[str, Any]) -> None:
                 f"{resumable.location}: the run waits for a reply to {pending}, and --set {path} does not "
                 f"answer it{hint}; give --set {pending}=<reply>"
             )
+
+
+def _decided(resumable: Resumable, reply: dict[str, Any], decision: Decision | None) -> Decision | None:
+    """`decision` as the resume applies it: naming its question and stamped now, once
+    `decisions.refusal` allows it with the values of `reply` set; else refused, nothing changed."""
+    if decision is None:
+        return None
+    frame = resumable.chain[-1]
+    context = dict(frame.context)
+    for path, value in reply.items():
+        assign(context, path, value, copy_maps=True)
+    at = decisions.now()
+    refused = decisions.refusal(frame, decision, context, at)
+    if refused is not None:
+        raise DecisionRefused(f"{resumable.location}: {refused}")
+    assert frame.ask is not None, "a decision allowed answers the question pending"
+    return {**decision, "question": frame.ask["question"], "at": decisions.stamp(at)}
 
 
 def drive(

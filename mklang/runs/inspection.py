@@ -18,6 +18,7 @@ from mklang.checkpoint.segments import recorded_trace
 from mklang.checkpoint.signing import SEAL_TEXT
 from mklang.checkpoint.texts import machine_root
 from mklang.checkpoint.trust import recorded_host
+from mklang.engine import decisions
 from mklang.engine.frame import Frame
 from mklang.engine.trace import Trace
 from mklang.errors import CheckpointError, MklangError, first_line, redacted
@@ -107,12 +108,15 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
             for a in envelope.lineage
         ],
     }
+    question = decisions.public(pending)
+    if question is not None:  # a human decision: its id, choices, what it shows, its deadline
+        summary["question"] = question
     if envelope.status == "suspended":
         innermost = dict(frames[-1]) if frames else {}
         if envelope.reason == "budget-exhausted":
             innermost["ahead"] = _steps_ahead(location)
         summary["ran_out"], summary["continue_with"] = how_to_continue(
-            redacted(str(location)), envelope.reason, innermost, usage, budgets, envelope.reply_to
+            redacted(str(location)), envelope.reason, innermost, usage, budgets, envelope.reply_to, pending
         )
     if envelope.status == "running":
         innermost = frames[-1]
@@ -193,6 +197,7 @@ def run_document(target: str | Path | Location) -> dict[str, Any]:
             reason=envelope.reason,
             ask=summary["ask"],
             reply_to=summary["reply_to"],
+            **({"question": summary["question"]} if "question" in summary else {}),
             frames=[{"machine": frame["machine"], "state": frame["state"]} for frame in frames],
         )
         if envelope.detail:
@@ -244,6 +249,7 @@ def how_to_continue(
     usage: Usage,
     budgets: Budgets,
     reply_to: str | None,
+    pending: dict[str, Any] | None = None,
 ) -> tuple[str | None, str]:
     """Which budget a suspended run ran out of, with what it spent against it, and the
     exact command that continues it, raising that budget by as much as was spent (or by
@@ -271,6 +277,8 @@ def how_to_continue(
     if reason == "time-exhausted" and budgets.max_time is not None:
         seconds = budgets.max_time
         return f"the time budget of {seconds:g}s ran out", f"{command} --max-time {seconds:g}s"
+    if reason == "escalated" and pending is not None and decisions.public(pending) is not None:
+        return None, f"{command} {decisions.answer_hint(pending)}"
     if reason == "escalated" and reply_to:
         return None, f"{command} --set {reply_to}=<reply>"
     return None, command

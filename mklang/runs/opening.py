@@ -375,7 +375,8 @@ def apply_resume(envelope: Envelope, chain: list[Frame], change: dict[str, Any])
     """Apply what a resume changes (as its journal records it) to the frames and the envelope.
 
     `change`: the new budgets, hitl, untrusted-flow policy, concurrency and host record, the innermost
-    level's step `budget` (None keeps it) and the `set` values that answer it.
+    level's step `budget` (None keeps it), the `set` values that answer it and the `decision`
+    of the human decision it waits on, when one was given.
     """
     from mklang.checkpoint.envelope import Budgets, HostSettings
 
@@ -384,6 +385,8 @@ def apply_resume(envelope: Envelope, chain: list[Frame], change: dict[str, Any])
         innermost.budget = int(change["budget"])
     for dotted, value in change["set"].items():  # a human reply is untrusted data like any host input
         innermost.inject(dotted, value)
+    if change.get("decision") is not None:
+        innermost.decide(change["decision"])
     return envelope.model_copy(
         update=dict(
             status="running",

@@ -28,6 +28,7 @@ from mklang.terminal import printable
 
 if TYPE_CHECKING:
     from mklang.checkpoint.envelope import Envelope
+    from mklang.engine.decisions import Decision
     from mklang.stores import Location
 
 __all__ = ["FLAGS", "KEYWORDS", "RunRequest", "Tell", "Words", "on_stderr"]
@@ -82,7 +83,8 @@ class RunRequest:
     """A run to start or continue, as its caller asks for it.
 
     `source`: the checkpoint to continue (a file, `STORE-URI#RUN`, a `Location`, or an `Envelope`
-    first saved at `checkpoint`); `reply` the values set before it continues (`--set`), `budget` a
+    first saved at `checkpoint`); `reply` the values set before it continues (`--set`), `decision`
+    the answer to the human decision it waits on (`--answer`, or its deadline), `budget` a
     new step budget of its innermost level. The bounds (None: the checkpoint's, else the scenario's,
     else the default) are new totals for a continued run. `checkpoint` is where the run persists
     (default: where it was read from); `replace` lets it replace an unfinished run there. `force`,
@@ -95,6 +97,7 @@ class RunRequest:
 
     source: str | Path | Location | Envelope | None = None
     reply: Mapping[str, Any] = field(default_factory=dict)
+    decision: Decision | None = None
     budget: int | None = None
     max_tokens: int | None = None
     max_cost: float | None = None

@@ -64,6 +64,7 @@ def resume(
                 resumable,
                 answering,
                 reply=dict(request.reply),
+                decision=request.decision,
                 budget=request.budget,
                 on_end=on_end,
                 tell=tell,

@@ -16,7 +16,19 @@ from typing import Any
 
 from mklang.errors import Diagnostic, MkSyntaxError
 from mklang.limits import MAX_DEPTH, json_depth
-from mklang.model import Call, Declaration, Gate, Machine, Produce, Span, State, ToolDeclaration, ToolUse
+from mklang.model import (
+    Call,
+    Choice,
+    Declaration,
+    Gate,
+    Machine,
+    Produce,
+    Span,
+    State,
+    Timeout,
+    ToolDeclaration,
+    ToolUse,
+)
 from mklang.syntax._parser import Token
 from mklang.syntax.grammar import standalone_parser
 from mklang.syntax.text import decode_block, decode_string, either
@@ -268,16 +280,43 @@ class Builder:
             "target": self.plain_name(target, "a state name"),
         }
 
-    def escalate(self, _meta, target, ask, reply_to) -> dict:
+    def escalate(self, _meta, target, ask, show, reply_to) -> dict:
         return {
             "policy": "escalate",
             "target": self.plain_name(target, "a state name"),
             "ask": ask,
+            "show": show,
             "reply_to": reply_to,
         }
 
+    def decide(self, _meta, ask, show, reply_to, *decisions: Clause) -> dict:
+        return {"policy": "escalate", "target": None, "ask": ask, "show": show, "reply_to": reply_to,
+                **self.decisions(decisions)}  # fmt: skip
+
+    def decisions(self, items) -> dict:
+        """The choices and the one timeout of a human decision (shared with the YAML front end)."""
+        timeouts = [item for item in items if item.key == "within"]
+        for extra in timeouts[1:]:
+            first = timeouts[0].span.line
+            self.report(extra.span, "duplicate-field", f"a decision has one deadline (first at line {first})")
+        return {
+            "choices": [item.value for item in items if item.key == "choice"],
+            "timeout": timeouts[0].value if timeouts else None,
+        }
+
+    def choice(self, meta, label, policy: dict) -> Clause:
+        span = self._span(meta)
+        return Clause("choice", Choice(label=label, target=policy["target"], span=span), span)
+
+    def within(self, meta, duration, policy: dict) -> Clause:
+        span = self._span(meta)
+        return Clause("within", Timeout(within=str(duration), target=policy["target"], span=span), span)
+
     def ask(self, _meta, text) -> str:
         return text
+
+    def show(self, _meta, path) -> str:
+        return str(path)
 
     def reply_to(self, _meta, path) -> str:
         return str(path)

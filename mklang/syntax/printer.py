@@ -68,7 +68,21 @@ class _Out:
             self.lines.append("")
 
 
-def _gate_text(gate: Gate) -> str:
+def _to(target: str | None) -> str:
+    """`-> target`, or `fail` for no target."""
+    return "fail" if target is None else f"-> {target}"
+
+
+def _decision_block(gate: Gate, indent: str) -> str:
+    """` {`, the choices and the deadline of a human decision one per line, then `}`."""
+    inner = indent + INDENT
+    lines = [f"{inner}choice {encode_string(choice.label)} {_to(choice.target)}" for choice in gate.choices]
+    if gate.timeout is not None:
+        lines.append(f"{inner}within {gate.timeout.within} {_to(gate.timeout.target)}")
+    return " {\n" + "\n".join(lines) + f"\n{indent}}}"
+
+
+def _gate_text(gate: Gate, indent: str) -> str:
     words = ["otherwise"] if gate.when is None else ["when", encode_string(gate.when)]
     if gate.hook:
         words += ["hook", gate.hook]
@@ -77,11 +91,17 @@ def _gate_text(gate: Gate) -> str:
     elif gate.policy == "repair":
         words += ["repair", str(gate.repair), "->", str(gate.target)]
     elif gate.policy == "escalate":
-        words += ["escalate", "->", str(gate.target)]
+        words.append("escalate")
+        if gate.target is not None:
+            words += ["->", gate.target]
         if gate.ask is not None:
             words += ["ask", encode_string(gate.ask)]
+        if gate.show is not None:
+            words += ["show", gate.show]
         if gate.reply_to is not None:
             words += ["reply_to", gate.reply_to]
+        if gate.target is None:  # a human decision: its block, even when empty (`check` refuses that)
+            return " ".join(words) + _decision_block(gate, indent)
     else:
         words += ["->", str(gate.target)]
     return " ".join(words)
@@ -127,7 +147,7 @@ def _state(out: _Out, state: State) -> None:
     for key, text in lines:
         out.field(state, key, inner, text)
     for gate in state.gates:
-        out.node(gate, inner, _gate_text(gate))
+        out.node(gate, inner, _gate_text(gate, inner))
     out.comments(inner, state.trailing_comments)
     out.lines.append("}")
 

@@ -13,17 +13,19 @@ from typing import Any
 
 from mklang.effects import LEGACY_READ_ONLY
 from mklang.errors import Diagnostic, MkSyntaxError
-from mklang.model import Call, Declaration, Gate, Machine, Policy, Span, ToolDeclaration, ToolUse
+from mklang.model import Call, Choice, Declaration, Gate, Machine, Policy, Span, Timeout, ToolDeclaration, ToolUse
 from mklang.syntax.build import Builder, Clause
 from mklang.syntax.lexemes import Lexeme, scan_at
-from mklang.vocabulary import LANGUAGE_VERSION, PARSE_MODES, PLACEHOLDER, TIERS, VERSION_NUMBER
+from mklang.vocabulary import LANGUAGE_VERSION, PARSE_MODES, PLACEHOLDER, TIERS, VERSION_NUMBER, duration_seconds
 
 # YAML key -> `.mk` statement, where they differ.
 TOP_KEYS = {"mklang": "version", "machine": "name", "entry": "entry", "budget": "budget", "default_tier": "tier",
             "result": "result", "context": "context"}  # fmt: skip
 STATE_KEYS = ("prompt", "structure", "execution", "reason", "parse", "call", "tool", "input", "tier", "output",
               "accumulate", "sample", "over", "max_visits", "gates")  # fmt: skip
-GATE_KEYS = ("when", "hook", "then", "to", "ask", "reply_to", "repair", "escalate", "fail")
+GATE_KEYS = ("when", "hook", "then", "to", "ask", "reply_to", "repair", "escalate", "fail", "show", "choices",
+             "within", "on_timeout")  # fmt: skip
+DECISION_KEYS = ("choices", "within", "on_timeout")  # a human decision (language 0.5)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 
 
@@ -259,6 +261,9 @@ class _Reader:
         if "hook" in nodes and when is None:  # `.mk` has no hook gate without its condition text
             self.error(node, "missing-field", 'a gate with a "hook" needs a "when" that says what the hook checks')
             return None
+        decision = {key: nodes[key] for key in DECISION_KEYS if key in nodes}
+        if decision:
+            return self.decision(node, nodes, when, policy, decision)
         if policy != "fail" and "to" not in nodes:
             self.error(node, "missing-field", 'this gate needs a target: "to: <state>" or "to: END"')
             return None
@@ -273,8 +278,59 @@ class _Reader:
             reply_to=self.name(nodes["reply_to"], "reply_to", dotted=True)
             if escalate and "reply_to" in nodes
             else None,
+            show=self.name(nodes["show"], "show", dotted=True) if escalate and "show" in nodes else None,
             span=self.span(node),
         )
+
+    def decision(self, node, nodes: dict, when: str | None, policy: Policy, decision: dict) -> Gate | None:
+        """A human decision: `choices: {label: state | fail}`, `within: 48h`, `on_timeout: state | fail`."""
+        if policy not in ("ok", "escalate"):
+            self.error(node, "invalid-value", f"a gate with choices escalates to a human; it cannot also {policy}")
+            return None
+        if "to" in nodes:
+            self.error(nodes["to"], "invalid-value", 'a gate with choices has no "to": each choice names its state')
+            return None
+        choices = []
+        if "choices" in decision:
+            if not isinstance(decision["choices"], self.yaml.MappingNode):
+                self.error(decision["choices"], "invalid-value", "choices must map each answer to its state or fail")
+                return None
+            for key_node, value_node in decision["choices"].value:
+                label = self.text(key_node, "a choice")
+                choices.append(Choice(label=label, target=self.target(value_node), span=self.span(key_node)))
+        timeout = None
+        if "within" in decision or "on_timeout" in decision:
+            if "within" not in decision or "on_timeout" not in decision:
+                self.error(
+                    node, "missing-field", 'a deadline needs both "within: <duration>" and "on_timeout: <state>"'
+                )
+                return None
+            within = self.value(decision["within"])
+            if not isinstance(within, str) or duration_seconds(within) is None:
+                self.error(
+                    decision["within"],
+                    "invalid-value",
+                    f"within must be a duration like 48h (s, m, h, d), not {within!r}",
+                )
+                return None
+            timeout = Timeout(
+                within=within, target=self.target(decision["on_timeout"]), span=self.span(decision["within"])
+            )
+        return Gate(
+            when=when,
+            hook=self.name(nodes["hook"], "a hook name") if "hook" in nodes else None,
+            policy="escalate",
+            ask=self.text(nodes["ask"], "ask") if "ask" in nodes else None,
+            show=self.name(nodes["show"], "show", dotted=True) if "show" in nodes else None,
+            reply_to=self.name(nodes["reply_to"], "reply_to", dotted=True) if "reply_to" in nodes else None,
+            choices=choices,
+            timeout=timeout,
+            span=self.span(node),
+        )
+
+    def target(self, node) -> str | None:
+        """A state name, END, or `fail` (None)."""
+        return None if self.value(node) == "fail" else self.name(node, "a state name")
 
 
 def _legacy_declarations(items: list[Clause]) -> list[Clause]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from support import ROOT
 from support.commands import cli, cli_env
+from support.examples import HITL
 from support.forks import forked
 
 from mklang.checkpoint.envelope import load
@@ -37,7 +38,7 @@ from mklang.scenarios import ScriptedHost, load_script
 from mklang.session import Host
 from mklang.syntax import load_file
 
-APPROVAL = ROOT / "examples" / "approval"
+APPROVAL = HITL / "approval"
 NESTED = ROOT / "examples" / "nested"
 COMPARED = ("status", "error", "at", "result", "context", "trace", "usage")
 

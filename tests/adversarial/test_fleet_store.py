@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from support.batches import CALLS, MACHINE
 from support.commands import cli, cli_env, model_config, run_cli, wait_for
+from support.examples import HITL
 from support.fakeserver import FakeServer, Reply, answer
 from support.fleet import Lines
 from support.forks import piped
@@ -542,9 +543,7 @@ def test_a_wrong_broker_password_is_one_line_without_the_password(project, capsy
 def test_a_reply_to_a_misspelt_path_is_refused_with_did_you_mean(tmp_path, capsys, monkeypatch):
     import shutil
 
-    from support import ROOT
-
-    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     monkeypatch.chdir(tmp_path)
     script = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish"]
     code, _, err = run_cli(capsys, "run", "approval/approval.mk", "-q", *script, "--hitl", "--checkpoint", "cp.json")

@@ -18,11 +18,11 @@ import threading
 import uuid
 from typing import Any
 
-from support import ROOT
 from support.batches import CALLS, MACHINE, reply, results, write_items
 from support.batches import batch_project as batch_project  # the fixture `project`
 from support.batches import batch_server as batch_server  # the fixture `server`
 from support.commands import cli, model_config, run_cli, wait_for
+from support.examples import HITL
 from support.fleet import (
     NO_HANG,
     RABBITMQ,
@@ -284,7 +284,7 @@ def test_resume_store_run_from_another_folder_runs_the_kept_machine_text(project
 
 # --- a batch does what a run does: human approvals --------------------------------------------
 
-APPROVAL = ROOT / "examples" / "approval" / "approval.mk"
+APPROVAL = HITL / "approval" / "approval.mk"
 REVIEW = """\
 scenarios:
   - name: review

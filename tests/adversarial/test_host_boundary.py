@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from support import ROOT
 from support.commands import cli, cli_env, refused
+from support.examples import HITL
 from support.fakeserver import Reply, Request, answer, raw
 
 from mklang.providers.base import Produced, Verdict
@@ -32,7 +33,7 @@ APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publi
 
 @pytest.fixture
 def approval(tmp_path: Path) -> Path:
-    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     return tmp_path
 
 

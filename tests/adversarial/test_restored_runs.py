@@ -11,19 +11,18 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from support import ROOT
 from support.commands import cli, cli_env, refused
+from support.examples import HITL
 from support.forks import forked
 from support.services import postgres_schema
 
-EXAMPLES = ROOT / "examples"
 APPROVAL = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish", "--format", "json"]
 PUBLISHED = '"result": "https://status.example.com/posts/118"'
 
 
 @pytest.fixture
 def approval(tmp_path: Path) -> Path:
-    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     return tmp_path
 
 

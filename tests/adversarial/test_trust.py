@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from support.commands import cli, cli_env, refused
-from support.examples import EXAMPLES
+from support.examples import EXAMPLES, HITL
 from support.fakeserver import FakeServer, answer
 
 from mklang.checkpoint.signing import checkpoint_key, sign
@@ -36,8 +36,8 @@ def mklang(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproce
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """examples/approval suspended at its human question, checkpoint `cp.json` beside the folder."""
-    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    """The free-text approval flow (tests/support/hitl) suspended at its human question, checkpoint `cp.json` beside the folder."""
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     done = mklang("run", "approval/approval.mk", *SCRIPT, "--hitl", "--checkpoint", "cp.json", cwd=tmp_path)
     assert done.returncode == 3, done.stderr
     return tmp_path
@@ -76,7 +76,7 @@ def test_an_unsigned_checkpoint_is_refused_in_one_line(project):
 
 def test_a_checkpoint_of_another_key_is_refused_and_a_shared_fleet_key_resumes_it(project, tmp_path):
     fleet = {"MKLANG_CHECKPOINT_KEY": "fleet-secret-shared-by-every-worker-0123"}
-    shutil.copytree(EXAMPLES / "approval", tmp_path / "fleet" / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "fleet" / "approval")
     run = mklang(
         "run", "approval/approval.mk", *SCRIPT, "--hitl", "--checkpoint", "cp.json", cwd=tmp_path / "fleet", env=fleet
     )
@@ -89,7 +89,7 @@ def test_a_checkpoint_of_another_key_is_refused_and_a_shared_fleet_key_resumes_i
 
 def test_the_key_file_is_created_owner_only_under_the_config_folder(tmp_path):
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
-    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     done = mklang("run", "approval/approval.mk", *SCRIPT, "--hitl", "--checkpoint", "cp.json", cwd=tmp_path, env=env)
     assert done.returncode == 3
     key = tmp_path / "config" / "mklang" / "checkpoint.key"

@@ -157,10 +157,8 @@ def test_check_file_returns_load_diagnostics(tmp_path):
 @pytest.mark.parametrize("path", MACHINE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_examples_and_library_check_clean(path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    # Fan-outs over run-time lists keep their true over-unbounded warning (ADR 0012), and the
-    # approval example the control-flow warning it explains (ADR 0021).
-    kept = {"over-unbounded"} | ({"untrusted-control-flow"} if path.name == "approval.mk" else set())
-    assert [d for d in check(load_file(path)) if d.code not in kept] == []
+    # Fan-outs over run-time lists keep their true over-unbounded warning (ADR 0012).
+    assert [d for d in check(load_file(path)) if d.code != "over-unbounded"] == []
 
 
 def test_cli_exit_codes_streams_and_json(tmp_path):
@@ -224,7 +222,7 @@ OVER_B = produce("b", "  otherwise -> END\n", "  over xs\n").replace('"p"', '"{{
 MORE_CASES = {
     "unsupported-version": (
         "mklang 9.9\n" + CLEAN,
-        [("error", "unsupported-version", 1, 1, 1, 11, "it runs language version 0.4 and earlier, not the newer 9.9")],
+        [("error", "unsupported-version", 1, 1, 1, 11, "it runs language version 0.5 and earlier, not the newer 9.9")],
     ),
     "unwritten-result": (
         machine_text(produce("a", "  otherwise -> END\n"), "machine m\nentry a\nbudget 10\nresult ghost\n"),

@@ -30,6 +30,7 @@ from conformance.harness import Recorder, write_machines
 from support import ROOT
 from support.checkpoints import blank_envelope, frame_record
 from support.crashes import dead_run
+from support.examples import HITL
 from support.files import FsyncSpy, holder, journal_path, uncommitted, write_atomic
 from support.journals import run_journal
 from support.runs import JUDGED_TWO_STATES, LoopTops
@@ -212,7 +213,7 @@ def test_the_committed_schema_is_current(monkeypatch, capsys):
 
 def test_a_real_checkpoint_validates_against_the_schema(tmp_path):
     schema = json.loads((ROOT / "docs" / "checkpoint.schema.json").read_text(encoding="utf-8"))
-    example = ROOT / "examples" / "approval"
+    example = HITL / "approval"
     checkpoint = tmp_path / "cp.json"
     done = subprocess.run(
         [
@@ -439,13 +440,11 @@ def test_an_edited_journal_of_a_signed_run_is_refused_unless_trusted_then_read_a
 def test_a_resume_may_write_to_another_checkpoint_and_leaves_the_first_as_it_was(tmp_path):
     import shutil
 
-    from support import ROOT
-
     from mklang.runs import resume as resume_run
     from mklang.runs import start as start_run
     from mklang.session import Host
 
-    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     scenario = next(s for s in load_script(tmp_path / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     path, other = tmp_path / "cp.json", tmp_path / "other.json"
     start_run(load_file(tmp_path / "approval" / "approval.mk"), None, Host.for_scenario(scenario), checkpoint=path)

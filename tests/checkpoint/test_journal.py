@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conformance.harness import Recorder, write_machines
 from support.crashes import Crash
-from support.examples import EXAMPLES
+from support.examples import EXAMPLES, HITL
 from support.files import holder, journal_lines, uncommitted
 from support.journals import journal_records, run_journal, step_record
 from support.runs import TWO_STATES, LoopTops, outcome
@@ -149,7 +149,6 @@ def test_a_crash_just_after_a_resumed_run_suspends_again_leaves_no_journal_that_
 def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given(tmp_path, crash_at):
     import shutil
 
-    from support import ROOT
     from support.runs import outcome
 
     from mklang.runs import open_run
@@ -158,7 +157,7 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
     from mklang.scenarios import load_script
     from mklang.session import Host
 
-    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     machine = load_file(tmp_path / "approval" / "approval.mk")
     scenario = next(s for s in load_script(tmp_path / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     settings = {"max_tokens": 10**6, "max_cost": 2.5, "hitl": False, "concurrency": 3}
@@ -200,14 +199,12 @@ def test_a_resume_that_died_is_reopened_with_the_reply_and_settings_it_was_given
 def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_releases_the_lock(tmp_path, monkeypatch):
     import shutil
 
-    from support import ROOT
-
     from mklang.runs import open_run
     from mklang.runs import start as start_run
     from mklang.scenarios import load_script
     from mklang.session import Host
 
-    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     source = tmp_path / "approval" / "approval.mk"
     scenario = next(s for s in load_script(tmp_path / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     path = tmp_path / "cp.json"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from support.commands import cli
-from support.examples import EXAMPLES, scripted_machines
+from support.examples import EXAMPLES, HITL, scripted_machines
 from support.runs import InterruptAt, LoopTops, compared
 from support.runs import machines_parsed_once as machines_parsed_once  # a fixture
 
@@ -134,7 +134,7 @@ def test_resuming_with_unchanged_budget_re_suspends_with_identical_frames(tmp_pa
 
 
 def test_a_run_resumes_from_a_path_or_an_envelope(tmp_path):
-    root = EXAMPLES
+    root = HITL
     machine = load_file(root / "approval" / "approval.mk")
     scenario = next(s for s in load_script(root / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     checkpoint = tmp_path / "cp.json"

@@ -22,6 +22,7 @@ from support import ROOT
 from support.checkpoints import frame_record
 from support.commands import cli, refused
 from support.crashes import Crash, dead_run
+from support.examples import HITL
 from support.runs import LoopTops
 
 from mklang.checkpoint.envelope import Envelope, MachineRef, load, save
@@ -98,8 +99,8 @@ def run_loop(cwd: Path, folder: str, scenario: str, *options: str) -> tuple[int,
 
 @pytest.fixture
 def approval(tmp_path: Path) -> Path:
-    """A copy of examples/approval, so tests can move and edit it."""
-    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    """A copy of the free-text approval flow (tests/support/hitl), so tests can move and edit it."""
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     return tmp_path
 
 
@@ -795,8 +796,8 @@ def test_a_resume_that_died_is_documented_running_not_at_the_state_it_had_parked
     from mklang.runs.inspection import run_document
     from mklang.scenarios import load_script
 
-    machine = load_file(ROOT / "examples" / "approval" / "approval.mk")
-    scenario = load_script(ROOT / "examples" / "approval" / "scenarios.yaml")[0]
+    machine = load_file(HITL / "approval" / "approval.mk")
+    scenario = load_script(HITL / "approval" / "scenarios.yaml")[0]
     path = tmp_path / "cp.json"
     assert start_run(machine, None, Host.for_scenario(scenario), checkpoint=path, hitl=True).at == "decide"
 

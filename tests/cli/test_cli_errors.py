@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from support import ROOT
 from support.commands import cli, cli_env
+from support.examples import HITL
 
-APPROVAL = ROOT / "examples" / "approval"
+APPROVAL = HITL / "approval"
 TRIAGE = ROOT / "examples" / "triage"
 
 HELLO = """\

@@ -8,8 +8,8 @@ import json
 import shlex
 from pathlib import Path
 
-from support import ROOT
 from support.commands import cli
+from support.examples import HITL
 
 TWO_STEPS = """\
 machine two
@@ -79,7 +79,7 @@ def test_a_step_budget_suspension_says_so_on_stderr_too(tmp_path):
 
 
 def test_a_human_question_says_how_to_reply(tmp_path):
-    approval = ROOT / "examples" / "approval"
+    approval = HITL / "approval"
     done = cli(
         "run",
         str(approval / "approval.mk"),

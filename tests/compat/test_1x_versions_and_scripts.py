@@ -1,6 +1,6 @@
 """Machines and scenario scripts written for mklang 1.x, in both dialects.
 
-Language versions 0.2 and 0.3 are subsets of 0.4 and run; only a newer
+Language versions 0.2 and 0.3 are subsets of 0.5 and run; only a newer
 version is refused, naming both. Scripts keep their 1.x spellings: `status:
 halt`, the `error` of a suspended run holding its reason, the 1.x `run:`
 settings and `context:` for `input:`. Everything else in a script is still
@@ -95,7 +95,7 @@ def test_this_and_earlier_language_versions_check_and_run(tmp_path, name, versio
 
 
 @pytest.mark.parametrize("name", DIALECTS)
-@pytest.mark.parametrize("version", ["0.5", "1.0", "0.40"])
+@pytest.mark.parametrize("version", ["0.6", "1.0", "0.50"])
 def test_a_newer_language_version_is_refused_naming_both(tmp_path, name, version):
     path = machine(tmp_path, name, version)
     refusal = f"this is mklang {__version__}: it runs language version {LANGUAGE_VERSION} and earlier, not the newer {version}"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.commands import cli
 from support.console import SCRIPT_OUTPUT, make_runs
+from support.examples import EXAMPLES
 
 pytest.importorskip("starlette", reason="the console extra is not installed")
 from starlette.testclient import TestClient
@@ -273,3 +274,30 @@ def test_serve_on_a_port_in_use_is_a_one_line_usage_error(tmp_path):
     assert (
         done.stderr.startswith(f"mklang: error: cannot listen on 127.0.0.1:{port}: ") and done.stderr.count("\n") == 1
     )
+
+
+def test_an_inbox_reply_to_a_decision_is_an_answer_refused_unless_it_is_a_choice(tmp_path):
+    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    uri = f"sqlite:///{tmp_path}/decisions.db"
+    parked = cli(
+        "run", "approval/approval.mk", "--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish",
+        "--checkpoint", f"{uri}#d", cwd=tmp_path,
+    )  # fmt: skip
+    assert parked.returncode == 3, parked.stderr
+    opened = open_store(uri, create=False)
+    try:
+        console = Console(opened, uri, TOKEN, interval=0.05)
+        shown = reading.run_view(opened, uri, "d")  # what the inbox tells a decision by
+        assert shown["waiting"] and shown["question"]["choices"] == ["approve", "revise", "reject"]
+        console.replies.deliver("d", "approval", "maybe", decides=True)
+        console.replies.wait(timeout=30)
+        assert "'maybe' is not a choice of question" in console.replies.failures["d"]
+        assert load(locate(f"{uri}#d")).status == "suspended"
+        console.replies.deliver("d", "approval", "approve", decides=True)
+        console.replies.wait(timeout=30)
+        assert console.replies.failures == {}
+        done = load(locate(f"{uri}#d"))
+        assert (done.status, done.result) == ("done", "https://status.example.com/posts/118")
+        assert done.frames[0]["context"]["approval"] == {"choice": "approve"}
+    finally:
+        opened.close()

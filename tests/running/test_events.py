@@ -16,7 +16,7 @@ from conformance.harness import run_mk, write_machines
 from support import ROOT
 from support.commands import cli
 from support.crashes import Crash, crash
-from support.examples import EXAMPLES
+from support.examples import EXAMPLES, HITL
 
 import mklang as api
 from mklang import faults
@@ -207,8 +207,8 @@ def test_a_run_resumed_after_a_crash_keeps_its_run_id_and_marks_the_replayed_cal
 
 
 def test_an_escalation_suspends_and_its_resume_continues_the_run_id(tmp_path):
-    machine = api.load(EXAMPLES / "approval" / "approval.mk")
-    script = EXAMPLES / "approval" / "scenarios.yaml"
+    machine = api.load(HITL / "approval" / "approval.mk")
+    script = HITL / "approval" / "scenarios.yaml"
     checkpoint = tmp_path / "cp.json"
     first, second = Sink(), Sink()
     parked = api.run(
@@ -285,7 +285,7 @@ def test_the_events_of_real_runs_validate_against_the_published_schema(tmp_path)
         "--scenario", "three-sections", "--events", str(out), "--trace-content", "-q", "--format", "json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    approval = EXAMPLES / "approval"
+    approval = HITL / "approval"
     checkpoint = tmp_path / "cp.json"
     parked = cli(
         "run", str(approval / "approval.mk"), "--script", str(approval / "scenarios.yaml"),

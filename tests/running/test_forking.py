@@ -7,7 +7,7 @@ import json
 
 import pytest
 from support import ROOT
-from support.examples import scripted_machines
+from support.examples import HITL, scripted_machines
 
 from mklang.engine import Control
 from mklang.forking import PrefixMismatch, PrefixProvider, StopAt, TraceAnswers, prefix_tools
@@ -180,7 +180,7 @@ def test_a_fork_says_what_it_may_run_again_before_anything_is_paid(tmp_path):
 
     from support.commands import cli
 
-    shutil.copytree(ROOT / "examples/approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     folder = tmp_path / "approval"
     ran = cli(
         "run",

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conformance.harness import Recorder, mk, write_machines
 from support.crashes import Crash
-from support.examples import EXAMPLES
+from support.examples import EXAMPLES, HITL
 from support.files import journal_lines, write_journal
 from support.runs import JUDGED_TWO_STATES, ROOT_MK, TWO_STATES, LoopTops, project
 
@@ -1080,10 +1080,10 @@ def test_an_untrusted_checkpoint_runs_at_most_its_machines_step_budget_and_is_to
 
 def test_a_reply_set_on_the_object_holding_the_awaited_answer_answers_it(tmp_path):
     """A reply setting the object that holds the awaited answer (`approval` for `approval.answer`) answers it."""
-    (scenario,) = [s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish"]
+    (scenario,) = [s for s in load_script(HITL / "approval" / "scenarios.yaml") if s.name == "ask-then-publish"]
     path = tmp_path / "cp.json"
     with Host.for_scenario(scenario) as host:
-        parked = start(load_file(EXAMPLES / "approval" / "approval.mk"), {}, host, checkpoint=path, hitl=True)
+        parked = start(load_file(HITL / "approval" / "approval.mk"), {}, host, checkpoint=path, hitl=True)
     assert (parked.status, parked.reason, parked.reply_to) == ("suspended", "escalated", "approval.answer")
     with Host.for_scenario(scenario) as host:
         done = proceed(open_run(path), host, reply={"approval": {"answer": "yes"}})

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import ROOT
 from support.commands import cli
+from support.examples import HITL
 
-APPROVAL = ROOT / "examples" / "approval"
+APPROVAL = HITL / "approval"
 
 GREET = """\
 machine greet

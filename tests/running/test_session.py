@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from support.examples import EXAMPLES
+from support.examples import HITL
 from support.plugins import install_entry_points
 from support.runs import CALLS_CHILD, HOOKED_CHILD
 
@@ -38,11 +38,11 @@ def test_the_host_package_stays_below_the_engine_and_the_checkpoint():
 
 
 def test_the_python_api_runs_durably_with_a_checkpoint(tmp_path):
-    machine = mklang.load(EXAMPLES / "approval" / "approval.mk")
+    machine = mklang.load(HITL / "approval" / "approval.mk")
     checkpoint = tmp_path / "cp.json"
     first = mklang.run(
         machine,
-        script=EXAMPLES / "approval" / "scenarios.yaml",
+        script=HITL / "approval" / "scenarios.yaml",
         scenario="ask-then-publish",
         checkpoint=checkpoint,
         hitl=True,
@@ -52,8 +52,8 @@ def test_the_python_api_runs_durably_with_a_checkpoint(tmp_path):
 
 
 def test_a_scenario_host_supplies_input_and_run_settings_under_the_callers(tmp_path):
-    machine = mklang.load(EXAMPLES / "approval" / "approval.mk")
-    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    machine = mklang.load(HITL / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(HITL / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     assert scenario.run.get("hitl") is True
     parked = start(machine, None, Host.for_scenario(scenario), checkpoint=tmp_path / "cp.json")
     assert parked.status == "suspended"  # hitl from the scenario's run settings
@@ -61,7 +61,7 @@ def test_a_scenario_host_supplies_input_and_run_settings_under_the_callers(tmp_p
     assert direct.status != "suspended"  # the caller's setting wins
 
 
-SCRIPT = EXAMPLES / "approval" / "scenarios.yaml"
+SCRIPT = HITL / "approval" / "scenarios.yaml"
 
 
 def built(max_cost: float | None = None, priced_for: str = "max_cost", **hosting) -> Host:
@@ -87,7 +87,7 @@ def test_a_dollar_limit_is_refused_for_a_scripted_model_naming_the_option_given(
 
 def test_the_python_api_is_told_of_its_keywords_not_of_command_line_flags(tmp_path):
     """A host refused for a call of `mklang.run`, `resume` or `batch` names what the call passed."""
-    machine = EXAMPLES / "approval" / "approval.mk"
+    machine = HITL / "approval" / "approval.mk"
     with pytest.raises(UsageError) as priced:
         mklang.run(machine, script=SCRIPT, scenario="ask-then-publish", max_cost=1.0)
     assert str(priced.value) == "max_cost= needs model prices, and a scripted model has none: use max_tokens="
@@ -301,7 +301,7 @@ def test_a_resume_answers_as_a_trusted_checkpoint_recorded_and_ignores_what_an_u
 ):
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "the key that signed the run, long enough")
     checkpoint = tmp_path / "cp.json"
-    parked = mklang.run(EXAMPLES / "approval" / "approval.mk", script=SCRIPT, scenario="ask-then-publish",
+    parked = mklang.run(HITL / "approval" / "approval.mk", script=SCRIPT, scenario="ask-then-publish",
                         checkpoint=checkpoint, hitl=True)  # fmt: skip
     assert parked.status == "suspended"
     monkeypatch.setenv("MKLANG_CHECKPOINT_KEY", "another key, as long as the first one")
@@ -342,7 +342,7 @@ def test_a_python_caller_is_told_which_keyword_lets_a_checkpoint_through(tmp_pat
     """`trust=True` and `force=True`: what `mklang resume` says as --trust and --force."""
     import shutil
 
-    shutil.copytree(EXAMPLES / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     machine, script = tmp_path / "approval" / "approval.mk", tmp_path / "approval" / "scenarios.yaml"
     checkpoint = tmp_path / "cp.json"
     parked = mklang.run(machine, script=script, scenario="ask-then-publish", checkpoint=checkpoint)

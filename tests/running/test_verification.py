@@ -64,13 +64,13 @@ def test_verify_resume_passes_on_the_approval_example_and_says_what_it_tried():
         "--script",
         "scenarios.yaml",
         "--scenario",
-        "rejected",
+        "revised-then-published",
         "--format",
         "json",
         cwd=ROOT / "examples" / "approval",
     )
     (report,) = json.loads(as_json.stdout)
-    assert report["scenario"] == "rejected" and report["divergence"] is None
+    assert report["scenario"] == "revised-then-published" and report["divergence"] is None
     assert report["suspensions"] >= 2 and report["crashes"] >= 10
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 from support.commands import run_cli
-from support.examples import EXAMPLES
+from support.examples import HITL
 
 from mklang.runs import record_key, report_key
 from mklang.stores import open_store
 
-APPROVAL = EXAMPLES / "approval"
+APPROVAL = HITL / "approval"
 ASK = "Publish this announcement? Answer yes, or say what to change."
 HEADER = ["RUN", "MACHINE", "STATUS", "REASON", "OR", "QUESTION", "SPEND", "STARTED", "(UTC)", "UPDATED", "(UTC)"]
 

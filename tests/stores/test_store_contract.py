@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 from support.commands import cli
-from support.examples import EXAMPLES
+from support.examples import HITL
 
 from mklang.checkpoint.envelope import load
 from mklang.runs import resume, start
@@ -181,8 +181,8 @@ def test_the_kit_names_the_promise_a_store_breaks(minimal):
 
 def test_a_minimal_store_suspends_resumes_lists_and_refuses_a_batch_in_one_line(minimal, tmp_path):
     where = locate(f"{minimal}#approval-1")
-    machine = load_file(EXAMPLES / "approval" / "approval.mk")
-    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    machine = load_file(HITL / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(HITL / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     assert start(machine, None, Host.for_scenario(scenario), checkpoint=where).status == "suspended"
     (listed,) = summaries_of(where.store, RunQuery())  # no summaries kept: read from the envelope
     assert (listed.run, listed.status, listed.machine) == ("approval-1", "suspended", "approval")
@@ -190,7 +190,7 @@ def test_a_minimal_store_suspends_resumes_lists_and_refuses_a_batch_in_one_line(
     assert resume(where, Host.for_scenario(scenario), reply={"approval.answer": "yes"}).status == "done"
     items = tmp_path / "items.jsonl"
     items.write_text('{"id": "a"}\n')
-    approval = EXAMPLES / "approval"
+    approval = HITL / "approval"
     done = cli(
         "batch",
         str(approval / "approval.mk"),

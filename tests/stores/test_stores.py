@@ -25,7 +25,7 @@ import pytest
 from support.checkpoints import blank_envelope
 from support.commands import cli
 from support.crashes import Crash
-from support.examples import EXAMPLES
+from support.examples import EXAMPLES, HITL
 from support.files import holder, lock_path, refuse_if_running
 from support.runs import LoopTops, outcome
 from support.services import postgres_schema
@@ -104,8 +104,8 @@ def _location(store_uri: str, run: str) -> Location:
 
 
 def test_a_run_suspends_into_the_store_and_resumes_from_it(store, store_uri):
-    machine = load_file(EXAMPLES / "approval" / "approval.mk")
-    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    machine = load_file(HITL / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(HITL / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     where = _location(store_uri, "approval-1")
     first = start(machine, None, Host.for_scenario(scenario), checkpoint=where)
     assert (first.status, first.reply_to) == ("suspended", "approval.answer")
@@ -153,8 +153,8 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
     from mklang.runs import outcome as batch_outcome
     from mklang.runs.inspection import describe
 
-    machine = load_file(EXAMPLES / "approval" / "approval.mk")
-    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    machine = load_file(HITL / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(HITL / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     reply = {"approval.answer": "yes"}
     reference_at = _location(store_uri, "reference")
     start(machine, None, Host.for_scenario(scenario), checkpoint=reference_at)
@@ -184,7 +184,7 @@ def test_a_resume_continues_the_stored_envelope_in_place_even_across_a_crash(sto
 
 def test_a_parked_run_in_postgresql_is_listed_and_answered_from_another_folder(postgres_uri, tmp_path):
 
-    example = EXAMPLES / "approval"
+    example = HITL / "approval"
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
     here.mkdir()
     elsewhere.mkdir()
@@ -254,8 +254,8 @@ def test_a_package_adds_a_store_scheme_through_an_entry_point(plugin, tmp_path):
 
     assert mklang_folder_store.OPENED == [("folders://team", False)]
     assert isinstance(where.store, FileStore) and where.store.folder == tmp_path / "team"
-    machine = load_file(EXAMPLES / "approval" / "approval.mk")
-    scenario = next(s for s in load_script(EXAMPLES / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
+    machine = load_file(HITL / "approval" / "approval.mk")
+    scenario = next(s for s in load_script(HITL / "approval" / "scenarios.yaml") if s.name == "ask-then-publish")
     assert start(machine, None, Host.for_scenario(scenario), checkpoint=where).status == "suspended"
     assert load(locate("folders://team#run-1")).status == "suspended"
     assert open_store("folders://team").runs() == ["run-1"]

@@ -7,8 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-from support import ROOT
 from support.commands import cli
+from support.examples import HITL
 
 # The system's Chromium, as the browser tests and scripts/console_screenshots.py drive it
 # (headless, and quiet: nothing it does reaches the network but the console under test).
@@ -51,7 +51,7 @@ FENCED_APPROVAL = {
 def make_runs(tmp_path: Path) -> None:
     """`sqlite:///{tmp_path}/runs.db` with run `ask` parked on the approval question (its reply reaches
     the model only fenced) and run `echo` done, its output a script."""
-    shutil.copytree(ROOT / "examples" / "approval", tmp_path / "approval")
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
     (tmp_path / "approval" / "fenced.yaml").write_text(json.dumps(FENCED_APPROVAL), encoding="utf-8")
     (tmp_path / "echo.mk").write_text(ECHO, encoding="utf-8")
     script = {"scenarios": [{"name": "s", "llm": {"produce": [SCRIPT_OUTPUT]}}]}

@@ -9,6 +9,9 @@ from support import ROOT
 EXAMPLES = ROOT / "examples"
 STDLIB = ROOT / "machines"
 KILL_9 = EXAMPLES / "kill-9-resume"  # a scripted model that takes 60 ms per call
+# A run that parks on a free-text human reply (`escalate -> decide ask ... reply_to approval.answer`,
+# `--hitl`, answered with `resume --set`): the approval flow as it was before human decisions.
+HITL = ROOT / "tests" / "support" / "hitl"
 
 # The machine each example's `scenarios.yaml` drives; the other `.mk` files
 # of a folder are the sub-machines it calls.

@@ -14,6 +14,7 @@ from conformance.harness import write_machines
 import mklang.syntax
 import mklang.syntax.yaml_front
 from mklang.engine import RunResult
+from mklang.engine.decisions import steady as steady
 from mklang.engine.events import Event, StateEntered
 from mklang.model import Machine
 from mklang.runs import start

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from mklang.cli.app import app
 from mklang.cli.syntax_cmds import fmt_command  # noqa: F401 - registers the command
-from mklang.model import Call, Declaration, Gate, Machine, Produce, State, ToolDeclaration, ToolUse
+from mklang.model import Call, Choice, Declaration, Gate, Machine, Produce, State, Timeout, ToolDeclaration, ToolUse
 from mklang.syntax import format_machine, load_file, parse
 from mklang.vocabulary import TIERS
 
@@ -61,7 +61,8 @@ faces = st.one_of(
     st.builds(Call, machine=names, input=maybe_maps),
     st.builds(ToolUse, tool=names, input=maybe_maps),
 )
-policies = st.sampled_from(["ok", "repair", "escalate", "fail"])
+policies = st.sampled_from(["ok", "repair", "escalate", "decide", "fail"])
+durations = st.tuples(st.integers(0, 999), st.sampled_from("smhd")).map(lambda d: f"{d[0]}{d[1]}")
 tiers = st.sampled_from([None, *TIERS])
 tool_lists = st.lists(st.builds(ToolDeclaration, name=names, description=prose, read_only=st.booleans()), max_size=2)
 hook_lists = st.lists(st.builds(Declaration, name=names, description=prose), max_size=2)
@@ -71,6 +72,18 @@ hook_lists = st.lists(st.builds(Declaration, name=names, description=prose), max
 def gates(draw, targets):
     when = draw(maybe_prose)
     policy = draw(policies)
+    if policy == "decide":  # a human decision: choices and a deadline, each `-> target` or `fail`
+        to = st.one_of(st.none(), targets)
+        return Gate(
+            when=when,
+            hook=draw(maybe_names) if when is not None else None,
+            policy="escalate",
+            ask=draw(maybe_prose),
+            show=draw(maybe_paths),
+            reply_to=draw(maybe_paths),
+            choices=draw(st.lists(st.builds(Choice, label=prose, target=to), max_size=3)),
+            timeout=draw(st.one_of(st.none(), st.builds(Timeout, within=durations, target=to))),
+        )
     return Gate(
         when=when,
         hook=draw(maybe_names) if when is not None else None,
@@ -79,6 +92,7 @@ def gates(draw, targets):
         repair=draw(digits) if policy == "repair" else None,
         ask=draw(maybe_prose) if policy == "escalate" else None,
         reply_to=draw(maybe_paths) if policy == "escalate" else None,
+        show=draw(maybe_paths) if policy == "escalate" else None,
     )
 
 
@@ -103,7 +117,7 @@ def machines(draw):
     gate_lists = st.lists(gates(st.sampled_from([*state_names, "END"])), max_size=4)
     return Machine(
         name=draw(names),
-        version=draw(st.sampled_from([None, "0.4"])),
+        version=draw(st.sampled_from([None, "0.4", "0.5"])),
         entry=draw(st.sampled_from(state_names)),
         budget=draw(st.integers(0, 10**6)),
         tier=draw(st.sampled_from(TIERS)),
