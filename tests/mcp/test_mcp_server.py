@@ -19,13 +19,13 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from support import ROOT
 from support.commands import cli_env
+from support.examples import HITL
 
 import mklang
 from mklang.graph import render
 
-APPROVAL = ROOT / "examples" / "approval"
+APPROVAL = HITL / "approval"  # the free-text question the `answer` tool replies to
 SEVEN = ["answer", "check", "describe", "resume", "run", "runs", "show"]
 PUBLISHED = "https://status.example.com/posts/118"
 
