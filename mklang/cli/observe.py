@@ -14,6 +14,7 @@ import typer
 
 from mklang.cli.app import fail, finite
 from mklang.telemetry import exporting
+from mklang.terminal import printable
 
 if TYPE_CHECKING:
     from mklang.engine.events import Event
@@ -30,6 +31,12 @@ TraceContentOpt = typer.Option(
     help="Include prompts, model outputs and tool arguments and results in the events and spans.",
 )
 
+StreamOpt = typer.Option(
+    False,
+    "--stream",
+    help="Write each model answer to stderr as it arrives (the openai and anthropic providers stream it).",
+)
+
 
 _LINE = json.JSONEncoder(ensure_ascii=False, default=str, allow_nan=False)  # made once, not per event
 
@@ -44,7 +51,7 @@ class JsonLines:
         self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
-        document = event.to_json()
+        document = event.to_json(self.trace_content)  # content only when asked, whatever else watches
         try:
             line = _LINE.encode(document)
         except ValueError:  # a NaN or an infinity, which only a host's value brings: walked only then
@@ -52,6 +59,37 @@ class JsonLines:
         with self._lock:
             self._stream.write(line + "\n")
             self._stream.flush()
+
+
+class AnswerStream:
+    """`--stream`: the answer of each produce call written to a terminal (stderr) as the provider
+    streams it, and a newline when it ends. It shows what the run's result shows anyway and
+    records nothing, so it asks for the text of the deltas, not for content (`--events` still
+    writes content only with `--trace-content`). A call retried after its stream was cut
+    starts its answer anew on a line of its own; answers of fan-out branches interleave."""
+
+    stream_text = True
+
+    def __init__(self, stream: IO[str]):
+        self._stream = stream
+        self._open: set[str] = set()  # the calls whose answer has begun and not ended
+        self._lock = threading.Lock()
+
+    def emit(self, event: Event) -> None:
+        from mklang.engine.events import ModelDelta, ModelFinished
+
+        if isinstance(event, ModelDelta) and event.text is not None:
+            with self._lock:
+                if event.offset == 0 and event.key in self._open:
+                    self._stream.write("\n(the stream was cut; the answer again:)\n")
+                self._open.add(event.key)
+                self._stream.write(printable(event.text))
+                self._stream.flush()
+        elif isinstance(event, ModelFinished) and event.key in self._open:
+            with self._lock:
+                self._open.discard(event.key)
+                self._stream.write("\n")
+                self._stream.flush()
 
 
 class AskContent:

@@ -17,7 +17,7 @@ from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.groups import grouped, option
 from mklang.cli.hosting import Hosting, hosted
-from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
+from mklang.cli.observe import AnswerStream, EventsOpt, StreamOpt, TraceContentOpt, event_stream
 from mklang.effects import FLOW_POLICIES
 from mklang.limits import NestingError, load_json_object, parse_value, read_text
 from mklang.terminal import printable
@@ -177,12 +177,16 @@ def interrupts(control, forward: Callable[[], object] | None = None, quiet: bool
 
 
 @contextmanager
-def observed(output: Output) -> Iterator[Any]:
-    """What watches a run: the `--events` stream, and a live line of state and spend on a
-    terminal (not when the events go to stderr); None when nothing does."""
+def observed(output: Output, stream_answers: bool = False) -> Iterator[Any]:
+    """What watches a run: the `--events` stream, the answers as they arrive (`--stream`, on
+    stderr), else a live line of state and spend on a terminal (not when the events go to
+    stderr); None when nothing does."""
     from mklang.engine.events import joined
 
     with event_stream(output.events, output.trace_content) as stream:
+        if stream_answers:
+            yield joined(AnswerStream(sys.stderr), stream)
+            return
         if output.as_json or output.events == "-" or not sys.stderr.isatty():
             yield stream
             return
@@ -241,6 +245,7 @@ def run(
     options: RunFlags = RunFlags(),
     hosting: Hosting = Hosting(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the machine's check warnings."),
+    stream: bool = StreamOpt,
     output: Output = Output(),
 ) -> None:
     """Run a machine."""
@@ -265,7 +270,7 @@ def run(
         host = runs.build_host(runs.RunRequest(hosting=hosting.settings, max_cost=options.max_cost))
         if not quiet:
             _print_warnings(loaded, {**(host.scenario.input if host.scenario else {}), **context})
-        with host, interrupts(control), observed(output) as observer:
+        with host, interrupts(control), observed(output, stream) as observer:
             result = runs.start(loaded, context, host, checkpoint=where, **keywords, control=control, observer=observer)
         report(result, as_json, checkpoint)
 
@@ -334,6 +339,7 @@ def resume(
     ),
     options: RunFlags = RunFlags(),
     hosting: Hosting = Hosting(),
+    stream: bool = StreamOpt,
     output: Output = Output(),
 ) -> None:
     """Continue a suspended, interrupted or crashed run."""
@@ -365,7 +371,7 @@ def resume(
             with runs.opened(checkpoint, **request.opening()) as resumable:
                 _report_compatible(resumable, output.as_json)
         control = Control()
-        with interrupts(control), observed(output) as observer:
+        with interrupts(control), observed(output, stream) as observer:
             result = runs.resume(request, control=control, observer=observer)
         report(result, output.as_json, out or checkpoint)
 

@@ -134,6 +134,8 @@ def make_runtime(
         journal=journal or NullJournal(),
         observer=options.get("observer"),
         trace_content=events.traces_content(options.get("observer")),
+        stream_deltas=events.wants_deltas(options.get("observer")),
+        delta_text=events.traces_content(options.get("observer")) or events.wants_text(options.get("observer")),
         run_id=run_id or uuid.uuid4().hex,
         untrusted_flow=check_policy(options.get("untrusted_flow") or "report"),
         read_only_tools=frozenset(options.get("read_only_tools") or ()),

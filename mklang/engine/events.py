@@ -69,8 +69,9 @@ class Event:
         """Whether the event happened inside a fan-out branch."""
         return any(segment.branch is not None for segment in self.path)
 
-    def to_json(self) -> dict[str, Any]:
-        """The event as one line of `--events` (docs/events.schema.json)."""
+    def to_json(self, content: bool = True) -> dict[str, Any]:
+        """The event as one line of `--events` (docs/events.schema.json); without `content`, the
+        content fields are left out even when another of the run's sinks asked for them."""
         data: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "event": self.kind,
@@ -82,9 +83,9 @@ class Event:
         if self.run is not None:
             data["run"] = self.run
         values = self.__dict__
-        for name, content in _fields_of(type(self)):
+        for name, is_content in _fields_of(type(self)):
             value = values[name]
-            if content and value is None:
+            if is_content and (value is None or not content):
                 continue
             data[name] = value.to_json() if isinstance(value, Usage) else value
         return data
@@ -109,7 +110,7 @@ def utc_text(seconds: float) -> str:
 
 
 _ENVELOPE = frozenset(item.name for item in dataclasses.fields(Event))
-CONTENT = frozenset({"prompt", "output", "arguments"})  # the fields only traced content fills in (ADR 0032)
+CONTENT = frozenset({"prompt", "output", "arguments", "text"})  # the fields only traced content fills in (ADR 0032)
 
 
 _FIELDS: dict[type[Event], tuple[tuple[str, bool], ...]] = {}
@@ -203,6 +204,18 @@ class ModelFinished(_ModelCall):
     choice: int | str | None  # the judge's answer: a gate's index in its batch, none or unparseable
     error: str | None
     output: str | None = None  # with trace content: the answer
+
+
+@dataclass(kw_only=True)
+class ModelDelta(_ModelCall):
+    """A piece of a produce call's answer as the provider streams it, told only to an observer that
+    asks for them (`wants_deltas`): `offset` is the length of the answer before it (0 again when a
+    retried call streams its answer anew), `chars` its own length. A replayed answer has none."""
+
+    kind = "model.delta"
+    offset: int
+    chars: int
+    text: str | None = None  # with trace content: the piece itself
 
 
 @dataclass(kw_only=True)
@@ -345,6 +358,7 @@ KINDS: dict[str, type[Event]] = {
         StateEntered,
         ModelStarted,
         ModelFinished,
+        ModelDelta,
         ToolStarted,
         ToolFinished,
         HookCalled,
@@ -366,7 +380,10 @@ class EventSink(Protocol):
     the thread that reached the boundary.
     An exception it raises ends the run as a crash would: a sink that must never stop a run
     catches its own errors. A sink with an attribute `trace_content = True` asks for prompts,
-    outputs and tool arguments in the events (`traces_content`)."""
+    outputs and tool arguments in the events (`traces_content`); one with `stream_deltas = True`
+    asks for `model.delta` events, so the providers that can stream answers do (`wants_deltas`),
+    their text given with trace content, or to a sink that shows the answer and records nothing
+    (`stream_text = True`, as `--stream` does: `--events` writes the text only with content)."""
 
     def emit(self, event: Event) -> None: ...
 
@@ -376,12 +393,24 @@ def traces_content(sink: EventSink | None) -> bool:
     return bool(getattr(sink, "trace_content", False))
 
 
+def wants_deltas(sink: EventSink | None) -> bool:
+    """Whether `sink` asks for the answers of produce calls as they are streamed (`model.delta`)."""
+    return bool(getattr(sink, "stream_deltas", False)) or wants_text(sink)
+
+
+def wants_text(sink: EventSink | None) -> bool:
+    """Whether `sink` asks for the text of `model.delta` events without asking for content."""
+    return bool(getattr(sink, "stream_text", False))
+
+
 class Tee:
     """Several sinks as one, each given every event in turn."""
 
     def __init__(self, sinks: Iterable[EventSink | None]):
         self.sinks = [sink for sink in sinks if sink is not None]
         self.trace_content = any(traces_content(sink) for sink in self.sinks)
+        self.stream_deltas = any(wants_deltas(sink) for sink in self.sinks)
+        self.stream_text = any(wants_text(sink) for sink in self.sinks)
 
     def emit(self, event: Event) -> None:
         for sink in self.sinks:
@@ -394,6 +423,7 @@ class Named:
     def __init__(self, sink: EventSink, run: str):
         self.sink, self.run = sink, run
         self.trace_content = traces_content(sink)
+        self.stream_deltas, self.stream_text = wants_deltas(sink), wants_text(sink)
 
     def emit(self, event: Event) -> None:
         self.sink.emit(dataclasses.replace(event, run=self.run))
@@ -443,6 +473,9 @@ class ModelAbout:
             error=None,
             output=text if content else None,
         )
+
+    def delta(self, key: str, offset: int, text: str, content: bool) -> Event:
+        return ModelDelta(**self._common(key), offset=offset, chars=len(text), text=text if content else None)
 
     def failed(self, key: str, error: BaseException, usage: Usage | None, seconds: float) -> Event:
         return ModelFinished(

@@ -26,7 +26,7 @@ from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
-from mklang.providers.base import NO_SPEND, Provider, Usage, making_call
+from mklang.providers.base import NO_SPEND, Deltas, Provider, Usage, making_call
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 COST_SLACK = 1e-9  # USD
@@ -228,6 +228,8 @@ class Runtime:
     journal: Journal = field(default_factory=NullJournal)
     observer: EventSink | None = None  # told of every event of the run (`emit`), e.g. a live view
     trace_content: bool = False  # events carry prompts, outputs and tool arguments (ADR 0032)
+    stream_deltas: bool = False  # the observer asks for produce answers as they stream (ADR 0060)
+    delta_text: bool = False  # and for their text: it traces content, or shows the answer (`stream_text`)
     run_id: str = ""  # prefixes the idempotency keys hosts see, so two runs never share one
     untrusted_flow: FlowPolicy = "report"  # what a tainted decision reaching an effectful tool does
     read_only_tools: frozenset[str] = frozenset()  # the host config's read-only tools
@@ -273,7 +275,8 @@ class Runtime:
                 self.live_calls[kind] += 1
             faults.reach("call.before")
             try:
-                with making_call(self.idempotency_key(key), self.control.deadline):
+                deltas = self._deltas(told, key) if self.stream_deltas and kind == "produce" else None
+                with making_call(self.idempotency_key(key), self.control.deadline, deltas):
                     value = live(key)
             except Exception as error:
                 usage = error.usage if isinstance(error, ProviderError) else None
@@ -288,6 +291,13 @@ class Runtime:
             self.emit(told.finished(key, value, replayed, time.monotonic() - began, self.trace_content))
         self._charge(calls, getattr(value, "usage", None))
         return value
+
+    def _deltas(self, told: events.CallAbout | None, key: str) -> Deltas | None:
+        """What tells the observer of a produce call's answer as it streams (`model.delta`)."""
+        if not isinstance(told, events.ModelAbout):
+            return None
+        about, content = told, self.delta_text
+        return lambda offset, text: self.emit(about.delta(key, offset, text, content))
 
     def idempotency_key(self, key: str) -> str:
         """What a host sees of a call's key (`engine.keys`): `<run id>/<key>`, unique across runs."""

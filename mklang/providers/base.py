@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -164,9 +164,26 @@ def calling(key: str) -> AbstractContextManager[None]:
     return _Bound((_call_key, key))
 
 
-def making_call(key: str, when: float | None) -> AbstractContextManager[None]:
-    """`calling(key)` inside `deadline(when)`, entered at once: the engine's every model and tool call."""
-    return _Bound((_deadline, when), (_call_key, key))
+# Where the answer of the produce call in flight goes as it arrives, when an observer of the run
+# asks for it (`events.wants_deltas`): called with each piece of text and the length of the
+# answer before it (0 again when a retried call streams its answer anew). Set by the engine
+# around that call only; a provider that can stream reads it (`delta_consumer`) and, with
+# none, asks for its answer whole (ADR 0060).
+Deltas = Callable[[int, str], None]
+_deltas: ContextVar[Deltas | None] = ContextVar("mklang_deltas", default=None)
+
+
+def making_call(key: str, when: float | None, deltas: Deltas | None = None) -> AbstractContextManager[None]:
+    """`calling(key)` inside `deadline(when)`, entered at once: the engine's every model and tool
+    call; `deltas`, when given, consumes the answer as it is streamed."""
+    if deltas is None:
+        return _Bound((_deadline, when), (_call_key, key))
+    return _Bound((_deadline, when), (_call_key, key), (_deltas, deltas))
+
+
+def delta_consumer() -> Deltas | None:
+    """What consumes the answer of the call in flight as it arrives, or None: nothing does."""
+    return _deltas.get()
 
 
 def call_key() -> str | None:

@@ -38,7 +38,9 @@ import urllib3
 
 from mklang.errors import ProviderError, UsageError
 from mklang.host.config import ProviderConfig
+from mklang.providers import streaming
 from mklang.providers.base import seconds_left
+from mklang.providers.streaming import Stream, StreamCut
 from mklang.version import __version__
 
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
@@ -98,7 +100,7 @@ class HttpTransport:
     `max_in_flight`, when the config sets one, caps its own requests further (a
     semaphore). `sleep` is injectable so tests can observe the delays without
     waiting for them. Every request goes out through `_send`, the one place a
-    request is made (a streamed answer would be read from its response).
+    request is made (a streamed answer is read from its response).
     """
 
     def __init__(
@@ -134,8 +136,10 @@ class HttpTransport:
         self._closed = True
         self._pool.close()
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST `body` and return the decoded JSON object, retrying what can be retried."""
+    def post(self, path: str, body: dict[str, Any], stream: Callable[[], Stream] | None = None) -> dict[str, Any]:
+        """POST `body` and return the decoded JSON object, retrying what can be retried. With
+        `stream`, the answer is read as server-sent events into a fresh `stream()` each attempt,
+        and a stream cut short is retried as a broken connection is (ADR 0060)."""
         if self._closed:
             raise RuntimeError(f"{self.config.name}: the HTTP client is closed")
         name = self.config.name
@@ -146,7 +150,9 @@ class HttpTransport:
             try:
                 with self._slots:
                     read, connect = self._timeouts()  # after waiting for a slot: what is left now
-                    response = self._send(target, payload, read, connect)
+                    response = self._send(target, payload, read, connect, streamed=stream is not None)
+                    if response.status == 200 and stream is not None:
+                        return self._streamed(response, stream())
             except urllib3.exceptions.HTTPError as error:
                 failure, delay = self._failure(error, read, connect), None
             else:
@@ -166,10 +172,13 @@ class HttpTransport:
             self._sleep(pause)
         raise ProviderError(f"{name} {failure} (after {attempts} attempt{'s' if attempts > 1 else ''})")
 
-    def _send(self, target: str, payload: bytes, read: float, connect: float) -> urllib3.BaseHTTPResponse:
-        """One request on a pooled connection, its answer read whole. urllib3 drops a connection a
-        request failed on (a late answer is never read as the next one's), and one its server closed
-        while it was idle, before a request is written to it."""
+    def _send(
+        self, target: str, payload: bytes, read: float, connect: float, streamed: bool = False
+    ) -> urllib3.BaseHTTPResponse:
+        """One request on a pooled connection, its answer read whole (or, `streamed`, left to be
+        read as it arrives). urllib3 drops a connection a request failed on (a late answer is never
+        read as the next one's), and one its server closed while it was idle, before a request is
+        written to it."""
         return self._pool.urlopen(
             "POST",
             target,
@@ -179,7 +188,27 @@ class HttpTransport:
             redirect=False,
             assert_same_host=False,  # a plain-HTTP proxy's target is an absolute URL
             timeout=urllib3.Timeout(connect=connect, read=read),
+            preload_content=not streamed,
+            release_conn=True,  # a streamed answer's connection goes back to the pool once it is read
         )
+
+    def _streamed(self, response: urllib3.BaseHTTPResponse, stream: Stream) -> dict[str, Any]:
+        """The answer of a 200 read as server-sent events into `stream`: whole once its last event
+        came, else a `StreamCut`. A connection left mid-stream is closed, never reused."""
+        try:
+            finished = False
+            for event, data in streaming.events(streaming.lines(response)):
+                finished = finished or stream.feed(event, data)
+            if not finished:
+                raise StreamCut("the stream ended before the answer was complete")
+            return stream.answer()
+        except ValueError as error:  # not UTF-8, not JSON, not the events of an answer
+            response.close()
+            what = self._snippet(str(error))
+            raise ProviderError(f"{self.config.name} 200: the stream is not the events of an answer: {what}") from None
+        except BaseException:
+            response.close()
+            raise
 
     def _failure(self, error: urllib3.exceptions.HTTPError, read: float, connect: float) -> str:
         """An attempt's failure in one phrase; a certificate not trusted is raised at once instead."""
@@ -190,6 +219,8 @@ class HttpTransport:
                     f"{self.config.name} connection-error: the certificate of {self._endpoint.host} is not "
                     f"trusted ({each.verify_message}); SSL_CERT_FILE names the certificates to trust"
                 ) from None
+            if isinstance(each, StreamCut):
+                return f"connection-error: {self._snippet(str(each))}"
             if isinstance(each, urllib3.exceptions.NewConnectionError):
                 break  # a connection refused (urllib3 makes it a kind of connect timeout)
             if isinstance(each, urllib3.exceptions.ConnectTimeoutError):
@@ -469,8 +500,8 @@ class ProviderClient:
     def close(self) -> None:
         self._transport.close()
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._transport.post(self.path, {**self.config.params, **body})
+    def _post(self, body: dict[str, Any], stream: Callable[[], Stream] | None = None) -> dict[str, Any]:
+        return self._transport.post(self.path, {**self.config.params, **body}, stream)
 
     def _fail(self, model: str, what: str) -> ProviderError:
         """An error about an answer; `what` may quote the server, so the key is scrubbed from it."""

@@ -9,10 +9,13 @@ its reasoning in tags, which are split from the answer.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mklang.providers import scratchpad
+from mklang.providers.base import delta_consumer
 from mklang.providers.http import ProviderClient, Reply, token_counts
+from mklang.providers.streaming import StreamCut, Told
 
 
 class OpenAIClient(ProviderClient):
@@ -27,7 +30,13 @@ class OpenAIClient(ProviderClient):
             system = scratchpad.with_instruction(system)
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": user})
-        data = self._post({"model": model, "messages": messages})
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        consumer = delta_consumer()
+        if consumer is None:
+            data = self._post(body)
+        else:
+            body.update(stream=True, stream_options={"include_usage": True})
+            data = self._post(body, lambda: _Chunks(Told(consumer, reason)))
         message, finish = self._message(model, data)
         if message.get("refusal"):
             raise self._fail(model, f"the model refused: {message['refusal']}")
@@ -53,3 +62,47 @@ class OpenAIClient(ProviderClient):
         if not isinstance(message, dict):
             raise self._shape_error(model, "message")
         return message, choices[0].get("finish_reason")
+
+
+class _Chunks:
+    """A streamed completion (`chat.completion.chunk` events, then `[DONE]`) put back together as
+    the completion it streams: the message's text, reasoning and refusal, the finish reason, and
+    the usage of the last chunk (`stream_options.include_usage`; none without it)."""
+
+    def __init__(self, told: Told):
+        self._told = told
+        self._parts: dict[str, list[str]] = {"content": [], "reasoning_content": [], "refusal": []}
+        self._finish: str | None = None
+        self._usage: Any = None
+
+    def feed(self, event: str, data: str) -> bool:
+        if data.strip() == "[DONE]":
+            return True
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"an event is not a JSON object: {data}")
+        if chunk.get("error"):
+            raise StreamCut(f"the server failed mid-answer: {json.dumps(chunk['error'])}")
+        if chunk.get("usage") is not None:
+            self._usage = chunk["usage"]
+        choices = chunk.get("choices") or [{}]
+        choice = choices[0] if isinstance(choices, list) and isinstance(choices[0], dict) else {}
+        given = choice.get("delta")
+        delta: dict[str, Any] = given if isinstance(given, dict) else {}
+        self._finish = choice.get("finish_reason") or self._finish
+        delta = {**delta, "reasoning_content": delta.get("reasoning_content") or delta.get("reasoning")}
+        for name, parts in self._parts.items():
+            piece = delta.get(name)
+            if isinstance(piece, str) and piece:
+                parts.append(piece)
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            self._told.add(content)
+        return False
+
+    def answer(self) -> dict[str, Any]:
+        message = {name: "".join(parts) or None for name, parts in self._parts.items()}
+        answer: dict[str, Any] = {"choices": [{"message": message, "finish_reason": self._finish}]}
+        if self._usage is not None:
+            answer["usage"] = self._usage
+        return answer

@@ -27,3 +27,18 @@ def split(text: str) -> tuple[str, str | None]:
     if not blocks:
         return text.strip(), None
     return _BLOCK.sub("", text).strip(), "\n\n".join(blocks)
+
+
+_OPENINGS = ("<reasoning>", "<think>")
+
+
+def settled(text: str) -> str:
+    """The answer so far of a text still arriving: the tagged blocks closed so far removed, and
+    cut where a block opens that is not closed yet, or where the text may yet open one."""
+    text = _BLOCK.sub("", text)
+    cut = min((at for at in (text.find(tag) for tag in _OPENINGS) if at >= 0), default=len(text))
+    text = text[:cut]
+    start = text.rfind("<")
+    if start >= 0 and any(tag.startswith(text[start:]) for tag in _OPENINGS):
+        text = text[:start]
+    return text

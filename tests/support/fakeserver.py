@@ -21,7 +21,9 @@ queue is empty it gets `server.fallback` (default: a 500 saying the script
 ran out, so a test that under-scripts fails loudly). Set `server.handler`
 to a function `(Request) -> Reply` to decide per request instead (it wins
 over the queue). A reply is format-neutral: the server renders it in the
-wire format of the path that was called. Every request is recorded
+wire format of the path that was called; asked to stream (`"stream": true`), it
+sends the reply as that format's server-sent events, a chunk an event (`answer(...,
+stream_cut=N)` cuts the stream after N events, `stream_usage=False` leaves usage out). Every request is recorded
 (`requests`, `count`) with its path, lower-cased headers and parsed body, and
 the connections it accepted and closed are counted (`connections`, `closed`).
 """
@@ -29,6 +31,7 @@ the connections it accepted and closed are counted (`connections`, `closed`).
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import sys
 import threading
@@ -61,6 +64,8 @@ class Reply:
     delay: float = 0.0  # seconds to wait before answering
     close: bool = False  # close the connection after the reply, without saying so (an idle keep-alive timeout)
     cut: int | None = None  # send only this many bytes of the body, then close (a server dying mid-response)
+    stream_cut: int | None = None  # streamed: send only this many events, then close (a stream cut mid-answer)
+    stream_usage: bool = True  # streamed: say the usage (OpenAI's last chunk, Anthropic's message events)
 
 
 def answer(
@@ -71,8 +76,12 @@ def answer(
     output_tokens: int = 5,
     finish_reason: str | None = None,
     delay: float = 0.0,
+    stream_cut: int | None = None,
+    stream_usage: bool = True,
 ) -> Reply:
-    """A successful completion; `reasoning` goes to `reasoning_content` / a `thinking` block."""
+    """A successful completion; `reasoning` goes to `reasoning_content` / a `thinking` block.
+    Asked to stream (`"stream": true`), the server sends it as server-sent events, a word an
+    event, cut after `stream_cut` events when given, with no usage when `stream_usage` is False."""
     return Reply(
         text=text,
         reasoning=reasoning,
@@ -80,6 +89,8 @@ def answer(
         output_tokens=output_tokens,
         finish_reason=finish_reason,
         delay=delay,
+        stream_cut=stream_cut,
+        stream_usage=stream_usage,
     )
 
 
@@ -244,6 +255,54 @@ def render(reply: Reply, path: str, model: str) -> dict[str, Any]:
     }
 
 
+def words(text: str) -> list[str]:
+    """`text` in the pieces a streamed answer sends it in: a word and the space after it each."""
+    return re.findall(r"\s*\S+\s*", text) or [text]
+
+
+def render_stream(reply: Reply, path: str, model: str, usage: bool) -> list[dict[str, Any] | str]:
+    """The server-sent events' data of `reply` streamed in the wire format of `path` (OpenAI's
+    `[DONE]` as text); `usage`: the client asked for it (OpenAI's `stream_options.include_usage`)."""
+    usage = usage and reply.stream_usage
+    if path == ANTHROPIC_PATH:
+        counts = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+        start = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": []}
+        events: list[dict[str, Any] | str] = [
+            {"type": "message_start", "message": start | ({"usage": counts} if usage else {})}
+        ]
+        blocks = [("thinking", reply.reasoning)] if reply.reasoning is not None else []
+        blocks += [("text", reply.text)] if reply.refuse is None else []
+        for index, (kind, text) in enumerate(blocks):
+            events.append({"type": "content_block_start", "index": index, "content_block": {"type": kind, kind: ""}})
+            events += [
+                {"type": "content_block_delta", "index": index, "delta": {"type": f"{kind}_delta", kind: piece}}
+                for piece in words(text)
+            ]
+            events.append({"type": "content_block_stop", "index": index})
+        stop = "refusal" if reply.refuse is not None else reply.finish_reason or "end_turn"
+        ending: dict[str, Any] = {"type": "message_delta", "delta": {"stop_reason": stop}}
+        if usage:
+            ending["usage"] = {"output_tokens": reply.output_tokens}
+        return [*events, ending, {"type": "message_stop"}]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model, "choices": [choice]}
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    if reply.reasoning is not None:
+        events += [chunk({"reasoning_content": piece}) for piece in words(reply.reasoning)]
+    if reply.refuse is not None:
+        events.append(chunk({"refusal": reply.refuse}))
+    else:
+        events += [chunk({"content": piece}) for piece in words(reply.text)]
+    events.append(chunk({}, reply.finish_reason or "stop"))
+    if usage:
+        counts = {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens}
+        events.append({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [], "usage": counts})
+    return [*events, "[DONE]"]
+
+
 class InFlight:
     """A handler (`server.handler = InFlight(respond)`) that holds each request 50 ms before it
     answers as `respond` does, and counts the most requests it held at once (`peak`)."""
@@ -323,6 +382,14 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, reply: Reply, request: Request) -> None:
             model = request.body.get("model", "") if isinstance(request.body, dict) else ""
+            if (
+                reply.status == 200
+                and reply.body is None
+                and isinstance(request.body, dict)
+                and request.body.get("stream")
+            ):
+                self._stream(reply, request, model)
+                return
             payload = reply.body if reply.body is not None else json.dumps(render(reply, request.path, model))
             data = payload.encode("utf-8")
             try:
@@ -337,6 +404,29 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
+
+        def _stream(self, reply: Reply, request: Request, model: str) -> None:
+            """The reply as server-sent events, an event a chunk of a chunked body, as APIs stream."""
+            asked = request.body.get("stream_options", {}).get("include_usage", False)
+            events = render_stream(reply, request.path, model, asked or request.wire == "anthropic")
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for data in events[: reply.stream_cut]:
+                    event = data.get("type") if isinstance(data, dict) and request.wire == "anthropic" else None
+                    text = data if isinstance(data, str) else json.dumps(data)
+                    frame = (f"event: {event}\n" if event else "") + f"data: {text}\n\n"
+                    encoded = frame.encode("utf-8")
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(encoded), encoded))
+                    self.wfile.flush()
+                if reply.stream_cut is not None:
+                    self.close_connection = True  # no last chunk: the body ends mid-stream
+                    return
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
