@@ -12,7 +12,9 @@ Points (README, "Crash safety"):
 - `segment`: a trace segment is durable in the store, and no envelope
   names it yet;
 - `call.before`: a model or tool call is about to start; `call.returned`:
-  it returned, its answer not yet journaled (`journal.call` follows).
+  it returned, its answer not yet journaled (`journal.call` follows);
+  `call.delta`: a piece of a streamed answer arrived, before its observer is
+  told of it (ADR 0060).
 
 A call *in flight* is the moment a provider or tool has started the work
 and the engine has not heard back; test servers and tools reach it by

@@ -297,7 +297,12 @@ class Runtime:
         if not isinstance(told, events.ModelAbout):
             return None
         about, content = told, self.delta_text
-        return lambda offset, text: self.emit(about.delta(key, offset, text, content))
+
+        def tell(offset: int, text: str) -> None:
+            faults.reach("call.delta")
+            self.emit(about.delta(key, offset, text, content))
+
+        return tell
 
     def idempotency_key(self, key: str) -> str:
         """What a host sees of a call's key (`engine.keys`): `<run id>/<key>`, unique across runs."""

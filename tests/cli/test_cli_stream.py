@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from providers.test_providers_cli import mklang
+from providers.test_providers_cli import KEY, mklang
+from support.commands import cli_env
+from support.commands import mklang as subprocess_mklang
 from support.fakeserver import answer
 
 TWO = """\
@@ -81,3 +83,22 @@ def test_resume_stream_writes_only_the_answers_it_pays_for(workdir, server):
     assert resumed.returncode == 0, resumed.stderr
     assert "five six" in resumed.stderr and FIRST not in resumed.stderr
     assert server.count == 2
+
+
+def test_a_run_killed_mid_stream_pays_only_that_call_again(workdir, server):
+    server.add(answer(FIRST), answer(SECOND), answer(SECOND))
+    machine = workdir / "two.mk"
+    machine.write_text(TWO)
+    checkpoint = workdir / "cp.json"
+    given = {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": server.openai_url}
+    killed_at = len(FIRST.split()) + 2  # two pieces into the second answer
+    args = ("--provider", "openai", "--model", "m", "--stream", "--format", "json")
+    env = cli_env(**given, MKLANG_KILL_AT=f"call.delta:{killed_at}")
+    died = subprocess_mklang("run", str(machine), *args, "--checkpoint", str(checkpoint), env=env)
+    assert died.returncode == -9, died.stderr  # SIGKILL, mid-stream
+    assert f"{FIRST}\nfive " in died.stderr and SECOND not in died.stderr and server.count == 2
+    resumed = mklang("resume", str(checkpoint), "--stream", "--format", "json", server=server)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["result"] == SECOND
+    assert server.count == 3  # the first answer was journaled; only the one cut by the kill is bought again
+    assert "five six" in resumed.stderr and FIRST not in resumed.stderr
