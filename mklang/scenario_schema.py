@@ -37,6 +37,8 @@ DESCRIPTIONS = {
     "expect": "What the run must end with; only the keys given are compared, a missing key and null compare equal.",
     "resumes": "Continuations of a suspended run, each with the reply it injects and its own expectation.",
     "resumes[].set": "Values set on resume, like `mklang resume --set`.",
+    "resumes[].answer": "The choice that answers the human decision the run waits on, like `mklang resume --answer`.",
+    "resumes[].note": "A note that travels with the answer (untrusted data), like `mklang resume --note`.",
 }
 
 
@@ -91,4 +93,6 @@ def _leaf(place: str, key: str) -> dict[str, Any]:
         return {"type": ["boolean", "null"]}
     if settings and key == "on_untrusted_flow":
         return {"enum": [*FLOW_POLICIES, None]}
+    if settings and key in ("answer", "note"):
+        return {"type": ["string", "null"]}
     return {}
