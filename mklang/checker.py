@@ -124,7 +124,7 @@ def _texts(state: State) -> list[tuple[str, str]]:
     return []
 
 
-def _reads(state: State) -> list[tuple[str, str]]:
+def reads(state: State) -> list[tuple[str, str]]:
     """(top-level context key, field) of every `{{path}}` and `over` path a state reads."""
     keys = [(root_key(match.group(1)), field) for text, field in _texts(state) for match in PLACEHOLDER.finditer(text)]
     if state.over:
@@ -278,7 +278,7 @@ def _check_state(out, machine, state, names, tools, hooks, written, near) -> Non
         )
     fan_out = state.sample is not None or state.over is not None
     warned: set[str] = set()  # once per key and state
-    for key, field in _reads(state):
+    for key, field in reads(state):
         if key not in written and not (fan_out and key in FAN_OUT_KEYS) and key not in warned:
             out.warning(_at(state, field), "unwritten-context-key", f'{owner} reads "{key}", which nothing writes')
             warned.add(key)

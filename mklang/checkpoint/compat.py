@@ -50,11 +50,21 @@ def rebuild(frame: dict[str, Any], machine: Machine, where: str, read: SegmentRe
 
 def first_misfit(chain: list[Frame]) -> str | None:
     """The first frame that does not fit its machine, described in one line; None if all fit."""
+    found = misfit_at(chain)
+    if found is None:
+        return None
+    number, problem = found
+    frame = chain[number - 1]
+    return f"frame {number} ({frame.machine.name} at {frame.state}): {problem}"
+
+
+def misfit_at(chain: list[Frame]) -> tuple[int, str] | None:
+    """The first frame (numbered from 1) that does not fit its machine, and why."""
     for depth, frame in enumerate(chain):
         below = chain[depth + 1] if depth + 1 < len(chain) else None
         problem = _misfit(frame, below)
         if problem is not None:
-            return f"frame {depth + 1} ({frame.machine.name} at {frame.state}): {problem}"
+            return depth + 1, problem
     return None
 
 

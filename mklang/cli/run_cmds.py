@@ -332,7 +332,16 @@ def resume(
     ),
     machine: Path | None = typer.Option(None, "--machine", help="Where the root machine file is now."),
     check: bool = typer.Option(
-        False, "--check", help="Only check that the machines fit every frame (no provider, no spend); exit 0 or 2."
+        False,
+        "--check",
+        help="Only check that the machines fit every frame (no provider, no spend); with --machine NEW, "
+        "whether the run is compatible, migratable or incompatible with it; exit 0 or 2.",
+    ),
+    migrate: bool = typer.Option(
+        False, "--migrate", help="Move the parked run to --machine NEW (if compatible or migratable), then resume it."
+    ),
+    map_: list[str] | None = typer.Option(
+        None, "--map", metavar="OLD=NEW", help="With --migrate or --check: state OLD is named NEW now. Repeatable."
     ),
     out: str | None = typer.Option(
         None, "--checkpoint", help="Write a re-suspension here, a file or STORE-URI#RUN (default: the same)."
@@ -367,13 +376,33 @@ def resume(
             hosting=hosting.settings,
             **options.keywords(),
         )
+        from mklang.checkpoint.migration import parse_map
+
+        renames = parse_map(map_)
+        moving = migrate or (check and (machine is not None or bool(renames)))
+        if moving and machine is None:
+            raise fail("--migrate and --map move a parked run to a new machine: they need --machine NEW")
+        if check and moving:
+            _report_verdict(runs.migrate(checkpoint, str(machine), renames, write=False), output.as_json)
         if check:
             with runs.opened(checkpoint, **request.opening()) as resumable:
                 _report_compatible(resumable, output.as_json)
         control = Control()
         with interrupts(control), observed(output, stream) as observer:
-            result = runs.resume(request, control=control, observer=observer)
+            if migrate:
+                result = runs.resume_migrated(request, str(machine), renames, control=control, observer=observer)
+            else:
+                result = runs.resume(request, control=control, observer=observer)
         report(result, output.as_json, out or checkpoint)
+
+
+def _report_verdict(verdict: Any, as_json: bool) -> None:
+    """`resume --check --machine NEW`: compatible or migratable (exit 0), or incompatible at a frame (exit 2)."""
+    if as_json:
+        print_json({"status": verdict.kind, "frame": verdict.frame, "reason": verdict.reason})
+    else:
+        print(verdict.text())
+    raise typer.Exit(exitcodes.OK if verdict.movable else exitcodes.USAGE)
 
 
 def _report_compatible(resumable: Resumable, as_json: bool) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from mklang import exitcodes
 from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, wants_json
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import EventsOpt, TraceContentOpt, event_stream
@@ -28,7 +29,7 @@ from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY, DEFAULT_WORKER_CONCURRE
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
 
 
-runs_app = typer.Typer(help="The runs of a store: list them, remove them, prune old ones.")
+runs_app = typer.Typer(help="The runs of a store: list them, remove them, prune old ones, migrate parked ones.")
 app.add_typer(runs_app, name="runs")
 
 
@@ -149,6 +150,29 @@ def runs_rm(
             finally:
                 location.store.close()
         _report_removed(done, wants_json(format))
+
+
+@runs_app.command("migrate")
+def runs_migrate(
+    store: str = StoreOpt,
+    machine: Path = typer.Option(..., "--machine", help="The new version of the root machine file."),
+    map_: list[str] | None = typer.Option(None, "--map", metavar="OLD=NEW", help="State OLD is named NEW now."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what each parked run is to the new version."),
+) -> None:
+    """Move every parked run of the machine to its new version: one line each, compatible,
+    migratable or incompatible at a frame (and why), or refused (busy, not signed by you).
+
+    Without --dry-run the compatible and migratable ones are migrated, each under its own lock;
+    the rest are left as they were. Exit 0 when none was incompatible or refused, else 1."""
+    with handle_errors():
+        from mklang.checkpoint.migration import parse_map
+        from mklang.runs import migrate_store
+
+        lines = migrate_store(store, machine, parse_map(map_), write=not dry_run)
+        for run, line in lines:
+            print(f"{run}: {line}")
+        moved = ("compatible", "migratable")
+        raise typer.Exit(exitcodes.OK if all(line in moved for _, line in lines) else exitcodes.HALT)
 
 
 @runs_app.command("prune")

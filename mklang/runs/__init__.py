@@ -8,6 +8,7 @@ Each module does one job:
     opening    `open_run` / `opened`: lock -> read -> verify -> rebuild -> recover -> fit
     driving    `proceed`: continue an opened run with a host; `drive`, what both persist with
     resuming   `resume`: open a stored run, build its host, drive it (the one recipe)
+    migrating  `migrate`: a parked run classified against, and moved to, a new machine version
     claims     `outcome` / `claim`: what a store's run came to, and taking it under its lock
     removal    `remove_run`: removing a stored run, decided from its signed envelope
     notes      signed notes (run records, worker reports) a fleet exchanges (ADR 0024)
@@ -21,6 +22,7 @@ only through this package.
 from mklang.runs.claims import Claim, Outcome, claim, outcome
 from mklang.runs.driving import RunSettings, proceed
 from mklang.runs.hosting import build_host
+from mklang.runs.migrating import migrate, migrate_store, resume_migrated
 from mklang.runs.notes import fleet_mac, read_signed, record_key, report_key, verified, write_signed
 from mklang.runs.opening import OpenOptions, Resumable, open_run, opened
 from mklang.runs.places import location
@@ -46,6 +48,8 @@ __all__ = [
     "claim",
     "fleet_mac",
     "location",
+    "migrate",
+    "migrate_store",
     "on_stderr",
     "open_run",
     "opened",
@@ -56,6 +60,7 @@ __all__ = [
     "remove_run",
     "report_key",
     "resume",
+    "resume_migrated",
     "start",
     "verified",
     "write_signed",

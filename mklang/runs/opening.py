@@ -198,8 +198,14 @@ def _verify_hashes(machines: dict[str, str], paths: MachinePaths, words: Words) 
         if current != digest:
             raise CheckpointError(
                 f"{file}: machine file changed since the checkpoint was written "
-                f"(resume with {words.given('force')} to accept the change)"
+                f"(to move the parked run to it once it is checked compatible: {_migrating(words)}; "
+                f"to accept the change unchecked: resume with {words.given('force')})"
             )
+
+
+def _migrating(words: Words) -> str:
+    """How the caller moves a parked run to an edited machine (ADR 0059)."""
+    return "resume with --machine FILE --migrate" if words.flags else "mklang.runs.migrate(run, FILE), then resume"
 
 
 def _rebuild(location: Location, envelope: Envelope, verified: _Verified) -> Resumable:

@@ -238,7 +238,8 @@ def test_a_checkpoint_is_opened_locked_and_each_refusal_is_one_line_that_release
     save(path, suspended)
     source.write_text(source.read_text(encoding="utf-8") + "# edited\n", encoding="utf-8")
     assert refusal() == (
-        f"{source}: machine file changed since the checkpoint was written (resume with --force to accept the change)"
+        f"{source}: machine file changed since the checkpoint was written (to move the parked run to it once it is checked compatible: resume with --machine FILE --migrate; "
+        "to accept the change unchecked: resume with --force)"
     )
     open_run(path, force=True).lock.release()
     source.rename(tmp_path / "moved.mk")

@@ -152,7 +152,8 @@ def test_with_machine_path_the_root_machine_is_not_the_recorded_one(tmp_path):
     (other / "root.mk").write_text((tmp_path / "project" / "root.mk").read_text() + "# edited\n")
     assert refusal(path, machine_path=str(other / "root.mk")) == (
         f"{other / 'root.mk'}: machine file changed since the checkpoint was written "
-        "(resume with --force to accept the change)"
+        "(to move the parked run to it once it is checked compatible: resume with --machine FILE --migrate; "
+        "to accept the change unchecked: resume with --force)"
     )
     opened = open_run(path, lock=False, machine_path=str(other / "root.mk"), force=True)
     assert opened.chain[0].machine.path == str(other / "root.mk")
@@ -261,7 +262,8 @@ def test_a_machine_entered_after_the_snapshot_must_be_unchanged_since_its_journa
     sub = tmp_path / "project" / "sub.mk"
     sub.write_text(sub.read_text() + "# edited\n")
     assert refusal(path) == (
-        f"{sub}: machine file changed since the checkpoint was written (resume with --force to accept the change)"
+        f"{sub}: machine file changed since the checkpoint was written (to move the parked run to it once it is checked compatible: resume with --machine FILE --migrate; "
+        "to accept the change unchecked: resume with --force)"
     )
 
 
@@ -988,7 +990,8 @@ def test_resume_refuses_what_open_run_refuses_unless_told_and_writes_where_it_is
     root.write_text(root.read_text() + "# edited\n")
     assert (
         refused(path)
-        == f"{root}: machine file changed since the checkpoint was written (resume with --force to accept the change)"
+        == f"{root}: machine file changed since the checkpoint was written (to move the parked run to it once it is checked compatible: resume with --machine FILE --migrate; "
+        "to accept the change unchecked: resume with --force)"
     )
     moved = resume(path, host(), budget=5, machine_path=str(tmp_path / "edited" / "moved" / "root.mk"))
     assert (moved.status, moved.result) == ("done", "again")

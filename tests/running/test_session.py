@@ -358,5 +358,6 @@ def test_a_python_caller_is_told_which_keyword_lets_a_checkpoint_through(tmp_pat
     with pytest.raises(mklang.CheckpointError) as changed:
         mklang.resume(checkpoint, reply={"approval.answer": "yes"})
     assert str(changed.value) == (
-        f"{machine}: machine file changed since the checkpoint was written (resume with force=True to accept the change)"
+        f"{machine}: machine file changed since the checkpoint was written (to move the parked run to it once it is checked compatible: "
+        "mklang.runs.migrate(run, FILE), then resume; to accept the change unchecked: resume with force=True)"
     )

@@ -1,0 +1,184 @@
+"""Parked runs and a new machine version (ADR 0061): `resume --machine NEW --check / --migrate`
+and `runs migrate`, over the file store and PostgreSQL, against a real model server that counts calls.
+
+The run is examples/approval parked on its question (at `decide`, waiting on `approval.answer`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from support import ROOT
+from support.commands import cli, model_config
+from support.fakeserver import Request, answer
+
+APPROVAL = ROOT / "examples" / "approval" / "approval.mk"
+HOST = ("--config", "mklang.toml", "--plugin", "tools.py")
+DRAFT = "Write a status-page announcement"
+
+
+def _model(request: Request):
+    """The approval machine's calls: a draft, the reviewer's verdict, and every judge picks condition 1."""
+    if "strict judge" in request.system:
+        return answer("1")
+    return answer("approve" if "reviewer answered" in request.user else "Maintenance on Saturday\nLogins may fail.")
+
+
+@pytest.fixture(params=["file", "postgres"])
+def store(request) -> str:
+    """A folder store, or a fresh PostgreSQL schema."""
+    return "runs" if request.param == "file" else request.getfixturevalue("postgres_uri")
+
+
+def _target(store: str, run: str) -> str:
+    return f"{store}/{run}" if store == "runs" else f"{store}#{run}"
+
+
+@pytest.fixture
+def parked(tmp_path: Path, server, store: str) -> tuple[Path, str]:
+    """A folder with the approval machine, a host on the counting server, and the target of a run
+    parked on its question in `store`."""
+    shutil.copy(APPROVAL, tmp_path / "approval.mk")
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "tools.py").write_text("TOOLS = {'publish': lambda args: 'https://status.example.com/1'}\n")
+    model_config(server.openai_url, tmp_path / "mklang.toml")
+    server.handler = _model
+    (tmp_path / "runs").mkdir()
+    target = _target(store, "parked")
+    _park(tmp_path, target)
+    assert server.count == 1  # the draft; the run waits at `decide` for the reviewer
+    return tmp_path, target
+
+
+def _park(folder: Path, target: str) -> None:
+    done = cli("run", "approval.mk", "--hitl", "--checkpoint", target, *HOST, "--format", "json", cwd=folder)
+    assert done.returncode == 3, done.stderr
+
+
+def _new_version(folder: Path, old: str = "", new: str = "") -> str:
+    """v2/approval.mk: the machine with `old` replaced by `new`."""
+    text = APPROVAL.read_text().replace(old, new) if old else APPROVAL.read_text()
+    (folder / "v2" / "approval.mk").write_text(text)
+    return "v2/approval.mk"
+
+
+def _check(folder: Path, target: str, machine: str, *more: str) -> tuple[int, str]:
+    done = cli("resume", target, "--machine", machine, "--check", *more, "--format", "text", cwd=folder)
+    return done.returncode, done.stdout.strip() or done.stderr.strip()
+
+
+EDITED_PROMPT = ("What do they want done", "What does the reviewer want done")
+RENAMED = ("decide", "review")  # `state decide` and `-> decide` alike
+
+
+def test_an_edited_prompt_is_compatible_and_the_migrated_run_finishes_without_paying_again(parked, server):
+    folder, target = parked
+    machine = _new_version(folder, *EDITED_PROMPT)
+    assert _check(folder, target, machine) == (0, "compatible")
+    refused = cli("resume", target, "--set", "approval.answer=yes", "--machine", machine, *HOST, cwd=folder)
+    assert refused.returncode == 2 and "--migrate" in refused.stderr and "--force" in refused.stderr
+    done = cli(
+        "resume", target, "--set", "approval.answer=yes", "--machine", machine, "--migrate", *HOST,
+        "--format", "json", cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["result"] == "https://status.example.com/1"
+    assert [step["state"] for step in result["trace"]] == ["draft", "decide", "publish"]
+    later = server.requests[1:]
+    assert server.count == 3 and not any(DRAFT in call.user for call in later)  # the draft is never paid again
+    assert "What does the reviewer want done" in later[0].user  # the new version's prompt ran
+
+
+def test_a_renamed_state_is_migratable_with_a_map_and_incompatible_without(parked, server):
+    folder, target = parked
+    machine = _new_version(folder, *RENAMED)
+    code, line = _check(folder, target, machine)
+    assert code == 2 and line == (
+        f"incompatible at frame 1: approval at decide: state 'decide' no longer exists in {folder / machine}"
+    )
+    assert _check(folder, target, machine, "--map", "decide=review") == (0, "migratable")
+    done = cli(
+        "resume", target, "--set", "approval.answer=yes", "--machine", machine, "--map", "decide=review",
+        "--migrate", *HOST, "--format", "json", cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [step["state"] for step in json.loads(done.stdout)["trace"]] == ["draft", "review", "publish"]
+    assert server.count == 3
+
+
+def test_a_removed_state_is_incompatible_at_its_frame_and_is_never_migrated(parked, server):
+    folder, target = parked
+    text = APPROVAL.read_text()
+    decide = text[text.index("state decide") : text.index("state publish")]
+    (folder / "v2" / "approval.mk").write_text(text.replace(decide, "").replace("-> decide", "-> publish"))
+    code, line = _check(folder, target, "v2/approval.mk")
+    assert code == 2 and line.startswith("incompatible at frame 1: approval at decide: state 'decide' no longer")
+    done = cli(
+        "resume", target, "--set", "approval.answer=yes", "--machine", "v2/approval.mk", "--migrate", *HOST,
+        cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 2 and "incompatible at frame 1" in done.stderr and "not migrated" in done.stderr
+    assert server.count == 1
+    shown = json.loads(cli("show", target, "--summary", "--format", "json", cwd=folder).stdout)
+    assert (shown["status"], shown["lineage"]) == ("suspended", [])  # left as it was
+
+
+def test_a_changed_output_key_or_kind_is_incompatible(parked):
+    folder, target = parked
+    machine = _new_version(folder, "output verdict", "output judgement")
+    code, line = _check(folder, target, machine)
+    assert code == 2 and "output key changed from 'verdict' to 'judgement'" in line
+
+
+def test_runs_migrate_classifies_every_parked_run_of_the_machine_and_moves_the_movable_ones(parked, store, server):
+    folder, target = parked
+    _park(folder, _target(store, "second"))
+    machine = _new_version(folder, *RENAMED)
+    listed = cli("runs", "migrate", "--store", store, "--machine", machine, "--dry-run", cwd=folder)
+    assert listed.returncode == 1 and listed.stdout.splitlines() == [
+        f"{run}: incompatible at frame 1: approval at decide: state 'decide' no longer exists in {folder / machine}"
+        for run in ("parked", "second")
+    ]
+    args = ("runs", "migrate", "--store", store, "--machine", machine, "--map", "decide=review")
+    assert cli(*args, "--dry-run", cwd=folder).stdout.splitlines() == ["parked: migratable", "second: migratable"]
+    assert _check(folder, target, "approval.mk") == (0, "compatible")  # a dry run changes nothing
+    moved = cli(*args, cwd=folder)
+    assert (moved.returncode, moved.stdout.splitlines()) == (0, ["parked: migratable", "second: migratable"])
+    for run in ("parked", "second"):  # each resumes under the new version as it is, no --machine needed
+        shown = json.loads(cli("show", _target(store, run), "--summary", "--format", "json", cwd=folder).stdout)
+        assert shown["signature"]["seal"] == "signed"
+        assert [(frame["state"]) for frame in shown["frames"]] == ["review"]
+        (entry,) = shown["lineage"]
+        assert (entry["run_id"], entry["step"]) == (shown["run_id"], "2")
+    text = cli("show", target, "--summary", "--format", "text", cwd=folder).stdout
+    assert "migrated to a new machine version at step 2" in text and "forked" not in text
+    done = cli("resume", target, "--set", "approval.answer=yes", *HOST, "--format", "json", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    assert server.count == 2 + 2  # two drafts, then this run's verdict and judge: nothing paid again
+
+
+def test_a_migrated_run_is_signed_and_a_tampered_migration_record_is_refused(tmp_path: Path, server):
+    shutil.copy(APPROVAL, tmp_path / "approval.mk")
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "tools.py").write_text("TOOLS = {'publish': lambda args: 'https://status.example.com/1'}\n")
+    model_config(server.openai_url, tmp_path / "mklang.toml")
+    server.handler = _model
+    _park(tmp_path, "cp.json")
+    old_digest = json.loads((tmp_path / "cp.json").read_text())["machines"]["approval.mk"]
+    machine = _new_version(tmp_path, *EDITED_PROMPT)
+    assert cli("runs", "migrate", "--store", ".", "--machine", machine, cwd=tmp_path).stdout == "cp.json: compatible\n"
+    envelope = json.loads((tmp_path / "cp.json").read_text())
+    assert envelope["lineage"][-1]["machines"] == {"approval.mk": old_digest}
+    assert envelope["machines"] == {"approval.mk": hashlib.sha256((tmp_path / machine).read_bytes()).hexdigest()}
+    assert _check(tmp_path, "cp.json", machine) == (0, "compatible")  # it verifies: signed with this user's key
+    for forged in ({"approval.mk": "0" * 64}, {}):  # claim another old version, or hide the migration
+        tampered = {**envelope, "lineage": [{**envelope["lineage"][-1], "machines": forged}]}
+        (tmp_path / "cp.json").write_text(json.dumps(tampered))
+        refused = cli("resume", "cp.json", "--set", "approval.answer=yes", *HOST, cwd=tmp_path)
+        assert refused.returncode == 2 and "signed" in refused.stderr, refused.stderr
+    assert server.count == 1
