@@ -14,18 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mklang.checkpoint.migration import Verdict, classify, renamed
 from mklang.engine import RunResult
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, LoadError
+from mklang.model import Machine
 from mklang.runs.opening import Resumable, open_run
 from mklang.runs.places import location as stored
 from mklang.runs.request import RunRequest
 from mklang.runs.resuming import resume
 from mklang.stores import Location, RunLock, locate
 from mklang.syntax.machines import MachineLoader
+
+if TYPE_CHECKING:  # loaded by a migration only: pydantic stays out of `mklang run`'s start-up
+    from mklang.checkpoint.migration import Verdict
 
 
 @dataclass
@@ -87,7 +90,6 @@ def migrate_store(uri: str, machine: str | Path, renames: dict[str, str], *, wri
     """`runs migrate`: every parked run of `machine`'s root machine in the store at `uri`, each
     classified (and, if `write`, migrated) under its own lock: (run, its line) pairs, sorted."""
     from mklang.stores import RunQuery, open_store, summaries_of
-    from mklang.syntax.machines import MachineLoader
 
     name = _load(MachineLoader(), Path(machine)).name
     store = open_store(uri, create=False)
@@ -105,14 +107,17 @@ def migrate_store(uri: str, machine: str | Path, renames: dict[str, str], *, wri
 
 
 def _examine(location: Location, root: Path, renames: dict[str, str]) -> Examined:
+    """The run opened on its own machines (the store's kept texts for a file edited in place),
+    and its frames, renamed, rebuilt on the machines under `root`."""
+    from mklang.checkpoint.compat import rebuild
+    from mklang.checkpoint.migration import classify, renamed
+    from mklang.checkpoint.paths import MachinePaths
+    from mklang.checkpoint.segments import reader
+
     old = open_run(location, lock=False, kept_texts=True)
     envelope = old.envelope
     if envelope.status != "suspended" or old.crashed:
         raise CheckpointError(f"{location}: only a parked (suspended) run is migrated; this one is {envelope.status}")
-    from mklang.checkpoint.compat import rebuild
-    from mklang.checkpoint.paths import MachinePaths
-    from mklang.checkpoint.segments import reader
-
     paths = MachinePaths(root)
     loader = MachineLoader()
     read = reader(location.store, location.run, str(location), trusted=True)
@@ -127,7 +132,7 @@ def _examine(location: Location, root: Path, renames: dict[str, str]) -> Examine
     return Examined(old, chain, loader, root.resolve(), verdict)
 
 
-def _load(loader: MachineLoader, file: Path) -> Any:
+def _load(loader: MachineLoader, file: Path) -> Machine:
     try:
         return loader.load_path(file)
     except LoadError as error:
