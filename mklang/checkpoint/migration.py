@@ -6,7 +6,7 @@ machines it ran (`old`) with the same frame, its state names renamed, rebuilt
 on the new version (`new`): the new frame must fit its machine as a resume
 requires (`compat.misfit_at`), and the state it stands at must keep its kind,
 its output key and its gates' policies (the frame's repair counters and the
-trace's gate indexes refer to them), and every context key the state reads
+trace's gate indexes refer to them), a decision it waits on its choices, and every context key the state reads
 must be in the frame's context. Prompts, conditions, targets and whatever
 the frame does not stand at may change freely.
 """
@@ -14,6 +14,7 @@ the frame does not stand at may change freely.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ from mklang.checker import reads
 from mklang.checkpoint.compat import misfit_at
 from mklang.engine.frame import Frame
 from mklang.errors import UsageError
+from mklang.model import State
 from mklang.vocabulary import END
 
 STATE_NAME = re.compile(r"[A-Za-z_][\w-]*")
@@ -97,8 +99,23 @@ def _changed(before: Frame, after: Frame) -> str | None:
         return f"the state's output key changed from '{was.output}' to '{now.output}'"
     if [gate.policy for gate in was.gates] != [gate.policy for gate in now.gates]:
         return "the state's gates changed their policies or their number"
+    waiting = _decision_misfit(after.ask or {}, now)
+    if waiting is not None:
+        return waiting
     pending = str(after.ask.get("reply_to") or "").split(".")[0] if after.ask else ""
     for key, field in reads(now):
         if key not in after.context and key != pending:
             return f"its {field} reads '{key}', which the run's context does not hold"
+    return None
+
+
+def _decision_misfit(ask: Mapping[str, Any], state: State) -> str | None:
+    """A pending human decision is answered by the gate it names: it must still offer the same choices."""
+    index, choices = ask.get("gate"), ask.get("choices")
+    if not isinstance(index, int) or not choices:
+        return None
+    offered = [choice.label for choice in state.gates[index].choices] if index < len(state.gates) else []
+    if offered != list(choices):
+        now = ", ".join(offered) or "none"
+        return f"the decision it waits on (gate {index}) offered {', '.join(choices)} and now offers {now}"
     return None

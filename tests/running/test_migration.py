@@ -130,11 +130,16 @@ def test_a_removed_state_is_incompatible_at_its_frame_and_is_never_migrated(park
     assert (shown["status"], shown["lineage"]) == ("suspended", [])  # left as it was
 
 
-def test_a_changed_output_key_is_incompatible(parked):
+def test_a_changed_output_key_or_decision_is_incompatible(parked):
     folder, target = parked
     machine = _new_version(folder, ("output announcement", "output notice"))
     code, line = _check(folder, target, machine)
     assert code == 2 and "output key changed from 'announcement' to 'notice'" in line
+    machine = _new_version(folder, ('    choice "revise" -> draft\n', ""))
+    code, line = _check(folder, target, machine)
+    assert code == 2 and line.endswith(
+        "the decision it waits on (gate 0) offered approve, revise, reject and now offers approve, reject"
+    )
 
 
 def test_runs_migrate_classifies_every_parked_run_of_the_machine_and_moves_the_movable_ones(parked, store, server):
