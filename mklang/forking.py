@@ -364,41 +364,41 @@ def fork(
     loader.add(machine)
     answers = TraceAnswers(source.trace, machine, loader)
     tools = [s.face.tool for m in called_machines(machine, loader) for s in m.states if isinstance(s.face, ToolUse)]
-    live = build_host(request)
-    prefix = Host(
-        PrefixProvider(answers), prefix_tools(answers, tools), live.hooks, read_only_tools=live.read_only_tools
-    )
-    envelope = source.envelope
-    ancestor = Ancestor(
-        run_id=envelope.run_id,
-        checkpoint=str(source.location),
-        step=".".join(map(str, at)),
-        machines={"": envelope.machine.sha256 or "", **envelope.machines},
-        inherited=_record(inherited(source, at)),
-    )
-    halt = Control()
-    stop = StopAt(halt, at)
-    budget = int(envelope.frames[0]["budget"]) if envelope.frames else machine.budget
-    stopped = start(
-        machine.replace(budget=budget),
-        dict(envelope.input or {}),
-        prefix,
-        checkpoint=request.checkpoint,
-        replace=request.replace,
-        control=halt,
-        observer=stop,
-        lineage=[*envelope.lineage, ancestor],
-        max_tokens=envelope.budgets.max_tokens,
-        max_cost=envelope.budgets.max_cost,
-        hitl=envelope.hitl,
-        untrusted_flow=envelope.untrusted_flow,
-        concurrency=envelope.concurrency,
-    )
-    problem = _prefix_problem(stopped, stop, source, at)
-    if problem is not None:
-        remove_run(locate(request.checkpoint), unfinished=True)
-        raise CheckpointError(f"{source.location}: the fork's prefix is not the source's: {problem}")
-    return resume(_continued(request), control=control, observer=observer)
+    with build_host(request) as live:  # the host of the live part: its hooks answer the prefix too
+        prefix = Host(
+            PrefixProvider(answers), prefix_tools(answers, tools), live.hooks, read_only_tools=live.read_only_tools
+        )
+        envelope = source.envelope
+        ancestor = Ancestor(
+            run_id=envelope.run_id,
+            checkpoint=str(source.location),
+            step=".".join(map(str, at)),
+            machines={"": envelope.machine.sha256 or "", **envelope.machines},
+            inherited=_record(inherited(source, at)),
+        )
+        halt = Control()
+        stop = StopAt(halt, at)
+        budget = int(envelope.frames[0]["budget"]) if envelope.frames else machine.budget
+        stopped = start(
+            machine.replace(budget=budget),
+            dict(envelope.input or {}),
+            prefix,
+            checkpoint=request.checkpoint,
+            replace=request.replace,
+            control=halt,
+            observer=stop,
+            lineage=[*envelope.lineage, ancestor],
+            max_tokens=envelope.budgets.max_tokens,
+            max_cost=envelope.budgets.max_cost,
+            hitl=envelope.hitl,
+            untrusted_flow=envelope.untrusted_flow,
+            concurrency=envelope.concurrency,
+        )
+        problem = _prefix_problem(stopped, stop, source, at)
+        if problem is not None:
+            remove_run(locate(request.checkpoint), unfinished=True)
+            raise CheckpointError(f"{source.location}: the fork's prefix is not the source's: {problem}")
+        return resume(_continued(request), live, control=control, observer=observer)
 
 
 def _record(usage: Usage) -> UsageRecord:
