@@ -2,10 +2,13 @@
 along the decision's timeout transition, exactly once (SPEC section 8, ADR 0059).
 
 One pass, for cron: each suspended run is continued through `resume` with a deadline's
-decision. Its deadline is checked once `resume` holds the run's lock and has read it (the host
-is built only for a run that is due), and again by `decisions.refusal` as the decision applies,
-so a sweep racing another sweep or a human's answer either takes the lock and decides, or is
-told the run is busy or no longer waits on that question.
+decision. A run is locked only when its envelope, read without the lock, says its deadline has
+passed: a sweep never holds a run that is not due, so a human answering it before its deadline
+is never told it is busy. The deadline is checked again once `resume` holds the lock and has
+read the run (the host is built only for a run that is due), and again by
+`decisions.refusal` as the decision applies, so a sweep racing another sweep or a human's
+answer either takes the lock and decides, or is told the run is busy or no longer waits on
+that question.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, cast
 
+from mklang.checkpoint.envelope import load
 from mklang.engine import decisions
+from mklang.engine.records import HumanAsk
 from mklang.errors import CheckpointError, DecisionRefused, MklangError, RunBusy, first_line, redacted
 from mklang.runs.hosting import build_host
 from mklang.runs.opening import Resumable
@@ -51,10 +56,27 @@ def sweep(store: RunStore, locate: Callable[[str], Location], request: RunReques
     due, or that this user cannot continue, are passed over without a word."""
     swept = []
     for summary in summaries_of(store, RunQuery(statuses=("suspended",))):
-        done = _sweep_one(replace(request, source=locate(summary.run), decision={"by": "deadline"}))
+        location = locate(summary.run)
+        if not _looks_due(location):
+            continue
+        done = _sweep_one(replace(request, source=location, decision={"by": "deadline"}))
         if done is not None:
             swept.append(done)
     return swept
+
+
+def _looks_due(location: Location) -> bool:
+    """Whether the run's envelope, read without its lock (and unverified: `resume` verifies it
+    under the lock), waits on a decision whose deadline has passed."""
+    try:
+        frames = load(location).frames
+    except CheckpointError:
+        return True  # `resume` opens it under the lock and says why it does not open
+    asked = frames[-1].get("ask") if frames else None
+    try:
+        return asked is not None and decisions.due(cast(HumanAsk, asked), decisions.now())
+    except (TypeError, ValueError):
+        return True  # an unreadable deadline: `resume` reads it under the lock and says so
 
 
 def _sweep_one(request: RunRequest) -> Swept | None:

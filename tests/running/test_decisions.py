@@ -172,6 +172,22 @@ def test_within_1s_and_runs_sweep_take_the_timeout_transition_once(approval):
     assert early["status"] == "suspended"
 
 
+def test_a_sweep_never_holds_a_run_that_is_not_due(approval):
+    """A human answering before the deadline holds the run's lock: a sweep passing meanwhile leaves
+    it alone (it does not even try the lock, so it cannot make the answer wait or be told busy)."""
+    store = f"sqlite:///{approval}/runs.db"
+    park(approval, f"{store}#early", "approval/approval.mk")  # 48 hours: not due
+    location = locate(f"{store}#early", create=False)
+    held = location.store.lock(location.run)
+    try:
+        done = cli("runs", "sweep", "--store", store, *SCRIPT, "ask-then-publish", "--format", "json", cwd=approval)
+    finally:
+        held.release()
+        location.store.close()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["swept"] == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_two_sweepers_and_an_answer_racing_one_decision_exactly_one_wins(approval, backend):
