@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import socket
 import threading
 import weakref
@@ -71,6 +72,14 @@ CREATE TABLE IF NOT EXISTS mklang_spend (
 """.replace(
     "{summary}",
     "\n".join(f"ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS {name} {kind};" for name, _, kind in SUMMARY_COLUMNS),
+)
+
+
+# What `SCHEMA` declares, as `_has_schema` looks for it: tables, (table, column) pairs, indexes.
+_DECLARED = (
+    r"CREATE TABLE IF NOT EXISTS (\w+)",
+    r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)",
+    r"CREATE INDEX IF NOT EXISTS (\w+)",
 )
 
 
@@ -123,9 +132,16 @@ class PostgresStore(SqlStore):
             ) from None
 
     def _create_tables(self) -> None:
-        """Create the tables on first use; several workers doing it at once are serialized."""
+        """Create the tables on first use; several workers doing it at once are serialized.
+
+        A store that has every table, column and index of `SCHEMA` runs none of it: `ALTER TABLE
+        ... IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` take their table's lock even when they
+        change nothing, so a process opening the store would queue behind every transaction in
+        flight, and deadlock with a journal line's (which writes `mklang_journal`, then `mklang_runs`)."""
         psycopg = _psycopg()
         try:
+            if self._has_schema():
+                return
             with self._db.transaction():
                 self._db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
                 self._db.execute(SCHEMA)
@@ -136,6 +152,22 @@ class PostgresStore(SqlStore):
             ) from None
         except psycopg.Error as error:
             raise CheckpointError(f"{self._where()}: PostgreSQL checkpoint store: {first_line(error)}") from None
+
+    def _has_schema(self) -> bool:
+        """Whether the search path's schema has every table, column and index `SCHEMA` declares
+        (read from the catalog, which takes no table's lock)."""
+        tables, columns, indexes = (set(re.findall(pattern, SCHEMA)) for pattern in _DECLARED)
+        found = self._db.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name LIKE %s",
+            ("mklang%",),
+        ).fetchall()
+        indexed = self._db.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()").fetchall()
+        return (
+            tables <= {table for table, _ in found}
+            and columns <= set(found)
+            and indexes <= {name for (name,) in indexed}
+        )
 
     def _where(self) -> str:
         """The URI as errors name it: its password hidden."""
