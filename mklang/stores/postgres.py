@@ -79,7 +79,7 @@ CREATE TABLE IF NOT EXISTS mklang_spend (
 _DECLARED = (
     r"CREATE TABLE IF NOT EXISTS (\w+)",
     r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)",
-    r"CREATE INDEX IF NOT EXISTS (\w+)",
+    r"CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+)",
 )
 
 
