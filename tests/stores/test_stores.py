@@ -8,11 +8,11 @@ sessions, and errors that name the store.
 
 from __future__ import annotations
 
-import re
 import fcntl
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import sys
