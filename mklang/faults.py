@@ -22,7 +22,8 @@ calling `reach("call.inflight")` themselves.
 
 (`journal.gen.temp` is the journal's temporary file before its rename.)
 
-Unset, `reach` costs one comparison. Tests inside one process use `arm`
+Unset, `reach` costs one comparison; the engine's step skips even the call while
+`watcher` is None. Tests inside one process use `arm`
 with an action of their own (raising an exception that nothing catches),
 or `watch` to count the points a run reaches.
 """
@@ -59,13 +60,13 @@ class Trap:
             self.action()
 
 
-_hook: Callable[[str], None] | None = None
+watcher: Callable[[str], None] | None = None  # told of every point reached; set only by `watch`
 
 
 def reach(point: str) -> None:
     """Mark a crash point; kills (or runs the armed action) when it is the chosen one."""
-    if _hook is not None:
-        _hook(point)
+    if watcher is not None:
+        watcher(point)
 
 
 def arm(point: str, count: int, action: Callable[[], None] = _sigkill) -> None:
@@ -75,8 +76,8 @@ def arm(point: str, count: int, action: Callable[[], None] = _sigkill) -> None:
 
 def watch(hook: Callable[[str], None] | None) -> None:
     """Call `hook` with every point reached (None: stop)."""
-    global _hook
-    _hook = hook
+    global watcher
+    watcher = hook
 
 
 def disarm() -> None:

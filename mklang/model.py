@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 if TYPE_CHECKING:
@@ -158,12 +159,13 @@ class Gate(Node):
             found.append(self.timeout.target)
         return list(dict.fromkeys(found))
 
-    @property
+    @cached_property
     def label(self) -> str:
-        """The text the trace records as `gate`."""
+        """The text the trace records as `gate` (kept once read, as `via`: the engine reads both
+        every step, and a node is not changed once built; `replace` makes a new one)."""
         return "otherwise" if self.when is None else self.when
 
-    @property
+    @cached_property
     def via(self) -> str:
         """How this gate is decided: `hook`, `llm` or `otherwise`."""
         if self.when is None:
@@ -220,8 +222,9 @@ class State(Node):
     max_visits: int | None = None
     gates: list[Gate]
 
-    @property
+    @cached_property
     def fans_out(self) -> bool:
+        """Kept once read, as `Gate.via` is."""
         return self.sample is not None or self.over is not None
 
 

@@ -16,7 +16,7 @@ from mklang.engine.frame import Frame
 from mklang.engine.launch import ran_out
 from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
-from mklang.engine.runtime import Caps, Control, Journal, Level, NullJournal, Runtime
+from mklang.engine.runtime import Caps, Control, Journal, Level, Runtime
 from mklang.engine.signals import Stop
 from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
@@ -131,7 +131,7 @@ def make_runtime(
         concurrency=max(1, int(options.get("concurrency", DEFAULT_RUN_CONCURRENCY))),
         hitl=options.get("hitl", False),
         control=control,
-        journal=journal or NullJournal(),
+        journal=journal,
         observer=options.get("observer"),
         trace_content=events.traces_content(options.get("observer")),
         stream_deltas=events.wants_deltas(options.get("observer")),

@@ -132,8 +132,14 @@ class Frame:
         self.visits[name] = self.visits.get(name, 0) + 1
         self.steps += record["charge"]
         self.usage = self.usage + (usage if usage is not None else Usage.from_json(step["usage"]))
-        if "output" in step or "branches" in step:
-            self.deposit(state, step_output(step), record.get("external", True))
+        if "output" in step or "branches" in step:  # the output joins the context, tainted (SPEC section 4)
+            value = step_output(step) if "branches" in step else step["output"]
+            deposit_into(self.context, state, value)
+            key = root_key(state.output)
+            self.tainted.add(key)
+            if record.get("external", True):
+                self.external.add(key)
+            self.last_output = value
         if step.get("decision_tainted"):
             self.decision_tainted = True
         elif step.get("gate_via") == "hook":  # trusted code chose this transition
@@ -142,12 +148,13 @@ class Frame:
         if repaired is not None:
             self.repair_left[(name, repaired)] -= 1
         self.feedback = record.get("feedback")
-        self.branches = {}
+        if self.branches:
+            self.branches = {}
         asked = record.get("ask")
         if asked is not None and "choices" in asked:  # a human decision: the step waits for it
             self.ask = decisions.parked(asked, step, self.context)
             return
-        self.trace.append(step)
+        self.trace.tail.append(step)
         target = step.get("to")
         if target is not None:
             self.state = target
@@ -201,14 +208,6 @@ class Frame:
         if pending == path or pending.startswith(path + "."):
             self.ask = None
             self.decision_tainted = False
-
-    def deposit(self, state: State, value: Any, external: bool) -> None:
-        deposit_into(self.context, state, value)
-        key = root_key(state.output)
-        self.tainted.add(key)
-        if external:
-            self.external.add(key)
-        self.last_output = value
 
     def result(self) -> Any:
         """SPEC: `context[result]` when the machine names one, else the last deposit."""

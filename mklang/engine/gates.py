@@ -50,10 +50,6 @@ class NoGate(_Judged):
 Choice = Selected | NoGate
 
 
-def _is_prose(gate: Gate) -> bool:
-    return gate.when is not None and gate.hook is None
-
-
 def select_gate(
     rt: Runtime,
     frame: Frame,
@@ -88,19 +84,16 @@ def select_gate(
                 return Selected(index=index, gate=gate, usage=usage, none_batches=none_batches, parsed_by=parsed_by)
             position += 1
             continue
-        batch_end = position
-        while batch_end < len(eligible) and _is_prose(gates[eligible[batch_end]]):
+        batch_end = position + 1  # the run of prose gates from here: neither `otherwise` nor a hook
+        while batch_end < len(eligible):
+            next_gate = gates[eligible[batch_end]]
+            if next_gate.when is None or next_gate.hook is not None:
+                break
             batch_end += 1
         batch = eligible[position:batch_end]
-        tier = state.tier or frame.machine.tier
         conditions = [when for i in batch if (when := gates[i].when) is not None]
         judged = judged or calls.part("g")
-        verdict: Verdict = rt.call(
-            judged,
-            "judge",
-            _judge(rt, conditions, output, reasoning, context, tier),
-            _judge_about(rt, tier, conditions),
-        )
+        verdict = _judge(rt, judged, conditions, output, reasoning, context, state.tier or frame.machine.tier)
         usage = usage + verdict.usage
         parsed_by = verdict.parsed_by or parsed_by
         if verdict.choice == NONE:
@@ -126,19 +119,22 @@ def select_gate(
 
 def _judge(
     rt: Runtime,
+    calls: Calls,
     conditions: list[str],
     output: Any,
     reasoning: str | None,
     context: Callable[[], dict[str, Any]],
     tier: str,
-) -> Callable[[str], Verdict]:
-    """The live judge call for one batch (run only when the journal has no answer)."""
-    return lambda _key: rt.provider.judge(conditions, output, reasoning, context(), tier)
-
-
-def _judge_about(rt: Runtime, tier: str, conditions: list[str]) -> Callable[[], events.CallAbout]:
-    """What the events of a judge call tell of it, made when an observer is told."""
-    return lambda: events.ModelAbout("judge", tier, *rt.route(tier), {"conditions": conditions})
+) -> Verdict:
+    """One judge call, for a batch of prose gates: the context is built only when the journal
+    has no answer, and what the call's events tell only when an observer is told of them."""
+    verdict: Verdict = rt.call(
+        calls,
+        "judge",
+        lambda: rt.provider.judge(conditions, output, reasoning, context(), tier),
+        lambda: events.ModelAbout("judge", tier, *rt.route(tier), {"conditions": conditions}),
+    )
+    return verdict
 
 
 def _ask_hook(rt: Runtime, state: State, name: str, context: dict[str, Any], output: Any, key: str) -> bool:

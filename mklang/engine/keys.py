@@ -21,13 +21,16 @@ class Calls:
     tallies what the branch has cost so far: its calls, its sub-run, its kept fan-out
     branches. A branch's tally adds up into the step's (`sub`), so a level that stops
     mid-step knows what the step had paid without any signal carrying it. A part of a
-    branch (`part`: its face, its gates) keys its own calls but keeps no tally of its own:
-    it pays into its branch's."""
+    branch (`part`: its gates) keys its own calls but keeps no tally of its own: it pays
+    into its branch's. A step's own calls (`next`) are its face's, part `0`, so the face
+    is given the step's tally itself; `stem` is what its keys (and a sub-run's scope)
+    start with."""
 
-    __slots__ = ("_lock", "count", "paid", "parent", "payee", "prefix")
+    __slots__ = ("_lock", "count", "paid", "parent", "payee", "prefix", "stem")
 
     def __init__(self, prefix: str, parent: Calls | None = None, *, tallies: bool = True):
         self.prefix = prefix
+        self.stem = prefix if parent is not None else f"{prefix}.0"  # a step's own calls are its face's
         self.count = 0
         self.paid: Usage = NO_SPEND
         self.parent = parent
@@ -36,14 +39,14 @@ class Calls:
 
     def next(self) -> str:
         self.count += 1
-        return f"{self.prefix}.{self.count}"
+        return f"{self.stem}.{self.count}"
 
     def sub(self, name: str) -> Calls:
         """The calls of a fan-out branch of this step, with a tally of their own."""
         return Calls(f"{self.prefix}.{name}", self)
 
     def part(self, name: str) -> Calls:
-        """The calls of a part of this branch (its face, its gates), paid into its tally."""
+        """The calls of a part of this branch (its gates), paid into its tally."""
         return Calls(f"{self.prefix}.{name}", self, tallies=False)
 
     def pay(self, usage: Usage) -> None:
@@ -52,5 +55,5 @@ class Calls:
         with self._lock:
             calls = self.payee
             while calls is not None:
-                calls.paid = calls.paid + usage
+                calls.paid = usage if calls.paid is NO_SPEND else calls.paid + usage  # no call for a first spend
                 calls = calls.parent

@@ -29,12 +29,12 @@ def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
     frame = level.frame
     if frame.steps + launched >= frame.budget:
         return "budget-exhausted"
-    if rt.caps.reached(rt.spent):
+    caps, control = rt.caps, rt.control
+    if (caps.tokens is not None or caps.cost is not None) and caps.reached(rt.spent):  # no call uncapped
         return "cost-exhausted"
-    control = rt.control
     if control.ceiling is not None and control.ceiling(rt.spent):
         return "batch-ceiling"
-    if control.past_deadline():
+    if control.deadline is not None and control.past_deadline():
         return "time-exhausted"
     if control.interrupted.is_set() and not level.branch:
         return "interrupted"

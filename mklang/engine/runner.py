@@ -11,6 +11,7 @@ level that stops mid-step first records in its frame what the step had paid
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -29,7 +30,7 @@ from mklang.errors import CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.limits import NestingError, load_json
 from mklang.model import Call, Gate, Produce, State, ToolUse
-from mklang.providers.base import Produced, Usage, branch_part
+from mklang.providers.base import NO_SPEND, Produced, Usage, branch_part, call_key
 from mklang.vocabulary import END, lookup, root_key
 
 MAX_CALL_DEPTH = 8
@@ -75,12 +76,13 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.PathLevel, ...], resume
         # A level resuming into its suspended call is not at a loop-top but inside
         # the call state: the innermost level checks the budgets, so a resume that
         # cannot take a step re-suspends with every frame as it was (idempotent).
-        step_no = len(frame.trace) + 1
+        trace = frame.trace
+        step_no = trace.sealed_steps + len(trace.tail) + 1  # len(trace), without a call into Python
         observed = rt.observer is not None  # the path and the spend so far are only for events
         if observed:
             events.PATH.set((*outer, events.PathLevel(frame.machine.name, frame.state, step_no)))
         if not resume:
-            if not level.branch:
+            if rt.journal is not None and not level.branch:
                 rt.journal.loop_top(level.chain)
             if observed:
                 rt.emit(
@@ -130,7 +132,7 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.PathLevel, ...], resume
             gate = state.gates[fired]
             record["ask"] = {"ask": gate.ask, "reply_to": gate.effective_reply_to}
         frame.apply(state, record, usage)
-        if not level.branch:
+        if rt.journal is not None and not level.branch:
             rt.journal.step(level.depth, record)
 
 
@@ -154,7 +156,7 @@ def _halt(rt: Runtime, level: Level, error: str, paid: Usage) -> None:
     """Record in the frame (and journal) that `level` halts with `error` before its step in
     flight was made, `paid` being what that step had cost; its loop-top raises the halt."""
     level.frame.stop(error, paid)
-    if not level.branch:
+    if rt.journal is not None and not level.branch:
         rt.journal.halt(level.depth, error, paid)
 
 
@@ -169,13 +171,12 @@ def _run_state(
     fails before it can make a step.
     """
     frame = level.frame
-    visits = frame.visits.get(state.name, 0) + 1
-    if state.max_visits is not None and visits > state.max_visits:
+    if state.max_visits is not None and frame.visits.get(state.name, 0) >= state.max_visits:
         raise Stop("halted", "loop-ceiling", state.name)
     # Produce states consume pending repair feedback; other faces leave it pending.
     feedback = None if isinstance(state.face, Produce) else frame.feedback
     details: StepDetails = {}
-    untrusted = _untrusted_flow(rt, frame, state)
+    untrusted = frame.decision_tainted and _untrusted_flow(rt, frame, state)
     if untrusted and rt.untrusted_flow == "halt":  # before the tool runs
         step = _step(step_no, state, UNTRUSTED_FLOW, None, None, {"untrusted_control_flow": True}, Usage())
         return {"step": step, "charge": 1, "feedback": feedback, "halt": UNTRUSTED_FLOW}, Usage()
@@ -186,7 +187,7 @@ def _run_state(
     else:
         try:
             output, reasoning, usage, extra = _run_face(
-                rt, level, state, Scope(frame.context, frame.tainted), calls.part("0"), resume
+                rt, level, state, Scope(frame.context, frame.tainted), calls, resume
             )
         except Stop as failed:
             if failed.kind != "call-failed":
@@ -203,15 +204,19 @@ def _run_state(
     try:
         choice = select_gate(rt, frame, state, output, reasoning, deposited, calls)
     finally:
-        deposited.take_back()
-    usage = usage + choice.usage
+        if deposited.grown is not None:
+            deposited.take_back()
+    if choice.usage is not NO_SPEND:  # most steps judge nothing
+        usage = usage + choice.usage
     if isinstance(choice, Selected) and choice.fallback:
         details["judge_fallback"] = True
     if choice.none_batches:
         details["judge_none"] = choice.none_batches
     if choice.parsed_by:
         details["judge_parse"] = choice.parsed_by
-    external = _external_output(rt, frame, state)
+    external = False  # a generated output is external only if its prompt or list reads external data
+    if frame.external or not isinstance(state.face, Produce):
+        external = _external_output(rt, frame, state)
     if (external or frame.external) and isinstance(choice, Selected) and _judged(choice):
         details["decision_tainted"] = True
     if untrusted:
@@ -280,9 +285,10 @@ def _decided(rt: Runtime, frame: Frame, state: State, choice: Selected | NoGate,
 
 
 def _untrusted_flow(rt: Runtime, frame: Frame, state: State) -> bool:
-    """A tainted decision reaches an effectful tool state (SPEC section 4, "Control-flow taint")."""
+    """A tainted decision reaches an effectful tool state (SPEC section 4, "Control-flow taint");
+    asked only when the frame's decision is tainted."""
     face = state.face
-    return isinstance(face, ToolUse) and frame.decision_tainted and rt.effectful(frame.machine, face.tool)
+    return isinstance(face, ToolUse) and rt.effectful(frame.machine, face.tool)
 
 
 def _judged(choice: Selected) -> bool:
@@ -294,12 +300,11 @@ def _judged(choice: Selected) -> bool:
 def _external_output(rt: Runtime, frame: Frame, state: State) -> bool:
     """Whether the state's output holds data from outside the run: a tool observation; a
     call result whose input interpolates external data or whose machine may read a tool;
-    a generated output whose prompt, `over` source or `item` interpolates external data."""
+    a generated output whose prompt, `over` source or `item` interpolates external data
+    (asked only when the frame holds some)."""
     face = state.face
     if isinstance(face, ToolUse):
         return True
-    if isinstance(face, Produce) and not frame.external:  # nothing its prompt or list reads came from outside
-        return False
     scope = _external_scope(frame, state, {"index": 0, "item": None} if state.over is not None else {"index": 0})
     if isinstance(face, Produce):
         over = state.over is not None and root_key(state.over) in frame.external
@@ -359,21 +364,21 @@ class _DepositedView:
     def __init__(self, frame: Frame, state: State, output: Any):
         self._frame, self._state, self._output = frame, state, output
         self._context: dict[str, Any] | None = None
-        self._grown: tuple[list[Any], int] | None = None
+        self.grown: tuple[list[Any], int] | None = None  # an accumulating list `take_back` restores
 
     def __call__(self) -> dict[str, Any]:
         if self._context is None:
             self._context = dict(self._frame.context)
             grown = deposit_into(self._context, self._state, self._output, copy_maps=True)
             if grown is not None:
-                self._grown = (grown, len(grown) - 1)
+                self.grown = (grown, len(grown) - 1)
         return dict(self._context)  # each caller gets its own top level
 
     def take_back(self) -> None:
-        if self._grown is not None:
-            grown, length = self._grown
+        if self.grown is not None:
+            grown, length = self.grown
             del grown[length:]
-            self._grown = None
+            self.grown = None
 
 
 _FaceResult = tuple[Any, str | None, Usage, StepDetails]  # output, reasoning, usage, trace extras
@@ -413,18 +418,18 @@ def _produce(
     produced: Produced = rt.call(
         calls,
         "produce",
-        lambda _key: rt.provider.produce(system, user, tier, face.reason),
+        functools.partial(rt.provider.produce, system, user, tier, face.reason),
         lambda: events.ModelAbout("produce", tier, *rt.route(tier), {"system": system, "user": user}),
     )
-    return _parse(face, produced.text, state.name), produced.reasoning, produced.usage
+    text = produced.text
+    return (text if face.parse is None else _parse(face, text, state.name)), produced.reasoning, produced.usage
 
 
 _FENCE = re.compile(r"^\s*```[\w-]*\s*\n(.*?)\n\s*```\s*$", re.S)
 
 
 def _parse(face: Produce, text: str, at: str) -> Any:
-    if face.parse is None:
-        return text
+    """The answer `text` read as the JSON its `parse` asks for."""
     fenced = _FENCE.match(text)
     body = fenced.group(1) if fenced else text
     try:
@@ -444,9 +449,9 @@ def _tool(rt: Runtime, level: Level, state: State, face: ToolUse, scope: Scope, 
         raise Stop("halted", f"state-error: tool: unknown tool '{face.tool}'", state.name)
     arguments = resolve_input(face.input or {}, scope)
 
-    def live(key: str) -> Any:
+    def live() -> Any:
         if wants_idempotency_key(tool):
-            return tool(arguments, idempotency_key=rt.idempotency_key(key))
+            return tool(arguments, idempotency_key=call_key())
         return tool(arguments)
 
     try:
@@ -472,7 +477,7 @@ def _call(
     if level.depth + 1 > MAX_CALL_DEPTH:
         raise Stop("halted", "call-depth-exceeded", state.name)
     frame = level.frame
-    child_scope = f"{calls.prefix}/"
+    child_scope = f"{calls.stem}/"
     if resume:
         child_frame, below = resume[0], resume[1:]
     else:
@@ -490,7 +495,7 @@ def _call(
             decision_tainted=frame.decision_tainted,  # a call does not launder its caller's decision
         )
         below = None
-        if not (level.branch or branch):
+        if rt.journal is not None and not (level.branch or branch):
             rt.journal.enter(level.depth + 1, child_frame)
     child = Level(child_frame, level.depth + 1, level.suspendable, level.branch or branch, child_scope, level.chain)
     called = child_frame.machine.name
@@ -549,7 +554,8 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
             if observed:
                 events.PATH.reset(inside)
                 rt.emit(events.BranchFinished(index=i, count=count, status=status, usage=branch_calls.paid))
-        rt.journal.fold(branch_calls.prefix)  # its paid answers are in its record now
+        if rt.journal is not None:
+            rt.journal.fold(branch_calls.prefix)  # its paid answers are in its record now
         return record
 
     def run_branch(i: int, branch_calls: Calls) -> tuple[dict[str, Any], events.BranchStatus]:

@@ -26,7 +26,7 @@ from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
 from mklang.host.registry import Registry
 from mklang.model import Machine, State
-from mklang.providers.base import NO_SPEND, Deltas, Provider, Usage, making_call
+from mklang.providers.base import Deltas, Provider, Usage, make_call
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 COST_SLACK = 1e-9  # USD
@@ -184,34 +184,6 @@ class Journal(Protocol):
     def halt(self, depth: int, error: str, usage: Usage) -> None: ...
 
 
-class NullJournal:
-    """Runs without `--checkpoint`: nothing is persisted, every call is live."""
-
-    def loop_top(self, chain: list[Frame]) -> None:
-        pass
-
-    def enter(self, depth: int, frame: Frame) -> None:
-        pass
-
-    def step(self, depth: int, record: StepRecord) -> None:
-        pass
-
-    def replay(self, key: str, kind: str) -> Any:
-        return None
-
-    def record(self, key: str, kind: str, value: Any) -> None:
-        pass
-
-    def fold(self, prefix: str) -> None:
-        pass
-
-    def unreplayed(self) -> Usage:
-        return NO_SPEND
-
-    def halt(self, depth: int, error: str, usage: Usage) -> None:
-        pass
-
-
 @dataclass
 class Runtime:
     """Everything shared by all levels of one run."""
@@ -225,7 +197,7 @@ class Runtime:
     spent: Usage = field(default_factory=Usage)  # the whole run's spend, every level and branch, live
     hitl: bool = False
     control: Control = field(default_factory=Control)
-    journal: Journal = field(default_factory=NullJournal)
+    journal: Journal | None = None  # None: nothing is persisted, every call is live (no `--checkpoint`)
     observer: EventSink | None = None  # told of every event of the run (`emit`), e.g. a live view
     trace_content: bool = False  # events carry prompts, outputs and tool arguments (ADR 0032)
     stream_deltas: bool = False  # the observer asks for produce answers as they stream (ADR 0060)
@@ -256,10 +228,10 @@ class Runtime:
             event.run_id, event.seq, event.time, event.path = self.run_id, self._emitted, time.time(), events.PATH.get()
             self.observer.emit(event)
 
-    def call(self, calls: Calls, kind: str, live: Callable[[str], Any], about: Callable[[], events.CallAbout]) -> Any:
+    def call(self, calls: Calls, kind: str, live: Callable[[], Any], about: Callable[[], events.CallAbout]) -> Any:
         """Every model and tool call goes through here, under the next key of `calls`: the
-        journal answers it when an earlier process paid for it; otherwise `live(key)` runs
-        (the host sees its idempotency key, `providers.base.call_key`), is counted and is
+        journal answers it when an earlier process paid for it; otherwise `live()` runs (the
+        host sees its idempotency key as `providers.base.call_key()`), is counted and is
         journaled. Either way its spend joins the run's live total, which every budget check
         reads, and the tally of `calls`; `about()` says what the call's events tell of it,
         asked only when an observer is told of them."""
@@ -268,16 +240,17 @@ class Runtime:
         if told is not None:
             self.emit(told.started(key, self.trace_content))
             began = time.monotonic()
-        value = self.journal.replay(key, kind)
+        journal = self.journal
+        value = journal.replay(key, kind) if journal is not None else None
         replayed = value is not None
         if not replayed:
             with self._count_lock:
                 self.live_calls[kind] += 1
-            faults.reach("call.before")
+            if faults.watcher is not None:  # a crash point costs no call unless one is watched
+                faults.reach("call.before")
             try:
                 deltas = self._deltas(told, key) if self.stream_deltas and kind == "produce" else None
-                with making_call(self.idempotency_key(key), self.control.deadline, deltas):
-                    value = live(key)
+                value = make_call(self.idempotency_key(key), self.control.deadline, deltas, live)
             except Exception as error:
                 usage = error.usage if isinstance(error, ProviderError) else None
                 if told is not None:
@@ -285,8 +258,10 @@ class Runtime:
                 if isinstance(error, ProviderError):  # a failed call may still have been paid for
                     self._charge(calls, error.usage)
                 raise
-            faults.reach("call.returned")
-            self.journal.record(key, kind, value)
+            if faults.watcher is not None:
+                faults.reach("call.returned")
+            if journal is not None:
+                journal.record(key, kind, value)
         if told is not None:
             self.emit(told.finished(key, value, replayed, time.monotonic() - began, self.trace_content))
         self._charge(calls, getattr(value, "usage", None))
@@ -327,7 +302,7 @@ class Runtime:
         """The run's spend: its live total (what its frames recorded when it started, then
         every call made or replayed since, branches stopped mid-way included) and what
         earlier processes paid for that it has not replayed."""
-        return self.spent + self.journal.unreplayed()
+        return self.spent if self.journal is None else self.spent + self.journal.unreplayed()
 
     def effectful(self, machine: Machine, tool: str) -> bool:
         """Whether running `tool` may change the world: the host's word (the callable's mark,

@@ -32,7 +32,11 @@ def _unreadable(segment: Segment) -> list[TraceStep]:
 
 
 class Trace(Sequence[TraceStep]):
-    """The steps of one level in order: sealed segments (read when first needed), then the tail."""
+    """The steps of one level in order: sealed segments (read when first needed), then the tail.
+
+    `tail` (the steps after the last sealed segment, the list itself) and `sealed_steps` (how
+    many steps the segments hold) are attributes, not properties: the engine reads its length
+    and appends to its tail every step, without a call into Python."""
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by its steps
 
@@ -40,8 +44,8 @@ class Trace(Sequence[TraceStep]):
         self, steps: Iterable[TraceStep] = (), segments: Iterable[Segment] = (), read: SegmentReader | None = None
     ):
         self._sealed: list[tuple[Segment, list[TraceStep] | None]] = [(segment, None) for segment in segments]
-        self._sealed_steps = sum(segment.steps for segment, _ in self._sealed)  # the engine reads len every step
-        self._tail: list[TraceStep] = list(steps)
+        self.sealed_steps = sum(segment.steps for segment, _ in self._sealed)
+        self.tail: list[TraceStep] = list(steps)
         self._read = read or _unreadable
 
     @property
@@ -49,26 +53,21 @@ class Trace(Sequence[TraceStep]):
         """The sealed segments, oldest first."""
         return [segment for segment, _ in self._sealed]
 
-    @property
-    def tail(self) -> list[TraceStep]:
-        """The steps after the last sealed segment (the list itself)."""
-        return self._tail
-
     def seal(self, segment: Segment) -> None:
         """The tail is now kept as `segment` (its steps stay in memory); a new tail starts."""
-        assert segment.steps == len(self._tail), "a segment seals the whole tail"
-        self._sealed.append((segment, self._tail))
-        self._sealed_steps += segment.steps
-        self._tail = []
+        assert segment.steps == len(self.tail), "a segment seals the whole tail"
+        self._sealed.append((segment, self.tail))
+        self.sealed_steps += segment.steps
+        self.tail = []
 
     def append(self, step: TraceStep) -> None:
-        self._tail.append(step)
+        self.tail.append(step)
 
     def extend(self, steps: Iterable[TraceStep]) -> None:
-        self._tail.extend(steps)
+        self.tail.extend(steps)
 
     def __len__(self) -> int:
-        return self._sealed_steps + len(self._tail)
+        return self.sealed_steps + len(self.tail)
 
     def _steps_of(self, index: int) -> list[TraceStep]:
         segment, steps = self._sealed[index]
@@ -80,11 +79,11 @@ class Trace(Sequence[TraceStep]):
     def __iter__(self) -> Iterator[TraceStep]:
         for index in range(len(self._sealed)):
             yield from self._steps_of(index)
-        yield from self._tail
+        yield from self.tail
 
     def last(self, count: int) -> list[TraceStep]:
         """The last `count` steps, reading only the segments they lie in."""
-        found = self._tail[-count:] if count > 0 else []
+        found = self.tail[-count:] if count > 0 else []
         index = len(self._sealed)
         while len(found) < count and index > 0:
             index -= 1
@@ -98,8 +97,8 @@ class Trace(Sequence[TraceStep]):
     def __getitem__(self, index: slice) -> list[TraceStep]: ...
 
     def __getitem__(self, index: int | slice) -> TraceStep | list[TraceStep]:
-        if isinstance(index, int) and -len(self._tail) <= index < 0:
-            return self._tail[index]
+        if isinstance(index, int) and -len(self.tail) <= index < 0:
+            return self.tail[index]
         return list(self)[index]
 
     def __eq__(self, other: object) -> bool:

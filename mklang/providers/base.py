@@ -1,7 +1,9 @@
 """The provider protocol of SPEC section 5 and the values it returns.
 
 Plain dataclasses, not pydantic: they are created on every model call in the
-engine's hot loop.
+engine's hot loop. They are frozen, but their `__init__` fills the instance's dict
+itself: the one a frozen dataclass is given calls `object.__setattr__` for each
+field, which makes a `Usage` cost about three times a plain object (ADR 0056).
 """
 
 from __future__ import annotations
@@ -12,21 +14,26 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, overload
+from typing import Any, Final, Literal, Protocol, TypeVar, overload
 
 MAX_RECORDED_TOKENS = 10**15  # tokens in any spend a file records: far above any run's
 MAX_RECORDED_COST = 1e12  # dollars, likewise
+_T = TypeVar("_T")
 NONE: Final = "none"  # the judge's "none of the above"
 UNPARSEABLE: Final = "unparseable"  # the judge's answer could not be read
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Usage:
     """Tokens (and dollars, when the model has a price) spent by one or more calls."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+
+    def __init__(self, input_tokens: int = 0, output_tokens: int = 0, cost_usd: float = 0.0):
+        kept = self.__dict__
+        kept["input_tokens"], kept["output_tokens"], kept["cost_usd"] = input_tokens, output_tokens, cost_usd
 
     def __add__(self, other: Usage) -> Usage:
         # Nothing spent plus a spend is that spend (a value: it is shared, not copied).
@@ -69,7 +76,7 @@ class Usage:
 NO_SPEND: Final = Usage()  # the spend of nothing, shared: a tally starts at it every step
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Produced:
     """What `produce` returns: the answer, the private reasoning, the spend."""
 
@@ -77,11 +84,15 @@ class Produced:
     reasoning: str | None
     usage: Usage
 
+    def __init__(self, text: str, reasoning: str | None, usage: Usage):
+        kept = self.__dict__
+        kept["text"], kept["reasoning"], kept["usage"] = text, reasoning, usage
+
 
 Choice = int | Literal["none", "unparseable"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Verdict:
     """What `judge` returns: a 0-based index into the batch, NONE or UNPARSEABLE.
 
@@ -91,6 +102,10 @@ class Verdict:
     choice: Choice
     usage: Usage
     parsed_by: str | None = None
+
+    def __init__(self, choice: Choice, usage: Usage, parsed_by: str | None = None):
+        kept = self.__dict__
+        kept["choice"], kept["usage"], kept["parsed_by"] = choice, usage, parsed_by
 
 
 class Provider(Protocol):
@@ -173,12 +188,20 @@ Deltas = Callable[[int, str], None]
 _deltas: ContextVar[Deltas | None] = ContextVar("mklang_deltas", default=None)
 
 
-def making_call(key: str, when: float | None, deltas: Deltas | None = None) -> AbstractContextManager[None]:
-    """`calling(key)` inside `deadline(when)`, entered at once: the engine's every model and tool
-    call; `deltas`, when given, consumes the answer as it is streamed."""
-    if deltas is None:
-        return _Bound((_deadline, when), (_call_key, key))
-    return _Bound((_deadline, when), (_call_key, key), (_deltas, deltas))
+def make_call(key: str, when: float | None, deltas: Deltas | None, live: Callable[[], _T]) -> _T:
+    """`live()` as the one call whose idempotency key is `key`, to finish by `when`: the engine's
+    every model and tool call. `deltas`, when given, consumes the answer as it is streamed. The
+    variables are set here rather than by entering `calling` and `deadline`: the engine makes
+    this call every step."""
+    when_set, key_set = _deadline.set(when), _call_key.set(key)
+    deltas_set = _deltas.set(deltas) if deltas is not None else None
+    try:
+        return live()
+    finally:
+        if deltas_set is not None:
+            _deltas.reset(deltas_set)
+        _call_key.reset(key_set)
+        _deadline.reset(when_set)
 
 
 def delta_consumer() -> Deltas | None:

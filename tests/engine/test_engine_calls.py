@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 from conformance.harness import Recorder, run_mk, write_machines
+from support.journals import KeepsNothing
 from support.runs import CHILD
 
 from mklang.engine import run
 from mklang.engine.frame import Frame
-from mklang.engine.runtime import NullJournal
 from mklang.providers.base import Produced, Usage
 
 PARENT = """
@@ -120,7 +120,7 @@ def test_the_parent_total_grows_by_the_child_spend_only_when_it_completes(tmp_pa
     machine = write_machines(tmp_path, PARENT, CHILD.format(budget=5))
     seen = []
 
-    class Tops(NullJournal):
+    class Tops(KeepsNothing):
         def loop_top(self, chain):
             seen.append((len(chain), chain[0].usage.tokens, chain[-1].usage.tokens))
 
@@ -276,7 +276,7 @@ CALLING = """
 
 
 def test_a_called_machine_is_journaled_one_level_down_except_inside_a_branch(tmp_path):
-    class EnterJournal(NullJournal):
+    class EnterJournal(KeepsNothing):
         def __init__(self) -> None:
             self.entered: list[tuple[int, str]] = []
 
@@ -339,7 +339,7 @@ def test_scripted_answers_go_to_branches_by_index_whatever_order_they_ask_in(tmp
     assert result.result == ["first", "second"]  # branch 0 asked last
 
 
-class KeyJournal(NullJournal):
+class KeyJournal(KeepsNothing):
     """Keeps the idempotency key of every call a run makes."""
 
     def __init__(self) -> None:

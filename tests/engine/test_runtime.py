@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from conformance.harness import Recorder, run_mk
+from support.journals import KeepsNothing
 from support.runs import TWO_STATES, LoopTops, project
 
 from mklang import faults
 from mklang.engine import make_runtime, run
-from mklang.engine.runtime import COST_SLACK, Caps, Control, NullJournal
+from mklang.engine.runtime import COST_SLACK, Caps, Control
 from mklang.providers.base import Usage, seconds_left
 from mklang.syntax.machines import MachineLoader
 
@@ -22,14 +23,14 @@ from mklang.syntax.machines import MachineLoader
 def test_a_runtime_defaults_to_eight_calls_in_flight_no_hitl_and_a_run_id_of_its_own():
     runtime = make_runtime(Recorder())
     assert (runtime.concurrency, runtime.hitl, runtime.observer, runtime.control.deadline) == (8, False, None, None)
-    assert isinstance(runtime.journal, NullJournal) and isinstance(runtime.load_machine, MachineLoader)
+    assert runtime.journal is None and isinstance(runtime.load_machine, MachineLoader)
     assert len(runtime.run_id) == 32 and int(runtime.run_id, 16) >= 0
     assert make_runtime(Recorder()).run_id != runtime.run_id
     assert runtime.tools.get("calc") is not None and runtime.hooks.get("calc") is None
 
 
 def test_a_runtime_takes_what_it_is_given_and_at_least_one_call_in_flight():
-    control, loader, journal = Control(), MachineLoader(), NullJournal()
+    control, loader, journal = Control(), MachineLoader(), KeepsNothing()
 
     observer = LoopTops(print)
 

@@ -25,9 +25,9 @@ from mklang.providers.base import NONE, Produced, Usage, Verdict
 from mklang.syntax import parse
 
 # Python calls a step makes, counted on CPython 3.11 (3.12 inlines comprehensions: fewer).
-PLAIN_CEILING = 58
-JUDGED_CEILING = 91
-OBSERVED_PLAIN_CEILING = 85
+PLAIN_CEILING = 31
+JUDGED_CEILING = 55
+OBSERVED_PLAIN_CEILING = 54
 GATES = {"plain": "otherwise -> s", "judged": 'when "it is done" -> END\n  otherwise -> s'}
 
 

@@ -12,7 +12,7 @@ from support.fakeserver import answer, raw, refusal
 from support.providers import provider_config, provider_error
 
 from mklang.providers.anthropic import AnthropicClient
-from mklang.providers.base import making_call
+from mklang.providers.base import make_call
 from mklang.providers.http import ProviderClient
 from mklang.providers.openai import OpenAIClient
 
@@ -44,8 +44,7 @@ class Pieces:
 
 
 def streamed(call, consumer):
-    with making_call("run/r:1", None, consumer):
-        return call()
+    return make_call("run/r:1", None, consumer, call)
 
 
 def test_an_answer_streams_in_pieces_when_consumed_and_ends_whole_with_its_usage(server, kind):

@@ -11,9 +11,40 @@ from mklang.checkpoint.envelope import MachineRef, load
 from mklang.checkpoint.journal import StoreJournal, read_journal
 from mklang.checkpoint.paths import MachinePaths
 from mklang.engine.frame import Frame
+from mklang.engine.records import StepRecord
+from mklang.providers.base import NO_SPEND, Usage
 from mklang.stores import locate
 from support.checkpoints import blank_envelope
 from support.runs import TWO_STATES
+
+
+class KeepsNothing:
+    """A journal (`engine.runtime.Journal`) that keeps nothing, as a run without one: every call
+    is live. Tests watch what a run reports by overriding what they look at."""
+
+    def loop_top(self, chain: list[Frame]) -> None:
+        pass
+
+    def enter(self, depth: int, frame: Frame) -> None:
+        pass
+
+    def step(self, depth: int, record: StepRecord) -> None:
+        pass
+
+    def replay(self, key: str, kind: str) -> Any:
+        return None
+
+    def record(self, key: str, kind: str, value: Any) -> None:
+        pass
+
+    def fold(self, prefix: str) -> None:
+        pass
+
+    def unreplayed(self) -> Usage:
+        return NO_SPEND
+
+    def halt(self, depth: int, error: str, usage: Usage) -> None:
+        pass
 
 
 def run_journal(folder: Path, **options: Any) -> tuple[StoreJournal, Frame]:
