@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Iterable
 from contextvars import ContextVar
@@ -71,23 +70,23 @@ class Event:
 
     def to_json(self, content: bool = True) -> dict[str, Any]:
         """The event as one line of `--events` (docs/events.schema.json); without `content`, the
-        content fields are left out even when another of the run's sinks asked for them."""
-        data: dict[str, Any] = {
-            "schema": SCHEMA_VERSION,
-            "event": self.kind,
-            "run_id": self.run_id,
-            "seq": self.seq,
-            "time": utc_text(self.time),
-            "path": [segment.to_json() for segment in self.path],
-        }
-        if self.run is not None:
-            data["run"] = self.run
-        values = self.__dict__
-        for name, is_content in _fields_of(type(self)):
-            value = values[name]
-            if is_content and (value is None or not content):
-                continue
-            data[name] = value.to_json() if isinstance(value, Usage) else value
+        content fields are left out even when another of the run's sinks asked for them.
+
+        Made from the event's own dict, whose keys are its fields in order (the envelope's
+        first), then the few that are not written as they are set in place: the time as
+        text, the path as maps, each spend as a map; `run` and the content fields are left
+        out when not given. The path's maps are shared by the events of one path."""
+        data: dict[str, Any] = {"schema": SCHEMA_VERSION, "event": self.kind, **self.__dict__}
+        data["time"] = utc_text(self.time)
+        data["path"] = _path_json(self.path)
+        if self.run is None:
+            del data["run"]
+        spends, contents = _shape(type(self))
+        for name in spends:
+            data[name] = data[name].to_json()
+        for name in contents:
+            if not content or data[name] is None:
+                del data[name]
         return data
 
 
@@ -99,8 +98,8 @@ def utc_text(seconds: float) -> str:
     it (`2026-12-02T13:08:41.123456Z`; no fraction on a whole second); the second's text is made
     once a second: every event has a time."""
     global _second
-    fraction, integral = math.modf(seconds)
-    whole, micro = int(integral), round(fraction * 1e6)  # rounded as datetime rounds it
+    whole = int(seconds)
+    micro = round((seconds - whole) * 1e6)  # rounded as datetime rounds it (the difference is exact)
     if micro >= 1_000_000:
         whole, micro = whole + 1, micro - 1_000_000
     if _second[0] != whole:
@@ -113,18 +112,30 @@ _ENVELOPE = frozenset(item.name for item in dataclasses.fields(Event))
 CONTENT = frozenset({"prompt", "output", "arguments", "text"})  # the fields only traced content fills in (ADR 0032)
 
 
-_FIELDS: dict[type[Event], tuple[tuple[str, bool], ...]] = {}
+_SHAPES: dict[type[Event], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
 
-def _fields_of(kind: type[Event]) -> tuple[tuple[str, bool], ...]:
-    """The fields of an event kind beside the envelope, in order, each with whether it is content
-    (named once per kind: `--events` writes every event)."""
-    known = _FIELDS.get(kind)
+def _shape(kind: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The fields of an event kind that hold a spend, and those that are content (named once per
+    kind: `--events` writes every event)."""
+    known = _SHAPES.get(kind)
     if known is None:
-        known = _FIELDS[kind] = tuple(
-            (item.name, item.name in CONTENT) for item in dataclasses.fields(kind) if item.name not in _ENVELOPE
-        )
+        named = [item for item in dataclasses.fields(kind) if item.name not in _ENVELOPE]
+        spends = tuple(item.name for item in named if item.type in ("Usage", Usage))
+        known = _SHAPES[kind] = (spends, tuple(item.name for item in named if item.name in CONTENT))
     return known
+
+
+_path: tuple[tuple[PathLevel, ...], list[dict[str, Any]]] = ((), [])  # the last path written, and its maps
+
+
+def _path_json(path: tuple[PathLevel, ...]) -> list[dict[str, Any]]:
+    """`path` as maps, made once for the events of one path (the engine sets a path once a state)."""
+    global _path
+    last = _path
+    if last[0] is not path:
+        last = _path = (path, [segment.to_json() for segment in path])
+    return last[1]
 
 
 CallOutcome = Literal["paid", "replayed", "failed"]
