@@ -1,7 +1,8 @@
 """mklang: LLM-driven agent state machines with budgeted, resumable runs.
 
 The public API is what `__all__` names, documented in docs/api.md: `load`,
-`check`, `run`, `resume`, `batch` and `read_only`, their result types and the
+`check`, `run`, `resume`, their awaitable twins `arun` and `aresume`,
+`batch` and `read_only`, their result types and the
 errors they raise. Every submodule is internal and may change without notice.
 
 Each name loads on first use (PEP 562), so `import mklang` runs nothing but
@@ -12,7 +13,7 @@ from mklang.version import __version__
 
 TYPE_CHECKING = False  # `typing` is not imported for this; type checkers read the block below
 if TYPE_CHECKING:
-    from mklang._api import batch, check, load, read_only, resume, run
+    from mklang._api import aresume, arun, batch, check, load, read_only, resume, run
     from mklang.engine import RunResult
     from mklang.engine.decisions import Answer
     from mklang.engine.events import (
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 
 # Where each public name lives; it is read from there when first used.
 _HOMES = {
+    "aresume": "mklang._api",
+    "arun": "mklang._api",
     "batch": "mklang._api",
     "check": "mklang._api",
     "load": "mklang._api",
@@ -141,6 +144,8 @@ __all__ = [
     "UsageError",
     "Verdict",
     "__version__",
+    "aresume",
+    "arun",
     "batch",
     "check",
     "load",

@@ -14,7 +14,7 @@ from mklang.errors import Diagnostic
 
 if TYPE_CHECKING:
     from mklang.effects import ToolFunction
-    from mklang.engine import RunResult
+    from mklang.engine import Control, RunResult
     from mklang.engine.decisions import Answer
     from mklang.engine.events import EventSink
     from mklang.model import Machine
@@ -99,12 +99,33 @@ def run(
     The keywords are those of `mklang run` (docs/api.md). Without `checkpoint`
     a budget halts the run; with it the run persists there and suspends instead.
     """
+    _require_keywords(run, options, RunKeywords.__optional_keys__)
+    return _started(machine, context, options, None)
+
+
+async def arun(
+    machine: Machine | StrPath, context: Mapping[str, Any] | None = None, **options: Unpack[RunKeywords]
+) -> RunResult:
+    """`run`, awaited: the run goes on outside the event loop, which its model calls never block.
+
+    Cancelling the awaiting task stops the run at its next loop-top: with a `checkpoint` it is
+    suspended there (`reason` "interrupted"), to be continued by `aresume`; the cancellation is
+    raised once the checkpoint is written."""
+    from mklang.runs.lanes import in_lane
+
+    _require_keywords(arun, options, RunKeywords.__optional_keys__)
+    return await in_lane(lambda control: _started(machine, context, options, control))
+
+
+def _started(
+    machine: Machine | StrPath, context: Mapping[str, Any] | None, options: RunKeywords, control: Control | None
+) -> RunResult:
+    """The run `run` and `arun` make; `control` is how `arun` interrupts it."""
     from mklang.runs import build_host, start
 
-    _require_keywords(run, options, RunKeywords.__optional_keys__)
     loaded = _runnable(machine)
     with build_host(_request(options)) as host:
-        return start(loaded, dict(context or {}), host, **_run_settings(options))
+        return start(loaded, dict(context or {}), host, control=control, **_run_settings(options))
 
 
 def resume(
@@ -129,10 +150,46 @@ def resume(
     is answered as the run was. The other keywords are those of `mklang resume`.
     """
     from mklang import runs
-    from mklang.engine.decisions import Answer
 
     _require_keywords(resume, options, RunKeywords.__optional_keys__)
-    request = _request(
+    request = _resumed(source, reply, force, trust, allow_rollback, machine, budget, options)
+    return runs.resume(request, observer=options.get("observer"))
+
+
+async def aresume(
+    source: StrPath,
+    *,
+    reply: Mapping[str, Any] | Answer | None = None,
+    force: bool = False,
+    trust: bool = False,
+    allow_rollback: bool = False,
+    machine: StrPath | None = None,
+    budget: int | None = None,
+    **options: Unpack[RunKeywords],
+) -> RunResult:
+    """`resume`, awaited as `arun` is, and cancelled as it is: the run suspends again, interrupted."""
+    from mklang import runs
+    from mklang.runs.lanes import in_lane
+
+    _require_keywords(aresume, options, RunKeywords.__optional_keys__)
+    request = _resumed(source, reply, force, trust, allow_rollback, machine, budget, options)
+    return await in_lane(lambda control: runs.resume(request, observer=options.get("observer"), control=control))
+
+
+def _resumed(
+    source: StrPath,
+    reply: Mapping[str, Any] | Answer | None,
+    force: bool,
+    trust: bool,
+    allow_rollback: bool,
+    machine: StrPath | None,
+    budget: int | None,
+    options: RunKeywords,
+) -> RunRequest:
+    """The request `resume` and `aresume` continue a run with."""
+    from mklang.engine.decisions import Answer
+
+    return _request(
         options,
         source=_where(source),
         reply=dict(reply) if reply is not None and not isinstance(reply, Answer) else {},
@@ -143,7 +200,6 @@ def resume(
         trust=trust,
         allow_rollback=allow_rollback,
     )
-    return runs.resume(request, observer=options.get("observer"))
 
 
 def batch(

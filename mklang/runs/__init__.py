@@ -8,6 +8,7 @@ Each module does one job:
     opening    `open_run` / `opened`: lock -> read -> verify -> rebuild -> recover -> fit
     driving    `proceed`: continue an opened run with a host; `drive`, what both persist with
     resuming   `resume`: open a stored run, build its host, drive it (the one recipe)
+    lanes      `in_lane`: a run awaited in an event loop, on a thread of one bounded pool
     migrating  `migrate`: a parked run classified against, and moved to, a new machine version
     claims     `outcome` / `claim`: what a store's run came to, and taking it under its lock
     removal    `remove_run`: removing a stored run, decided from its signed envelope
