@@ -13,9 +13,18 @@ from pathlib import Path
 
 from mklang.effects import tainted_effects
 from mklang.errors import Diagnostic, LoadError, Severity, did_you_mean
-from mklang.model import Call, Gate, Machine, Node, Produce, Span, State, ToolUse
+from mklang.model import Call, Gate, Machine, Moved, Node, Produce, Span, State, ToolUse
 from mklang.version import __version__
-from mklang.vocabulary import END, FAN_OUT_KEYS, PLACEHOLDER, UNCLOSED_PLACEHOLDER, lookup, root_key, version_refusal
+from mklang.vocabulary import (
+    END,
+    FAN_OUT_KEYS,
+    PLACEHOLDER,
+    STATE_NAME,
+    UNCLOSED_PLACEHOLDER,
+    lookup,
+    root_key,
+    version_refusal,
+)
 
 CONSEQUENCES = frozenset({"no-path-to-end", "budget-infeasible"})  # reported after what causes them
 
@@ -167,6 +176,7 @@ def check(machine: Machine, provided: Iterable[str] = ()) -> list[Diagnostic]:
             f'the entry state "{machine.entry}" is not defined{did_you_mean(machine.entry, names)}',
         )
 
+    _check_moved(out, machine, names)
     tools = {decl.name for decl in machine.tools}
     hooks = {decl.name for decl in machine.hooks}
     written = set(machine.context) | set(provided) | {state.output for state in machine.states}
@@ -203,6 +213,24 @@ def check(machine: Machine, provided: Iterable[str] = ()) -> list[Diagnostic]:
         out.warning(_at(machine, "result"), "unwritten-context-key", f'nothing writes "{machine.result}", the result')
     # By position, except that findings which follow from others come after their causes.
     return sorted(out.found, key=lambda d: (d.code in CONSEQUENCES, d.line, d.col, d.code))
+
+
+def _check_moved(out, machine: Machine, names: dict[str, State]) -> None:
+    """A rename names a state that is gone and one that is here, once per old name (ADR 0061)."""
+    seen: dict[str, Moved] = {}
+    for moved in machine.moved:
+        if moved.old in seen:
+            first = seen[moved.old].span
+            where = f" (first at line {first.line})" if first else ""
+            out.error(moved.span, "duplicate-moved", f'state "{moved.old}" is moved twice{where}')
+        seen.setdefault(moved.old, moved)
+        if not STATE_NAME.fullmatch(moved.old):
+            out.error(moved.span, "invalid-name", f'"{moved.old}" is not a state name')
+        elif moved.old in names:
+            out.error(moved.span, "moved-state-exists", f'"{moved.old}" is moved but is still a state of this machine')
+        if moved.new not in names:
+            hint = did_you_mean(moved.new, names)
+            out.error(moved.span, "unknown-target", f'"{moved.new}" is not a state of this machine{hint}')
 
 
 def _check_state(out, machine, state, names, tools, hooks, written, near) -> None:

@@ -245,6 +245,15 @@ class ToolDeclaration(Declaration):
 
 
 @dataclass(kw_only=True, eq=False)
+class Moved(Node):
+    """`moved "old" -> "new"`: state `old` of an earlier version is `new` now, so a run parked
+    at `old` migrates to this version without a `--map` (ADR 0061)."""
+
+    old: str
+    new: str
+
+
+@dataclass(kw_only=True, eq=False)
 class Machine(Node):
     name: str
     version: str | None = None  # the `mklang 0.5` line, when present
@@ -255,6 +264,7 @@ class Machine(Node):
     context: dict[str, Any] = field(default_factory=dict)
     tools: list[ToolDeclaration] = field(default_factory=list)
     hooks: list[Declaration] = field(default_factory=list)
+    moved: list[Moved] = field(default_factory=list)
     states: list[State]
     # Where the machine was loaded from; set by the loader, not part of meaning.
     path: str | None = field(default=None, repr=False)
@@ -282,6 +292,10 @@ class Machine(Node):
             raise LoadError(
                 [Diagnostic(None, 1, 1, 1, 1, "error", "invalid-machine", f"{where}: {first['msg']}")]
             ) from None
+
+    def renames(self) -> dict[str, str]:
+        """The states of earlier versions this one declares `moved`: old name to new."""
+        return {moved.old: moved.new for moved in self.moved}
 
     def state(self, name: str) -> State | None:
         """The state called `name`, or None."""

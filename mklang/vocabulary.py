@@ -19,7 +19,9 @@ ParseMode = Literal["list", "json"]
 PARSE_MODES: Final[tuple[ParseMode, ...]] = get_args(ParseMode)
 
 # Keywords that open a line at the top level of a `.mk` file.
-HEADER_KEYWORDS: Final = ("mklang", "machine", "entry", "budget", "tier", "result", "context", "tool", "hook", "state")
+HEADER_KEYWORDS: Final = (
+    "mklang", "machine", "entry", "budget", "tier", "result", "context", "tool", "hook", "moved", "state",
+)  # fmt: skip
 # Keywords that open a line inside a state (a gate line opens with `when` or `otherwise`).
 STATE_KEYWORDS: Final = (
     "prompt", "structure", "execution", "reason", "parse", "call", "tool", "tier",
@@ -36,6 +38,7 @@ KEYWORDS: Final = tuple(
     dict.fromkeys((*HEADER_KEYWORDS, *STATE_KEYWORDS, *GATE_KEYWORDS, *DECISION_KEYWORDS, *DECLARATION_KEYWORDS))
 )
 END: Final = "END"  # the target that finishes a run
+STATE_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a state's name (the grammar's NAME, undotted)
 LITERALS: Final = ("true", "false", "null")
 
 # The language version this release implements. Earlier versions are subsets

@@ -13,7 +13,6 @@ the frame does not stand at may change freely.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,9 +22,7 @@ from mklang.checkpoint.compat import misfit_at
 from mklang.engine.frame import Frame
 from mklang.errors import UsageError
 from mklang.model import State
-from mklang.vocabulary import END
-
-STATE_NAME = re.compile(r"[A-Za-z_][\w-]*")
+from mklang.vocabulary import END, STATE_NAME
 
 Kind = Literal["compatible", "migratable", "incompatible"]
 

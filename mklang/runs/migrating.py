@@ -2,7 +2,8 @@
 
 `migrate` opens the run as a resume does (lock, seal, hashes of the machines
 it ran, frames rebuilt on them), rebuilds the same frames, their state names
-renamed, on the new machines, and classifies the run (`checkpoint.migration`).
+renamed (by each new machine's `moved` lines and the caller's `--map`), on the
+new machines, and classifies the run (`checkpoint.migration`).
 A compatible or migratable run is then written again under its lock: the new
 frames, the new machines' sha256 and kept texts, and one more `lineage` entry
 (its own run id, the step it is parked at, the old machines' sha256), signed
@@ -51,7 +52,8 @@ def migrate(
     held: RunLock | None = None,
 ) -> Verdict:
     """Classify the parked run at `source` against the root machine file `machine` (state names
-    renamed by `renames`) and, if `write` and it is not incompatible, write it migrated.
+    renamed by each new machine's `moved` lines, then by `renames`) and, if `write` and it is
+    not incompatible, write it migrated.
 
     Under the run's lock: `held` when the caller took it (and keeps it), else taken and released here.
     Raises CheckpointError for a run that is not a parked, signed, unchanged one.
@@ -121,14 +123,16 @@ def _examine(location: Location, root: Path, renames: dict[str, str]) -> Examine
     paths = MachinePaths(root)
     loader = MachineLoader()
     read = reader(location.store, location.run, str(location), trusted=True)
-    records = [dict(record) for record in envelope.frames]
-    moved = [renamed(record, renames) for record in records]
-    chain = []
-    for depth, record in enumerate(moved):
+    chain, renames_used = [], False
+    for depth, recorded in enumerate(envelope.frames):
+        record = dict(recorded)
         file = paths.root if depth == 0 else paths.file(str(record["path"]))
-        chain.append(rebuild(record, _load(loader, Path(str(file))), str(location), read))
+        machine = _load(loader, Path(str(file)))
+        moved = renamed(record, {**machine.renames(), **renames})  # `--map` over the machine's `moved`
+        renames_used |= moved != record
+        chain.append(rebuild(moved, machine, str(location), read))
     chain[-1].ask = old.chain[-1].ask  # the question it waits on, as the open read it
-    verdict = classify(old.chain, chain, renames_used=moved != records)
+    verdict = classify(old.chain, chain, renames_used=renames_used)
     return Examined(old, chain, loader, root.resolve(), verdict)
 
 

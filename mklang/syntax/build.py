@@ -22,6 +22,7 @@ from mklang.model import (
     Declaration,
     Gate,
     Machine,
+    Moved,
     Produce,
     Span,
     State,
@@ -214,6 +215,10 @@ class Builder:
         node = Declaration(name=self.plain_name(name, "a hook name"), description=description or "", span=span)
         return Clause("hooks", node, span)
 
+    def moved(self, meta, old, new) -> Clause:
+        span = self._span(meta)
+        return Clause("moved", Moved(old=old, new=new, span=span), span)
+
     # -- state statements ----------------------------------------------------
 
     def prompt(self, meta, text) -> Clause:
@@ -393,7 +398,7 @@ class Builder:
 
     def assemble_machine(self, items) -> Machine | None:
         """The machine from its top-level statements (shared with the YAML front end)."""
-        declarations: dict[str, list[Clause]] = {"tools": [], "hooks": [], "state": []}
+        declarations: dict[str, list[Clause]] = {"tools": [], "hooks": [], "moved": [], "state": []}
         singles: list[Clause] = []
         for item in items:
             (declarations.get(item.key, singles)).append(item)
@@ -412,6 +417,7 @@ class Builder:
         return Machine(
             tools=[item.value for item in declarations["tools"]],
             hooks=[item.value for item in declarations["hooks"]],
+            moved=[item.value for item in declarations["moved"]],
             states=states,
             span=Span(file=self.file),
             field_spans={key: item.span for key, item in fields.items()},

@@ -57,7 +57,7 @@ class _Block:
 
 
 def attach(machine: Machine, found: list[Lexeme]) -> None:
-    top = _Block(machine, [*machine.tools, *machine.hooks, *machine.states])
+    top = _Block(machine, [*machine.tools, *machine.hooks, *machine.moved, *machine.states])
     spanned = [state for state in machine.states if state.span is not None]  # in source order
     starts = [state.span.line for state in spanned if state.span is not None]
     blocks = {id(state): _Block(state, state.gates) for state in spanned}

@@ -1,7 +1,8 @@
 """The canonical `.mk` text of a machine (`mklang fmt`).
 
 One order and one layout: the header lines (`tier` only when the file says
-it or it is not the default), the context, the declarations, then the states
+it or it is not the default), the context, the declarations (tools, hooks,
+then `moved` renames), then the states
 separated by blank lines; inside a state: tier, sample or over, the face, accumulate, output,
 max_visits, then the gates in their order. Comments come back where
 `comments.attach` put them. `parse(format_machine(m)) == m` for every machine.
@@ -171,13 +172,15 @@ def format_machine(machine: Machine) -> str:
     if machine.context or "context" in machine.field_comments:
         out.blank()
         out.field(machine, "context", "", f"context {_block_map(machine.context, '')}")
-    if machine.tools or machine.hooks:
+    if machine.tools or machine.hooks or machine.moved:
         out.blank()
     for keyword, declarations in (("tool", machine.tools), ("hook", machine.hooks)):
         for declaration in declarations:
             description = f" {encode_string(declaration.description)}" if declaration.description else ""
             read_only = " read_only" if getattr(declaration, "read_only", False) else ""
             out.node(declaration, "", f"{keyword} {declaration.name}{read_only}{description}")
+    for moved in machine.moved:
+        out.node(moved, "", f"moved {encode_string(moved.old)} -> {encode_string(moved.new)}")
     for state in machine.states:
         out.blank()
         _state(out, state)

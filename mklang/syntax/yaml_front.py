@@ -9,11 +9,24 @@ and diagnostics point at YAML lines.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from mklang.effects import LEGACY_READ_ONLY
 from mklang.errors import Diagnostic, MkSyntaxError
-from mklang.model import Call, Choice, Declaration, Gate, Machine, Policy, Span, Timeout, ToolDeclaration, ToolUse
+from mklang.model import (
+    Call,
+    Choice,
+    Declaration,
+    Gate,
+    Machine,
+    Moved,
+    Policy,
+    Span,
+    Timeout,
+    ToolDeclaration,
+    ToolUse,
+)
 from mklang.syntax.build import Builder, Clause
 from mklang.syntax.lexemes import Lexeme, scan_at
 from mklang.vocabulary import LANGUAGE_VERSION, PARSE_MODES, PLACEHOLDER, TIERS, VERSION_NUMBER, duration_seconds
@@ -89,13 +102,15 @@ class _Reader:
 
     def machine(self, root) -> Machine | None:
         items = []
-        allowed = (*TOP_KEYS, "tools", "hooks", "states")
+        allowed = (*TOP_KEYS, "tools", "hooks", "moved", "states")
         for key, key_node, node in self.mapping(root, "the machine", allowed):
             span = self.span(key_node)
             if key in ("tools", "hooks"):
                 items += [Clause(key, decl, decl.span or span) for decl in self.declarations(node, key)]
             elif key == "states":
                 items += self.states(node)
+            elif key == "moved":
+                items += self.moved(node)
             else:
                 items.append(Clause(TOP_KEYS[key], self.top_value(TOP_KEYS[key], node), span))
         items += _legacy_declarations(items)
@@ -162,6 +177,19 @@ class _Reader:
             found.append(
                 ToolDeclaration(name=name, description=description, read_only=read_only is True, span=self.span(entry))
             )
+        return found
+
+    def moved(self, node) -> list[Clause]:
+        """`moved: {old: new}`: the `.mk` file's `moved "old" -> "new"` lines, one per entry."""
+        if not isinstance(node, self.yaml.MappingNode):
+            self.error(node, "invalid-value", "moved must be a mapping of old state names to new ones")
+            return []
+        found = []
+        for key_node, value_node in node.value:
+            end = self.span(value_node)
+            span = replace(self.span(key_node), end_line=end.end_line, end_col=end.end_col)
+            old, new = self.text(key_node, "a moved state's old name"), self.text(value_node, "its new name")
+            found.append(Clause("moved", Moved(old=old, new=new, span=span), span))
         return found
 
     def states(self, node) -> list[Clause]:

@@ -113,6 +113,38 @@ def test_a_renamed_state_is_migratable_with_a_map_and_incompatible_without(parke
     assert server.count == 1
 
 
+MOVED = [*RENAMED, ("\nstate compose", '\nmoved "draft" -> "compose"\n\nstate compose')]
+
+
+def test_a_renamed_state_declared_moved_is_migratable_without_a_map_and_finishes_without_paying_again(
+    parked, store, server
+):
+    folder, target = parked
+    machine = _new_version(folder, *MOVED)
+    assert cli("check", machine, cwd=folder).returncode == 0
+    assert _check(folder, target, machine) == (0, "migratable")
+    listed = cli("runs", "migrate", "--store", store, "--machine", machine, "--dry-run", cwd=folder)
+    assert (listed.returncode, listed.stdout) == (0, "parked: migratable\n")
+    done = cli(
+        "resume", target, *ANSWER, "--machine", machine, "--migrate", *HOST,
+        "--format", "json", cwd=folder,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [step["state"] for step in json.loads(done.stdout)["trace"]] == ["draft", "publish"]
+    assert server.count == 1  # the draft is never paid again
+
+
+def test_a_moved_state_must_still_continue_the_frame(parked):
+    """`moved` renames; it does not excuse a state that no longer continues what the run stood at."""
+    folder, target = parked
+    machine = _new_version(folder, *MOVED, ("output announcement", "output notice"))
+    code, line = _check(folder, target, machine)
+    assert code == 2 and line.startswith("incompatible at frame 1: approval at compose: the state's output key")
+    machine = _new_version(folder, *MOVED, ('moved "draft" -> "compose"', 'moved "draft" -> "publish"'))
+    code, line = _check(folder, target, machine)  # moved onto a tool state: renamed, then refused
+    assert code == 2 and "approval at publish: the state was a produce state and is now a tool state" in line
+
+
 def test_a_removed_state_is_incompatible_at_its_frame_and_is_never_migrated(parked, server):
     folder, target = parked
     text = APPROVAL.read_text()
