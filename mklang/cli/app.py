@@ -2,8 +2,9 @@
 
 Command modules keep their heavy imports inside the command bodies. Every
 command runs inside `handle_errors`, which turns an `MklangError` into one
-line on stderr and the documented exit code; a traceback is shown only with
-MKLANG_DEBUG=1.
+error, printed once, and the documented exit code: a line on stderr, or, when
+the command prints JSON, the one JSON document on stdout. A traceback is shown
+only with MKLANG_DEBUG=1.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def debug_enabled() -> bool:
     return os.environ.get("MKLANG_DEBUG") == "1"
 
 
-# Set by `handle_errors(as_json=True)`: errors then also go to stdout as the one JSON document.
+# Set by `handle_errors(as_json=True)`: errors then go to stdout as the one JSON document, not to stderr.
 _JSON_ERRORS: ContextVar[bool] = ContextVar("json_errors", default=False)
 
 
@@ -74,18 +75,23 @@ def finite(value: Any) -> Any:
 
 
 def fail(message: str, code: int = exitcodes.USAGE, diagnostics: list | None = None) -> typer.Exit:
-    """Report an error (one line on stderr; in JSON mode also a document on stdout)
-    and return the Exit to raise."""
+    """Report an error once, and return the Exit to raise: in JSON mode as the one document on
+    stdout (a script reads it there, and nothing else is printed for it), else as one line on
+    stderr, or as the rendered `diagnostics` with their source lines."""
     from mklang.errors import redacted
 
     message = redacted(message)  # a store or broker URI in it keeps its password
-    if diagnostics is None:
-        print(error_line(message), file=sys.stderr)
     if _JSON_ERRORS.get():
         document = {"status": "error", "error": message, "exit_code": code}
         if diagnostics is not None:
             document["diagnostics"] = [d.to_json() for d in diagnostics]
         print(json.dumps(finite(document), ensure_ascii=False, allow_nan=False))
+    elif diagnostics is not None:
+        from mklang.syntax.diagnostics import render_text
+
+        print(render_text(diagnostics), file=sys.stderr)
+    else:
+        print(error_line(message), file=sys.stderr)
     return typer.Exit(code)
 
 
@@ -117,9 +123,6 @@ def handle_errors(as_json: bool = False) -> Iterator[None]:
     except LoadError as error:
         if debug_enabled():
             raise
-        from mklang.syntax.diagnostics import render_text
-
-        print(render_text(error.diagnostics), file=sys.stderr)
         raise fail(str(error), exitcodes.USAGE, diagnostics=error.diagnostics) from None
     except (CheckpointError, MklangError) as error:
         if debug_enabled():

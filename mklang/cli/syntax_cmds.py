@@ -62,9 +62,9 @@ def check_command(
     run can cost (stdout), after the diagnostics of machines that are well formed."""
     as_json = wants_json(output_format)
     pricing = {"--prompt-tokens": prompt_tokens, "--config": config, "--provider": provider, "--model": model}
-    if not cost and (given := [name for name, value in pricing.items() if value is not None]):
-        raise fail(f"{', '.join(given)} only take effect with --cost", diagnostics=[] if as_json else None)
     with handle_errors(as_json):
+        if not cost and (given := [name for name, value in pricing.items() if value is not None]):
+            raise fail(f"{', '.join(given)} only take effect with --cost")
         if not cost:
             raise typer.Exit(check_paths(files, as_json))
         code = check_paths(files, False) if not as_json else _errors_only(files)

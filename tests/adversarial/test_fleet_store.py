@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from support.batches import CALLS, MACHINE
-from support.commands import cli, cli_env, model_config, run_cli, wait_for
+from support.commands import cli, cli_env, error_in, model_config, run_cli, wait_for
 from support.examples import HITL
 from support.fakeserver import FakeServer, Reply, answer
 from support.fleet import Lines
@@ -43,13 +43,6 @@ def project(tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch)
     return tmp_path
 
 
-def error_line(err: str) -> str:
-    """The one error line the CLI printed."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
 def write_inputs(folder: Path, *lines: dict[str, Any]) -> Path:
     path = folder / "inputs.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
@@ -64,10 +57,10 @@ BAD_NAMES = ["../x", "..", "/tmp/elsewhere/cp.json", "a\nb", "a\x00b", "x" * 300
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_a_batch_input_id_that_is_no_run_name_is_refused_before_any_run(project, server, capsys, name):
     write_inputs(project, {"id": "fine-1", "topic": "a"}, {"id": name, "topic": "b"})
-    code, _, err = run_cli(
+    code, out, err = run_cli(
         capsys, "batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "runs", "--config", "mklang.toml"
     )
-    line = error_line(err)
+    line = error_in(out, err)
     assert code == 2 and "inputs.jsonl:2: run name" in line and "is not valid" in line, err
     assert server.count == 0  # nothing ran, not even the good line
     assert not (project / "runs").exists() or not any((project / "runs").iterdir())
@@ -82,14 +75,14 @@ def test_a_store_run_name_is_checked_by_run_resume_and_show(project, server, cap
         ["resume", target],
         ["show", target],
     ):
-        code, _, err = run_cli(capsys, *command)
-        assert code == 2 and "run name" in error_line(err), (command, err)
+        code, out, err = run_cli(capsys, *command)
+        assert code == 2 and "run name" in error_in(out, err), (command, err)
     assert server.count == 0
 
 
 def test_a_checkpoint_file_name_is_a_run_name_too(project, server, capsys):
-    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "runs/.cp.json")
-    assert code == 2 and "runs: run name '.cp.json' is not valid" in error_line(err)
+    code, out, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "runs/.cp.json")
+    assert code == 2 and "runs: run name '.cp.json' is not valid" in error_in(out, err)
     assert server.count == 0
 
 
@@ -132,8 +125,8 @@ def suspend_at(capsys: pytest.CaptureFixture[str], target: str) -> None:
 def test_a_run_is_refused_where_a_run_is_not_finished_and_replace_says_so(project, server, capsys, target):
     suspend_at(capsys, target)
     before = server.count
-    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target)
-    line = error_line(err)
+    code, out, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", target)
+    line = error_in(out, err)
     assert code == 2 and "a run that is not finished is there (suspended (cost-exhausted))" in line, err
     assert f"`mklang resume {shlex.quote(target)}`" in line and "--replace" in line
     assert server.count == before  # refused before any call
@@ -154,8 +147,8 @@ def test_a_finished_run_is_replaced_by_a_new_one(project, server, capsys):
 def test_a_file_that_is_no_run_is_not_overwritten(project, server, capsys):
     notes = project / "notes.txt"
     notes.write_text("my notes\n", encoding="utf-8")
-    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "notes.txt")
-    assert code == 2 and "it is not replaced: name another checkpoint, or give --replace" in error_line(err)
+    code, out, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "notes.txt")
+    assert code == 2 and "it is not replaced: name another checkpoint, or give --replace" in error_in(out, err)
     assert notes.read_text(encoding="utf-8") == "my notes\n" and server.count == 0
 
 
@@ -163,14 +156,14 @@ def test_a_resume_elsewhere_does_not_replace_the_run_there(project, server, caps
     suspend_at(capsys, "a.json")
     suspend_at(capsys, "b.json")
     before = (project / "b.json").read_bytes()
-    code, _, err = run_cli(capsys, "resume", "a.json", "--checkpoint", "b.json", "--max-tokens", "1000")
-    assert code == 2 and "`mklang resume b.json`" in error_line(err)
+    code, out, err = run_cli(capsys, "resume", "a.json", "--checkpoint", "b.json", "--max-tokens", "1000")
+    assert code == 2 and "`mklang resume b.json`" in error_in(out, err)
     assert (project / "b.json").read_bytes() == before and server.count == 2
 
 
 def test_replace_without_a_checkpoint_is_refused(project, server, capsys):
-    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--replace")
-    assert code == 2 and "--replace" in error_line(err) and server.count == 0
+    code, out, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--replace")
+    assert code == 2 and "--replace" in error_in(out, err) and server.count == 0
 
 
 # Two batch passes at once -----------------------------------------------------------------------
@@ -253,8 +246,8 @@ def test_an_unreadable_run_is_failed_with_its_reason_and_the_batch_goes_on(proje
     listed = {entry["run"]: entry for entry in json.loads(listing)["runs"]}
     assert code == 0 and [listed[f"r-{n}"]["status"] for n in (0, 2, 3)] == ["done"] * 3, err
     # A listing shows each run's summary (display only): r-1's says it is done; `show` reads the envelope.
-    code, _, err = run_cli(capsys, "show", f"{store_uri}#r-1")
-    assert code == 2 and "r-1: the checkpoint is not valid JSON" in err
+    code, out, err = run_cli(capsys, "show", f"{store_uri}#r-1")
+    assert code == 2 and "r-1: the checkpoint is not valid JSON" in error_in(out, err)
     for name in hostile:  # rows no mklang run wrote: listed without a status, never named for a command
         assert listed[name]["status"] is None and "is not valid: a run name is" in listed[name]["reason"]
         assert listed[name]["checkpoint"] is None
@@ -289,15 +282,15 @@ def test_runs_and_show_never_create_a_store(project, capsys):
         ["show", "sqlite:///runz.db#r-1"],
         ["runs", "--store", "no-such-folder"],
     ):
-        code, _, err = run_cli(capsys, *command)
-        assert code == 2 and ("no such SQLite checkpoint store" in err or "no such checkpoint store" in err), err
-        error_line(err)
+        code, out, err = run_cli(capsys, *command)
+        line = error_in(out, err)
+        assert code == 2 and ("no such SQLite checkpoint store" in line or "no such checkpoint store" in line), line
     assert sorted(path.name for path in project.iterdir()) == ["m.mk", "mklang.toml"]
 
 
 def test_runs_on_a_postgresql_database_without_a_store_is_one_line_and_creates_nothing(postgres_uri, capsys):
-    code, _, err = run_cli(capsys, "runs", "--store", postgres_uri)
-    assert code == 2 and "no mklang checkpoint store in this database and schema" in error_line(err)
+    code, out, err = run_cli(capsys, "runs", "--store", postgres_uri)
+    assert code == 2 and "no mklang checkpoint store in this database and schema" in error_in(out, err)
     import psycopg
 
     with psycopg.connect(postgres_uri) as db:
@@ -305,20 +298,22 @@ def test_runs_on_a_postgresql_database_without_a_store_is_one_line_and_creates_n
 
 
 def test_an_unknown_scheme_lists_the_supported_ones_and_is_never_a_file(project, capsys):
-    code, _, err = run_cli(capsys, "show", "mysql://me:hunter2@db/mk#r-1")
-    line = error_line(err)
+    code, out, err = run_cli(capsys, "show", "mysql://me:hunter2@db/mk#r-1")
+    line = error_in(out, err)
     assert code == 2 and "unknown store scheme 'mysql': a store is a folder, sqlite:///" in line
     assert "hunter2" not in line and "mysql://me:***@db/mk" in line
-    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "mysql://db/mk#r-1")
-    assert code == 2 and "unknown store scheme" in error_line(err)
+    code, out, err = run_cli(
+        capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", "mysql://db/mk#r-1"
+    )
+    assert code == 2 and "unknown store scheme" in error_in(out, err)
     assert not (project / "mysql:").exists()
 
 
 def test_a_missing_postgresql_schema_is_one_line_saying_what_to_do(project, capsys):
     require_server("PostgreSQL")
     uri = "postgresql://postgres:hunter2@127.0.0.1:5432/test?options=-csearch_path%3Dmk_no_such_schema"
-    code, _, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")
-    line = error_line(err)
+    code, out, err = run_cli(capsys, "run", "m.mk", "-q", "--config", "mklang.toml", "--checkpoint", f"{uri}#r-1")
+    line = error_in(out, err)
     assert code == 2 and "search_path names does not exist: create it (CREATE SCHEMA name)" in line
     assert "hunter2" not in line and "postgres:***@127.0.0.1" in line
 
@@ -338,7 +333,7 @@ def test_a_password_in_a_store_uri_is_never_printed(postgres_uri, project, serve
         1:
     ]
     assert all("hunter2" not in text for text in printed), printed
-    assert "`mklang resume 'postgresql://postgres:***@" in printed[-3]  # the refusal to replace the run
+    assert "`mklang resume 'postgresql://postgres:***@" in error_in(*printed[-4:-2])  # the refusal to replace the run
 
 
 def test_a_sqlite_store_is_created_owner_only_and_continue_with_is_one_line(project, server, capsys):
@@ -372,7 +367,7 @@ def test_a_sqlite_store_is_created_owner_only_and_continue_with_is_one_line(proj
 
 def test_a_batch_dollar_ceiling_on_a_model_without_a_price_is_refused_before_any_run(project, server, capsys):
     write_inputs(project, {"id": "r-0", "topic": "0"})
-    code, _, err = run_cli(
+    code, out, err = run_cli(
         capsys,
         "batch",
         "m.mk",
@@ -385,7 +380,9 @@ def test_a_batch_dollar_ceiling_on_a_model_without_a_price_is_refused_before_any
         "--batch-max-cost",
         "1",
     )
-    assert code == 2 and error_line(err).startswith("mklang: error: --batch-max-cost needs a price for local:m (tier")
+    assert code == 2 and error_in(out, err).startswith(
+        "mklang: error: --batch-max-cost needs a price for local:m (tier"
+    )
     assert server.count == 0 and not (project / "runs").exists()
 
 
@@ -495,8 +492,8 @@ def test_a_misspelt_or_unreachable_broker_is_one_line_with_its_password_hidden(p
         ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--executor", "celery"],
         ["worker", "--store", "sqlite:///runs.db", "--config", "mklang.toml"],
     ):
-        code, _, err = run_cli(capsys, *command, "--broker", broker)
-        line = error_line(err)
+        code, out, err = run_cli(capsys, *command, "--broker", broker)
+        line = error_in(out, err)
         assert code == 2 and needle in line and "hunter2" not in line and ":***@127.0.0.1" in line, err
     assert server.count == 0
 
@@ -519,11 +516,11 @@ def test_a_broker_port_that_drops_each_connection_is_tried_once(project, capsys)
         dropping.start()
         broker = f"amqp://guest:guest@127.0.0.1:{listener.getsockname()[1]}//"
         try:
-            code, _, err = run_cli(capsys, "worker", "--store", "sqlite:///runs.db", "--broker", broker)
+            code, out, err = run_cli(capsys, "worker", "--store", "sqlite:///runs.db", "--broker", broker)
         finally:
             done.set()
             dropping.join()
-    assert code == 2 and "cannot reach the broker" in error_line(err), err
+    assert code == 2 and "cannot reach the broker" in error_in(out, err), err
     assert len(accepted) == 1
 
 
@@ -532,8 +529,8 @@ def test_a_wrong_broker_password_is_one_line_without_the_password(project, capsy
     write_inputs(project, {"id": "r-0", "topic": "0"})
     broker = "amqp://guest:hunter2@127.0.0.1:5672//"
     command = ["batch", "m.mk", "--inputs", "inputs.jsonl", "--store", "sqlite:///runs.db", "--executor", "celery"]
-    code, _, err = run_cli(capsys, *command, "--broker", broker)
-    line = error_line(err)
+    code, out, err = run_cli(capsys, *command, "--broker", broker)
+    line = error_in(out, err)
     assert code == 2 and "ACCESS_REFUSED" in line and "hunter2" not in line, err
 
 
@@ -546,11 +543,11 @@ def test_a_reply_to_a_misspelt_path_is_refused_with_did_you_mean(tmp_path, capsy
     shutil.copytree(HITL / "approval", tmp_path / "approval")
     monkeypatch.chdir(tmp_path)
     script = ["--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish"]
-    code, _, err = run_cli(capsys, "run", "approval/approval.mk", "-q", *script, "--hitl", "--checkpoint", "cp.json")
+    code, out, err = run_cli(capsys, "run", "approval/approval.mk", "-q", *script, "--hitl", "--checkpoint", "cp.json")
     assert code == 3, err
     before = (tmp_path / "cp.json").read_bytes()
-    code, _, err = run_cli(capsys, "resume", "cp.json", "--set", "approval.anwser=yes", *script)
-    assert code == 2 and error_line(err) == (
+    code, out, err = run_cli(capsys, "resume", "cp.json", "--set", "approval.anwser=yes", *script)
+    assert code == 2 and error_in(out, err) == (
         "mklang: error: cp.json: the run waits for a reply to approval.answer, and --set approval.anwser does not "
         'answer it; did you mean "approval.answer"?; give --set approval.answer=<reply>'
     )

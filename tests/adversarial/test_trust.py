@@ -151,7 +151,7 @@ def test_an_edited_config_and_provider_never_send_the_key_to_the_files_server(pr
         user = {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": own.openai_url}
         refused(mklang("resume", "cp.json", "--set", "approval.answer=yes", cwd=project, env=user))
         done = mklang("resume", "cp.json", "--trust", "--set", "approval.answer=yes", cwd=project, env=user)
-        assert done.returncode == 2 and "no model configured" in done.stderr  # the file chose nothing
+        refused(done, "no model configured")  # the file chose nothing
         assert "ignored its recorded provider, model, config\n" in done.stderr
         (project / "tools.py").write_text('TOOLS = {"publish": lambda input: "https://status.example.test/1"}\n')
         own_flags = ["--provider", "openai", "--model", "m", "--plugin", str(project / "tools.py")]
@@ -344,7 +344,7 @@ def test_every_field_tampered_with_any_type_is_refused_or_resumes_never_an_inter
             assert done.returncode in (0, 1, 2, 3), (label, done.returncode, done.stdout, done.stderr)
             assert "internal error" not in done.stdout, (label, done.stdout)  # stderr: checked by mklang()
             if done.returncode == 2:
-                assert len(done.stderr.strip().splitlines()) == 1, (label, done.stderr)
+                assert "internal error" not in refused(done), label
             if not resign:
                 assert done.returncode == 2, label  # unsigned edits never run
             outcomes[done.returncode] = outcomes.get(done.returncode, 0) + 1

@@ -17,7 +17,7 @@ import time
 
 import yaml
 from support import ROOT
-from support.commands import cli, cli_env, wait_for
+from support.commands import cli, cli_env, refused, wait_for
 from support.examples import KILL_9
 from support.forks import Forked, start
 
@@ -55,9 +55,8 @@ def test_a_running_checkpoint_refuses_a_second_resume_until_its_process_dies(tmp
         "the run took its lock, named itself and wrote its checkpoint",
     )
 
-    refused = cli("resume", str(checkpoint), cwd=tmp_path)  # this process, not the one holding the lock
-    assert refused.returncode == 2
-    assert f"still going in process {process.pid}" in refused.stderr
+    # this process, not the one holding the lock
+    refused(cli("resume", str(checkpoint), cwd=tmp_path), f"still going in process {process.pid}")
     shown = json.loads(cli("show", str(checkpoint), "--summary", "--format", "json", cwd=tmp_path).stdout)
     assert (shown["status"], shown.get("running_pid"), shown["resumable"]) == ("running", process.pid, False), shown
 

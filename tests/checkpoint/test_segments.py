@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.commands import cli
+from support.commands import cli, refused
 
 import mklang.checkpoint.journal as journal_module
 import mklang.checkpoint.segments as segments_module
@@ -141,9 +141,7 @@ def _unreadable(where: Location, match: str) -> None:
     assert load(where).seal == "signed"
     with pytest.raises(CheckpointError, match=match):
         run_document(where)
-    shown = cli("show", str(where), "--format", "json")
-    assert shown.returncode == 2 and match.split(":")[0] in shown.stderr
-    assert len(shown.stderr.strip().splitlines()) == 1
+    refused(cli("show", str(where), "--format", "json"), match.split(":")[0])
 
 
 def test_an_edited_segment_is_refused_when_the_trace_is_read(tmp_path):
@@ -276,8 +274,10 @@ def test_graph_draws_the_whole_trace_of_a_checkpoint_with_segments(tmp_path):
     assert drawn[0].returncode == 0 and drawn[0].stdout == drawn[1].stdout
     missing = _segments(where)[0][0]
     _segment_file(where, missing).unlink()
-    refused = cli("graph", str(tmp_path / "grow.mk"), "--trace", str(tmp_path / "cp.json"))
-    assert refused.returncode == 2 and f"trace segment {missing} is missing" in refused.stderr
+    refused(
+        cli("graph", str(tmp_path / "grow.mk"), "--trace", str(tmp_path / "cp.json")),
+        f"trace segment {missing} is missing",
+    )
 
 
 @pytest.mark.parametrize("segments", [5, [["not a pair"]], [[1, 2]], [["a" * 64, "3"]]])
@@ -395,11 +395,8 @@ def test_a_checkpoint_file_copied_without_its_segments_folder_says_to_copy_that_
     first = _segments(where)[0][0]
     resume_it = ["resume", str(copied), "--budget", str(STEPS + 1), "--script", str(tmp_path / "script.yaml")]
     for command in (["show", str(copied)], ["show", str(copied), "--format", "json"], resume_it):
-        refused = cli(*command)
-        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-        assert f"trace segment {first} is missing from the run's store" in refused.stderr
         hint = "copied without it; a checkpoint file needs the .mklang-segments/ folder beside it copied with it"
-        assert hint in refused.stderr
+        refused(cli(*command), f"trace segment {first} is missing from the run's store", hint)
     assert load(locate(copied)).status == "suspended"  # the resume ran nothing
     shutil.copytree(tmp_path / ".mklang-segments", tmp_path / "copy" / ".mklang-segments")
     resumed = cli(*resume_it, "--format", "json")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support import ROOT
-from support.commands import cli
+from support.commands import cli, refused
 
 MACHINE = """\
 machine greet
@@ -114,20 +114,21 @@ def test_set_values_parse_as_json_else_text_win_over_input_and_are_untrusted(pro
         (["run", "greet.mk", "--script", "greet.yaml", "--scenario", "nope"], "nope"),
     ],
 )
-def test_usage_errors_exit_2_with_one_line(project, args, needle):
+def test_usage_errors_exit_2_with_one_error_printed_once(project, args, needle):
     done = cli(*args, cwd=project)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0]
-    document = json.loads(done.stdout)  # piped output is JSON: the one document is the error
+    document = json.loads(done.stdout)  # piped output is JSON: the one document is the error, stderr is quiet
     assert (document["status"], document["exit_code"]) == ("error", 2) and needle in document["error"]
+    assert done.returncode == 2 and done.stderr == "", done.stderr
+    text = cli(*args, "--format", "text", cwd=project)
+    assert needle in refused(text) and text.stdout == ""
 
 
 def test_a_syntax_error_exits_2_naming_file_line_and_column(project):
     (project / "broken.mk").write_text("machine broken\nentry a\nbudget 5\nstate a {\n  output\n}\n", encoding="utf-8")
     done = cli("run", "broken.mk", cwd=project)
-    assert done.returncode == 2 and json.loads(done.stdout)["diagnostics"][0]["line"] == 5
-    assert done.stderr.splitlines()[0].startswith("broken.mk:5:")
+    assert done.returncode == 2 and json.loads(done.stdout)["diagnostics"][0]["line"] == 5 and done.stderr == ""
+    text = cli("run", "broken.mk", "--format", "text", cwd=project)
+    assert text.returncode == 2 and text.stdout == "" and text.stderr.splitlines()[0].startswith("broken.mk:5:")
 
 
 def test_all_scenarios_passing_exit_0(project):

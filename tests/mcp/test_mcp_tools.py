@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
-from support.commands import cli, cli_env
+from support.commands import cli, cli_env, error_of
 
 import mklang
 from mklang.mcp.client import McpError, McpHub
@@ -212,7 +212,7 @@ def test_a_server_that_does_not_start_is_a_usage_error_before_the_run(tmp_path):
     clock = machine(tmp_path, "clock", ("now", 'tool get_current_time { timezone: "UTC" }'))
     done = cli("run", str(clock), "--script", str(script(tmp_path)), "--mcp", f"time={tmp_path}/no-such-server")
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("mklang: error: MCP server time cannot be used: [Errno 2]")
+    assert error_of(done).startswith("mklang: error: MCP server time cannot be used: [Errno 2]")
 
 
 @pytest.mark.crash

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from support.commands import cli, cli_env
+from support.commands import cli, cli_env, refused
 from support.fakeserver import CERTIFICATE, FakeServer, InFlight, Reply, answer, raw
 from support.proxy import FakeProxy
 
@@ -354,9 +354,8 @@ def test_a_run_refuses_a_proxy_it_cannot_use_with_one_line_and_exit_2(tmp_path):
         OPENAI_API_KEY="sk-x", OPENAI_BASE_URL="https://api.example.com/v1", HTTPS_PROXY="socks5://proxy.example:1080"
     )
     done = cli("run", str(machine), "--provider", "openai", "--model", "m", env=env)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
+    assert refused(done) == (
         "mklang: error: the proxy socks5://proxy.example:1080 for https://api.example.com cannot be used: mklang "
         "reaches proxies at http:// and https:// addresses only (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY; NO_PROXY "
         "lists the hosts to reach directly)"
-    ]
+    )

@@ -20,7 +20,7 @@ import pytest
 from support.batches import CALLS, MACHINE, results, write_items
 from support.batches import batch_project as batch_project  # the fixture `project`
 from support.batches import batch_server as batch_server  # the fixture `server`
-from support.commands import cli, cli_env, model_config, wait_for
+from support.commands import cli, cli_env, model_config, refused, wait_for
 
 import mklang as api
 from mklang.batching import Batch, Item, batch_id
@@ -60,8 +60,7 @@ def test_runs_lists_a_stores_runs_with_their_status_and_filters_them(project):
     assert {run["status"] for run in listed} == {"done"}
     suspended = cli("runs", "--store", "sqlite:///runs.db", "--status", "suspended", cwd=project)
     assert json.loads(suspended.stdout)["runs"] == []
-    bad = cli("runs", "--store", "sqlite:///runs.db", "--status", "lost", cwd=project)
-    assert bad.returncode == 2 and "--status expects one of" in bad.stderr
+    refused(cli("runs", "--store", "sqlite:///runs.db", "--status", "lost", cwd=project), "--status expects one of")
 
 
 def test_batch_wide_ceilings_suspend_the_rest_and_a_rerun_with_more_finishes(project, server):
@@ -166,14 +165,11 @@ def test_the_python_api_runs_a_batch_in_a_store(tmp_path, server):
 
 def test_bad_batch_input_is_a_usage_error(project):
     (project / "items.jsonl").write_text('{"id": 1}\n[1, 2]\n')
-    bad = batch(project, "--store", "sqlite:///runs.db")
-    assert bad.returncode == 2 and "items.jsonl:2: each line must hold a JSON object" in bad.stderr
+    refused(batch(project, "--store", "sqlite:///runs.db"), "items.jsonl:2: each line must hold a JSON object")
     (project / "items.jsonl").write_text('{"id": 1}\n{"id": 1}\n')
-    twice = batch(project, "--store", "sqlite:///runs.db")
-    assert twice.returncode == 2 and "appears twice" in twice.stderr
+    refused(batch(project, "--store", "sqlite:///runs.db"), "appears twice")
     (project / "items.jsonl").unlink()
-    missing = batch(project, "--store", "sqlite:///runs.db")
-    assert missing.returncode == 2 and "items.jsonl: cannot read the --inputs file: " in missing.stderr
+    refused(batch(project, "--store", "sqlite:///runs.db"), "items.jsonl: cannot read the --inputs file: ")
 
 
 class Priced:

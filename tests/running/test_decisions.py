@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.commands import cli, cli_env
+from support.commands import cli, cli_env, error_of
 from support.examples import EXAMPLES
 from support.forks import start
 from support.services import postgres_schema
@@ -61,8 +61,7 @@ def refused(approval: Path, *args: str, checkpoint: str = "cp.json") -> str:
     done = cli("resume", checkpoint, *args, *SCRIPT, "ask-then-publish", cwd=approval)
     assert done.returncode == 2, done.stdout + done.stderr
     assert stored(approval, checkpoint) == before
-    (line,) = [line for line in done.stderr.splitlines() if line.startswith("mklang: error: ")]
-    return line
+    return error_of(done)
 
 
 def test_the_approval_example_checks_clean_and_parks_on_its_question_without_hitl(approval):
@@ -219,10 +218,10 @@ def test_two_sweepers_and_an_answer_racing_one_decision_exactly_one_wins(approva
             assert by_answer + continued.count(run) == 1, (run, answer.stderr, swept, last)
             assert decided[0]["by"] == ("human" if by_answer else "deadline")
             if not by_answer:
-                assert answer.returncode == 2 and any(
-                    told in answer.stderr
-                    for told in ("still going in process", "timed out", "already finished", "waits on no")
-                ), answer.stderr
+                assert answer.returncode == 2, answer.stdout
+                line = error_of(answer)
+                told = ("still going in process", "timed out", "already finished", "waits on no")
+                assert any(words in line for words in told), line
         assert not [done for one in swept for done in one if done["outcome"] not in ("continued", "busy")]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
-from support.commands import cli, model_config
+from support.commands import cli, model_config, refused
 from support.fakeserver import Request, answer
 
 APPROVAL = ROOT / "examples" / "approval" / "approval.mk"
@@ -80,8 +80,7 @@ def test_an_edited_prompt_is_compatible_and_the_migrated_run_finishes_without_pa
     folder, target = parked
     machine = _new_version(folder, *EDITED_PROMPT)
     assert _check(folder, target, machine) == (0, "compatible")
-    refused = cli("resume", target, *ANSWER, "--machine", machine, *HOST, cwd=folder)
-    assert refused.returncode == 2 and "--migrate" in refused.stderr and "--force" in refused.stderr
+    refused(cli("resume", target, *ANSWER, "--machine", machine, *HOST, cwd=folder), "--migrate", "--force")
     done = cli(
         "resume", target, *ANSWER, "--machine", machine, "--migrate", *HOST,
         "--format", "json", cwd=folder,
@@ -156,7 +155,7 @@ def test_a_removed_state_is_incompatible_at_its_frame_and_is_never_migrated(park
         "resume", target, *ANSWER, "--machine", "v2/approval.mk", "--migrate", *HOST,
         cwd=folder,
     )  # fmt: skip
-    assert done.returncode == 2 and "incompatible at frame 1" in done.stderr and "not migrated" in done.stderr
+    refused(done, "incompatible at frame 1", "not migrated")
     assert server.count == 1
     shown = json.loads(cli("show", target, "--summary", "--format", "json", cwd=folder).stdout)
     assert (shown["status"], shown["lineage"]) == ("suspended", [])  # left as it was
@@ -218,6 +217,5 @@ def test_a_migrated_run_is_signed_and_a_tampered_migration_record_is_refused(tmp
     for forged in ({"approval.mk": "0" * 64}, {}):  # claim another old version, or hide the migration
         tampered = {**envelope, "lineage": [{**envelope["lineage"][-1], "machines": forged}]}
         (tmp_path / "cp.json").write_text(json.dumps(tampered))
-        refused = cli("resume", "cp.json", *ANSWER, *HOST, cwd=tmp_path)
-        assert refused.returncode == 2 and "signed" in refused.stderr, refused.stderr
+        refused(cli("resume", "cp.json", *ANSWER, *HOST, cwd=tmp_path), "signed")
     assert server.count == 1

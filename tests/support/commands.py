@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -75,14 +76,36 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     return code, out, err
 
 
-def refused(done: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """The line a command refused with: exit 2 and one line on stderr, holding every needle, and no traceback."""
-    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-500:])
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+def error_of(done: subprocess.CompletedProcess[str]) -> str:
+    """The one error a finished command printed, as its `mklang: error:` line (see `error_in`)."""
+    return error_in(done.stdout, done.stderr, done.returncode)
+
+
+def error_in(stdout: str, stderr: str, code: int | None = None) -> str:
+    """The one error a command printed, as its `mklang: error:` line, read where it went: a command
+    printing JSON puts the error document alone on stdout and no error on stderr; otherwise it is
+    the one line on stderr."""
+    from mklang.cli.app import error_line
+
+    assert "Traceback" not in stderr, stderr[-2000:]
+    if stdout.startswith("{"):
+        document = json.loads(stdout)
+        assert set(document) <= {"status", "error", "exit_code", "diagnostics"}, stdout[-2000:]
+        assert document["status"] == "error" and code in (None, document["exit_code"]), (code, document)
+        assert "mklang: error" not in stderr, stderr[-2000:]
+        return error_line(document["error"])
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, (stdout[-500:], stderr[-2000:])
     return lines[0]
+
+
+def refused(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """The error a command refused with: exit 2 and one error, printed once, holding every needle."""
+    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-500:])
+    line = error_of(done)
+    for needle in needles:
+        assert needle in line, line
+    return line
 
 
 def wait_for(condition: Callable[[], bool], process: subprocess.Popen[Any], what: str, timeout: float = 30) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conformance.harness import Recorder, run_mk, write_machines
+from support.commands import error_in
 from support.runs import machines_parsed_once as machines_parsed_once  # a fixture
 from typer.testing import CliRunner
 
@@ -259,7 +260,8 @@ def test_the_cli_flag_reaches_run_and_resume(machine_path, tmp_path):
     ran = runner.invoke(app, ["run", str(machine_path), *args, "--untrusted-flow", "halt", "--format", "json"])
     assert ran.exit_code == 1 and json.loads(ran.stdout)["error"] == "untrusted-control-flow"
     bad = runner.invoke(app, ["run", str(machine_path), *args, "--untrusted-flow", "warn"])
-    assert bad.exit_code == 2 and "--untrusted-flow expects report or halt, got 'warn'" in bad.stderr
+    assert bad.exit_code == 2
+    assert "--untrusted-flow expects report or halt, got 'warn'" in error_in(bad.stdout, bad.stderr, bad.exit_code)
     checkpoint, copy = tmp_path / "cp.json", tmp_path / "copy.json"
     args = ["--script", str(SCRIPT), "--scenario", "a-reply-set-when-no-question-waits-confirms-nothing"]
     suspended = runner.invoke(app, ["run", str(machine_path), *args, "--checkpoint", str(checkpoint)])
