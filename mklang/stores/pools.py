@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mklang.errors import CheckpointError, UsageError
+from mklang.providers.base import MAX_RECORDED_COST, MAX_RECORDED_TOKENS
 
 POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 POOL_NAME_RULE = "1 to 64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
-# The largest numbers a pool's row may hold: a recorded spend's limits (`providers.base`).
-MAX_RECORDED_TOKENS = 10**15
-MAX_RECORDED_COST = 1e12
 COST_SLACK = 1e-9  # USD: float sums of many calls (as `engine.runtime.Caps`)
 # The columns of a pool's row, in the order `Pool` takes them.
 POOL_COLUMNS = (
