@@ -1,4 +1,4 @@
-"""`mklang pool` (create, show, list, topup, rm): the budget pools of a store (docs/pools.md, ADR 0064)."""
+"""`mklang pool` (create, show, list, topup, rm): the budget pools of a store (docs/pools.md, ADR 0062)."""
 
 from __future__ import annotations
 

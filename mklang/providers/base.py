@@ -214,7 +214,7 @@ _throttle: ContextVar[Callable[[float], None] | None] = ContextVar("mklang_throt
 
 def throttling(told: Callable[[float], None]) -> AbstractContextManager[None]:
     """While entered, a server's request to wait (a 429's `Retry-After`) is told to `told` (its seconds),
-    so every run sharing a budget pool waits with the one the server slowed (ADR 0064)."""
+    so every run sharing a budget pool waits with the one the server slowed (ADR 0062)."""
     return _Bound((_throttle, told))
 
 

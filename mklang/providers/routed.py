@@ -56,7 +56,7 @@ class RoutedProvider:
     def worst_case(self, system: str, user: str, tier: str, reason: bool) -> Usage | None:
         """The most one produce call can cost: every byte of its messages a token (a token is at least
         one byte), the wire format's framing and a scratchpad's instruction, plus the provider's answer
-        cap, priced; None when nothing caps the answer or the model has no price (ADR 0064)."""
+        cap, priced; None when nothing caps the answer or the model has no price (ADR 0062)."""
         target = self._target(tier)
         cap = target.client.config.answer_cap(reason)
         if cap is None or target.price is None:

@@ -1,4 +1,4 @@
-"""A run's model calls drawn from a budget pool of its store (`--pool NAME`, ADR 0064).
+"""A run's model calls drawn from a budget pool of its store (`--pool NAME`, ADR 0062).
 
 `pooled` wraps the run's provider: before each model call it reserves the
 call's worst case (the provider's `worst_case`: every prompt byte a token plus

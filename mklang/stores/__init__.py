@@ -16,7 +16,7 @@ declared by the capability protocols it also implements, each found with
   (a run resumes where its files are) and batches and workers refuse it.
 - `GenerationStore`: the generation each run id reached, kept in the store
   (ADR 0022, 0052); without it the user's state folder remembers them.
-- `PoolStore`: budget pools that runs of many processes draw from (ADR 0064);
+- `PoolStore`: budget pools that runs of many processes draw from (ADR 0062);
   without it `--pool` is refused.
 
 The envelope codec, the journal's records and recovery live above, in
@@ -175,7 +175,7 @@ class GenerationStore(Protocol):
 
 @runtime_checkable
 class PoolStore(Protocol):
-    """A store that keeps budget pools (`mklang.stores.pools`, ADR 0064). Every change of a pool is one
+    """A store that keeps budget pools (`mklang.stores.pools`, ADR 0062). Every change of a pool is one
     atomic statement (or transaction), so pools shared by processes on many hosts never go past a cap."""
 
     def create_pool(self, name: str, caps: PoolCaps) -> bool:

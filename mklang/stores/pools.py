@@ -1,5 +1,5 @@
 """Budget pools: caps on dollars, tokens, calls in flight and call rates, shared by every run that
-draws from them, kept as rows of a store (ADR 0064).
+draws from them, kept as rows of a store (ADR 0062).
 
 A pool's row holds its caps, what its runs have spent, what their calls in
 flight have reserved (each call's worst case), how many calls are in flight,

@@ -6,7 +6,7 @@
 `mklang_segments(run, name, body)` (trace segments, flushed like envelopes), batches
 keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`,
 `mklang_generations(run_id, generation)` how far each run id got (ADR 0052),
-budget pools `mklang_pools` and `mklang_pool_holds` (ADR 0064);
+budget pools `mklang_pools` and `mklang_pool_holds` (ADR 0062);
 tables are created on first use; every write is one committed transaction.
 
 A committed transaction is on the server, so it survives the client's

@@ -280,7 +280,7 @@ def _summary_values(summary: RunSummary) -> tuple[object, ...]:
     return summary.run_id, summary.machine, summary.status, summary.reason, summary.tokens, summary.cost_usd
 
 
-# --- Budget pools (`mklang.stores.pools`, ADR 0064) ---------------------------------------------
+# --- Budget pools (`mklang.stores.pools`, ADR 0062) ---------------------------------------------
 
 # The one conditional statement of a reservation: the pool's row takes a call's worst case only when
 # it fits within every cap beside what is spent and reserved, a call-in-flight slot is free, the

@@ -23,7 +23,7 @@ are rows: `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(r
 `mklang_segments(run, name, body)` (trace segments, synced like envelopes);
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
 `mklang_generations(run_id, generation)` is how far each run id got (ADR 0052);
-budget pools are `mklang_pools` and `mklang_pool_holds` (ADR 0064).
+budget pools are `mklang_pools` and `mklang_pool_holds` (ADR 0062).
 
 SQLite has no lock that dies with its process, so a run's lock is the file
 store's `flock` on `<database>.locks/<run>.lock`: released by the kernel

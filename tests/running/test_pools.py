@@ -1,4 +1,4 @@
-"""Budget pools (docs/pools.md, ADR 0064): runs of many processes drawing from one pool in a SQLite or
+"""Budget pools (docs/pools.md, ADR 0062): runs of many processes drawing from one pool in a SQLite or
 PostgreSQL store never spend past its caps, suspend `pool-exhausted` and continue after a top-up, keep
 to its calls in flight, and wait together when the model server asks them to."""
 
