@@ -86,18 +86,9 @@ class ProviderError(MklangError):
     with malformed token counts, or an empty answer): the run's spend includes it.
     """
 
-    suspends_as = "provider-error"  # the reason a run that can suspend suspends with
-
     def __init__(self, message: str, usage: Usage | None = None):
         super().__init__(message)
         self.usage = usage
-
-
-class PoolExhausted(ProviderError):
-    """A model call's worst case does not fit in what is left of the run's budget pool: the call is
-    not made, and the run suspends (`pool-exhausted`) until the pool is topped up."""
-
-    suspends_as = "pool-exhausted"
 
 
 def did_you_mean(name: str, known: Iterable[object]) -> str:
