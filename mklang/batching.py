@@ -28,9 +28,8 @@ from mklang import exitcodes
 from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
 from mklang.engine.events import EventSink
-from mklang.engine.runtime import COST_SLACK
 from mklang.errors import MklangError, RunBusy, UsageError, first_line
-from mklang.limits import load_json_object
+from mklang.limits import COST_SLACK, load_json_object
 from mklang.model import Machine
 from mklang.providers.base import Usage
 from mklang.runs import Claim, Outcome, claim, location, outcome

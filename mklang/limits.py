@@ -20,6 +20,9 @@ from typing import Any
 
 from mklang.errors import UsageError
 
+# Dollars are float sums: ten calls of $0.01 make 0.0999...; this much slack keeps such a sum
+# from letting one more call through a $0.10 cap, or a listing from calling it under budget.
+COST_SLACK = 1e-9
 MAX_FILE_BYTES = 8 * 1024 * 1024  # any one file read as text
 MAX_DEPTH = 64  # nesting of JSON and YAML values (lists and maps inside each other)
 MAX_CHECKPOINT_DEPTH = 3 * MAX_DEPTH  # a checkpoint nests values inside frames, steps and sub-traces

@@ -30,7 +30,7 @@ from mklang.checkpoint.signing import UNSIGNED, Seal, checkpoint_key, seal_of, s
 from mklang.errors import CheckpointError
 from mklang.limits import MAX_CHECKPOINT_DEPTH, NestingError, load_json
 from mklang.stores import Location, RunStore, SummaryStore, locate
-from mklang.stores.summary import RunSummary, summary_reason
+from mklang.stores.summary import RunSummary, summarized, summary_reason
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 
 if TYPE_CHECKING:
@@ -323,7 +323,8 @@ def store_envelope(store: RunStore, run: str, envelope: Envelope, payload: bytes
 def summary_of(run: str, envelope: Envelope) -> RunSummary:
     """What a listing shows of a run whose envelope is `envelope` (`RunSummary`; display only)."""
     usage = envelope.usage
-    return RunSummary(
+    frame: dict[str, Any] = dict(envelope.frames[-1]) if envelope.frames else {}
+    summary = RunSummary(
         run,
         run_id=envelope.run_id,
         machine=envelope.machine.name,
@@ -331,7 +332,10 @@ def summary_of(run: str, envelope: Envelope) -> RunSummary:
         reason=summary_reason(envelope.status, envelope.reason, envelope.error, envelope.ask),
         tokens=usage["input_tokens"] + usage["output_tokens"],
         cost_usd=usage["cost_usd"],
+        budget_tokens=envelope.budgets.max_tokens,
+        budget_cost=envelope.budgets.max_cost,
     )
+    return summarized(summary, frame.get("ask"), envelope.ask, frame.get("context"))
 
 
 def load(target: str | Path | Location) -> Envelope:

@@ -25,11 +25,10 @@ from mklang.engine.keys import Calls
 from mklang.engine.records import StepRecord
 from mklang.errors import ProviderError
 from mklang.host.registry import Registry
+from mklang.limits import COST_SLACK
 from mklang.model import Machine, State
 from mklang.providers.base import Deltas, Provider, Usage, make_call
 from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
-
-COST_SLACK = 1e-9  # USD
 
 
 class Control:

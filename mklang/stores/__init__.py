@@ -11,6 +11,8 @@ declared by the capability protocols it also implements, each found with
   the whole trace stays in the envelope, as format 2 kept it.
 - `SummaryStore`: what a listing shows of each run, kept as envelopes are
   written; without it a listing reads every envelope (`summaries`).
+- `TallyStore`: runs counted in groups (by status, by question) by the store;
+  without it they are counted from every summary (`tallies_of`).
 - `NoteStore`: documents beside the runs (the machine texts runs share, batch
   records and reports, each batch run's spend); without it no texts are kept
   (a run resumes where its files are) and batches and workers refuse it.
@@ -39,6 +41,7 @@ from typing import Protocol, runtime_checkable
 from mklang.errors import UsageError, first_line, redacted
 from mklang.stores.summary import RunQuery as RunQuery  # re-exported: what a listing asks stores for
 from mklang.stores.summary import RunSummary as RunSummary
+from mklang.stores.summary import Tally as Tally
 from mklang.stores.summary import peek_summary
 
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
@@ -129,6 +132,14 @@ class SummaryStore(Protocol):
 
 
 @runtime_checkable
+class TallyStore(Protocol):
+    """A summary store that counts runs in groups itself, so counting many reads no summary."""
+
+    def tally(self, query: RunQuery, by: tuple[str, ...]) -> list[Tally]:
+        """`RunQuery.tally` of the summaries `query` keeps, grouped `by` summary fields."""
+
+
+@runtime_checkable
 class NoteStore(Protocol):
     """Documents kept beside the runs: machine texts, batch records and reports, and batch spend."""
 
@@ -190,6 +201,14 @@ def summaries_of(store: RunStore, query: RunQuery) -> list[RunSummary]:
     if isinstance(store, SummaryStore):
         return store.summaries(query)
     return query.page([peek_summary(run, store.read(run) or b"", None) for run in store.runs()])
+
+
+def tallies_of(store: RunStore, query: RunQuery, by: tuple[str, ...]) -> list[Tally]:
+    """The runs `query` keeps (every page) counted in groups `by` summary fields: by the store, or
+    from every summary (`summaries_of`)."""
+    if isinstance(store, TallyStore):
+        return store.tally(query, by)
+    return query.tally(summaries_of(store, RunQuery()), by)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from mklang.errors import CheckpointError, RunBusy
@@ -302,6 +302,19 @@ def _summaries(factory: Factory, run: str) -> None:
         since = RunQuery(machine=machine, since=newest.updated)
         expect(
             [s.run for s in other.summaries(since)] == [f"{run}-2"], "a query takes those updated at or after `since`"
+        )
+        asks = {"ask": "Publish?", "question": "q1", "choices": ["yes", "no"], "shown": "the draft"}
+        parked = RunSummary(run, "id-2", machine, "suspended", "Publish?", asks=asks, deadline=5.0, budget_cost=1.0)
+        store.summarize(run, replace(parked, over_budget=True))
+        [kept] = other.summaries(RunQuery(machine=machine, asking=True, due_by=5.0, over_budget=True))
+        expect(
+            (kept.run, kept.asks, kept.deadline, kept.budget_cost, kept.over_budget) == (run, asks, 5.0, 1.0, True),
+            "a summary keeps what the run asks, its deadline, budgets and whether it is over budget",
+        )
+        expect(other.summaries(RunQuery(machine=machine, due_by=4.0)) == [], "a query takes those due by `due_by`")
+        expect(
+            [s.run for s in other.summaries(RunQuery(machine=machine, search="PUBLISH"))] == [run],
+            "a query searches the reason in any case",
         )
         opened_store.remove(run)
         opened_store.remove(f"{run}-2")

@@ -335,7 +335,9 @@ def _read_summary(path: Path, run: str) -> RunSummary | None:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
-    return RunSummary.from_json(run, data) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or (data.get("status") == "suspended" and "asks" not in data):
+        return None  # a parked run summarized before summaries kept what it asks: its envelope says
+    return RunSummary.from_json(run, data)
 
 
 def _read_if_there(path: Path, what: str) -> bytes | None:

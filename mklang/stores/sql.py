@@ -8,11 +8,13 @@ in one transaction, and locks.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Any
 
 from mklang.errors import CheckpointError, JournalCut
-from mklang.stores.summary import RunQuery, RunSummary, peek_summary
+from mklang.stores.summary import TALLIED, RunQuery, RunSummary, Tally, peek_summary
 
 # The summary of a run (`RunSummary`), columns of its `mklang_runs` row: name, and type as
 # (SQLite, PostgreSQL). A database made before summaries gets them on open (`summary_columns`).
@@ -25,16 +27,25 @@ SUMMARY_COLUMNS = (
     ("cost", "REAL", "DOUBLE PRECISION"),
     ("started", "REAL", "DOUBLE PRECISION"),
     ("updated", "REAL", "DOUBLE PRECISION"),
+    ("asks", "TEXT", "TEXT"),  # JSON; `null` when the run asks nothing, NULL: summarized before it was kept
+    ("deadline", "REAL", "DOUBLE PRECISION"),
+    ("budget_tokens", "INTEGER", "BIGINT"),
+    ("budget_cost", "REAL", "DOUBLE PRECISION"),
+    ("over_budget", "INTEGER", "INTEGER"),
 )
-SUMMARY_SELECT = "SELECT run, run_id, machine, status, reason, tokens, cost, started, updated FROM mklang_runs"
-# An envelope written with its summary: the columns the summary sets, as `write` inserts and updates them
-# (`started` is kept while the run id stays the same).
-SUMMARIZED = ", run_id, machine, status, reason, tokens, cost"
+# The columns a summary sets as an envelope is written (`started` is kept while the run id stays
+# the same, `updated` is now), in the order of `_summary_values`; the first six, then the rest.
+KEPT = ("run_id", "machine", "status", "reason", "tokens", "cost")
+KEPT_LATER = ("asks", "deadline", "budget_tokens", "budget_cost", "over_budget")
+SUMMARY_SELECT = f"SELECT run, {', '.join(KEPT + KEPT_LATER)}, started, updated FROM mklang_runs"
+SUMMARIZED = "".join(f", {name}" for name in KEPT + KEPT_LATER)
 SUMMARIZED_SET = (
     ", started = CASE WHEN mklang_runs.run_id = excluded.run_id AND mklang_runs.started IS NOT NULL "
-    "THEN mklang_runs.started ELSE excluded.started END, run_id = excluded.run_id, machine = excluded.machine, "
-    "status = excluded.status, reason = excluded.reason, tokens = excluded.tokens, cost = excluded.cost"
+    "THEN mklang_runs.started ELSE excluded.started END"
+    + "".join(f", {name} = excluded.{name}" for name in KEPT + KEPT_LATER)
 )
+ASKING = "asks IS NOT NULL AND asks <> 'null'"
+NEVER_DUE = 1e18  # the deadline a run without one sorts by (`summary.NEVER`)
 
 
 # A journal and the count of its bytes in the run's row change in one transaction (ADR 0052).
@@ -168,7 +179,8 @@ class SqlStore:
         now = time.time()
         self._rows(
             "UPDATE mklang_runs SET started = CASE WHEN run_id = ? AND started IS NOT NULL THEN started ELSE ? END, "
-            "run_id = ?, machine = ?, status = ?, reason = ?, tokens = ?, cost = ?, updated = ? WHERE run = ?",
+            + "".join(f"{name} = ?, " for name in KEPT + KEPT_LATER)
+            + "updated = ? WHERE run = ?",
             summary.run_id,
             now,
             *_summary_values(summary),
@@ -179,54 +191,57 @@ class SqlStore:
         )
 
     def summaries(self, query: RunQuery) -> list[RunSummary]:
-        where: list[str] = []
-        args: list[object] = []
-        if query.statuses:
-            where.append(f"status IN ({', '.join('?' for _ in query.statuses)})")
-            args.extend(query.statuses)
-        if query.machine is not None:
-            where.append("machine = ?")
-            args.append(query.machine)
-        if query.since is not None:
-            where.append("updated >= ?")
-            args.append(query.since)
-        sql = SUMMARY_SELECT + (f" WHERE {' AND '.join(where)}" if where else "")
-        sql += " ORDER BY COALESCE(started, 0) DESC, run"
+        where, args = _filters(query)
+        sql = SUMMARY_SELECT + where
+        if query.order == "question":
+            sql += f" ORDER BY COALESCE(machine, ''), COALESCE(reason, ''), COALESCE(deadline, {NEVER_DUE}),"
+        else:
+            sql += " ORDER BY"
+        sql += " COALESCE(started, 0) DESC, run"
         if query.limit is not None:
             sql += f" LIMIT {int(query.limit)}"
         if query.offset:
             sql += f" OFFSET {int(query.offset)}"
+        return [_summary_of_row(row) for row in self._select(sql, *args)]
+
+    def tally(self, query: RunQuery, by: tuple[str, ...]) -> list[Tally]:
+        """`RunQuery.tally` in one statement."""
+        assert by and set(by) <= set(TALLIED), f"a tally groups by summary columns of {TALLIED}"
+        where, args = _filters(query)
+        grouped = ", ".join(by)
+        ordered = ", ".join(f"COALESCE({name}, '')" for name in by)
+        sql = (
+            f"SELECT {grouped}, COUNT(*), COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0), "
+            f"COALESCE(SUM(over_budget), 0), MIN(deadline) FROM mklang_runs{where} "
+            f"GROUP BY {grouped} ORDER BY {ordered}"
+        )
+        n = len(by)
         return [
-            RunSummary(
-                str(run),
-                run_id,
-                machine,
-                status,
-                reason,
-                int(tokens or 0),
-                float(cost or 0.0),
-                None if started is None else float(started),
-                None if updated is None else float(updated),
+            Tally(
+                tuple(row[:n]),
+                int(row[n]),
+                int(row[n + 1]),
+                float(row[n + 2]),
+                int(row[n + 3]),
+                None if row[n + 4] is None else float(row[n + 4]),
             )
-            for run, run_id, machine, status, reason, tokens, cost, started, updated in self._select(sql, *args)
+            for row in self._select(sql, *args)
         ]
 
     def _backfill(self) -> None:
-        """Summarize the runs a database holds from before summaries, from their envelopes (once:
-        a run summarized has a status); their times stay unknown."""
-        for run, envelope in self._select("SELECT run, envelope FROM mklang_runs WHERE status IS NULL"):
+        """Summarize the runs a database holds from before summaries, or from before summaries kept
+        what a run asks and its budgets, from their envelopes (once: such a run has `asks` then);
+        their times stay unknown, and the status of one summarized already is left as it is."""
+        rows = self._select("SELECT run, envelope, status FROM mklang_runs WHERE status IS NULL OR asks IS NULL")
+        for run, envelope, status in rows:
             peeked = peek_summary(str(run), bytes(envelope), None)
             if peeked.status is None:
                 continue  # not an envelope this version reads: the listing shows it as unknown
+            values = _summary_values(peeked)
+            columns = KEPT + KEPT_LATER if status is None else KEPT_LATER
             self._rows(
-                "UPDATE mklang_runs SET run_id = ?, machine = ?, status = ?, reason = ?, tokens = ?, cost = ? "
-                "WHERE run = ? AND status IS NULL",
-                peeked.run_id,
-                peeked.machine,
-                peeked.status,
-                peeked.reason,
-                peeked.tokens,
-                peeked.cost_usd,
+                f"UPDATE mklang_runs SET {', '.join(f'{name} = ?' for name in columns)} WHERE run = ?",
+                *values[-len(columns) :],
                 run,
                 durable=False,
             )
@@ -274,5 +289,71 @@ class SqlStore:
 
 
 def _summary_values(summary: RunSummary) -> tuple[object, ...]:
-    """What a summary keeps, in the order of `SUMMARIZED`."""
-    return summary.run_id, summary.machine, summary.status, summary.reason, summary.tokens, summary.cost_usd
+    """What a summary keeps, in the order of `KEPT` then `KEPT_LATER`."""
+    return (
+        summary.run_id,
+        summary.machine,
+        summary.status,
+        summary.reason,
+        summary.tokens,
+        summary.cost_usd,
+        json.dumps(summary.asks, ensure_ascii=False, default=str),
+        summary.deadline,
+        summary.budget_tokens,
+        summary.budget_cost,
+        int(summary.over_budget),
+    )
+
+
+def _summary_of_row(row: tuple[Any, ...]) -> RunSummary:
+    """A summary from a row `SUMMARY_SELECT` selects; display only, so a malformed `asks` is none."""
+    run, run_id, machine, status, reason, tokens, cost, asks, deadline, budget_tokens, budget_cost, over, *times = row
+    try:
+        asked = json.loads(asks) if asks else None
+    except ValueError:
+        asked = None
+    started, updated = times
+    return RunSummary(
+        str(run),
+        run_id,
+        machine,
+        status,
+        reason,
+        int(tokens or 0),
+        float(cost or 0.0),
+        None if started is None else float(started),
+        None if updated is None else float(updated),
+        asks=asked if isinstance(asked, dict) else None,
+        deadline=None if deadline is None else float(deadline),
+        budget_tokens=None if budget_tokens is None else int(budget_tokens),
+        budget_cost=None if budget_cost is None else float(budget_cost),
+        over_budget=bool(over),
+    )
+
+
+def _filters(query: RunQuery) -> tuple[str, list[object]]:
+    """The WHERE clause of `query`'s filters (empty, or starting with a space) and its arguments."""
+    where: list[str] = []
+    args: list[object] = []
+    if query.statuses:
+        where.append(f"status IN ({', '.join('?' for _ in query.statuses)})")
+        args.extend(query.statuses)
+    for column, test, value in (
+        ("machine", "=", query.machine),
+        ("updated", ">=", query.since),
+        ("updated", "<=", query.until),
+        ("deadline", "<=", query.due_by),
+        ("reason", "=", query.reason),
+    ):
+        if value is not None:
+            where.append(f"{column} {test} ?")
+            args.append(value)
+    if query.search:
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", query.search.lower()) + "%"
+        where.append("(LOWER(run) LIKE ? ESCAPE '\\' OR LOWER(COALESCE(reason, '')) LIKE ? ESCAPE '\\')")
+        args.extend((pattern, pattern))
+    if query.asking:
+        where.append(ASKING)
+    if query.over_budget:
+        where.append("over_budget = 1")
+    return (f" WHERE {' AND '.join(where)}" if where else ""), args
