@@ -1,25 +1,41 @@
 """Replies from the inbox: each resumes its run as `mklang resume STORE#RUN --set PATH=REPLY` does,
-or, to a run parked on a human decision, as `mklang resume STORE#RUN --answer REPLY` does.
+or, to a run parked on a human decision, as `mklang resume STORE#RUN --answer CHOICE --note NOTE
+--question ID` does, bound besides to the digest of the value the card showed.
 
-The reply is parsed as `--set` parses a value and goes through the same `runs.resume`, so the run
-takes it as untrusted data. The host that answers the resumed run is the one `mklang serve` was
-started with (its --script, --provider, --plugin ...), filled in from the run's own record as a
-resume fills it in. The run goes on in a thread of the console; the run page follows it, and shows
-what the resume had to tell (a note, settings of the checkpoint ignored) where the terminal would.
+Every reply goes through the same `runs.resume`, under the run's lock, so the run takes it as
+untrusted data and a decision is checked by `decisions.refusal` against the signed envelope (the
+card it was made on is display only). The host that answers the resumed run is the one `mklang
+serve` was started with (its --script, --provider, --plugin ...), filled in from the run's own
+record as a resume fills it in. The run goes on in a thread of the console; the answer's verdict
+(taken, or the one line that refused it) is known once the lock is held and the run read, so
+the page that sent it can say so, and the run page follows the rest.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mklang.engine.events import Event
-from mklang.errors import first_line
+from mklang.errors import MklangError, first_line, redacted
 from mklang.stores import RunStore
 
 if TYPE_CHECKING:
+    from mklang import runs
     from mklang.engine.decisions import Decision
+    from mklang.session import Host
+
+
+@dataclass
+class Delivery:
+    """One reply on its way: `verdict` is set once it was taken (None) or refused (the line why)."""
+
+    run: str
+    decided: threading.Event = field(default_factory=threading.Event)
+    verdict: str | None = None
 
 
 class Replies:
@@ -35,34 +51,53 @@ class Replies:
         self.notes: dict[str, list[str]] = {}
         self._threads: list[threading.Thread] = []
 
-    def deliver(self, run: str, reply_to: str, reply: str, decides: bool = False) -> None:
+    def reply(self, run: str, reply_to: str, reply: str) -> Delivery:
         """Resume `run` with `reply` set at `reply_to`, in the background; JSON nested too deep to be
-        a value raises NestingError here. To a run the inbox showed parked on a human decision
-        (`decides`) the reply is the answer, a choice, checked as `--answer` is under the run's lock."""
+        a value raises NestingError here."""
         from mklang.limits import parse_value
 
-        decision: Decision | None = {"choice": reply.strip(), "by": "human"} if decides else None
-        values = {} if decides else {reply_to: parse_value(reply)}
+        return self._deliver(run, {reply_to: parse_value(reply)}, None)
+
+    def answer(self, run: str, decision: Decision) -> Delivery:
+        """Resume `run` with `decision`, in the background; refused, changing nothing, unless the run
+        still waits on that question, showing that value, when its lock is held."""
+        return self._deliver(run, {}, decision)
+
+    def _deliver(self, run: str, values: dict[str, object], decision: Decision | None) -> Delivery:
         self.failures.pop(run, None)
         self.notes[run] = []
+        delivery = Delivery(run)
         thread = threading.Thread(
-            target=self._resume, args=(run, values, decision), name=f"mklang-reply-{run}", daemon=True
+            target=self._resume, args=(delivery, values, decision), name=f"mklang-reply-{run}", daemon=True
         )
         self._threads.append(thread)
         thread.start()
+        return delivery
 
-    def _resume(self, run: str, values: dict[str, object], decision: Decision | None) -> None:
+    def _resume(self, delivery: Delivery, values: dict[str, object], decision: Decision | None) -> None:
         from mklang import runs
-        from mklang.errors import MklangError
+        from mklang.runs.driving import decided
 
-        where = runs.location(self.store, self.uri, run)
-        request = runs.RunRequest(source=where, reply=values, decision=decision, hosting=self.hosting)
-        try:
-            runs.resume(request, observer=_Progress(run, self.on_change), tell=self.notes[run].append)
-        except MklangError as error:
-            self.failures[run] = first_line(error)
-        finally:
-            self.on_change(run)
+        run = delivery.run
+        request = runs.RunRequest(
+            source=runs.location(self.store, self.uri, run), reply=values, decision=decision, hosting=self.hosting
+        )
+        with ExitStack() as hosts:
+
+            def host_for(resumable: runs.Resumable) -> Host:
+                decided(resumable, values, decision)  # under the lock: refused here, nothing is changed
+                delivery.decided.set()
+                return hosts.enter_context(runs.build_host(request, resumable, self.notes[run].append))
+
+            try:
+                runs.resume(request, host_for, observer=_Progress(run, self.on_change), tell=self.notes[run].append)
+            except MklangError as error:
+                self.failures[run] = redacted(first_line(error))  # a store URI's password is not shown
+                if not delivery.decided.is_set():
+                    delivery.verdict = self.failures[run]
+            finally:
+                delivery.decided.set()
+                self.on_change(run)
 
     def wait(self, timeout: float | None = None) -> None:
         """Let the runs in flight reach their end (or their next stop) before the console exits."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mklang.console import reading
-from mklang.console.answers import Replies
+from mklang.console.answers import Delivery, Replies
 from mklang.console.events import Change, StorePoller
 from mklang.errors import MklangError, redacted
 from mklang.host.settings import given
@@ -47,6 +48,7 @@ HEADERS = {
 }
 MAX_FORM = 64 * 1024  # bytes of a reply form
 HEARTBEAT = 15.0  # seconds between keep-alive comments of the event stream
+VERDICT_WAIT = 30.0  # seconds an answer waits to be taken or refused under its run's lock
 UNAUTHORIZED = "401: open the console with the URL `mklang serve` printed (it carries the token)\n"
 
 
@@ -66,10 +68,10 @@ class Console:
         self.replies = Replies(
             self.store, self.uri, self.hosting, lambda run: self.changes.tell(Change(frozenset({run})))
         )
-        self.inbox = reading.Inbox()
         self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
         self.templates.globals.update(csrf=self.csrf, store=redacted(self.uri))
         self.templates.filters["shown"] = shown
+        self.templates.filters["when"] = reading.when
         # One console's cookie does not replace another's on the same host (cookies ignore ports).
         self.cookie = "mklang-" + hashlib.sha256(self.token.encode()).hexdigest()[:12]
 
@@ -130,9 +132,9 @@ def create_app(console: Console) -> ASGIApp:
 
     def runs_page(request: Request) -> Response:
         number = _page_number(request)
-        page = reading.runs_page(console.store, number)
+        page = reading.runs_page(console.store, number, request.query_params)
         name = "runs_table.html" if "fragment" in request.query_params else "runs.html"
-        return console.page(name, page=page, here="runs")
+        return console.page(name, page=page, here="runs", query=_query(page.filters))
 
     def run_page(request: Request) -> Response:
         run = _run(request, console)
@@ -158,27 +160,48 @@ def create_app(console: Console) -> ASGIApp:
         return Response(to_svg(drawn), media_type="image/svg+xml")
 
     def inbox_page(request: Request) -> Response:
-        entries = console.inbox.entries(console.store, console.uri)
+        page = reading.inbox_page(console.store, console.uri, _page_number(request), request.query_params)
         name = "inbox_list.html" if "fragment" in request.query_params else "inbox.html"
-        return console.page(name, entries=entries, here="inbox")
+        return console.page(name, inbox=page, here="inbox", query=_query(page.filters))
 
-    async def answer(request: Request) -> Response:
+    async def reply(request: Request) -> Response:
+        """A free-text reply to the question a run parked on (`--set REPLY_TO=REPLY`)."""
         run = await run_in_threadpool(_run, request, console)
-        body = await request.body()
-        if len(body) > MAX_FORM:
-            return PlainTextResponse("413: the reply is too long\n", 413)
-        form = {key: values[0] for key, values in parse_qs(body.decode("utf-8", "replace")).items()}
-        if not _same(form.get("csrf", ""), console.csrf):
-            return PlainTextResponse("403: the form's CSRF token is missing or wrong: reload the page\n", 403)
+        form = await _form(request, console)
+        if isinstance(form, Response):
+            return form
         summary = await run_in_threadpool(reading.run_view, console.store, console.uri, run)
-        if not summary["waiting"]:
+        if not summary["waiting"] or summary.get("question") is not None:
             return console.page("answered.html", 409, run=run, status=summary["status"], here="inbox")
         try:
-            decides = summary.get("question") is not None  # a human decision: the reply is a choice
-            console.replies.deliver(run, summary["reply_to"], form.get("reply", ""), decides)
+            console.replies.reply(run, summary["reply_to"], _one(form, "reply"))
         except NestingError as error:
             return PlainTextResponse(f"400: the reply is {error}\n", 400)
         return RedirectResponse(f"/runs/{run}", 303)
+
+    async def answer(request: Request) -> Response:
+        """A choice (and note) answering the decisions of one or more runs (`pick`: each a run, the
+        question its card showed and the digest of the value shown): each is delivered under its own
+        lock, bound to its own question and digest; the page says which were taken."""
+        form = await _form(request, console)
+        if isinstance(form, Response):
+            return form
+        picks = [_pick(text) for text in form.get("pick", [])]
+        if not picks or None in picks:
+            return PlainTextResponse("400: the answer names no run, or a run by a name no run has\n", 400)
+        choice, note = _one(form, "choice").strip(), _one(form, "note").strip() or None
+        deliveries = [
+            console.replies.answer(
+                run, {"choice": choice, "note": note, "question": question, "digest": digest, "by": "human"}
+            )
+            for run, question, digest in (pick for pick in picks if pick is not None)
+        ]
+        await run_in_threadpool(_verdicts, deliveries)
+        refused = [delivery for delivery in deliveries if delivery.verdict is not None]
+        if len(deliveries) == 1 and not refused:
+            return RedirectResponse(f"/runs/{deliveries[0].run}", 303)
+        code = 409 if len(refused) == len(deliveries) else 200
+        return console.page("answers.html", code, choice=choice, deliveries=deliveries, here="inbox")
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
@@ -198,7 +221,8 @@ def create_app(console: Console) -> ASGIApp:
         Route("/runs/{run}", run_page),
         Route("/runs/{run}/graph.svg", graph_svg),
         Route("/inbox", inbox_page),
-        Route("/inbox/{run}", answer, methods=["POST"]),
+        Route("/inbox/answer", answer, methods=["POST"]),
+        Route("/inbox/{run}", reply, methods=["POST"]),
         Route("/events", events),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -217,6 +241,51 @@ def _store_error(console: Console) -> Any:
 def _page_number(request: Request) -> int:
     text = request.query_params.get("page", "1")
     return int(text) if text.isdigit() and 0 < int(text) < 10**9 else 1
+
+
+def _query(filters: Mapping[str, str]) -> str:
+    """The filters of a page as the query its links to other pages carry (`&` first)."""
+    return "".join(f"&{urlencode({name: value})}" for name, value in filters.items())
+
+
+async def _form(request: Request, console: Console) -> dict[str, list[str]] | Response:
+    """A posted form's fields, or the response refusing it: too long, or without the CSRF token."""
+    body = await request.body()
+    if len(body) > MAX_FORM:
+        return PlainTextResponse("413: the reply is too long\n", 413)
+    form = parse_qs(body.decode("utf-8", "replace"))
+    if not _same(_one(form, "csrf"), console.csrf):
+        return PlainTextResponse("403: the form's CSRF token is missing or wrong: reload the page\n", 403)
+    return form
+
+
+def _one(form: Mapping[str, list[str]], name: str) -> str:
+    return form.get(name, [""])[0]
+
+
+QUESTION_ID = re.compile(r"[0-9a-f]{1,64}")
+DIGEST = re.compile(r"[0-9a-f]{64}|-")
+
+
+def _pick(text: str) -> tuple[str, str, str | None] | None:
+    """A run picked on a card (`RUN QUESTION DIGEST`, as `reading.card` binds it), its parts
+    checked; None when it is not one (a forged name is refused before anything is looked up)."""
+    parts = text.split(" ")
+    if len(parts) != 3 or not QUESTION_ID.fullmatch(parts[1]) or not DIGEST.fullmatch(parts[2]):
+        return None
+    try:
+        run = run_name(parts[0])
+    except MklangError:
+        return None
+    return run, parts[1], None if parts[2] == "-" else parts[2]
+
+
+def _verdicts(deliveries: list[Delivery]) -> None:
+    """Wait until each answer was taken or refused under its run's lock (a run busy past
+    `VERDICT_WAIT` is told as such)."""
+    for delivery in deliveries:
+        if not delivery.decided.wait(VERDICT_WAIT) and delivery.verdict is None:
+            delivery.verdict = f"run {delivery.run} did not take the answer within {VERDICT_WAIT:g}s: look at it again"
 
 
 class NoSuchRun(MklangError):

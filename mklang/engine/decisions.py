@@ -38,6 +38,7 @@ class Decision(TypedDict, total=False):
     note: str | None  # free text from the human: untrusted data
     by: Decider
     at: str  # when it was decided (ISO 8601, UTC)
+    digest: str | None  # the sha256 of the value the human was shown (the console's card); None: not given
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,12 @@ def refusal(frame: Waiting, decision: Decision, context: dict[str, Any], at: flo
     if decision.get("choice") not in choices:
         return f"{decision.get('choice')!r} is not a choice of question {asked['question']}: {', '.join(choices)}"
     shown = gate.show
+    seen = decision.get("digest")
+    if seen is not None and seen != asked.get("digest"):
+        return (
+            f"the answer to question {asked['question']} was made on a value that is not the one it shows: "
+            "look at the question again"
+        )
     if shown and digest(lookup(context, shown)) != asked.get("digest"):
         return (
             f"{shown} is not what question {asked['question']} showed: it changed since it was asked, "

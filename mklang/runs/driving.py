@@ -133,7 +133,7 @@ def proceed(
     if ignored:
         tell(f"the checkpoint is not signed with your key: ignored its recorded {'; '.join(ignored)}")
     _require_answer(resumable, reply or {})
-    decided = _decided(resumable, reply or {}, decision)
+    decided_now = decided(resumable, reply or {}, decision)
     change = {
         "budgets": {name: settings[name] for name in BUDGETS},
         "hitl": settings["hitl"],
@@ -142,7 +142,7 @@ def proceed(
         "host": host.recorded().model_copy(update={"state": envelope.host.state}).model_dump(mode="json"),
         "budget": budget,
         "set": dict(reply or {}),
-        **({"decision": decided} if decided is not None else {}),
+        **({"decision": decided_now} if decided_now is not None else {}),
     }
     chain = resumable.chain
     envelope = apply_resume(envelope, chain, change)
@@ -204,7 +204,7 @@ def _require_answer(resumable: Resumable, reply: dict[str, Any]) -> None:
             )
 
 
-def _decided(resumable: Resumable, reply: dict[str, Any], decision: Decision | None) -> Decision | None:
+def decided(resumable: Resumable, reply: dict[str, Any], decision: Decision | None) -> Decision | None:
     """`decision` as the resume applies it: naming its question and stamped now, once
     `decisions.refusal` allows it with the values of `reply` set; else refused, nothing changed."""
     if decision is None:

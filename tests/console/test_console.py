@@ -160,7 +160,7 @@ def test_a_run_the_console_resumes_is_followed_by_its_events_not_by_looking_at_t
         seen: list[Change] = []
         first = asyncio.ensure_future(anext(changes))
         await asyncio.sleep(0.1)  # following (the first look only notes what is there)
-        await asyncio.to_thread(console.replies.deliver, "ask", "approval.answer", "yes, ship it")
+        await asyncio.to_thread(console.replies.reply, "ask", "approval.answer", "yes, ship it")
         seen.append(await asyncio.wait_for(first, 30))
         await asyncio.to_thread(console.replies.wait, 30)
         while True:  # what the run's thread told, in order
@@ -289,11 +289,12 @@ def test_an_inbox_reply_to_a_decision_is_an_answer_refused_unless_it_is_a_choice
         console = Console(opened, uri, TOKEN, interval=0.05)
         shown = reading.run_view(opened, uri, "d")  # what the inbox tells a decision by
         assert shown["waiting"] and shown["question"]["choices"] == ["approve", "revise", "reject"]
-        console.replies.deliver("d", "approval", "maybe", decides=True)
+        refused = console.replies.answer("d", {"choice": "maybe", "by": "human"})
         console.replies.wait(timeout=30)
+        assert refused.verdict is not None and "'maybe' is not a choice of question" in refused.verdict
         assert "'maybe' is not a choice of question" in console.replies.failures["d"]
         assert load(locate(f"{uri}#d")).status == "suspended"
-        console.replies.deliver("d", "approval", "approve", decides=True)
+        console.replies.answer("d", {"choice": "approve", "by": "human"})
         console.replies.wait(timeout=30)
         assert console.replies.failures == {}
         done = load(locate(f"{uri}#d"))

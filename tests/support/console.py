@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from support.commands import cli
-from support.examples import HITL
+from support.examples import EXAMPLES, HITL
 
 # The system's Chromium, as the browser tests and scripts/console_screenshots.py drive it
 # (headless, and quiet: nothing it does reaches the network but the console under test).
@@ -64,3 +64,38 @@ def make_runs(tmp_path: Path) -> None:
     assert asked.returncode == 3, asked.stderr
     echoed = cli("run", "echo.mk", "--script", "echo.yaml", "--checkpoint", f"{uri}#echo", cwd=tmp_path)
     assert echoed.returncode == 0, echoed.stderr
+
+
+def park_many(folder: Path, count: int, machines: int = 2) -> str:
+    """`sqlite:///{folder}/parked.db` with `count` runs parked on the approval example's decision
+    (`parked-0000`, ...): one real run parked, then copies of it, each its own run (a new run id
+    and question id, its own announcement and the digest of it), signed with this user's key and
+    summarized as the checkpoint layer does; every `machines`-th run's summary names another
+    machine, so the inbox has groups. Returns the store's URI."""
+    import secrets
+
+    from mklang.checkpoint.envelope import parse, save
+    from mklang.engine.decisions import digest
+    from mklang.stores import locate
+
+    shutil.copytree(EXAMPLES / "approval", folder / "approval", dirs_exist_ok=True)
+    uri = f"sqlite:///{folder}/parked.db"
+    parked = cli(
+        "run", "approval/approval.mk", "--script", "approval/scenarios.yaml", "--scenario", "ask-then-publish",
+        "--checkpoint", f"{uri}#parked-0000", cwd=folder,
+    )  # fmt: skip
+    assert parked.returncode == 3, parked.stderr
+    first = locate(f"{uri}#parked-0000")
+    raw = first.store.read(first.run) or b""
+    for number in range(1, count):
+        envelope = parse(raw, first.run)
+        envelope.run_id = secrets.token_hex(16)
+        frame = envelope.frames[-1]
+        text = f"{frame['context']['announcement']} (notice {number})"
+        frame["context"]["announcement"] = text
+        frame["ask"] = {**frame["ask"], "question": secrets.token_hex(8), "digest": digest(text)}
+        if number % machines:
+            envelope.machine = envelope.machine.model_copy(update={"name": f"approval-{number % machines}"})
+        save(f"{uri}#parked-{number:04d}", envelope)
+    first.store.close()
+    return uri

@@ -12,14 +12,23 @@
   let again = false;
 
   function typing() {
-    // A reply being written is never replaced under the writer's hands.
-    if (!("keepTyping" in live.dataset)) {
-      return false;
-    }
-    return Array.from(live.querySelectorAll("textarea")).some(
-      (area) => area.value !== "" || area === document.activeElement
+    // A reply being written, or runs being picked, is never replaced under the writer's hands.
+    const fields = Array.from(live.querySelectorAll("textarea, input[type=text], input[type=checkbox]"));
+    return fields.some((field) =>
+      field.type === "checkbox" ? field.checked : field.value !== "" || field === document.activeElement
     );
   }
+
+  // "Select all" of a question's cards ticks every card of its bulk form.
+  live.addEventListener("change", (event) => {
+    const all = event.target;
+    if (!all.classList || !all.classList.contains("select-all")) {
+      return;
+    }
+    live.querySelectorAll(`input[name=pick][form="${all.dataset.form}"]`).forEach((pick) => {
+      pick.checked = all.checked;
+    });
+  });
 
   async function refresh() {
     if (fetching) {
