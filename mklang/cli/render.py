@@ -195,7 +195,7 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
     console.print(chain)
     for ancestor in summary.get("lineage", []):
         inherited = ancestor["inherited"]
-        if ancestor["run_id"] == summary.get("run_id"):  # its own id: a migration (ADR 0061), not a fork
+        if ancestor["migration"]:
             console.print(Text(printable(f"migrated to a new machine version at step {ancestor['step']}"), style="dim"))
             continue
         console.print(

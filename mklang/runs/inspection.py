@@ -102,9 +102,16 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
         "resumable": envelope.status in ("running", "suspended"),
         "signature": {"seal": envelope.seal, "text": SEAL_TEXT[envelope.seal]},
         "host": recorded_host(located_host(envelope.host, location.anchor)),
-        # The runs it was forked from, oldest first, and what their prefixes spent (inherited, in its spend).
+        # The runs it was forked from, oldest first, and what their prefixes spent (inherited, in its spend);
+        # an entry with the run's own id is its migration to a new machine version (ADR 0061), not a fork.
         "lineage": [
-            {"run_id": a.run_id, "checkpoint": redacted(a.checkpoint), "step": a.step, "inherited": dict(a.inherited)}
+            {
+                "run_id": a.run_id,
+                "checkpoint": redacted(a.checkpoint),
+                "step": a.step,
+                "inherited": dict(a.inherited),
+                "migration": a.run_id == envelope.run_id,
+            }
             for a in envelope.lineage
         ],
     }

@@ -4,6 +4,7 @@ inbox reply that resumes a parked run to its end (the real browser: test_console
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import sys
@@ -302,3 +303,48 @@ def test_an_inbox_reply_to_a_decision_is_an_answer_refused_unless_it_is_a_choice
         assert done.frames[0]["context"]["approval"] == {"choice": "approve"}
     finally:
         opened.close()
+
+
+TWO_STEPS = """\
+mklang 0.5
+machine pair
+entry one
+budget 4
+state one {
+  structure "A line."
+  prompt "Begin."
+  output first
+  otherwise -> two
+}
+state two {
+  structure "A line."
+  prompt "Go on from {{first}}."
+  output second
+  otherwise -> END
+}
+"""
+
+
+def test_a_forked_runs_page_shows_its_parent_and_what_it_inherited(tmp_path: Path):
+    """Lineage on the run page, as `show` prints it: the parent, the step, the inherited spend."""
+    (tmp_path / "pair.mk").write_text(TWO_STEPS)
+    (tmp_path / "pair.yaml").write_text(json.dumps({"scenarios": [{"name": "s", "llm": {"produce": ["a", "b"]}}]}))
+    uri = f"sqlite:///{tmp_path}/runs.db"
+    script = ("--script", "pair.yaml", "--scenario", "s")
+    assert cli("run", "pair.mk", *script, "--checkpoint", f"{uri}#source", cwd=tmp_path).returncode == 0
+    forked = cli("fork", f"{uri}#source", "--at", "2", "--store", f"{uri}#forked", *script, cwd=tmp_path)
+    assert forked.returncode == 0, forked.stderr
+    shown = json.loads(cli("show", f"{uri}#forked", "--summary", "--format", "json", cwd=tmp_path).stdout)
+    (ancestor,) = shown["lineage"]
+    assert ancestor["migration"] is False and ancestor["step"] == "2"
+    tokens = ancestor["inherited"]["input_tokens"] + ancestor["inherited"]["output_tokens"]
+    opened = open_store(uri, create=False)
+    try:
+        with TestClient(create_app(Console(opened, uri, TOKEN)), follow_redirects=False) as browser:
+            page = signed_in(browser).get("/runs/forked").text
+            source_page = browser.get("/runs/source").text
+    finally:
+        opened.close()
+    assert "<h2>Lineage</h2>" in page and f"(run <code>{ancestor['run_id']}</code>) at step 2" in page
+    assert f"inherited {tokens} tokens, ${ancestor['inherited']['cost_usd']:.4f}" in page
+    assert "<h2>Lineage</h2>" not in source_page  # a run of its own has none
