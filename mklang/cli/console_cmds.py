@@ -8,7 +8,7 @@ import typer
 from mklang import exitcodes
 from mklang.cli.app import app, fail, handle_errors
 from mklang.cli.hosting import Hosting, hosted
-from mklang.cli.scale_cmds import StoreOpt
+from mklang.cli.scale_cmds import StoreOpt, SweepOpt, sweeping
 
 CONSOLE_LIBRARIES = ("starlette", "uvicorn", "jinja2", "markupsafe", "anyio", "h11")
 
@@ -19,9 +19,11 @@ def serve(
     store: str = StoreOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0: a free one, printed)."),
+    sweep: float | None = SweepOpt,
     hosting: Hosting = Hosting(),
 ) -> None:
-    """Serve a web console of a store: runs, traces, graphs, and an inbox whose replies resume runs."""
+    """Serve a web console of a store: runs, traces, graphs, and an inbox whose replies resume runs
+    (with --sweep, it also takes the deadlines of the store's parked decisions)."""
     with handle_errors():
         try:
             from mklang.console.server import serve as serve_console
@@ -33,4 +35,5 @@ def serve(
                     exitcodes.USAGE,
                 ) from None
             raise
-        serve_console(store, host=host, port=port, hosting=hosting.settings)
+        with sweeping(store, sweep, hosting.settings):
+            serve_console(store, host=host, port=port, hosting=hosting.settings)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,12 @@ from mklang.stores.summary import SUMMARY_STATUSES
 from mklang.vocabulary import DEFAULT_BATCH_CONCURRENCY, DEFAULT_WORKER_CONCURRENCY
 
 StoreOpt = typer.Option(..., "--store", help="The checkpoint store: a folder, sqlite:///runs.db or postgresql://...")
+SweepOpt = typer.Option(
+    None,
+    "--sweep",
+    min=0.1,
+    help="Sweep the store every SECONDS as `mklang runs sweep` does: decisions whose deadline passed go on.",
+)
 
 
 runs_app = typer.Typer(help="The runs of a store: list them, remove them, prune old ones, migrate parked ones.")
@@ -252,16 +260,28 @@ def runs_sweep(
         elif not swept:
             print("mklang: no run's deadline has passed", file=sys.stderr)
         for done in [] if wants_json(format) else swept:
-            print(f"{done.run}: {done.outcome}" + "".join(f" {part}" for part in _sweep_parts(done)))
+            print(done.line())
         if any(done.outcome == "failed" for done in swept):
             raise typer.Exit(exitcodes.HALT)
 
 
-def _sweep_parts(done: Any) -> list[str]:
-    """The rest of a `runs sweep` line: the question, what the run came to, why."""
-    parts = [f"question {done.question}"] if done.question else []
-    parts += [f"-> {done.status}"] if done.status else []
-    return parts + ([f"({done.detail})"] if done.detail else [])
+@contextmanager
+def sweeping(uri: str, every: float | None, hosting: Mapping[str, Any]) -> Iterator[None]:
+    """With `every` (--sweep), the store `uri` swept that often while the block runs (`Sweeper`):
+    its runs continued by a host made of `hosting`, each line on stderr."""
+    if every is None:
+        yield
+        return
+    from mklang.runs import RunRequest, location, on_stderr
+    from mklang.runs.sweeping import Sweeper
+    from mklang.stores import open_store
+
+    store = open_store(uri, create=False)
+    try:
+        with Sweeper(store, lambda run: location(store, uri, run), RunRequest(hosting=hosting), every, on_stderr):
+            yield
+    finally:
+        store.close()
 
 
 def _report_removed(done: list[Any], as_json: bool, pruned: bool = False) -> None:
@@ -476,8 +496,10 @@ def worker(
     log_format: str = typer.Option(
         "text", "--log-format", help="The line logged per run taken and finished: text or json (logger mklang)."
     ),
+    sweep: float | None = SweepOpt,
 ) -> None:
-    """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`."""
+    """A Celery worker that runs the batches enqueued with `mklang batch --executor celery`
+    (with --sweep, it also takes the deadlines of the store's parked decisions)."""
     with handle_errors():
         from mklang.distributed import LOG_FORMATS, celery_worker, log_runs
 
@@ -485,7 +507,7 @@ def worker(
             raise fail(f"--log-format expects text or json, got {log_format!r}")
         log_runs(log_format)
 
-        with event_stream(events, trace_content) as observer:
+        with event_stream(events, trace_content) as observer, sweeping(store, sweep, hosting.settings):
             celery = celery_worker(
                 broker, store, concurrency=concurrency, host_settings=hosting.settings, observer=observer
             )

@@ -13,6 +13,7 @@ that question.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
@@ -44,6 +45,13 @@ class Swept:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def line(self) -> str:
+        """What `runs sweep` prints of it: `RUN: continued question Q -> done (why)`."""
+        parts = [f"question {self.question}"] if self.question else []
+        parts += [f"-> {self.status}"] if self.status else []
+        parts += [f"({self.detail})"] if self.detail else []
+        return f"{self.run}: {self.outcome}" + "".join(f" {part}" for part in parts)
 
 
 class _NotDue(Exception):
@@ -107,3 +115,39 @@ def _sweep_one(request: RunRequest) -> Swept | None:
         except MklangError as error:
             return Swept(name, "failed", question[0] if question else None, detail=first_line(error))
     return Swept(name, "continued", question[0], status=result.status, detail=result.error)
+
+
+class Sweeper:
+    """Sweeps a store every `every` seconds in a thread of its own until stopped, so deadlines are
+    taken without cron: what `mklang serve --sweep` and `mklang worker --sweep` run. Each pass is a
+    `sweep`; what it did with a run, and a pass that could not read the store, is told in one line."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        locate: Callable[[str], Location],
+        request: RunRequest,
+        every: float,
+        tell: Callable[[str], None],
+    ):
+        self.store, self.locate, self.request, self.every, self.tell = store, locate, request, every, tell
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._sweep, name="mklang-sweep", daemon=True)
+
+    def __enter__(self) -> Sweeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=30)  # a pass continuing runs ends with them
+
+    def _sweep(self) -> None:
+        while not self._stopped.wait(self.every):
+            try:
+                swept = sweep(self.store, self.locate, self.request)
+            except MklangError as error:  # the store cannot be read now: the next pass looks again
+                self.tell(f"sweep: {redacted(first_line(error))}")
+                continue
+            for done in swept:
+                self.tell(f"sweep: {done.line()}")
