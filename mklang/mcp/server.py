@@ -38,6 +38,10 @@ class Question(BaseModel):
     ask: str | None
     reply_to: str | None = Field(description="Where the answer goes in the run's context.")
     answer_with: str
+    choices: list[str] | None = Field(
+        default=None, description="A decision's answers: answer with one of them as `choice` (and a `note`)."
+    )
+    deadline: str | None = Field(default=None, description="When the decision times out (ISO 8601, UTC).")
 
 
 class RunOutcome(BaseModel):
@@ -151,13 +155,20 @@ def build(owner: tools.Owner) -> MCPServer[Any]:
     async def answer(
         run: RunName,
         question: Annotated[str, Field(description="The id of the question answered.")],
-        reply: Annotated[str, Field(description="The answer (JSON is read as a value, anything else as text).")],
         ctx: Context,
+        reply: Annotated[
+            str | None, Field(description="A free-text answer (JSON is read as a value, anything else as text).")
+        ] = None,
+        choice: Annotated[str | None, Field(description="A decision's answer: one of its `choices`.")] = None,
+        note: Annotated[str | None, Field(description="Free text that goes with a choice.", max_length=4000)] = None,
     ) -> Annotated[CallToolResult, RunOutcome]:
-        """Answer the question a run waits on and continue the run; refused, changing nothing, when the
-        run no longer waits on that question (someone answered it first)."""
+        """Answer the question a run waits on and continue the run: a decision with one of its
+        `choices` (and a `note`), a free-text question with a `reply`. Refused, changing nothing, when
+        the run no longer waits on that question (someone answered it first, or it timed out) or the
+        choice is not one of its choices."""
         asked: dict[str, float | None] = {}
-        return await _answer(RunOutcome, partial(tools.resume, owner, run, (question, reply), asked, Progress(ctx)))
+        answering = tools.Answering(question, reply, choice, note)
+        return await _answer(RunOutcome, partial(tools.resume, owner, run, answering, asked, Progress(ctx)))
 
     @server.tool(annotations=READ_ONLY)
     async def show(

@@ -17,14 +17,17 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mklang.engine import RunResult
+from mklang.engine import RunResult, decisions
 from mklang.engine.events import EventSink
 from mklang.errors import UsageError
 from mklang.model import Machine
 from mklang.stores import RunStore
 from mklang.vocabulary import SUFFIXES
+
+if TYPE_CHECKING:
+    from mklang.engine.decisions import Decision
 
 BUDGETS = ("max_tokens", "max_cost", "max_time")  # what a caller may lower, never raise past the owner's
 
@@ -137,17 +140,29 @@ def run(
     return outcome(name, result)
 
 
+class Answering(NamedTuple):
+    """An answer to the question a run waits on: its id, and a free-text `reply` or a decision's
+    `choice` (with a `note`)."""
+
+    question: str
+    reply: str | None = None
+    choice: str | None = None
+    note: str | None = None
+
+
 def resume(
     owner: Owner,
     name: str,
-    answering: tuple[str, str] | None,
+    answering: Answering | None,
     asked: dict[str, float | None],
     observer: EventSink | None,
 ) -> dict[str, Any]:
-    """Continue a run of the store (`runs.resume`). `answering` (a question's id and the reply) sets
-    the reply where the run expects it, as `resume --set REPLY_TO=REPLY` does, only while the run
-    waits on that very question: checked once its lock is held, so of two answers one wins, and
-    the other changes nothing and is told."""
+    """Continue a run of the store (`runs.resume`). `answering` answers the question the run waits
+    on: a decision's `choice` as `resume --answer CHOICE --note NOTE --question ID` does (the
+    decision's own id, checked by `decisions.refusal`), a free-text `reply` set where the run expects
+    it as `resume --set REPLY_TO=REPLY` does, only while the run waits on that very question. Both
+    are checked once the run's lock is held, so of two answers one wins, and the other changes
+    nothing and is told, in the line the command line prints."""
     from mklang import runs
     from mklang.limits import parse_value
     from mklang.session import Host
@@ -156,14 +171,18 @@ def resume(
     where = runs.location(owner.store, owner.uri, run_name(name, "run"))
     bounds = owner.bounds(asked)
     reply: dict[str, Any] = {}
-    if answering is not None:
+    decision: Decision | None = None
+    if answering is not None and answering.choice is not None:
+        decision = {"choice": answering.choice, "note": answering.note, "question": answering.question, "by": "human"}
+    elif answering is not None:
         from mklang.runs.inspection import describe
 
         reply_to = describe(where, last=0).get("reply_to")  # read unlocked: checked again under the lock
-        reply = {str(reply_to): parse_value(answering[1])} if reply_to else {}
+        reply = {str(reply_to): parse_value(answering.reply or "")} if reply_to else {}
     request = runs.RunRequest(
         source=where,
         reply=reply,
+        decision=decision,
         hitl=True,
         untrusted_flow=owner.untrusted_flow,
         hosting=owner.hosting,
@@ -172,11 +191,13 @@ def resume(
     hosts: list[Host] = []
 
     def host_for(resumable: runs.Resumable) -> Host:
-        if answering is not None:
+        if answering is not None and decision is None and not decisions.is_decision(resumable.chain[-1].ask):
             waiting = question_id(name, resumable.chain)
-            if waiting != answering[0]:
+            if waiting != answering.question:
                 now = "waits on no question" if waiting is None else f"waits on question {waiting}"
-                raise UsageError(f"run {name} does not wait on question {answering[0]} (it {now}): nothing changed")
+                raise UsageError(
+                    f"run {name} does not wait on question {answering.question} (it {now}): nothing changed"
+                )
         hosts.append(runs.build_host(request, resumable))
         return hosts[-1]
 
@@ -208,6 +229,14 @@ def listing(owner: Owner, statuses: list[str], limit: int) -> dict[str, Any]:
 def outcome(name: str, result: RunResult) -> dict[str, Any]:
     """How a run ended, and what a caller needs to go on: the run's name and the question it waits on."""
     waiting = question_id(name, result.frames) if result.status == "suspended" and result.reply_to else None
+    asked = result.frames[-1].ask if waiting is not None and result.frames else None
+    decision = asked if decisions.is_decision(asked) else None
+    question: dict[str, Any] | None = None
+    if waiting is not None:
+        question = {"id": waiting, "ask": result.ask, "reply_to": result.reply_to, "answer_with": "answer"}
+    if decision is not None:  # named by its own id, as `mklang resume --question` names it
+        question = {**(question or {}), "id": decision["question"], "choices": decision.get("choices")}
+        question["deadline"] = decision.get("deadline")
     return {
         "run": name,
         "status": result.status,
@@ -215,9 +244,7 @@ def outcome(name: str, result: RunResult) -> dict[str, Any]:
         "error": result.error if result.status == "halted" else None,
         "at": result.at,
         "result": result.result if result.status == "done" else None,
-        "question": None
-        if waiting is None
-        else {"id": waiting, "ask": result.ask, "reply_to": result.reply_to, "answer_with": "answer"},
+        "question": question,
         "usage": result.usage.to_json(),
     }
 

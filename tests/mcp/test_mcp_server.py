@@ -260,3 +260,38 @@ def test_a_forged_run_name_or_question_is_refused_and_changes_nothing(tmp_path):
             assert done["result"] == PUBLISHED
 
     anyio.run(scenario)
+
+
+def test_a_decision_is_answered_with_one_of_its_choices_bound_to_its_question(tmp_path):
+    """The approval example's typed decision: the outcome names the decision's own id and choices;
+    an answer that is not a choice, or names another question, is refused in the line `mklang
+    resume --answer` prints, changing nothing; a choice and a note continue the run once."""
+    from support.examples import EXAMPLES
+
+    machines = tmp_path / "approval"
+    shutil.copytree(EXAMPLES / "approval", machines)
+    args = ["-m", "mklang", "mcp", "--store", str(tmp_path / "store"), "--machines", str(machines)]
+    args += ["--script", str(machines / "scenarios.yaml"), "--scenario", "ask-then-publish"]
+
+    async def scenario() -> None:
+        params = StdioServerParameters(command=sys.executable, args=args, env=cli_env())
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            outcome = await call(session, "run", machine="approval.mk")
+            name, question = outcome["run"], outcome["question"]
+            assert question["choices"] == ["approve", "revise", "reject"] and question["deadline"]
+            line = await refused(session, "answer", run=name, question=question["id"], choice="maybe")
+            assert line.endswith(f"'maybe' is not a choice of question {question['id']}: approve, revise, reject")
+            line = await refused(session, "answer", run=name, question="0" * 16, choice="approve")
+            assert line.endswith(
+                f"question {'0' * 16} was never asked by this run; the run waits on question {question['id']}"
+            )
+            line = await refused(session, "answer", run=name, question=question["id"], reply="approve")
+            assert "is a decision, answered with --answer approve|revise|reject" in line
+            assert (await call(session, "show", run=name))["status"] == "suspended"
+            done = await call(session, "answer", run=name, question=question["id"], choice="approve", note="ok")
+            assert (done["status"], done["result"]) == ("done", PUBLISHED)
+            again = await refused(session, "answer", run=name, question=question["id"], choice="approve")
+            assert "a finished run cannot be resumed" in again
+
+    anyio.run(scenario)
