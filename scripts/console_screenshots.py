@@ -2,7 +2,9 @@
 
 Makes a store of example runs (done, halted, parked on a question) in a temporary folder, starts
 `mklang serve` on it, and has the system's Chromium (driven by Playwright, never a downloaded
-browser) photograph the runs list, a run page and the inbox into docs/console/.
+browser) photograph the runs list and a run page into docs/console/. The inbox of 1,000 parked
+runs is photographed by its browser test: `MKLANG_CONSOLE_SHOTS=docs/console pytest
+tests/console/test_console_browser.py`.
 """
 
 from __future__ import annotations
@@ -71,8 +73,6 @@ def main() -> None:
                 page = browser.new_page(viewport={"width": 1200, "height": 760}, device_scale_factor=1)
                 page.goto(url)
                 page.screenshot(path=OUT / "runs.png")
-                page.goto(f"{base}/inbox")
-                page.screenshot(path=OUT / "inbox.png")
                 page.goto(f"{base}/runs/bug-kb")
                 page.wait_for_selector("img.graph")
                 page.screenshot(path=OUT / "run.png", full_page=True)

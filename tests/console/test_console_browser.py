@@ -112,3 +112,91 @@ def test_the_console_in_a_browser(browser, console_url, tmp_path):
     assert answer is not None and answer.status == 401
     assert "Publish" not in stranger.content()
     context.close()
+
+
+SHOTS = os.environ.get("MKLANG_CONSOLE_SHOTS")  # a folder (docs/console) the screenshots are kept in
+
+
+@pytest.fixture
+def thousand(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """`mklang serve --sweep 0.5` over a store of 1,000 runs parked on the approval decision and one
+    more (`due-soon`) whose decision times out six seconds after it parked: its URL and the store."""
+    pytest.importorskip("starlette", reason="the console extra is not installed")
+    from support.console import park_many, park_soon
+
+    uri = park_many(tmp_path, 1_000)
+    park_soon(tmp_path, f"{uri}#due-soon", within="6s")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mklang", "serve", "--store", uri, "--port", "0", "--sweep", "0.5"],
+        cwd=tmp_path, env=cli_env(PATH=str(tmp_path / "no-programs")), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        found = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", server.stdout.readline())
+        assert found, server.stderr.read() if server.poll() is not None else ""
+        yield found.group(0), uri
+    finally:
+        server.terminate()
+        _, errors = server.communicate(timeout=30)
+        assert "Traceback" not in errors, errors
+
+
+def shot(page: object, tmp_path: Path, name: str) -> None:
+    folder = Path(SHOTS) if SHOTS else tmp_path
+    page.screenshot(path=folder / name)  # type: ignore[attr-defined]
+
+
+def test_an_inbox_of_a_thousand_parked_runs_in_a_browser(browser, thousand, tmp_path):
+    """The first page of 1,000 parked runs, a bulk answer to a page of one question, and an answer
+    racing the sweep that takes a run at its deadline: the sweep wins, the answer is told."""
+    from playwright.sync_api import expect
+
+    from mklang.checkpoint.envelope import load
+    from mklang.stores import locate
+
+    url, store = thousand
+    base = url.split("/?", 1)[0]
+    page = browser.new_context(viewport={"width": 1200, "height": 900}).new_page()
+    page.goto(url)
+    page.goto(f"{base}/runs/due-soon")  # a card read before its deadline, a note being written on it
+    card = page.locator("article.question-card")
+    expect(card).to_contain_text("Maintenance on Saturday")
+    card.locator("input[name=note]").fill("looks good")
+    page.wait_for_timeout(500)
+
+    page2 = page.context.new_page()
+    page2.goto(f"{base}/inbox")
+    expect(page2.locator("p.count").first).to_contain_text("1001 waiting")
+    assert page2.locator("article.question-card").count() == 25
+    expect(page2.locator("article.question-card pre.shown").first).to_contain_text("On Saturday from 02:00")
+    shot(page2, tmp_path, "inbox.png")
+
+    page2.goto(f"{base}/inbox?machine=approval-1")  # one question's page: tick all, approve them
+    page2.locator("input.select-all").check()
+    assert page2.locator("input[name=pick]:checked").count() == 25
+    page2.locator("form.bulk button[value=approve]").click()
+    expect(page2.locator("h1")).to_have_text("Answered “approve”")
+    expect(page2.locator("ul.answers li")).to_have_count(25)
+    assert page2.locator("ul.answers .taken").count() == 25
+    shot(page2, tmp_path, "answers.png")
+    answered = [text.split(":", 1)[0] for text in page2.locator("ul.answers li").all_inner_texts()]
+    for run in answered:
+        for _ in range(200):
+            if load(locate(f"{store}#{run}")).status == "done":
+                break
+            page2.wait_for_timeout(100)
+        assert load(locate(f"{store}#{run}")).result == "https://status.example.com/posts/118", run
+
+    for _ in range(200):  # the sweep takes the run at its deadline
+        if load(locate(f"{store}#due-soon")).status != "suspended":
+            break
+        page.wait_for_timeout(100)
+    taken = load(locate(f"{store}#due-soon"))
+    assert taken.status == "halted" and taken.frames[0]["trace"][-1]["decision"]["by"] == "deadline"
+    card.locator("button[value=approve]").click()  # the card still shows: the answer is too late
+    expect(page.locator("ul.answers .failure")).to_contain_text("due-soon: the run already halted")
+    shot(page, tmp_path, "race.png")
+    assert load(locate(f"{store}#due-soon")).status == "halted"
+    page.goto(f"{base}/inbox")
+    expect(page.locator("p.count").first).to_contain_text(f"{1001 - 25 - 1} waiting")

@@ -99,3 +99,18 @@ def park_many(folder: Path, count: int, machines: int = 2) -> str:
         save(f"{uri}#parked-{number:04d}", envelope)
     first.store.close()
     return uri
+
+
+def park_soon(folder: Path, target: str, within: str = "2s", env: dict[str, str] | None = None) -> None:
+    """A run of the approval example whose decision times out `within` (it drops the announcement),
+    parked at `target` (`STORE#RUN`): the example copied into `folder/soon-WITHIN` with that deadline."""
+    soon = folder / f"soon-{within}"
+    if not soon.exists():
+        shutil.copytree(EXAMPLES / "approval", soon)
+        machine = soon / "approval.mk"
+        machine.write_text(machine.read_text().replace("within 48h fail", f"within {within} fail"))
+    parked = cli(
+        "run", f"{soon.name}/approval.mk", "--script", f"{soon.name}/scenarios.yaml", "--scenario", "ask-then-publish",
+        "--checkpoint", target, cwd=folder, env=env,
+    )  # fmt: skip
+    assert parked.returncode == 3, parked.stderr
