@@ -33,6 +33,7 @@ SweepOpt = typer.Option(
     None,
     "--sweep",
     min=0.1,
+    metavar="SECONDS",
     help="Sweep the store every SECONDS as `mklang runs sweep` does: decisions whose deadline passed go on.",
 )
 

@@ -1,7 +1,7 @@
 """What the console's pages show of a store's runs, as plain data for the templates.
 
 The runs list and the inbox show the summaries the store keeps (`stores.summaries_of`, as `mklang
-runs` does), so a page reads no envelope; they are display only (ADR 0063): an answer is bound to
+runs` does), so a page reads no envelope; they are display only (ADR 0064): an answer is bound to
 the question's id and the digest of the value its card showed, and decided from the signed
 envelope under the run's lock. A run's own page reads it through `mklang.runs` the way `mklang
 show` does (`runs.inspection.described`), so a run that cannot be verified shows as `failed` with
