@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
 from mklang.errors import MklangError, UsageError
 from mklang.model import Call, Gate, Machine, State, ToolUse, called_machines
-from mklang.vocabulary import END
+from mklang.vocabulary import END, FLOW_POLICIES, FlowPolicy
 
 # The read-only built-ins of mklang 1.x: its YAML machines cannot declare a tool
 # read-only, so the YAML front end classifies these names as 1.x did.
 LEGACY_READ_ONLY = frozenset({"calc", "search", "search_kb", "list_files", "read_file"})
-FlowPolicy = Literal["report", "halt"]  # what a run does when a tainted decision reaches an effect
-FLOW_POLICIES: tuple[FlowPolicy, ...] = get_args(FlowPolicy)
 
 ToolFunction = TypeVar("ToolFunction", bound=Callable[..., Any])
 

@@ -17,6 +17,8 @@ TIERS: Final[tuple[Tier, ...]] = get_args(Tier)
 
 ParseMode = Literal["list", "json"]
 PARSE_MODES: Final[tuple[ParseMode, ...]] = get_args(ParseMode)
+FlowPolicy = Literal["report", "halt"]  # what a run does when a tainted decision reaches an effect
+FLOW_POLICIES: Final[tuple[FlowPolicy, ...]] = get_args(FlowPolicy)
 
 # Keywords that open a line at the top level of a `.mk` file.
 HEADER_KEYWORDS: Final = (

@@ -18,10 +18,9 @@ from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, w
 from mklang.cli.groups import grouped, option
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import AnswerStream, EventsOpt, StreamOpt, TraceContentOpt, event_stream
-from mklang.effects import FLOW_POLICIES
 from mklang.limits import NestingError, load_json_object, parse_value, read_text
 from mklang.terminal import printable
-from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, PATH
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, FLOW_POLICIES, PATH
 
 if TYPE_CHECKING:
     from mklang.engine import RunResult

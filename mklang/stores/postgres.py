@@ -49,15 +49,22 @@ from typing import Any, NamedTuple
 
 from mklang.errors import CheckpointError, UsageError, first_line, redacted
 from mklang.stores.file import still_running
-from mklang.stores.sql import APPEND_LINE, DROP_LINES, RECOUNTED, SUMMARY_COLUMNS, UNCOUNTED, SqlStore
+from mklang.stores.sql import (
+    APPEND_LINE,
+    DROP_LINES,
+    RECOUNTED,
+    SUMMARY_COLUMNS,
+    SUMMARY_INDEXES,
+    UNCOUNTED,
+    SqlStore,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (run TEXT PRIMARY KEY, envelope BYTEA NOT NULL);
 ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS journal_bytes BIGINT NOT NULL DEFAULT 0;
 {summary}
-CREATE INDEX IF NOT EXISTS mklang_runs_status ON mklang_runs (status);
-CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated);
+{indexes}
 CREATE TABLE IF NOT EXISTS mklang_journal (run TEXT NOT NULL, seq BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL);
 CREATE INDEX IF NOT EXISTS mklang_journal_run ON mklang_journal (run, seq);
 CREATE TABLE IF NOT EXISTS mklang_segments (
@@ -72,7 +79,7 @@ CREATE TABLE IF NOT EXISTS mklang_spend (
 """.replace(
     "{summary}",
     "\n".join(f"ALTER TABLE mklang_runs ADD COLUMN IF NOT EXISTS {name} {kind};" for name, _, kind in SUMMARY_COLUMNS),
-)
+).replace("{indexes}", "\n".join(f"{index};" for index in SUMMARY_INDEXES))
 
 
 # What `SCHEMA` declares, as `_has_schema` looks for it: tables, (table, column) pairs, indexes.

@@ -45,6 +45,16 @@ SUMMARIZED_SET = (
     + "".join(f", {name} = excluded.{name}" for name in KEPT + KEPT_LATER)
 )
 ASKING = "asks IS NOT NULL AND asks <> 'null'"
+NEWEST_FIRST = "COALESCE(started, 0) DESC, run"  # the listing's order: the index below reads it in order
+UNSUMMARIZED = "status IS NULL OR asks IS NULL"  # the rows `_backfill` summarizes, found at every open
+# The indexes of the summaries (SQLite and PostgreSQL alike): a page of the listing reads its rows in
+# order, and an open finds the rows to backfill, each without reading every row of a large store.
+SUMMARY_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS mklang_runs_status ON mklang_runs (status)",
+    "CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated)",
+    f"CREATE INDEX IF NOT EXISTS mklang_runs_newest ON mklang_runs ({NEWEST_FIRST})",
+    f"CREATE INDEX IF NOT EXISTS mklang_runs_unsummarized ON mklang_runs (run) WHERE {UNSUMMARIZED}",
+)
 NEVER_DUE = 1e18  # the deadline a run without one sorts by (`summary.NEVER`)
 
 
@@ -197,7 +207,7 @@ class SqlStore:
             sql += f" ORDER BY COALESCE(machine, ''), COALESCE(reason, ''), COALESCE(deadline, {NEVER_DUE}),"
         else:
             sql += " ORDER BY"
-        sql += " COALESCE(started, 0) DESC, run"
+        sql += f" {NEWEST_FIRST}"
         if query.limit is not None:
             sql += f" LIMIT {int(query.limit)}"
         if query.offset:
@@ -232,7 +242,7 @@ class SqlStore:
         """Summarize the runs a database holds from before summaries, or from before summaries kept
         what a run asks and its budgets, from their envelopes (once: such a run has `asks` then);
         their times stay unknown, and the status of one summarized already is left as it is."""
-        rows = self._select("SELECT run, envelope, status FROM mklang_runs WHERE status IS NULL OR asks IS NULL")
+        rows = self._select(f"SELECT run, envelope, status FROM mklang_runs WHERE {UNSUMMARIZED}")
         for run, envelope, status in rows:
             peeked = peek_summary(str(run), bytes(envelope), None)
             if peeked.status is None:

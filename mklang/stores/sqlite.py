@@ -44,7 +44,7 @@ from urllib.parse import unquote, urlsplit
 
 from mklang.errors import CheckpointError, UsageError
 from mklang.stores.file import FileLock, hashed_name, lock_holder, open_lock_file
-from mklang.stores.sql import APPEND_LINE, DROP_LINES, RECOUNTED, SUMMARY_COLUMNS, SqlStore
+from mklang.stores.sql import APPEND_LINE, DROP_LINES, RECOUNTED, SUMMARY_COLUMNS, SUMMARY_INDEXES, SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (
@@ -110,8 +110,8 @@ class SqliteStore(SqlStore):
             for name, kind, _ in SUMMARY_COLUMNS:  # a database written before runs kept a summary
                 if name not in columns:
                     self._db.execute(f"ALTER TABLE mklang_runs ADD COLUMN {name} {kind}")
-            self._db.execute("CREATE INDEX IF NOT EXISTS mklang_runs_status ON mklang_runs (status)")
-            self._db.execute("CREATE INDEX IF NOT EXISTS mklang_runs_updated ON mklang_runs (updated)")
+            for index in SUMMARY_INDEXES:
+                self._db.execute(index)
 
     @classmethod
     def from_uri(cls, uri: str, *, create: bool) -> SqliteStore:

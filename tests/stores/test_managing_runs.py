@@ -12,11 +12,13 @@ import json
 import os
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.commands import error_in, run_cli
+from support.commands import cli_env, error_in, run_cli
 from support.examples import HITL
 
 from mklang.runs import record_key, report_key
@@ -132,6 +134,52 @@ def test_runs_refuses_a_bad_filter_in_one_line(store_uri, capsys):
     ):
         code, out, err = run_cli(capsys, "runs", "--store", store_uri, *options)
         assert code == 2 and message in error_in(out, err, code)
+
+
+def test_listing_a_store_imports_no_engine_no_batch_and_no_renderer(tmp_path, monkeypatch, capsys):
+    """`mklang runs` pays for parsing its command line and reading one page, nothing a run needs."""
+    monkeypatch.chdir(tmp_path)
+    start(capsys, "sqlite:///runs.db", "p-1")
+    code = (
+        "import sys\nfrom mklang.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n"
+        "    sys.stderr.write(f'exit {done.code} ' + ' '.join(sorted(sys.modules)))\n"
+    )
+    args = ["runs", "--store", "sqlite:///runs.db", "--limit", "50", "--format", "json"]
+    done = subprocess.run([sys.executable, "-c", code, *args], env=cli_env(), capture_output=True, text=True)
+    exit_line, *loaded = done.stderr.rsplit("exit ", 1)[-1].split()
+    assert exit_line == "0" and names(json.loads(done.stdout)) == ["p-1"], done.stderr
+    heavy = ("mklang.engine", "mklang.model", "mklang.effects", "mklang.batching", "mklang.runs", "rich", "pydantic")
+    assert [name for name in loaded if name.startswith(heavy)] == []
+
+
+def test_a_page_of_a_sqlite_store_and_its_open_read_through_indexes(tmp_path, monkeypatch, capsys):
+    """Neither the listing's page nor the backfill every open runs scans the table or sorts it:
+    on a store of 10,000 runs either would read every row."""
+    from mklang.stores import RunQuery, summaries_of
+    from mklang.stores.sqlite import SqliteStore
+
+    monkeypatch.chdir(tmp_path)
+    start(capsys, "sqlite:///runs.db", "p-1")
+    asked: list[str] = []
+    connect = SqliteStore._connect
+
+    def traced(store: SqliteStore) -> sqlite3.Connection:
+        connection = connect(store)
+        connection.set_trace_callback(asked.append)
+        return connection
+
+    monkeypatch.setattr(SqliteStore, "_connect", traced)
+    opened = open_store("sqlite:///runs.db", create=False)
+    try:
+        assert [summary.run for summary in summaries_of(opened, RunQuery(limit=51, offset=50))] == []
+    finally:
+        opened.close()
+    selects = [sql for sql in asked if sql.startswith("SELECT") and "FROM mklang_runs" in sql]
+    assert any("ORDER BY" in sql for sql in selects) and any("IS NULL" in sql for sql in selects), selects
+    with sqlite3.connect("runs.db") as db:
+        for sql in selects:
+            plan = " / ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}"))
+            assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, (sql, plan)
 
 
 OLD_SQLITE = """
