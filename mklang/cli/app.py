@@ -258,7 +258,9 @@ def usage_words(error: click_errors.UsageError, args: list[str]) -> str:
 
     if isinstance(error, click_errors.NoSuchOption):
         option = error.option_name
-        return f"unknown option {option}{flag_1x(option) or did_you_mean(option, error.possibilities or [])}"
+        command = error.ctx.command if error.ctx else None
+        options = [name for param in command.params for name in param.opts] if command else []
+        return f"unknown option {option}{flag_1x(option, options) or did_you_mean(option, error.possibilities or [])}"
     if isinstance(error, click_errors.BadOptionUsage):
         if "requires an argument" in error.format_message():
             return f"{error.option_name} needs a value"

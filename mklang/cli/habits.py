@@ -4,12 +4,14 @@
 differently or does without. `lint` runs `check` (saying so on stderr,
 `mklang.cli.syntax_cmds`); the others are unknown, and their error says what to do instead, where a "did
 you mean" would guess a name that merely looks alike (`--max-steps` is
-`--budget`, not `--max-tokens`). A machine is also run by its name in the
+`--budget` on `resume`, not `--max-tokens`; `run` has no step flag, its
+budget is the machine's). A machine is also run by its name in the
 standard library, as 1.x did (`mklang run chain_of_thought`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 # The 1.x commands this release does not have, with what to do instead.
@@ -19,9 +21,15 @@ COMMANDS_1X = {
     "console": "the console is a web console of a store's runs: mklang serve --store URI "
     "(pip install 'mklang[console]>=2', docs/console.md)",
 }
-# The 1.x flags this release names differently or does without, with what to do instead.
+# The 1.x flags this release names differently: the name here, and what to do on a command without it.
+RENAMED_1X = {
+    "--max-steps": (
+        "--budget",
+        "a run's step budget is its machine's `budget` line (mklang resume --budget gives a suspended run a new one)",
+    ),
+}
+# The 1.x flags this release does without, with what to do instead.
 FLAGS_1X = {
-    "--max-steps": 'it is "--budget" (the step budget of the run)',
     "--strict": "it is the default: a machine whose version is unsupported is always refused, "
     "and mklang check exits 2 on any error",
     "--workspace": "there are no built-in file tools: tools come from --plugin and work in the current folder",
@@ -63,9 +71,17 @@ def command_1x(name: str) -> str | None:
     return f"; mklang {name} is a mklang 1.x command: " + COMMANDS_1X[name].format(library=library)
 
 
-def flag_1x(option: str) -> str | None:
-    """`; ... in mklang 2 ...` for a 1.x flag this release names differently or does without, else None."""
-    return f"; {option} is a mklang 1.x option: {FLAGS_1X[option]}" if option in FLAGS_1X else None
+def flag_1x(option: str, options: Iterable[str]) -> str | None:
+    """`; ... is a mklang 1.x option: ...` for a 1.x flag this release names differently or does without,
+    else None. A renamed flag is named only where the command has it (`options`, the command's own)."""
+    if option in RENAMED_1X:
+        name, elsewhere = RENAMED_1X[option]
+        instead = f'it is "{name}"' if name in options else elsewhere
+    elif option in FLAGS_1X:
+        instead = FLAGS_1X[option]
+    else:
+        return None
+    return f"; {option} is a mklang 1.x option: {instead}"
 
 
 def machine_file(given: Path) -> Path:

@@ -27,6 +27,10 @@ def test_lint_runs_check_and_says_so(tmp_path):
     ("args", "pointer"),
     [
         (["resume", "cp.json", "--max-steps", "3"], '--max-steps is a mklang 1.x option: it is "--budget"'),
+        (
+            ["run", "m.mk", "--max-steps", "3"],
+            "--max-steps is a mklang 1.x option: a run's step budget is its machine's",
+        ),
         (["run", "m.mk", "--strict"], "--strict is a mklang 1.x option: it is the default"),
         (["run", "m.mk", "--workspace", "w"], "--workspace is a mklang 1.x option: there are no built-in file tools"),
         (["machines"], "mklang machines is a mklang 1.x command: the standard library's machines are the .mk files"),
@@ -40,6 +44,7 @@ def test_a_1x_flag_or_command_is_pointed_to_the_way_here_not_to_a_lookalike(tmp_
     done = cli(*args, "--format", "text", cwd=tmp_path) if args[0] != "machines" else cli(*args, cwd=tmp_path)
     line = refused(done, pointer)
     assert "did you mean" not in line, line
+    assert args[0] == "resume" or '"--budget"' not in line, line  # named only where the command has it
 
 
 def test_a_typo_that_is_no_1x_name_still_gets_did_you_mean(tmp_path):
