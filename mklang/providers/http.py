@@ -1,8 +1,9 @@
 """The HTTP plumbing both wire formats share: a pool of kept-alive connections, a request limit, retries.
 
-Requests go through urllib3 (ADR 0053): one connection pool per provider,
-shared by every thread that calls it, so a connection one call used serves
-the next call of any thread. TLS is verified against `SSL_CERT_FILE` (or
+Requests go through urllib3 (ADR 0053): one connection pool per endpoint,
+shared by every provider of the process that reaches it and every thread
+that calls them, so a connection one call used serves the next call of any
+thread or run (ADR 0065). TLS is verified against `SSL_CERT_FILE` (or
 `SSL_CERT_DIR`), else certifi's bundle; `HTTPS_PROXY`, `HTTP_PROXY`,
 `ALL_PROXY` and `NO_PROXY` are honoured (an `http://` or `https://` proxy: a
 CONNECT tunnel for HTTPS, the absolute URL for HTTP), and a proxy that cannot
@@ -21,16 +22,19 @@ from __future__ import annotations
 import base64
 import contextlib
 import email.utils
+import hashlib
 import json
 import os
+import queue
 import random
 import ssl
 import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -46,7 +50,9 @@ from mklang.version import __version__
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 REASON_LIMIT = 200
 MAX_CALL_TOKENS = 100_000_000  # more than any model reads and writes in one call: a larger count is malformed
-POOL_SIZE = 1024  # idle connections a provider keeps when no max_in_flight bounds its calls in flight
+POOL_SIZE = 1024  # idle connections a pool keeps for the next calls to its endpoint
+IDLE_POOLS = 8  # pools no provider uses any more, kept open (with their connections) for the next providers
+NO_RETRY = urllib3.Retry(False, redirect=False)  # `post` retries, by its own rule; built once, not per request
 
 
 @dataclass(frozen=True)
@@ -93,9 +99,12 @@ def _shown(value: Any) -> str:
 class HttpTransport:
     """POSTs JSON to one provider over a pool of kept-alive connections, with retries.
 
-    Thread-safe: fan-out branches and batch runs share it and its one urllib3
-    pool (ADR 0053), which lends each request an idle connection or opens one,
-    so a call costs the same however many are in flight. How many requests are
+    Thread-safe: fan-out branches and batch runs share it and its urllib3 pool
+    (ADR 0053), which lends each request an idle connection or opens one, so a
+    call costs the same however many are in flight. The pool is the endpoint's,
+    shared with every other transport of the process to the same server through
+    the same proxy with the same certificates trusted (`POOLS`, ADR 0065); the
+    key is this transport's own, sent in its requests' headers only. How many requests are
     in flight is the run's one limit (`--concurrency`); a provider's
     `max_in_flight`, when the config sets one, caps its own requests further (a
     semaphore). `sleep` is injectable so tests can observe the delays without
@@ -119,7 +128,8 @@ class HttpTransport:
             threading.BoundedSemaphore(cap) if cap is not None else contextlib.nullcontext()
         )
         self._endpoint = Endpoint.of(config)
-        self._pool = self._endpoint.pool(cap or POOL_SIZE)
+        self._pool = POOLS.take(self._endpoint)
+        self._timeout = urllib3.Timeout(connect=config.connect_timeout, read=config.timeout)
         self._headers = {
             "User-Agent": f"mklang/{__version__}",
             "Content-Type": "application/json",
@@ -132,9 +142,11 @@ class HttpTransport:
         return f"HttpTransport({self.config.name!r}, {self.config.base_url!r})"
 
     def close(self) -> None:
-        """Close every connection (one in use as soon as its request ends); a later `post` raises RuntimeError."""
-        self._closed = True
-        self._pool.close()
+        """Give the endpoint's pool back (its connections stay for the next transport to it, `POOLS`);
+        a later `post` raises RuntimeError."""
+        if not self._closed:
+            self._closed = True
+            POOLS.give_back(self._endpoint)
 
     def post(self, path: str, body: dict[str, Any], stream: Callable[[], Stream] | None = None) -> dict[str, Any]:
         """POST `body` and return the decoded JSON object, retrying what can be retried. With
@@ -179,15 +191,18 @@ class HttpTransport:
         read as it arrives). urllib3 drops a connection a request failed on (a late answer is never
         read as the next one's), and one its server closed while it was idle, before a request is
         written to it."""
+        timeout = self._timeout
+        if (read, connect) != (timeout.read_timeout, timeout.connect_timeout):  # shortened to the deadline
+            timeout = urllib3.Timeout(connect=connect, read=read)
         return self._pool.urlopen(
             "POST",
             target,
             body=payload,
             headers=self._headers,
-            retries=False,  # `post` retries, by its own rule
+            retries=NO_RETRY,
             redirect=False,
             assert_same_host=False,  # a plain-HTTP proxy's target is an absolute URL
-            timeout=urllib3.Timeout(connect=connect, read=read),
+            timeout=timeout,
             preload_content=not streamed,
             release_conn=True,  # a streamed answer's connection goes back to the pool once it is read
         )
@@ -278,6 +293,20 @@ class HttpTransport:
         return redact(text, self._secret)
 
 
+class _Idle(queue.LifoQueue):  # type: ignore[type-arg]  # urllib3 holds connections and None in it
+    """A pool's idle connections. urllib3 also puts a None in the queue for each connection it may
+    open (1,024 of them when a pool is built: 3.9 ms of CPU); with `block=False` an empty queue opens
+    a connection just the same, so a None is not kept."""
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        if item is not None:
+            super().put(item, block, timeout)
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    QueueCls = _Idle
+
+
 class _Verified(urllib3.connection.HTTPSConnection):
     """urllib3's HTTPS connection, with a timeout in a proxy's CONNECT or the TLS handshake reported as
     one while connecting (urllib3 reports it as a read timeout), as one in the TCP connect is."""
@@ -287,6 +316,11 @@ class _Verified(urllib3.connection.HTTPSConnection):
             super().connect()
         except TimeoutError as error:  # the socket's, not urllib3's: the TCP connect's is urllib3's already
             raise urllib3.exceptions.ConnectTimeoutError(self, f"Connection to {self.host} timed out") from error
+
+
+class _TlsPool(urllib3.HTTPSConnectionPool):
+    QueueCls = _Idle
+    ConnectionCls = _Verified
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -322,16 +356,16 @@ class Endpoint:
     """Where a provider's requests go: its server, directly or through a proxy.
 
     Read once per provider, from its `base_url` and the environment: the proxy
-    variables and, for HTTPS to the server or to the proxy, the certificates
-    to trust (one `ssl.SSLContext`, shared by the provider's connections)."""
+    variables and, for HTTPS to the server or to the proxy, where the
+    certificates to trust are (`SSL_CERT_FILE`, `SSL_CERT_DIR`)."""
 
     scheme: str
     host: str
     port: int
     prefix: str  # the base URL's path; every request path follows it
-    context: ssl.SSLContext | None  # None: neither the server nor the proxy is reached over TLS
+    certificates: tuple[str | None, str | None] | None  # None: neither the server nor the proxy is reached over TLS
     proxy: str | None = None  # the proxy's URL, without its credentials
-    proxy_headers: dict[str, str] | None = None
+    proxy_headers: dict[str, str] | None = field(default=None, repr=False)  # the proxy's credentials
 
     @classmethod
     def of(cls, config: ProviderConfig) -> Endpoint:
@@ -349,36 +383,43 @@ class Endpoint:
             )
         proxy, headers = _proxy(url.scheme, host, port)
         tls = url.scheme == "https" or (proxy or "").startswith("https:")
+        certificates = (os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None)
         return cls(
             url.scheme,
             host,
             port or (443 if url.scheme == "https" else 80),
             url.path,
-            trusted_certificates() if tls else None,
+            certificates if tls else None,
             proxy,
             headers,
         )
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What tells one endpoint's pool from another's: all but the path, the proxy's credentials as a digest
+        (the table of pools never holds them in the clear)."""
+        credentials = json.dumps(self.proxy_headers, sort_keys=True) if self.proxy_headers else None
+        digest = hashlib.sha256(credentials.encode()).hexdigest() if credentials else None
+        return (self.scheme, self.host, self.port, self.proxy, digest, self.certificates)
 
     @property
     def request_headers(self) -> dict[str, str]:
         """Headers every request carries: a forwarding proxy's credentials (a tunnel sends them once)."""
         return (self.proxy_headers or {}) if self._forwarded else {}
 
-    def pool(self, size: int) -> urllib3.HTTPConnectionPool:
-        """The pool every request goes through, keeping up to `size` idle connections: to the server,
-        tunnelled through the proxy for HTTPS (CONNECT), or to the proxy that forwards plain HTTP."""
-        options: dict[str, Any] = {"num_pools": 1, "maxsize": size, "block": False, "ssl_context": self.context}
+    def pool(self) -> urllib3.HTTPConnectionPool:
+        """A new pool for the requests to this endpoint, keeping up to POOL_SIZE idle connections: to the
+        server, tunnelled through the proxy for HTTPS (CONNECT), or to the proxy that forwards plain HTTP.
+        Its connections share one TLS context."""
+        context = None if self.certificates is None else trusted_certificates(*self.certificates)
+        options: dict[str, Any] = {"num_pools": 1, "maxsize": POOL_SIZE, "block": False, "ssl_context": context}
         manager = (
-            urllib3.ProxyManager(
-                self.proxy, proxy_headers=self.proxy_headers, proxy_ssl_context=self.context, **options
-            )
+            urllib3.ProxyManager(self.proxy, proxy_headers=self.proxy_headers, proxy_ssl_context=context, **options)
             if self.proxy is not None
             else urllib3.PoolManager(**options)
         )
-        pool = manager.connection_from_host(self.host, self.port, self.scheme)
-        if isinstance(pool, urllib3.HTTPSConnectionPool):
-            pool.ConnectionCls = _Verified
-        return pool
+        manager.pool_classes_by_scheme = {"http": _Pool, "https": _TlsPool}
+        return manager.connection_from_host(self.host, self.port, self.scheme)
 
     def target(self, path: str) -> str:
         """The request target: the path, or the absolute URL a forwarding proxy reads."""
@@ -389,6 +430,47 @@ class Endpoint:
     @property
     def _forwarded(self) -> bool:
         return self.proxy is not None and self.scheme == "http"
+
+
+class Pools:
+    """The connection pools of the process, one per endpoint (`Endpoint.key`), shared by the providers
+    that reach it: the runs of a process (each awaited run builds its own providers) reuse one pool's
+    connections and TLS context rather than each building its own (ADR 0065). A pool in use is never
+    closed; of those no provider uses any more, the last `idle` used stay open for the next providers."""
+
+    def __init__(self, idle: int):
+        self._idle = idle
+        self._guard = threading.Lock()
+        self._pools: OrderedDict[tuple[object, ...], urllib3.HTTPConnectionPool] = OrderedDict()  # last used last
+        self._users: Counter[tuple[object, ...]] = Counter()
+
+    def __repr__(self) -> str:
+        return f"Pools({len(self._pools)} open, {len(self._users)} in use)"
+
+    def take(self, endpoint: Endpoint) -> urllib3.HTTPConnectionPool:
+        """The endpoint's pool, built if there is none, used until `give_back`."""
+        key = endpoint.key
+        with self._guard:
+            pool = self._pools.get(key) or endpoint.pool()
+            self._pools[key] = pool
+            self._pools.move_to_end(key)
+            self._users[key] += 1
+            return pool
+
+    def give_back(self, endpoint: Endpoint) -> None:
+        """One user fewer; pools nobody uses beyond the last `idle` are closed, the longest unused first."""
+        key = endpoint.key
+        with self._guard:
+            self._users[key] -= 1
+            if not self._users[key]:
+                del self._users[key]
+            self._pools.move_to_end(key)
+            unused = [each for each in self._pools if each not in self._users]
+            for each in unused[: max(0, len(unused) - self._idle)]:
+                self._pools.pop(each).close()
+
+
+POOLS = Pools(IDLE_POOLS)
 
 
 def _proxy(scheme: str, host: str, port: int | None) -> tuple[str | None, dict[str, str] | None]:
@@ -420,10 +502,9 @@ def _netloc(host: str, port: int | None) -> str:
     return shown if port is None else f"{shown}:{port}"
 
 
-def trusted_certificates() -> ssl.SSLContext:
-    """A TLS context that verifies servers against `SSL_CERT_FILE` or `SSL_CERT_DIR` when
-    one is set, else certifi's bundle; an unreadable file is refused."""
-    cafile, capath = os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None
+def trusted_certificates(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    """A TLS context that verifies servers against `cafile` (`SSL_CERT_FILE`) or `capath` (`SSL_CERT_DIR`)
+    when one is set, else certifi's bundle; an unreadable file is refused."""
     if cafile is None and capath is None:
         import certifi
 

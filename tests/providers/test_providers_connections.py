@@ -25,7 +25,7 @@ from support.proxy import FakeProxy
 from mklang.errors import ProviderError, UsageError
 from mklang.host.config import ProviderConfig
 from mklang.providers.base import deadline
-from mklang.providers.http import HttpTransport
+from mklang.providers.http import IDLE_POOLS, POOLS, HttpTransport
 
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
@@ -98,15 +98,114 @@ def test_calls_in_flight_at_once_each_have_a_connection_and_keep_them_for_the_ne
     assert (server.count, server.connections) == (12, 6)  # the second round reused the first round's
 
 
-def test_closing_the_transport_closes_every_connection_and_refuses_more_calls(server):
+def test_a_closed_transport_refuses_calls_and_leaves_its_connections_to_the_next_one_to_the_server(server):
     server.fallback = answer("ok")
     transport = _transport(server)
     _ask(transport)
     transport.close()
-    _until(lambda: server.closed == 1)
     with pytest.raises(RuntimeError, match=r"^p: the HTTP client is closed$"):
         _ask(transport)
     assert server.count == 1
+    later = _transport(server)
+    assert _ask(later) == "ok"
+    assert (server.connections, server.closed) == (1, 0)  # the first transport's connection served the second
+    later.close()
+
+
+def test_a_pool_nobody_uses_is_closed_once_as_many_as_are_kept_were_used_after_it(server):
+    server.fallback = answer("ok")
+    transport = _transport(server)
+    _ask(transport)
+    transport.close()
+    for port in range(1, IDLE_POOLS):  # as many other pools given back as are kept, less one: it stays open
+        _transport(f"http://127.0.9.{port}:9/v1").close()
+    assert server.closed == 0
+    _transport("http://127.0.9.255:9/v1").close()
+    _until(lambda: server.closed == 1)
+
+
+def test_a_pool_in_use_is_never_closed_however_many_others_are_given_back(server):
+    server.fallback = answer("ok")
+    transport = _transport(server)
+    _ask(transport)
+    for port in range(1, 2 * IDLE_POOLS):
+        _transport(f"http://127.0.10.{port}:9/v1").close()
+    assert _ask(transport) == "ok"
+    assert (server.connections, server.closed) == (1, 0)
+    transport.close()
+
+
+# --- one pool per endpoint, shared by the providers of the process --------------------
+
+
+def _keyed(server: FakeServer, variable: str) -> HttpTransport:
+    """A provider's transport whose key is in `variable`, as providers build it (its header, its secret)."""
+    config = ProviderConfig(name="p", kind="openai", base_url=server.openai_url, api_key_env=variable, retries=0)
+    key = config.api_key()
+    return HttpTransport(config, {"Authorization": f"Bearer {key}"}, secret=key)
+
+
+def test_providers_of_two_keys_share_connections_and_each_request_carries_only_its_own_key(server, monkeypatch):
+    monkeypatch.setenv("ALPHA_KEY", "sk-alpha-secret")
+    monkeypatch.setenv("BRAVO_KEY", "sk-bravo-secret")
+    server.handler = lambda request: answer(request.headers["authorization"], delay=0.02)
+    first, second = _keyed(server, "ALPHA_KEY"), _keyed(server, "BRAVO_KEY")
+    together = threading.Barrier(8)
+    seen: list[tuple[str, str]] = []
+
+    def calls(transport: HttpTransport, key: str) -> None:
+        together.wait()
+        for _ in range(5):
+            seen.append((key, _ask(transport)))
+
+    threads = [
+        threading.Thread(target=calls, args=pair)
+        for pair in [(first, "sk-alpha-secret"), (second, "sk-bravo-secret")] * 4
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(seen) == sorted([(key, f"Bearer {key}") for key in ("sk-alpha-secret", "sk-bravo-secret")] * 20)
+    assert server.count == 40 and server.connections <= 8  # one pool: a connection served either key's calls
+    assert [request.headers["authorization"].count("sk-") for request in server.requests] == [1] * 40
+    shown = " ".join(map(repr, (POOLS, first, second, first._endpoint, first._endpoint.key)))
+    assert "secret" not in shown
+    first.close()
+    second.close()
+
+
+def test_a_proxys_credentials_are_never_used_for_another_providers_tunnel(tls_server, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
+    tls_server.fallback = answer("tunnelled")
+    with FakeProxy() as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://alice:one@"))
+        alice = _transport(tls_server)
+        _ask(alice)
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://bob:two@"))
+        bob = _transport(tls_server)
+        _ask(bob)
+        _ask(alice)
+        assert "one" not in repr(alice._endpoint) and "one" not in repr(alice._endpoint.key)
+        alice.close()
+        bob.close()
+    basic = {name: "Basic " + base64.b64encode(name.encode()).decode() for name in ("alice:one", "bob:two")}
+    target = tls_server.url.removeprefix("https://")
+    assert proxy.requests == [("CONNECT", target, basic["alice:one"]), ("CONNECT", target, basic["bob:two"])]
+    assert tls_server.connections == 2
+
+
+def test_a_provider_trusting_other_certificates_gets_a_pool_of_its_own(tls_server, monkeypatch):
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
+    tls_server.fallback = answer("secure")
+    trusting = _transport(tls_server)
+    assert _ask(trusting) == "secure"
+    monkeypatch.delenv("SSL_CERT_FILE")  # certifi's bundle, which does not trust the server's certificate
+    message = _fails(_transport(tls_server))
+    assert "is not trusted" in message
+    assert (tls_server.count, tls_server.connections) == (1, 1)  # the trusted connection was not lent to it
+    trusting.close()
 
 
 def test_an_idle_connection_the_server_closed_is_replaced_before_the_next_call(server):
