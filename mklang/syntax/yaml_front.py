@@ -59,6 +59,18 @@ class _Reader:
             file=self.file, line=start.line + 1, col=start.column + 1, end_line=end.line + 1, end_col=end.column + 1
         )
 
+    def entry_span(self, key_node, value_node) -> Span:
+        """A `key: value` entry, from its key to the end of its value's last scalar: a block
+        collection ends where the next key starts, past the blank lines and comments before it."""
+        node = value_node
+        while isinstance(node, self.yaml.CollectionNode) and not node.flow_style and node.value:
+            last = node.value[-1]
+            node = last[1] if isinstance(last, tuple) else last
+        end = self.span(node)
+        if end.end_col == 1 and end.end_line > end.line:  # a block scalar ends at the next line's start
+            end = replace(end, end_line=end.end_line - 1)
+        return replace(self.span(key_node), end_line=end.end_line, end_col=end.end_col)
+
     def error(self, node, code: str, message: str) -> None:
         self.builder.report(self.span(node), code, message)
 
@@ -104,7 +116,7 @@ class _Reader:
         items = []
         allowed = (*TOP_KEYS, "tools", "hooks", "moved", "states")
         for key, key_node, node in self.mapping(root, "the machine", allowed):
-            span = self.span(key_node)
+            span = self.entry_span(key_node, node)
             if key in ("tools", "hooks"):
                 items += [Clause(key, decl, decl.span or span) for decl in self.declarations(node, key)]
             elif key == "states":
@@ -186,8 +198,7 @@ class _Reader:
             return []
         found = []
         for key_node, value_node in node.value:
-            end = self.span(value_node)
-            span = replace(self.span(key_node), end_line=end.end_line, end_col=end.end_col)
+            span = self.entry_span(key_node, value_node)
             old, new = self.text(key_node, "a moved state's old name"), self.text(value_node, "its new name")
             found.append(Clause("moved", Moved(old=old, new=new, span=span), span))
         return found
