@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mklang.checkpoint.envelope import Ancestor, Envelope, UsageRecord
+from mklang.checkpoint.envelope import Ancestor, Edit, Envelope, UsageRecord
 from mklang.engine import Control, RunResult
 from mklang.engine.events import Event, StateEntered
 from mklang.errors import CheckpointError, MklangError, UsageError
@@ -229,12 +229,10 @@ class StopAt:
 
     def __init__(self, control: Control, path: tuple[int, ...]):
         self.control, self.path = control, path
-        self.reached = False
 
     def emit(self, event: Event) -> None:
         at = isinstance(event, StateEntered) and not event.in_branch
         if at and tuple(segment.step for segment in event.path) == self.path:
-            self.reached = True
             self.control.interrupted.set()
 
 
@@ -263,9 +261,10 @@ def read_source(target: str | Path | Location) -> Source:
     envelope = load(location)
     if envelope.seal != "signed":
         raise CheckpointError(f"{location}: {SEAL_TEXT[envelope.seal]}: a fork replays only runs signed with your key")
-    if envelope.input is None:
+    if envelope.input is None or envelope.edits is None:
+        kept = "start context" if envelope.input is None else "resume edits"
         raise CheckpointError(
-            f"{location}: the run records no start context (it began before forks did): fork a newer run"
+            f"{location}: the run records no {kept} (it began before forks replayed them): fork a newer run"
         )
     trace = json.loads(json.dumps(run_document(location)["trace"]))
     return Source(location, envelope, trace, machine_of(location))
@@ -351,9 +350,10 @@ def fork(
     observer: Any = None,
 ) -> RunResult:
     """Start a new run at `request.checkpoint` from the source's inputs, answer its steps before `at`
-    from the source's trace (nothing paid), stop at the loop-top of `at`, then continue it as
-    `mklang resume` would with `request` (its `reply` the edits, applied there and tainted). A
-    prefix that does not replay the source's is refused and its checkpoint removed."""
+    from the source's trace (nothing paid), re-apply the source's resume edits at the loop-tops it
+    was given them (`_stops`), stop at the loop-top of `at`, then continue it as `mklang resume`
+    would with `request` (its `reply` the edits, applied there and tainted). A prefix that does not
+    replay the source's is refused and its checkpoint removed."""
     from mklang.runs import build_host, remove_run, resume, start
 
     if request.checkpoint is None:
@@ -376,8 +376,9 @@ def fork(
             machines={"": envelope.machine.sha256 or "", **envelope.machines},
             inherited=_record(inherited(source, at)),
         )
+        edits = _stops(envelope.edits or [], at)
+        places = [step_path(edit.at) for edit in edits] + [at]
         halt = Control()
-        stop = StopAt(halt, at)
         budget = int(envelope.frames[0]["budget"]) if envelope.frames else machine.budget
         stopped = start(
             machine.replace(budget=budget),
@@ -386,7 +387,7 @@ def fork(
             checkpoint=request.checkpoint,
             replace=request.replace,
             control=halt,
-            observer=stop,
+            observer=StopAt(halt, places[0]),
             lineage=[*envelope.lineage, ancestor],
             max_tokens=envelope.budgets.max_tokens,
             max_cost=envelope.budgets.max_cost,
@@ -394,11 +395,29 @@ def fork(
             untrusted_flow=envelope.untrusted_flow,
             concurrency=envelope.concurrency,
         )
-        problem = _prefix_problem(stopped, stop, source, at)
+        problem = None
+        for edit, place, following in zip(edits, places, places[1:], strict=False):
+            problem = _stopped_at(stopped, place)
+            if problem is not None:
+                break
+            halt = Control()
+            edited = RunRequest(source=request.checkpoint, reply=edit.set, budget=edit.budget)
+            stopped = resume(edited, prefix, control=halt, observer=StopAt(halt, following), tell=_quiet)
+        problem = problem or _stopped_at(stopped, at) or _differs(stopped, source, at)
         if problem is not None:
             remove_run(locate(request.checkpoint), unfinished=True)
             raise CheckpointError(f"{source.location}: the fork's prefix is not the source's: {problem}")
         return resume(_continued(request), live, control=control, observer=observer)
+
+
+def _stops(edits: Sequence[Edit], at: tuple[int, ...]) -> list[Edit]:
+    """The source's resume edits the fork's prefix re-applies, in the order they were made: those
+    made before the loop-top of `at` or at it (the fork's own `--set` goes on top of them)."""
+    return [edit for edit in edits if step_path(edit.at) <= at]
+
+
+def _quiet(line: str) -> None:
+    """What a resume of the prefix would tell: nothing the user asked for (the live part tells its own)."""
 
 
 def _record(usage: Usage) -> UsageRecord:
@@ -412,11 +431,20 @@ def _continued(request: RunRequest) -> RunRequest:
     return replace(request, source=request.checkpoint, replace=False)
 
 
-def _prefix_problem(stopped: RunResult, stop: StopAt, source: Source, at: tuple[int, ...]) -> str | None:
-    """Why the prefix did not end at `at` with the source's steps, or None."""
-    if not stop.reached or (stopped.status, stopped.reason) != ("suspended", "interrupted"):
-        said = stopped.error if stopped.status != "suspended" else stopped.reason
-        return f"it ended {stopped.status} ({said}) before step {'.'.join(map(str, at))}"
+def _stopped_at(stopped: RunResult, place: tuple[int, ...]) -> str | None:
+    """Why the prefix did not stop at the loop-top `place`, or None: parked there on its own (a
+    question the source was answered at, a budget it was given more of) or stopped by `StopAt`."""
+    from mklang.runs.opening import loop_top
+
+    dotted = ".".join(map(str, place))
+    if stopped.status == "suspended" and loop_top(stopped.frames) == dotted:
+        return None
+    said = stopped.error if stopped.status != "suspended" else stopped.reason
+    return f"it ended {stopped.status} ({said}) before step {dotted}"
+
+
+def _differs(stopped: RunResult, source: Source, at: tuple[int, ...]) -> str | None:
+    """Which root step of the prefix is not the source's, or None."""
     replayed = json.loads(json.dumps(stopped.trace))
     expected = source.trace[: at[0] - 1]
     if replayed != expected:

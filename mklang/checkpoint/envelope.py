@@ -158,6 +158,18 @@ class Ancestor(BaseModel):
     inherited: UsageRecord
 
 
+class Edit(BaseModel):
+    """What one resume changed before the run went on (ADR 0066): the loop-top it continued from
+    (the dotted step numbers root first, as `fork --at` takes them), the values it set there (`--set`,
+    tainted) and the innermost level's new step budget (`--budget`), so a fork replays them there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: str
+    set: dict[str, Any] = Field(default_factory=dict)
+    budget: int | None = Field(default=None, ge=0)
+
+
 class Envelope(BaseModel):
     """Everything needed to continue a run, as one JSON document."""
 
@@ -195,6 +207,8 @@ class Envelope(BaseModel):
     # The context the run started with, its host's inputs, so a fork starts as it did (ADR 0054).
     input: dict[str, Any] | None = None
     lineage: list[Ancestor] = Field(default_factory=list)  # the runs it was forked from, oldest first
+    # What each resume set, in order (ADR 0066); None in a run begun before they were recorded.
+    edits: list[Edit] | None = None
     # The W3C trace context (`traceparent`, ...) the run's spans continue under when it resumes
     # (ADR 0034). Display data, left out of the signature: a malformed one reads as none.
     trace: dict[str, str] | None = None

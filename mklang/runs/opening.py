@@ -384,8 +384,11 @@ def apply_resume(envelope: Envelope, chain: list[Frame], change: dict[str, Any])
     level's step `budget` (None keeps it), the `set` values that answer it and the `decision`
     of the human decision it waits on, when one was given.
     """
-    from mklang.checkpoint.envelope import Budgets, HostSettings
+    from mklang.checkpoint.envelope import Budgets, Edit, HostSettings
 
+    edits = envelope.edits
+    if edits is not None and (change["set"] or change["budget"] is not None):  # a fork replays them (ADR 0066)
+        edits = [*edits, Edit(at=loop_top(chain), set=dict(change["set"]), budget=change["budget"])]
     innermost = chain[-1]
     if change["budget"] is not None:
         innermost.budget = int(change["budget"])
@@ -405,5 +408,12 @@ def apply_resume(envelope: Envelope, chain: list[Frame], change: dict[str, Any])
             ask=None,
             reply_to=None,
             detail=None,
+            edits=edits,
         )
     )
+
+
+def loop_top(chain: list[Frame]) -> str:
+    """The loop-top a chain of frames stands at, as dotted step numbers root first (`4.2`: step 2
+    of the run that step 4 of the root calls), numbered as the engine numbers its steps."""
+    return ".".join(str(len(frame.trace) + 1) for frame in chain)

@@ -97,6 +97,7 @@ def start(
         host=host.recorded(),
         input=dict(context or {}),
         lineage=list(lineage or []),
+        edits=[],
     )
     frame = Frame.start(machine, context or {})
     with claimed(location, held, replace) as above:

@@ -196,3 +196,74 @@ def test_a_fork_says_what_it_may_run_again_before_anything_is_paid(tmp_path):
     shown = cli("fork", "src.json", "--at", "2", "--dry-run", "--format", "json", cwd=folder)
     assert json.loads(shown.stdout) == {"step": "2", "state": "decide", "effects": ["approval:publish (publish)"]}
     refused(cli("fork", "src.json", "--at", "9", "--dry-run", cwd=folder), "the source's trace has 3 steps")
+
+
+def _prompt(request) -> str:
+    return request.body["messages"][-1]["content"]
+
+
+def test_a_fork_replays_the_values_a_resume_of_its_source_set_at_the_loop_top_they_were_set(twelve, server):
+    from support.commands import cli, refused
+
+    host = ("--config", "mklang.toml")
+    ran = cli(
+        "run", "chain.mk", "--set", "topic=tides", "--max-tokens", "75", "--checkpoint", "src.json", *host, cwd=twelve
+    )
+    assert ran.returncode == 3, ran.stderr  # suspended at the loop-top of step 6: 5 answers of 15 tokens spent
+    resumed = cli(
+        "resume", "src.json", "--max-tokens", "1000", "--set", "topic=storms", *host, "--format", "json", cwd=twelve
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert server.count == 12 and "storms" in _prompt(server.requests[5]) and "tides" in _prompt(server.requests[4])
+    source = _envelope(twelve / "src.json")
+    assert source["edits"] == [{"at": "6", "set": {"topic": "storms"}, "budget": None}]
+
+    forked = cli("fork", "src.json", "--at", "9", "--checkpoint", "fork.json", *host, "--format", "json", cwd=twelve)
+    assert forked.returncode == 0, forked.stderr
+    assert server.count == 12 + 4  # steps 9 to 12 paid
+    assert all("storms" in _prompt(request) for request in server.requests[-4:])  # the resume's value, replayed
+    source_trace, fork_trace = json.loads(resumed.stdout)["trace"], json.loads(forked.stdout)["trace"]
+    assert fork_trace[:8] == source_trace[:8]
+    fork = _envelope(twelve / "fork.json")
+    assert fork["edits"] == source["edits"]  # replayed where the source had them, so a fork of it does too
+    assert "topic" in fork["frames"][0]["tainted"]  # set on resume: host data, in the fork as in the source
+
+    early = cli("fork", "src.json", "--at", "4", "--checkpoint", "early.json", *host, cwd=twelve)
+    assert early.returncode == 0, early.stderr  # an edit after the fork's start is not the fork's
+    assert server.count == 16 + 9 and all("tides" in _prompt(request) for request in server.requests[-9:])
+
+    forged = dict(source, edits=[{"at": "6", "set": {"topic": "calm"}, "budget": None}])
+    (twelve / "src.json").write_text(json.dumps(forged))
+    refused(cli("fork", "src.json", "--at", "9", "--checkpoint", "f2.json", *host, cwd=twelve), "signed")
+    assert server.count == 25 and not (twelve / "f2.json").exists()
+
+
+def test_a_fork_past_a_human_reply_replays_the_reply_where_the_source_was_parked(tmp_path):
+    import shutil
+
+    from support.commands import cli
+
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
+    folder, host = tmp_path / "approval", ("--script", "scenarios.yaml", "--scenario", "ask-then-publish")
+    assert cli("run", "approval.mk", *host, "--hitl", "--checkpoint", "src.json", cwd=folder).returncode == 3
+    answered = cli("resume", "src.json", "--set", "approval.answer=yes, ship it", "--format", "json", cwd=folder)
+    assert answered.returncode == 0, answered.stderr
+    forked = cli("fork", "src.json", "--at", "3", "--checkpoint", "fork.json", *host, "--format", "json", cwd=folder)
+    assert forked.returncode == 0, forked.stderr  # its prefix parks where the source did, and is answered there
+    fork, source = json.loads(forked.stdout), json.loads(answered.stdout)
+    assert fork["trace"][:2] == source["trace"][:2] and fork["context"]["approval"] == {"answer": "yes, ship it"}
+
+
+def test_a_run_begun_before_resume_edits_were_recorded_loads_and_is_not_forked(twelve, server):
+    from support.commands import cli, refused
+
+    from mklang.checkpoint.envelope import load, save
+
+    host = ("--config", "mklang.toml")
+    assert cli("run", "chain.mk", "--set", "topic=a", "--checkpoint", "src.json", *host, cwd=twelve).returncode == 0
+    older = load(twelve / "src.json")
+    older.edits = None  # signed with the user's key, as a run of the release before wrote it
+    save(twelve / "src.json", older)
+    assert cli("show", "src.json", "--summary", cwd=twelve).returncode == 0
+    refused(cli("fork", "src.json", "--at", "3", "--checkpoint", "f.json", *host, cwd=twelve), "no resume edits")
+    assert server.count == 12 and not (twelve / "f.json").exists()
