@@ -83,6 +83,8 @@ def start(
     loader = MachineLoader()
     loader.add(machine)
     location = locate(checkpoint)
+    if not location.anchor.parent.is_dir():  # a checkpoint path in no folder: said before anything is written
+        raise UsageError(f"{location}: no folder {location.anchor.parent} to keep the run in: make it first")
     envelope = Envelope(
         mklang_version=__version__,
         run_id=uuid.uuid4().hex,

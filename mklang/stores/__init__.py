@@ -273,7 +273,10 @@ def open_store(uri: str | Path, *, create: bool = True) -> RunStore:
 
         folder = Path(uri)
         if create:
-            folder.mkdir(mode=0o700, exist_ok=True)
+            try:
+                folder.mkdir(mode=0o700, exist_ok=True)
+            except OSError as error:  # its parent is missing, or not ours to write in
+                raise UsageError(f"{uri}: cannot make the checkpoint store (a folder): {error.strerror}") from None
         elif not folder.is_dir():
             raise UsageError(f"{uri}: no such checkpoint store (a folder): check the path")
         return FileStore(folder)

@@ -218,3 +218,14 @@ def test_resume_refuses_a_negative_budget_before_reading_the_checkpoint(tmp_path
     done = cli("resume", str(tmp_path / "missing.json"), option, "-1", cwd=tmp_path)
     line = refused(done, option)
     assert "missing.json" not in line
+
+
+def test_a_checkpoint_or_store_in_a_folder_that_is_not_there_is_one_line_and_writes_nothing(folder):
+    (folder / "in.jsonl").write_text('{"name": "Ada"}\n', encoding="utf-8")
+    ran = cli(
+        "run", "hello.mk", "--script", "s.yaml", "--checkpoint", "missing/cp.json", "--format", "text", cwd=folder
+    )
+    refused(ran, "missing/cp.json: no folder missing to keep the run in: make it first")
+    batch = ["batch", "hello.mk", "--script", "s.yaml", "--inputs", "in.jsonl", "--store", "missing/runs"]
+    refused(cli(*batch, cwd=folder), "missing/runs: cannot make the checkpoint store (a folder): No such file")
+    assert not (folder / "missing").exists()
