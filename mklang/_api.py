@@ -59,6 +59,7 @@ class Answering(TypedDict, total=False):
     script: StrPath | None
     scenario: str | None
     replay: StrPath | None
+    pool: str | None
     plugins: Sequence[str] | None
     mcp: Sequence[str] | None
     tools: Mapping[str, Callable[..., Any]] | None

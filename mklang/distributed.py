@@ -54,6 +54,7 @@ from mklang.runs import (
     verified,
     write_signed,
 )
+from mklang.runs.pooling import require_pool
 from mklang.stores import Store, open_note_store, run_name
 from mklang.terminal import printable
 
@@ -298,6 +299,11 @@ class Worker:
         self.observer = observer  # told of every run's events, each with the run's name
         self.store = open_note_store(uri, "a worker")
         self.identity = store_identity(self.store)
+        try:
+            require_pool(self.store, host_settings)
+        except UsageError:
+            self.store.close()
+            raise
         self.host_settings = host_settings
         self.stopping = threading.Event()
         self.name = f"{os.getpid()}@{socket.gethostname()}"

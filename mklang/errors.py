@@ -86,9 +86,30 @@ class ProviderError(MklangError):
     with malformed token counts, or an empty answer): the run's spend includes it.
     """
 
+    suspends_as = "provider-error"  # the reason a run that can suspend suspends with
+
     def __init__(self, message: str, usage: Usage | None = None):
         super().__init__(message)
         self.usage = usage
+
+
+class CallWithheld(ProviderError):
+    """A model call the run's host did not make (nothing was paid for it): the level ends for
+    `suspends_as` as at a loop-top, suspending when it can; a fan-out branch stops, cutting the fan-out."""
+
+
+class PoolExhausted(CallWithheld):
+    """A model call's worst case does not fit in what is left of the run's budget pool: the call is
+    not made, and the run suspends (`pool-exhausted`) until the pool is topped up."""
+
+    suspends_as = "pool-exhausted"
+
+
+class PoolWaitInterrupted(CallWithheld):
+    """An interrupt came while a model call waited for room in its budget pool: the call is not made,
+    and the run suspends `interrupted`, as it would at its next loop-top."""
+
+    suspends_as = "interrupted"
 
 
 def did_you_mean(name: str, known: Iterable[object]) -> str:

@@ -74,6 +74,7 @@ class HostSettings(BaseModel):
     config: str | None = None
     replay: str | None = None
     record: str | None = None
+    pool: str | None = None  # the budget pool of the run's store its model calls draw from (ADR 0067)
     plugins: list[str] = Field(default_factory=list)  # --plugin modules or files
     mcp: list[str] = Field(default_factory=list)  # --mcp servers, NAME=COMMAND or NAME=URL
 

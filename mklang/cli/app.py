@@ -174,6 +174,7 @@ COMMAND_MODULES = {
     "graph": "authoring_cmds",
     "lsp": "authoring_cmds",
     "runs": "scale_cmds",
+    "pool": "pool_cmds",
     "batch": "scale_cmds",
     "worker": "scale_cmds",
     "serve": "console_cmds",

@@ -22,17 +22,7 @@ from mklang.host.config import HostConfig, load_config
 def answer_cap(config: HostConfig, tier: str, reason: bool) -> int | None:
     """The most tokens an answer of `tier` may take, or None when nothing caps it."""
     route = config.route(tier)
-    if route is None:
-        return None
-    provider = config.provider(route.provider)
-    if provider.kind == "anthropic":
-        native = reason and provider.reasoning == "native"
-        return provider.max_tokens + (provider.thinking_budget if native else 0)
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = provider.params.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    return None if route is None else config.provider(route.provider).answer_cap(reason)
 
 
 def call_bounds(

@@ -55,14 +55,15 @@ def runs(
     page: int = typer.Option(1, "--page", min=1, help="Which page of --limit runs."),
     format: OutputFormat = FormatOpt,
 ) -> None:
-    """The runs of a store, newest first: status, reason or question, spend, started, updated.
+    """The runs of a store, newest first: status, reason or question, spend, started, updated;
+    then its budget pools: cap, spent, reserved, calls in flight, runs waiting for a top-up.
 
     What is listed is each run's summary, kept beside it: it is shown, never
     trusted; `mklang show STORE#RUN` reads and verifies the run itself."""
     if context.invoked_subcommand is not None:
         return
     with handle_errors(wants_json(format)):
-        from mklang.stores import RunQuery, open_store, summaries_of
+        from mklang.stores import RunQuery, open_store, pools_of, summaries_of
 
         if store is None:
             raise fail("mklang runs needs --store URI (a folder, sqlite:///runs.db or postgresql://...)")
@@ -79,16 +80,22 @@ def runs(
         opened = open_store(store, create=False)
         try:
             found = summaries_of(opened, query)
+            pools = pools_of(opened)
         finally:
             opened.close()
         more = limit is not None and len(found) > limit
         listed = [_summary_json(store, summary) for summary in found[:limit]]
         if wants_json(format):
-            print_json({"store": redacted(store), "page": page, "limit": limit, "more": more, "runs": listed})
+            shown = [pool.to_json() for pool in pools]
+            print_json(
+                {"store": redacted(store), "page": page, "limit": limit, "more": more, "runs": listed, "pools": shown}
+            )
         else:
             from mklang.cli.render import render_runs  # rich, for people only
 
             render_runs(listed)
+            for pool in pools:
+                print(f"pool {pool.line()}")
             if more:
                 print(f"more: --page {page + 1}", file=sys.stderr)
 
@@ -350,6 +357,7 @@ def batch(
         from mklang.checker import require_runnable
         from mklang.cli.local_batch import LocalBatch, hosts, spread
         from mklang.engine import Control
+        from mklang.runs.pooling import require_pool
         from mklang.stores import open_note_store
         from mklang.syntax import load_file
 
@@ -389,6 +397,8 @@ def batch(
             host_for = stack.enter_context(hosts(host_settings, max_cost, batch_cost)) if executor == "local" else None
             opened = open_note_store(store, "a batch")
             stack.callback(opened.close)
+            if host_for is not None:
+                require_pool(opened, host_settings)
             observer = stack.enter_context(event_stream(output.events, output.trace_content))
             if host_for is not None:  # the hosts, the store and the observer are ready: the runs start next
                 from mklang.cli.cost_report import batch_preflight

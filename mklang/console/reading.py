@@ -20,7 +20,8 @@ from mklang.engine.decisions import digest
 from mklang.errors import MklangError
 from mklang.runs import location
 from mklang.runs.inspection import described, held
-from mklang.stores import RunQuery, RunStore, Tally, summaries_of, tallies_of
+from mklang.stores import RunQuery, RunStore, Tally, pools_of, summaries_of, tallies_of
+from mklang.stores.pools import Pool
 from mklang.stores.summary import SUMMARY_STATUSES, RunSummary, epoch
 from mklang.vocabulary import duration_seconds, lookup
 
@@ -39,6 +40,7 @@ class Page:
     counts: list[Tally] = field(default_factory=list)
     filters: dict[str, str] = field(default_factory=dict)
     problem: str | None = None  # a filter that could not be read, and is left out
+    pools: list[Pool] = field(default_factory=list)  # the store's budget pools, whatever the filters
 
     @property
     def total(self) -> Tally:
@@ -113,7 +115,7 @@ def runs_page(store: RunStore, number: int, asked: Mapping[str, str] | None = No
     summaries = summaries_of(store, replace(query, limit=PAGE + 1, offset=(number - 1) * PAGE))
     counts = tallies_of(store, replace(query, statuses=()), ("status",))
     rows = [row(summary) for summary in summaries[:PAGE]]
-    return Page(number, rows, len(summaries) > PAGE, counts, filters, problem)
+    return Page(number, rows, len(summaries) > PAGE, counts, filters, problem, pools_of(store))
 
 
 INBOX_PAGE = 25  # cards on one page of the inbox: a page of them stays well under 200 KB

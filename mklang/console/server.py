@@ -12,7 +12,8 @@ import uvicorn
 
 from mklang.cli.listening import LOOPBACK, bind
 from mklang.console.web import Console, create_app
-from mklang.errors import redacted
+from mklang.errors import UsageError, redacted
+from mklang.runs.pooling import require_pool
 from mklang.stores import open_store
 
 EVERYWHERE = ("0.0.0.0", "::", "")
@@ -21,6 +22,11 @@ EVERYWHERE = ("0.0.0.0", "::", "")
 def serve(uri: str, *, host: str, port: int, hosting: Mapping[str, Any]) -> None:
     """Serve the console of the store `uri` until interrupted; `hosting` holds the host settings chosen."""
     store = open_store(uri, create=False)
+    try:
+        require_pool(store, hosting)
+    except UsageError:
+        store.close()
+        raise
     listening = bind(host, port)
     token = secrets.token_urlsafe(32)
     console = Console(store, uri, token, hosting)

@@ -26,7 +26,7 @@ from mklang.engine.launch import Launch, exhausted, ran_out
 from mklang.engine.records import StepDetails, StepRecord, TraceStep
 from mklang.engine.runtime import Level, Runtime
 from mklang.engine.signals import Stop
-from mklang.errors import CheckpointError, MklangError, ProviderError
+from mklang.errors import CallWithheld, CheckpointError, MklangError, ProviderError
 from mklang.host.registry import wants_idempotency_key
 from mklang.limits import NestingError, load_json
 from mklang.model import Call, Gate, Produce, State, ToolUse
@@ -109,7 +109,9 @@ def _loop(rt: Runtime, level: Level, outer: tuple[events.PathLevel, ...], resume
             elif level.suspendable:
                 # The failed call's charge: no kept answer will pay it again on resume.
                 frame.usage = frame.usage + (error.usage or Usage())
-                raise Stop("suspended", "provider-error", frame.state, [frame], detail=str(error)) from None
+                raise Stop("suspended", error.suspends_as, frame.state, [frame], detail=str(error)) from None
+            elif isinstance(error, CallWithheld):  # a level in a fan-out branch: the branch stops
+                _end(rt, level, error.suspends_as, calls.paid)
             else:
                 _halt(rt, level, f"provider-error: {error}", calls.paid)
             continue
@@ -567,6 +569,8 @@ def _fan_out(rt: Runtime, level: Level, state: State, calls: Calls) -> tuple[lis
                 raise
             failed = {"output": f"[branch-error: {stop.reason}]", "usage": recorded_usage(branch_calls.paid)}
             return ({**failed, "sub_trace": stop.trace} if stop.kind == "call-failed" else failed), "failed"
+        except CallWithheld as error:  # e.g. no room in the pool for the branch's call: the fan-out is cut
+            raise Stop("stopped", error.suspends_as, state.name) from None
         except ProviderError as error:
             return {
                 "output": f"[branch-error: provider-error: {error}]",

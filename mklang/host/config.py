@@ -79,6 +79,19 @@ class ProviderConfig:
             )
         return key
 
+    def answer_cap(self, reason: bool) -> int | None:
+        """The most tokens one answer may take, or None when nothing caps it: Anthropic's `max_tokens`
+        (plus the thinking budget for a natively reasoning state), an OpenAI-compatible provider's
+        `max_completion_tokens` or `max_tokens` param."""
+        if self.kind == "anthropic":
+            native = reason and self.reasoning == "native"
+            return self.max_tokens + (self.thinking_budget if native else 0)
+        for name in ("max_completion_tokens", "max_tokens"):
+            value = self.params.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
     def require_key(self) -> None:
         """Refuse, before any request, a malformed key, or a missing one where it is needed:
         a server on this machine (a local model, a test server) may need none, any other

@@ -51,6 +51,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("config", "Host config TOML (tiers, providers, prices).", "answers", names_file=True),
     Setting("replay", "Answer from a recorded cassette, offline.", "answers", names_file=True),
     Setting("record", "Record every provider exchange into a cassette.", names_file=True),
+    Setting("pool", "Draw every model call's worst case from this budget pool of the run's store.", "own"),
     Setting(
         "plugins",
         "Load host tools and hooks (its TOOLS and HOOKS maps). Repeatable.",

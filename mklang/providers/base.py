@@ -209,6 +209,22 @@ def delta_consumer() -> Deltas | None:
     return _deltas.get()
 
 
+_throttle: ContextVar[Callable[[float], None] | None] = ContextVar("mklang_throttle", default=None)
+
+
+def throttling(told: Callable[[float], None]) -> AbstractContextManager[None]:
+    """While entered, a server's request to wait (a 429's `Retry-After`) is told to `told` (its seconds),
+    so every run sharing a budget pool waits with the one the server slowed (ADR 0067)."""
+    return _Bound((_throttle, told))
+
+
+def throttled(seconds: float) -> None:
+    """A server asked the call in flight to wait `seconds` before trying again."""
+    told = _throttle.get()
+    if told is not None:
+        told(seconds)
+
+
 def call_key() -> str | None:
     """The idempotency key of the call in flight, or None outside a call."""
     return _call_key.get()

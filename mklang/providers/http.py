@@ -43,7 +43,7 @@ import urllib3
 from mklang.errors import ProviderError, UsageError
 from mklang.host.config import ProviderConfig
 from mklang.providers import streaming
-from mklang.providers.base import seconds_left
+from mklang.providers.base import seconds_left, throttled
 from mklang.providers.streaming import Stream, StreamCut
 from mklang.version import __version__
 
@@ -175,6 +175,8 @@ class HttpTransport:
                 if response.status not in RETRYABLE_STATUS:
                     raise ProviderError(f"{name} {failure}{self._key_hint(response.status)}")
                 delay = retry_after(response.headers.get("retry-after"))
+                if delay is not None and response.status == 429:
+                    throttled(delay)
             if attempt + 1 == attempts:
                 break
             pause = self._delay(attempt, delay)

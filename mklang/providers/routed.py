@@ -8,8 +8,11 @@ from typing import Any
 from mklang.errors import ProviderError
 from mklang.host.config import Price, Route
 from mklang.providers import judge as judge_protocol
+from mklang.providers import scratchpad
 from mklang.providers.base import Produced, Usage, Verdict
 from mklang.providers.http import ProviderClient, Reply
+
+FRAMING_TOKENS = 64  # tokens a chat request's framing (roles, separators) may add to its messages
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,24 @@ class RoutedProvider:
         reply, usage = self._chat(target, system, user, False)
         choice, parsed_by = judge_protocol.parse_choice(reply.text, len(conditions))
         return Verdict(choice, usage, parsed_by)
+
+    def worst_case(self, system: str, user: str, tier: str, reason: bool) -> Usage | None:
+        """The most one produce call can cost: every byte of its messages a token (a token is at least
+        one byte), the wire format's framing and a scratchpad's instruction, plus the provider's answer
+        cap, priced; None when nothing caps the answer or the model has no price (ADR 0067)."""
+        target = self._target(tier)
+        cap = target.client.config.answer_cap(reason)
+        if cap is None or target.price is None:
+            return None
+        scratch = len(scratchpad.INSTRUCTION.encode()) if reason else 0
+        prompt = len(system.encode()) + len(user.encode()) + scratch + FRAMING_TOKENS
+        return target.usage(prompt, cap)
+
+    def worst_judge(
+        self, conditions: list[str], output: Any, reasoning: str | None, context: dict[str, Any], tier: str
+    ) -> Usage | None:
+        """`worst_case` of one judge call."""
+        return self.worst_case(*judge_protocol.build_prompt(conditions, output, reasoning, context), tier, False)
 
     def route_of(self, tier: str) -> tuple[str | None, str | None]:
         """The provider and model of `tier`, for the run's events (None, None: no route)."""

@@ -247,6 +247,11 @@ def drive(
     """
     from mklang.checkpoint.journal import StoreJournal, durability_setting
 
+    provider, pool = host.provider, host.settings.get("pool")
+    if pool is not None:
+        from mklang.runs.pooling import pooled
+
+        provider = pooled(provider, location.store, pool, location.run, (control or Control()).interrupted)
     with traced(observer, envelope.trace, location.run) as (observer, envelope.trace):
         budgets = envelope.budgets
         journal = StoreJournal(
@@ -264,7 +269,7 @@ def drive(
         else:
             journal.resume(change, envelope.stored_bytes)
         options: RunOptions = {**host.toolbox(), **envelope.run_options(), "control": control, "observer": observer}
-        rt = make_runtime(host.provider, journal=journal, loader=loader, run_id=envelope.run_id, **options)
+        rt = make_runtime(provider, journal=journal, loader=loader, run_id=envelope.run_id, **options)
         caps = Caps(budgets.max_tokens, budgets.max_cost)
         result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
         usage = result.usage.to_json()

@@ -75,6 +75,8 @@ def start(
     if checkpoint is None:
         if replace:
             raise UsageError("replace=True replaces the run at a checkpoint: it needs checkpoint=")
+        if host.settings.get("pool") is not None:
+            raise UsageError("--pool draws from a pool kept in a store: it needs --checkpoint STORE-URI#RUN")
         with traced(observer, None) as (observer, _):
             in_memory: RunOptions = {**chosen, **host.toolbox(), "control": control, "observer": observer}
             return run(machine, context, provider=host.provider, suspendable=suspendable, **in_memory)

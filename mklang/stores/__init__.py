@@ -18,6 +18,8 @@ declared by the capability protocols it also implements, each found with
   (a run resumes where its files are) and batches and workers refuse it.
 - `GenerationStore`: the generation each run id reached, kept in the store
   (ADR 0022, 0052); without it the user's state folder remembers them.
+- `PoolStore`: budget pools that runs of many processes draw from (ADR 0067);
+  without it `--pool` is refused.
 
 The envelope codec, the journal's records and recovery live above, in
 `mklang.checkpoint`, so every backend stores the same bytes; the promises
@@ -36,13 +38,17 @@ import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from mklang.errors import UsageError, first_line, redacted
 from mklang.stores.summary import RunQuery as RunQuery  # re-exported: what a listing asks stores for
 from mklang.stores.summary import RunSummary as RunSummary
 from mklang.stores.summary import Tally as Tally
 from mklang.stores.summary import peek_summary
+
+if TYPE_CHECKING:
+    from mklang.stores.pools import Caps as PoolCaps
+    from mklang.stores.pools import Hold, Pool
 
 # A run name: how every store and command names a run (docs/scale.md, "Run names"). It is a file
 # name in the file store, so it holds no path separator, does not start with a dot (`..`, hidden
@@ -178,6 +184,53 @@ class GenerationStore(Protocol):
         """Raise what is recorded of `run_id` to `generation` (never lowers it)."""
 
 
+@runtime_checkable
+class PoolStore(Protocol):
+    """A store that keeps budget pools (`mklang.stores.pools`, ADR 0067). Every change of a pool is one
+    atomic statement (or transaction), so pools shared by processes on many hosts never go past a cap."""
+
+    def create_pool(self, name: str, caps: PoolCaps) -> bool:
+        """Make the pool `name` with `caps`, nothing spent; False when there is one of that name already."""
+
+    def pool(self, name: str) -> Pool | None:
+        """The pool `name` as its row says (checked: a malformed row raises `CheckpointError`), or None."""
+
+    def pool_names(self) -> list[str]:
+        """The names of the store's pools, sorted."""
+
+    def top_up(self, name: str, cost: float, tokens: int) -> bool:
+        """Raise the pool's dollar and token caps by `cost` and `tokens` (a cap it lacks stays none) and
+        forget who waited on it; False when there is no such pool."""
+
+    def remove_pool(self, name: str) -> bool:
+        """Remove the pool and its holds; False when there is no such pool."""
+
+    def reserve(self, hold: Hold, now: float) -> bool:
+        """Take `hold` in one conditional statement: only when spent plus reserved plus its worst case stays
+        within each cap, a call-in-flight slot is free, the rate buckets have room and the pool is not
+        paused at `now`; False (nothing changed) otherwise. A hold of the same key must not exist (the
+        run's lock holder charges an earlier one first: `charge_held`)."""
+
+    def settle(self, pool: str, key: str, cost: float, tokens: int) -> bool:
+        """Release the hold `key` and charge what its call cost instead, atomically; False (nothing
+        charged) when the pool holds no such hold (settled already, or charged when it expired)."""
+
+    def charge_held(self, pool: str, now: float, key: str | None = None) -> int:
+        """Charge the holds of the pool whose lease expired by `now` (and, with `key`, that hold whatever
+        its lease) at their full reservation and release them: their calls may have been paid. How many."""
+
+    def held(self, pool: str, run: str) -> list[str]:
+        """The keys of the holds the run `run` has in the pool."""
+
+    def pause(self, pool: str, until: float) -> None:
+        """Make the pool's calls wait until `until` (epoch seconds), unless it waits longer already."""
+
+    def note_waiting(self, run: str, pool: str | None) -> None:
+        """Record that the run `run` waits on `pool` for a top-up (it suspends `pool-exhausted`), or (None)
+        that it waits on no pool (it is driven again). A pool's `waiting` counts the runs recorded as
+        waiting on it whose summary still says they are suspended `pool-exhausted`, each once."""
+
+
 class Store(RunStore, NoteStore, Protocol):
     """A run store that keeps notes: what batches, workers and kept machine texts need."""
 
@@ -201,6 +254,13 @@ def summaries_of(store: RunStore, query: RunQuery) -> list[RunSummary]:
     if isinstance(store, SummaryStore):
         return store.summaries(query)
     return query.page([peek_summary(run, store.read(run) or b"", None) for run in store.runs()])
+
+
+def pools_of(store: RunStore) -> list[Pool]:
+    """The store's budget pools, by name (none in a store that keeps none): what the runs list shows."""
+    if not isinstance(store, PoolStore):
+        return []
+    return [pool for name in store.pool_names() if (pool := store.pool(name)) is not None]
 
 
 def tallies_of(store: RunStore, query: RunQuery, by: tuple[str, ...]) -> list[Tally]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from mklang.errors import CheckpointError, RunBusy
-from mklang.stores import GenerationStore, NoteStore, RunStore, SegmentStore, SummaryStore
+from mklang.stores import GenerationStore, NoteStore, PoolStore, RunStore, SegmentStore, SummaryStore
 from mklang.stores.summary import RunQuery, RunSummary
 
 Factory = Callable[[], RunStore]
@@ -45,6 +45,7 @@ CAPABILITIES: dict[str, type] = {
     "SummaryStore": SummaryStore,
     "NoteStore": NoteStore,
     "GenerationStore": GenerationStore,
+    "PoolStore": PoolStore,
 }
 DEATH_TIMEOUT = 10.0  # seconds a lock may outlive its killed holder (a server notices a dead client late)
 
@@ -371,6 +372,64 @@ def _generations(factory: Factory, run: str) -> None:
         expect(other.generation_seen(run_id) == 5, "removing a run keeps what its run id reached")
 
 
+def _pools(factory: Factory, run: str) -> None:
+    from mklang.stores.pools import Caps, Hold
+
+    with opened(factory) as opened_store, opened(factory) as opened_other:
+        store, other = cast(PoolStore, opened_store), cast(PoolStore, opened_other)  # `Check.run` checked it
+        name = run[-40:].lstrip("-")
+        expect(store.pool(name) is None, "pool of a name never created is None")
+        expect(store.create_pool(name, Caps(max_cost=1.0, max_tokens=1000, concurrency=2)), "create_pool makes it")
+        expect(not other.create_pool(name, Caps(max_cost=5.0)), "create_pool refuses a name taken")
+        expect(name in other.pool_names(), "pool_names lists the pool, for every opener")
+        now = time.time()
+
+        def hold(key: str, cost: float, tokens: int = 100, expires: float = now + 60) -> Hold:
+            return Hold(name, f"{run}/{key}", run, cost, tokens, expires)
+
+        expect(store.reserve(hold("a", 0.4), now), "reserve takes a hold that fits")
+        expect(other.reserve(hold("b", 0.4, expires=now - 1), now), "a second opener reserves from the same pool")
+        expect(not store.reserve(hold("c", 0.1), now), "reserve refuses a hold past the pool's calls in flight")
+        pool = other.pool(name)
+        expect(
+            pool is not None and pool.in_flight == 2 and abs(pool.reserved_cost - 0.8) < 1e-9,
+            "a hold counts as reserved and in flight",
+        )
+        expect(other.settle(name, f"{run}/a", 0.1, 20), "settle releases a hold and charges its actual spend")
+        expect(not store.settle(name, f"{run}/a", 0.1, 20), "a hold settles once: the second settle charges nothing")
+        expect(not store.reserve(hold("d", 0.6), now), "reserve refuses what spent plus reserved leaves no room for")
+        expect(other.held(name, run) == [f"{run}/b"], "held lists the run's holds")
+        expect(store.charge_held(name, now) == 1, "charge_held takes the holds whose lease expired")
+        expect(not other.settle(name, f"{run}/b", 0.0, 0), "an expired hold charged cannot be settled again")
+        pool = store.pool(name)
+        expect(
+            pool is not None and abs(pool.spent_cost - 0.5) < 1e-9 and pool.spent_tokens == 120 and pool.in_flight == 0,
+            "an expired hold is charged its full reservation, a settled one its actual spend",
+        )
+        expect(not store.reserve(hold("e", 0.6), now), "the pool never lets spent and reserved past its cap")
+        expect(store.top_up(name, 1.0, 0), "top_up raises the caps")
+        expect(other.reserve(hold("e", 0.6), now), "a topped-up pool takes what did not fit")
+        expect(other.charge_held(name, now, f"{run}/e") == 1, "charge_held with a key takes that hold alone")
+        store.pause(name, now + 30)
+        expect(not store.reserve(hold("f", 0.01), now), "a paused pool takes no hold until the pause ends")
+        expect(store.reserve(hold("f", 0.01), now + 31), "a pause ends")
+        expect(other.settle(name, f"{run}/f", 0.0, 0), "a hold taken after a pause settles")
+        expect(store.reserve(hold("g", 0.1), now + 31) and other.reserve(hold("h", 0.2), now + 31), "two holds")
+        expect(store.settle(name, f"{run}/h", 0.0, 0) and other.settle(name, f"{run}/g", 0.0, 0), "both settle")
+        pool = store.pool(name)
+        expect(
+            pool is not None and pool.reserved_cost == 0 and pool.reserved_tokens == 0,
+            "with no hold left nothing is reserved: no float residue of the holds' sums",
+        )
+        store.note_waiting(run, name)
+        store.note_waiting(run, name)
+        pool = other.pool(name)
+        expect(pool is not None and pool.waiting == 0, "a run waits on a pool only while it is suspended on it")
+        store.note_waiting(run, None)
+        expect(store.remove_pool(name) and other.pool(name) is None, "remove_pool removes the pool")
+        expect(not store.remove_pool(name), "removing a pool twice says it was not there")
+
+
 CHECKS: tuple[Check, ...] = (
     Check("envelopes", None, _envelopes),
     Check("journal", None, _journal),
@@ -381,4 +440,5 @@ CHECKS: tuple[Check, ...] = (
     Check("summaries", "SummaryStore", _summaries),
     Check("notes", "NoteStore", _notes),
     Check("generations", "GenerationStore", _generations),
+    Check("pools", "PoolStore", _pools),
 )

@@ -5,7 +5,8 @@
 `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, flushed like envelopes), batches
 keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`,
-`mklang_generations(run_id, generation)` how far each run id got (ADR 0052);
+`mklang_generations(run_id, generation)` how far each run id got (ADR 0052),
+budget pools `mklang_pools`, `mklang_pool_holds` and `mklang_pool_waits` (ADR 0067);
 tables are created on first use; every write is one committed transaction.
 
 A committed transaction is on the server, so it survives the client's
@@ -56,6 +57,7 @@ from mklang.stores.sql import (
     SUMMARY_COLUMNS,
     SUMMARY_INDEXES,
     UNCOUNTED,
+    SqlPools,
     SqlStore,
 )
 
@@ -75,6 +77,22 @@ CREATE TABLE IF NOT EXISTS mklang_generations (run_id TEXT PRIMARY KEY, generati
 CREATE TABLE IF NOT EXISTS mklang_spend (
     batch TEXT NOT NULL, run TEXT NOT NULL, tokens BIGINT NOT NULL, cost DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (batch, run)
+);
+CREATE TABLE IF NOT EXISTS mklang_pools (
+    name TEXT PRIMARY KEY, max_cost DOUBLE PRECISION, max_tokens BIGINT, concurrency BIGINT, rpm BIGINT, tpm BIGINT,
+    spent_cost DOUBLE PRECISION NOT NULL DEFAULT 0, spent_tokens BIGINT NOT NULL DEFAULT 0,
+    reserved_cost DOUBLE PRECISION NOT NULL DEFAULT 0, reserved_tokens BIGINT NOT NULL DEFAULT 0,
+    in_flight BIGINT NOT NULL DEFAULT 0, paused_until DOUBLE PRECISION NOT NULL DEFAULT 0,
+    rpm_level DOUBLE PRECISION NOT NULL DEFAULT 0, tpm_level DOUBLE PRECISION NOT NULL DEFAULT 0,
+    bucket_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    created DOUBLE PRECISION
+);
+CREATE TABLE IF NOT EXISTS mklang_pool_holds (
+    pool TEXT NOT NULL, key TEXT NOT NULL, run TEXT NOT NULL, cost DOUBLE PRECISION NOT NULL, tokens BIGINT NOT NULL,
+    expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (pool, key)
+);
+CREATE TABLE IF NOT EXISTS mklang_pool_waits (
+    pool TEXT NOT NULL, run TEXT NOT NULL, since DOUBLE PRECISION, PRIMARY KEY (pool, run)
 );
 """.replace(
     "{summary}",
@@ -98,10 +116,12 @@ def _psycopg() -> Any:
     return psycopg
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(SqlStore, SqlPools):
     """Runs as rows of one PostgreSQL database; one data connection shared by this process's threads."""
 
     GREATEST = "GREATEST"
+    LEAST = "LEAST"
+    WRITABLE_CTE = True
 
     def __init__(self, conninfo: str, *, create: bool = True):
         self.conninfo = conninfo

@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 from mklang.errors import CheckpointError, JournalCut
+from mklang.stores.pools import POOL_COLUMNS, Hold, Pool
+from mklang.stores.pools import Caps as PoolCaps
 from mklang.stores.summary import TALLIED, RunQuery, RunSummary, Tally, peek_summary
 
 # The summary of a run (`RunSummary`), columns of its `mklang_runs` row: name, and type as
@@ -367,3 +369,178 @@ def _filters(query: RunQuery) -> tuple[str, list[object]]:
     if query.over_budget:
         where.append("over_budget = 1")
     return (f" WHERE {' AND '.join(where)}" if where else ""), args
+
+
+# --- Budget pools (`mklang.stores.pools`, ADR 0067) ---------------------------------------------
+
+# The one conditional statement of a reservation: the pool's row takes a call's worst case only when
+# it fits within every cap beside what is spent and reserved, a call-in-flight slot is free, the
+# rate buckets (refilled for the time since they were last drawn) have room, no pause holds, and
+# the row's numbers are ones a pool can hold. `{least}` is the dialect's minimum of two values; the
+# arguments are `_reserve_args`.
+_RPM_LEVEL = "{least}(rpm, rpm_level + (? - bucket_at) * rpm / 60.0)"
+_TPM_LEVEL = "{least}(tpm, tpm_level + (? - bucket_at) * tpm / 60.0)"
+RESERVE = (
+    "UPDATE mklang_pools SET reserved_cost = reserved_cost + ?, reserved_tokens = reserved_tokens + ?, "
+    "in_flight = in_flight + 1, "
+    f"rpm_level = CASE WHEN rpm IS NULL THEN 0 ELSE {_RPM_LEVEL} - 1 END, "
+    f"tpm_level = CASE WHEN tpm IS NULL THEN 0 ELSE {_TPM_LEVEL} - ? END, bucket_at = ? "
+    "WHERE name = ? AND spent_cost >= 0 AND reserved_cost >= 0 AND spent_tokens >= 0 AND reserved_tokens >= 0 "
+    "AND in_flight >= 0 AND (max_cost IS NULL OR spent_cost + reserved_cost + ? <= max_cost + 1e-9) "
+    "AND (max_tokens IS NULL OR spent_tokens + reserved_tokens + ? <= max_tokens) "
+    "AND (concurrency IS NULL OR in_flight < concurrency) AND paused_until <= ? "
+    f"AND (rpm IS NULL OR {_RPM_LEVEL} >= 1) AND (tpm IS NULL OR {_TPM_LEVEL} >= {{least}}(?, tpm))"
+)
+HOLD_COLUMNS = "pool, key, run, cost, tokens, expires"
+# Releasing holds (`{held}`: the holds released): their reservations go, and what they cost is
+# charged: the call's actual spend when the first two arguments give it, else the full reservation.
+# Dollars reserved are float sums: with no hold left nothing is reserved, and a sum never drops below
+# 0 (a residue of -1e-17 would make the row one no reservation fits, and `Pool.from_row` refuses).
+RELEASE = (
+    "UPDATE mklang_pools SET reserved_cost = CASE WHEN in_flight = g.n THEN 0 "
+    "ELSE {greatest}(reserved_cost - g.cost, 0) END, reserved_tokens = reserved_tokens - g.tokens, "
+    "in_flight = in_flight - g.n, spent_cost = spent_cost + CASE WHEN g.n > 0 THEN COALESCE(?, g.cost) ELSE 0 END, "
+    "spent_tokens = spent_tokens + CASE WHEN g.n > 0 THEN COALESCE(?, g.tokens) ELSE 0 END "
+    "FROM (SELECT COALESCE(SUM(cost), 0) AS cost, COALESCE(SUM(tokens), 0) AS tokens, COUNT(*) AS n FROM {held}) AS g "
+    "WHERE name = ?"
+)
+
+
+class SqlPools:
+    """The pool statements of the SQL stores, in two dialects of composing them: SQLite runs a
+    reservation's and a release's statements in one transaction (its writers are serialized);
+    PostgreSQL runs each as one statement whose data-modifying CTE takes the rows it changes
+    (concurrent transactions on one pool's row wait for each other's row lock, and re-check it)."""
+
+    LEAST = "MIN"  # the dialect's minimum of two values
+    GREATEST = "MAX"
+    WRITABLE_CTE = False  # PostgreSQL's `WITH x AS (DELETE ... RETURNING ...)`
+
+    def _rows(self, sql: str, *args: object, run: str | None = None, durable: bool = True) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _select(self, sql: str, *args: object, run: str | None = None) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _transaction(self, statements: list[tuple[str, tuple[object, ...]]]) -> list[tuple[Any, ...]]:
+        """Run `statements` in one transaction, synced: the rows of the last one."""
+        raise NotImplementedError
+
+    def create_pool(self, name: str, caps: PoolCaps) -> bool:
+        now = time.time()
+        return bool(
+            self._rows(
+                "INSERT INTO mklang_pools (name, max_cost, max_tokens, concurrency, rpm, tpm, rpm_level, tpm_level, "
+                "bucket_at, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (name) DO NOTHING RETURNING name",
+                name,
+                caps.max_cost,
+                caps.max_tokens,
+                caps.concurrency,
+                caps.rpm,
+                caps.tpm,
+                caps.rpm or 0,
+                caps.tpm or 0,
+                now,
+                now,
+            )
+        )
+
+    def pool(self, name: str) -> Pool | None:
+        rows = self._select(f"SELECT {POOL_COLUMNS} FROM mklang_pools WHERE name = ?", name)
+        return Pool.from_row(rows[0]) if rows else None
+
+    def pool_names(self) -> list[str]:
+        return [str(row[0]) for row in self._select("SELECT name FROM mklang_pools ORDER BY name")]
+
+    def top_up(self, name: str, cost: float, tokens: int) -> bool:
+        return bool(
+            self._rows(
+                "UPDATE mklang_pools SET max_cost = max_cost + ?, max_tokens = max_tokens + ? "
+                "WHERE name = ? RETURNING name",
+                cost,
+                tokens,
+                name,
+            )
+        )
+
+    def remove_pool(self, name: str) -> bool:
+        self._rows("DELETE FROM mklang_pool_holds WHERE pool = ?", name)
+        self._rows("DELETE FROM mklang_pool_waits WHERE pool = ?", name)
+        return bool(self._rows("DELETE FROM mklang_pools WHERE name = ? RETURNING name", name))
+
+    def reserve(self, hold: Hold, now: float) -> bool:
+        update = RESERVE.replace("{least}", self.LEAST)
+        args = _reserve_args(hold, now)
+        held = (hold.pool, hold.key, hold.run, hold.cost, hold.tokens, hold.expires)
+        if self.WRITABLE_CTE:
+            sql = (
+                f"WITH taken AS ({update} RETURNING name) INSERT INTO mklang_pool_holds ({HOLD_COLUMNS}) "
+                "SELECT ?, ?, ?, ?, ?, ? FROM taken RETURNING key"
+            )
+            return bool(self._rows(sql, *args, *held))
+        insert = (
+            f"INSERT INTO mklang_pool_holds ({HOLD_COLUMNS}) SELECT ?, ?, ?, ?, ?, ? WHERE changes() = 1 RETURNING key"
+        )
+        return bool(self._transaction([(update, args), (insert, held)]))
+
+    def settle(self, pool: str, key: str, cost: float, tokens: int) -> bool:
+        return self._release(pool, "key = ?", (key,), (cost, tokens)) > 0
+
+    def charge_held(self, pool: str, now: float, key: str | None = None) -> int:
+        if key is None:
+            return self._release(pool, "expires < ?", (now,), (None, None))
+        return self._release(pool, "key = ?", (key,), (None, None))
+
+    def _release(self, pool: str, where: str, args: tuple[object, ...], charged: tuple[object, object]) -> int:
+        """Release the pool's holds that `where` picks, charging `charged` (None: their reservations)."""
+        picked = f"mklang_pool_holds WHERE pool = ? AND {where}"
+        release = RELEASE.replace("{greatest}", self.GREATEST)
+        if self.WRITABLE_CTE:
+            sql = f"WITH gone AS (DELETE FROM {picked} RETURNING cost, tokens) {release.replace('{held}', 'gone')}"
+            rows = self._rows(sql + " RETURNING g.n", pool, *args, *charged, pool)
+            return int(rows[0][0]) if rows else 0
+        update = release.replace("{held}", picked)
+        deleted = f"DELETE FROM {picked} RETURNING key"
+        return len(self._transaction([(update, (*charged, pool, *args, pool)), (deleted, (pool, *args))]))
+
+    def held(self, pool: str, run: str) -> list[str]:
+        rows = self._select("SELECT key FROM mklang_pool_holds WHERE pool = ? AND run = ? ORDER BY key", pool, run)
+        return [str(row[0]) for row in rows]
+
+    def pause(self, pool: str, until: float) -> None:
+        self._rows(
+            f"UPDATE mklang_pools SET paused_until = {self.GREATEST}(paused_until, ?) WHERE name = ?",
+            until,
+            pool,
+        )
+
+    def note_waiting(self, run: str, pool: str | None) -> None:
+        if pool is None:
+            self._rows("DELETE FROM mklang_pool_waits WHERE run = ?", run)
+        else:
+            self._rows(
+                "INSERT INTO mklang_pool_waits (pool, run, since) VALUES (?, ?, ?) ON CONFLICT (pool, run) DO NOTHING",
+                pool,
+                run,
+                time.time(),
+            )
+
+
+def _reserve_args(hold: Hold, now: float) -> tuple[object, ...]:
+    """The arguments of `RESERVE`, in the order of its placeholders."""
+    return (
+        hold.cost,
+        hold.tokens,
+        now,  # the rpm bucket's refill
+        now,  # the tpm bucket's refill
+        hold.tokens,
+        now,  # bucket_at
+        hold.pool,
+        hold.cost,
+        hold.tokens,
+        now,  # paused_until
+        now,
+        now,
+        hold.tokens,
+    )

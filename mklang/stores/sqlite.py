@@ -22,7 +22,8 @@ handler next polls. Runs
 are rows: `mklang_runs(run, envelope, generation, <summary>)`, `mklang_journal(run, seq, line)` and
 `mklang_segments(run, name, body)` (trace segments, synced like envelopes);
 batches keep `mklang_notes(key, value)` and `mklang_spend(batch, run, tokens, cost)`;
-`mklang_generations(run_id, generation)` is how far each run id got (ADR 0052).
+`mklang_generations(run_id, generation)` is how far each run id got (ADR 0052);
+budget pools are `mklang_pools`, `mklang_pool_holds` and `mklang_pool_waits` (ADR 0067).
 
 SQLite has no lock that dies with its process, so a run's lock is the file
 store's `flock` on `<database>.locks/<run>.lock`: released by the kernel
@@ -44,7 +45,7 @@ from urllib.parse import unquote, urlsplit
 
 from mklang.errors import CheckpointError, UsageError
 from mklang.stores.file import FileLock, hashed_name, lock_holder, open_lock_file
-from mklang.stores.sql import APPEND_LINE, DROP_LINES, RECOUNTED, SUMMARY_COLUMNS, SUMMARY_INDEXES, SqlStore
+from mklang.stores.sql import APPEND_LINE, DROP_LINES, RECOUNTED, SUMMARY_COLUMNS, SUMMARY_INDEXES, SqlPools, SqlStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mklang_runs (
@@ -63,10 +64,25 @@ CREATE TABLE IF NOT EXISTS mklang_generations (run_id TEXT PRIMARY KEY, generati
 CREATE TABLE IF NOT EXISTS mklang_spend (
     batch TEXT NOT NULL, run TEXT NOT NULL, tokens INTEGER NOT NULL, cost REAL NOT NULL, PRIMARY KEY (batch, run)
 );
+CREATE TABLE IF NOT EXISTS mklang_pools (
+    name TEXT PRIMARY KEY, max_cost REAL, max_tokens INTEGER, concurrency INTEGER, rpm INTEGER, tpm INTEGER,
+    spent_cost REAL NOT NULL DEFAULT 0, spent_tokens INTEGER NOT NULL DEFAULT 0,
+    reserved_cost REAL NOT NULL DEFAULT 0, reserved_tokens INTEGER NOT NULL DEFAULT 0,
+    in_flight INTEGER NOT NULL DEFAULT 0, paused_until REAL NOT NULL DEFAULT 0,
+    rpm_level REAL NOT NULL DEFAULT 0, tpm_level REAL NOT NULL DEFAULT 0, bucket_at REAL NOT NULL DEFAULT 0,
+    created REAL
+);
+CREATE TABLE IF NOT EXISTS mklang_pool_holds (
+    pool TEXT NOT NULL, key TEXT NOT NULL, run TEXT NOT NULL, cost REAL NOT NULL, tokens INTEGER NOT NULL,
+    expires REAL NOT NULL, PRIMARY KEY (pool, key)
+);
+CREATE TABLE IF NOT EXISTS mklang_pool_waits (
+    pool TEXT NOT NULL, run TEXT NOT NULL, since REAL, PRIMARY KEY (pool, run)
+);
 """
 
 
-class SqliteStore(SqlStore):
+class SqliteStore(SqlStore, SqlPools):
     """Runs as rows of one SQLite database: one connection that writes, its commits shared by this
     process's threads (`GroupCommit`), and one that reads."""
 
@@ -135,6 +151,9 @@ class SqliteStore(SqlStore):
 
     def _statements(self, statements: list[Statement], *, run: str, durable: bool) -> None:
         self._writes.commit(statements, durable=durable)
+
+    def _transaction(self, statements: list[Statement]) -> list[tuple[Any, ...]]:
+        return self._writes.commit(statements, durable=True)
 
     def _where(self) -> str:
         return f"sqlite:///{self.path}"

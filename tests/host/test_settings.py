@@ -101,6 +101,7 @@ def test_the_settings_declared_to_name_files_move_with_the_checkpoint(tmp_path):
         "scenario": None,
         "provider": "openai",
         "model": None,
+        "pool": None,
         "plugins": ["module", "p.py"],
         "mcp": [],
     }

@@ -21,8 +21,8 @@ from mklang.syntax import load_file
 
 CAPABILITIES = {
     "file": {"SegmentStore", "SummaryStore", "NoteStore"},
-    "sqlite": {"SegmentStore", "SummaryStore", "NoteStore", "GenerationStore"},
-    "postgresql": {"SegmentStore", "SummaryStore", "NoteStore", "GenerationStore"},
+    "sqlite": {"SegmentStore", "SummaryStore", "NoteStore", "GenerationStore", "PoolStore"},
+    "postgresql": {"SegmentStore", "SummaryStore", "NoteStore", "GenerationStore", "PoolStore"},
 }
 
 
