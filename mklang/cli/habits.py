@@ -11,6 +11,7 @@ standard library, as 1.x did (`mklang run chain_of_thought`).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -73,14 +74,19 @@ def command_1x(name: str) -> str | None:
 
 def flag_1x(option: str, options: Iterable[str]) -> str | None:
     """`; ... is a mklang 1.x option: ...` for a 1.x flag this release names differently or does without,
-    else None. A renamed flag is named only where the command has it (`options`, the command's own)."""
+    or for a typo closer to one than to any of the command's `options`; else None. A renamed flag is
+    named only where the command has it."""
+    options = list(options)
+    if option not in RENAMED_1X and option not in FLAGS_1X:
+        close = difflib.get_close_matches(option, [*options, *RENAMED_1X, *FLAGS_1X], n=1)
+        if not close or close[0] in options:
+            return None
+        option = close[0]
     if option in RENAMED_1X:
         name, elsewhere = RENAMED_1X[option]
         instead = f'it is "{name}"' if name in options else elsewhere
-    elif option in FLAGS_1X:
-        instead = FLAGS_1X[option]
     else:
-        return None
+        instead = FLAGS_1X[option]
     return f"; {option} is a mklang 1.x option: {instead}"
 
 

@@ -32,6 +32,8 @@ def test_lint_runs_check_and_says_so(tmp_path):
             "--max-steps is a mklang 1.x option: a run's step budget is its machine's",
         ),
         (["run", "m.mk", "--strict"], "--strict is a mklang 1.x option: it is the default"),
+        (["run", "m.mk", "--max-step", "3"], "--max-steps is a mklang 1.x option: a run's step budget"),  # a typo
+        (["run", "m.mk", "--colour"], "--color is a mklang 1.x option: colours appear only on a terminal"),
         (["run", "m.mk", "--workspace", "w"], "--workspace is a mklang 1.x option: there are no built-in file tools"),
         (["machines"], "mklang machines is a mklang 1.x command: the standard library's machines are the .mk files"),
         (
