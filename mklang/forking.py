@@ -36,7 +36,7 @@ from mklang.engine.events import Event, StateEntered
 from mklang.errors import CheckpointError, MklangError, UsageError
 from mklang.model import Call, Machine, Produce, State, ToolUse, called_machines
 from mklang.providers.base import NONE, UNPARSEABLE, Produced, Usage, Verdict
-from mklang.runs.request import RunRequest
+from mklang.runs.request import RunRequest, Tell, on_stderr
 from mklang.session import Host
 from mklang.stores import Location, locate, run_name
 from mklang.syntax.machines import MachineLoader
@@ -348,12 +348,14 @@ def fork(
     machine: Machine | None = None,
     control: Control | None = None,
     observer: Any = None,
+    tell: Tell = on_stderr,
 ) -> RunResult:
     """Start a new run at `request.checkpoint` from the source's inputs, answer its steps before `at`
     from the source's trace (nothing paid), re-apply the source's resume edits at the loop-tops it
     was given them (`_stops`), stop at the loop-top of `at`, then continue it as `mklang resume`
-    would with `request` (its `reply` the edits, applied there and tainted). A prefix that does not
-    replay the source's is refused and its checkpoint removed."""
+    would with `request` (its `reply` the edits, applied there and tainted), `observer` and `tell`
+    seeing that live part only. A prefix that does not replay the source's is refused and its
+    checkpoint removed."""
     from mklang.runs import build_host, remove_run, resume, start
 
     if request.checkpoint is None:
@@ -407,7 +409,7 @@ def fork(
         if problem is not None:
             remove_run(locate(request.checkpoint), unfinished=True)
             raise CheckpointError(f"{source.location}: the fork's prefix is not the source's: {problem}")
-        return resume(_continued(request), live, control=control, observer=observer)
+        return resume(_continued(request), live, control=control, observer=observer, tell=tell)
 
 
 def _stops(edits: Sequence[Edit], at: tuple[int, ...]) -> list[Edit]:

@@ -13,7 +13,9 @@ machines, scripts and data need.
 from __future__ import annotations
 
 import math
+import re
 from array import array
+from collections.abc import Iterable
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,23 @@ def parse_value(raw: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity, 1e400: not JSON
         return raw
     return value
+
+
+def parse_assignments(items: Iterable[str] | None) -> dict[str, Any]:
+    """`k.path=value` pairs (`--set`, and the console's fork form); the value is JSON when it parses,
+    else text. A malformed pair or a value nested too deep is one UsageError line."""
+    from mklang.vocabulary import PATH
+
+    values: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not re.fullmatch(PATH, key):
+            raise UsageError(f"--set expects K.PATH=VALUE, got {item!r}")
+        try:
+            values[key] = parse_value(raw)
+        except NestingError as error:
+            raise UsageError(f"--set {key}: the value is {error}") from None
+    return values
 
 
 def load_json_object(text: str, where: str, what: str) -> dict[str, Any]:

@@ -17,11 +17,11 @@ from mklang.cli.run_cmds import (
     SetOpt,
     interrupts,
     observed,
-    parse_assignments,
     report,
     reported,
     run_options,
 )
+from mklang.limits import parse_assignments
 
 
 @app.command()

@@ -18,9 +18,9 @@ from mklang.cli.app import OutputFormat, app, fail, handle_errors, print_json, w
 from mklang.cli.groups import grouped, option
 from mklang.cli.hosting import Hosting, hosted
 from mklang.cli.observe import AnswerStream, EventsOpt, StreamOpt, TraceContentOpt, event_stream
-from mklang.limits import NestingError, load_json_object, parse_value, read_text
+from mklang.limits import load_json_object, parse_assignments, read_text
 from mklang.terminal import printable
-from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, FLOW_POLICIES, PATH
+from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY, FLOW_POLICIES
 
 if TYPE_CHECKING:
     from mklang.engine import RunResult
@@ -112,20 +112,6 @@ run_options = grouped(
     ],
     RunFlags,
 )
-
-
-def parse_assignments(items: list[str] | None) -> dict[str, Any]:
-    """`k.path=value` pairs; the value is JSON when it parses, else text."""
-    values: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not re.fullmatch(PATH, key):
-            raise fail(f"--set expects K.PATH=VALUE, got {item!r}")
-        try:
-            values[key] = parse_value(raw)
-        except NestingError as error:
-            raise fail(f"--set {key}: the value is {error}") from None
-    return values
 
 
 def policy(value: str | None) -> str | None:

@@ -6,7 +6,9 @@ Every reply goes through the same `runs.resume`, under the run's lock, so the ru
 untrusted data and a decision is checked by `decisions.refusal` against the signed envelope (the
 card it was made on is display only). The host that answers the resumed run is the one `mklang
 serve` was started with (its --script, --provider, --plugin ...), filled in from the run's own
-record as a resume fills it in. The run goes on in a thread of the console; the answer's verdict
+record as a resume fills it in. A fork from a run's page (`mklang fork STORE#RUN --at STEP --store
+STORE#NAME --set ...`) goes the same way, through `forking.fork`, with the same host. The run goes
+on in a thread of the console; the answer's verdict
 (taken, or the one line that refused it) is known once the lock is held and the run read, so
 the page that sent it can say so, and the run page follows the rest.
 """
@@ -99,6 +101,39 @@ class Replies:
                 delivery.decided.set()
                 self.on_change(run)
 
+    def fork(self, run: str, at: tuple[int, ...], name: str, values: dict[str, object]) -> Delivery:
+        """Fork `run` at the step `at` into the store's run `name`, `values` set there, in the
+        background; decided once its prefix replayed this run's (its live part begins: `name` is in
+        the store) or it was refused."""
+        self.failures.pop(name, None)
+        self.notes[name] = []
+        delivery = Delivery(name)
+        thread = threading.Thread(
+            target=self._fork, args=(delivery, run, at, values), name=f"mklang-fork-{name}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+        return delivery
+
+    def _fork(self, delivery: Delivery, run: str, at: tuple[int, ...], values: dict[str, object]) -> None:
+        from mklang import runs
+        from mklang.forking import fork, read_source
+
+        name = delivery.run
+        request = runs.RunRequest(
+            checkpoint=runs.location(self.store, self.uri, name), reply=values, hosting=self.hosting
+        )
+        try:
+            source = read_source(runs.location(self.store, self.uri, run))
+            fork(source, at, request, observer=_Begun(delivery, self.on_change), tell=self.notes[name].append)
+        except MklangError as error:
+            self.failures[name] = redacted(first_line(error))
+            if not delivery.decided.is_set():
+                delivery.verdict = self.failures[name]
+        finally:
+            delivery.decided.set()
+            self.on_change(name)
+
     def wait(self, timeout: float | None = None) -> None:
         """Let the runs in flight reach their end (or their next stop) before the console exits."""
         for thread in self._threads:
@@ -118,3 +153,16 @@ class _Progress:
     def emit(self, event: Event) -> None:
         if event.kind in self.SHOWN:
             self.on_change(self.run)
+
+
+class _Begun(_Progress):
+    """The event sink of a fork's live part: its first event says the prefix replayed, so the
+    fork is in the store and its page can be shown."""
+
+    def __init__(self, delivery: Delivery, on_change: Callable[[str], None]):
+        super().__init__(delivery.run, on_change)
+        self.delivery = delivery
+
+    def emit(self, event: Event) -> None:
+        self.delivery.decided.set()
+        super().emit(event)

@@ -258,6 +258,17 @@ def run_view(store: RunStore, uri: str, run: str) -> dict[str, Any]:
     return view
 
 
+def fork_preview(store: RunStore, uri: str, run: str, at: str) -> dict[str, Any]:
+    """What "fork from here" shows before anything is paid, as `mklang fork --dry-run` says it
+    (`forking.preview`): where the fork starts and the effectful tool states the run ran from there
+    on, which the fork may run again; and a name for the fork. A step the run did not take, or a
+    run that cannot be forked, is one UsageError or CheckpointError line."""
+    from mklang.forking import preview, read_source, step_path
+
+    shown = preview(read_source(location(store, uri, run)), step_path(at))
+    return {**shown.to_json(), "run": run, "name": f"{run}-fork-{shown.step.replace('.', '-')}"}
+
+
 def drawing(store: RunStore, uri: str, run: str, trace: list[dict[str, Any]]) -> Any:
     """The run's machine as a graph with the path it took (`mklang.graph.build`), or why there is none."""
     from mklang.graph import build

@@ -32,9 +32,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mklang.console import reading
 from mklang.console.answers import Delivery, Replies
 from mklang.console.events import Change, StorePoller
-from mklang.errors import MklangError, redacted
+from mklang.errors import CheckpointError, MklangError, UsageError, first_line, redacted
+from mklang.forking import step_path
 from mklang.host.settings import given
-from mklang.limits import NestingError
+from mklang.limits import NestingError, parse_assignments
 from mklang.stores import RunStore, run_name
 
 HERE = Path(__file__).parent
@@ -159,6 +160,38 @@ def create_app(console: Console) -> ASGIApp:
 
         return Response(to_svg(drawn), media_type="image/svg+xml")
 
+    def fork_page(request: Request) -> Response:
+        """What forking the run at `?at=STEP` would run again, before anything is paid, and the form
+        that forks it."""
+        run = _run(request, console)
+        try:
+            preview = reading.fork_preview(console.store, console.uri, run, request.query_params.get("at", ""))
+        except (UsageError, CheckpointError) as error:
+            return console.page("error.html", 400, message=redacted(first_line(error)), here="runs")
+        return console.page("fork.html", fork=preview, here="runs")
+
+    async def fork(request: Request) -> Response:
+        """A fork of the run at the step the form names, into a new run of the store (`name`), with
+        the form's `K.PATH=VALUE` lines set there; the page of the fork once its prefix replayed."""
+        run = await run_in_threadpool(_run, request, console)
+        form = await _form(request, console)
+        if isinstance(form, Response):
+            return form
+        try:
+            at = step_path(_one(form, "at"))
+            name = run_name(_one(form, "name").strip(), "the fork's name")
+            values = parse_assignments([line.strip() for line in _one(form, "set").splitlines() if line.strip()])
+        except UsageError as error:
+            return PlainTextResponse(f"400: {first_line(error)}\n", 400)
+        if await run_in_threadpool(console.store.read, name) is not None:
+            taken = f"a run named {name!r} is in this store already: give the fork another name"
+            return console.page("error.html", 409, message=taken, here="runs")
+        delivery = console.replies.fork(run, at, name, values)
+        await run_in_threadpool(_verdicts, [delivery], "begin")
+        if delivery.verdict is not None:
+            return console.page("error.html", 409, message=delivery.verdict, here="runs")
+        return RedirectResponse(f"/runs/{name}", 303)
+
     def inbox_page(request: Request) -> Response:
         page = reading.inbox_page(console.store, console.uri, _page_number(request), request.query_params)
         name = "inbox_list.html" if "fragment" in request.query_params else "inbox.html"
@@ -220,6 +253,8 @@ def create_app(console: Console) -> ASGIApp:
         Route("/", runs_page),
         Route("/runs/{run}", run_page),
         Route("/runs/{run}/graph.svg", graph_svg),
+        Route("/runs/{run}/fork", fork_page),
+        Route("/runs/{run}/fork", fork, methods=["POST"]),
         Route("/inbox", inbox_page),
         Route("/inbox/answer", answer, methods=["POST"]),
         Route("/inbox/{run}", reply, methods=["POST"]),
@@ -280,12 +315,12 @@ def _pick(text: str) -> tuple[str, str, str | None] | None:
     return run, parts[1], None if parts[2] == "-" else parts[2]
 
 
-def _verdicts(deliveries: list[Delivery]) -> None:
-    """Wait until each answer was taken or refused under its run's lock (a run busy past
-    `VERDICT_WAIT` is told as such)."""
+def _verdicts(deliveries: list[Delivery], waited: str = "take the answer") -> None:
+    """Wait until each answer was taken or refused under its run's lock, or each fork began or was
+    refused (a run that did not `waited` within `VERDICT_WAIT` is told as such)."""
     for delivery in deliveries:
         if not delivery.decided.wait(VERDICT_WAIT) and delivery.verdict is None:
-            delivery.verdict = f"run {delivery.run} did not take the answer within {VERDICT_WAIT:g}s: look at it again"
+            delivery.verdict = f"run {delivery.run} did not {waited} within {VERDICT_WAIT:g}s: look at it again"
 
 
 class NoSuchRun(MklangError):

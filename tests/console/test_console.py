@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.commands import cli
 from support.console import SCRIPT_OUTPUT, make_runs
-from support.examples import EXAMPLES
+from support.examples import EXAMPLES, HITL
 
 pytest.importorskip("starlette", reason="the console extra is not installed")
 from starlette.testclient import TestClient
@@ -348,3 +348,48 @@ def test_a_forked_runs_page_shows_its_parent_and_what_it_inherited(tmp_path: Pat
     assert "<h2>Lineage</h2>" in page and f"(run <code>{ancestor['run_id']}</code>) at step 2" in page
     assert f"inherited {tokens} tokens, ${ancestor['inherited']['cost_usd']:.4f}" in page
     assert "<h2>Lineage</h2>" not in source_page  # a run of its own has none
+
+
+def test_fork_from_here_previews_what_it_may_run_again_then_forks_behind_the_csrf_token(tmp_path: Path):
+    """The run page's "fork from here": the preview `fork --dry-run` prints, before anything is paid
+    or written; then a POST with the form's CSRF token makes the fork in the store and shows it."""
+    shutil.copytree(HITL / "approval", tmp_path / "approval")
+    uri = f"sqlite:///{tmp_path}/runs.db"
+    script = ("--script", "approval/scenarios.yaml", "--scenario", "approved-answer-given-up-front")
+    ran = cli("run", "approval/approval.mk", *script, "--checkpoint", f"{uri}#src", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    source = load(locate(f"{uri}#src"))
+    opened = open_store(uri, create=False)
+    hosting = given(script=tmp_path / "approval" / "scenarios.yaml", scenario="approved-answer-given-up-front")
+    console = Console(opened, uri, TOKEN, hosting)
+    try:
+        with TestClient(create_app(console), follow_redirects=False) as browser:
+            page = signed_in(browser).get("/runs/src").text
+            assert 'href="/runs/src/fork?at=2"' in page and "fork from here" in page
+            preview = browser.get("/runs/src/fork?at=2")
+            assert preview.status_code == 200 and "approval:publish (publish)" in preview.text
+            assert f'name="csrf" value="{console.csrf}"' in preview.text and 'value="src-fork-2"' in preview.text
+            assert sorted(opened.runs()) == ["src"]  # a preview writes nothing
+            assert "the source&#39;s trace has 3 steps" in browser.get("/runs/src/fork?at=9").text
+            form = {"at": "2", "name": "src-fork-2", "set": "approval.answer=Yes, ship it.\n"}
+            for forged in ({}, {"csrf": "forged"}):
+                assert browser.post("/runs/src/fork", data={**form, **forged}).status_code == 403
+            assert sorted(opened.runs()) == ["src"]
+            made = browser.post("/runs/src/fork", data={**form, "csrf": console.csrf})
+            assert made.status_code == 303 and made.headers["location"] == "/runs/src-fork-2"
+            console.replies.wait(timeout=30)
+            assert console.replies.failures == {}
+            fork_page = browser.get("/runs/src-fork-2").text
+            assert "<h2>Lineage</h2>" in fork_page and f"(run <code>{source.run_id}</code>) at step 2" in fork_page
+            again = browser.post("/runs/src/fork", data={**form, "csrf": console.csrf})
+            assert again.status_code == 409 and "in this store already" in again.text
+            late = browser.post("/runs/src/fork", data={**form, "name": "late", "at": "9", "csrf": console.csrf})
+            assert late.status_code == 409 and "has 3 steps" in late.text and opened.read("late") is None
+            assert browser.post("/runs/src/fork", data={**form, "at": "x", "csrf": console.csrf}).status_code == 400
+    finally:
+        opened.close()
+    forked = load(locate(f"{uri}#src-fork-2"))
+    assert (forked.status, forked.result) == ("done", "https://status.example.com/posts/118")
+    assert [(a.run_id, a.step) for a in forked.lineage] == [(source.run_id, "2")]
+    assert forked.frames[0]["context"]["approval"] == {"answer": "Yes, ship it."}
+    assert "approval" in forked.frames[0]["tainted"]  # set by the form: untrusted data

@@ -1,6 +1,6 @@
 """The web console in a real browser: `mklang serve` as a process, the system's Chromium driven by
 Playwright. Opened with its token, the console shows a parked run in the inbox; a reply resumes it
-and the page sees it finish; a model output holding `<script>` shows as text; the runs list follows
+and the page sees it finish; "fork from here" previews what the fork may run again, then forks it; a model output holding `<script>` shows as text; the runs list follows
 a new run live; a request without the token gets 401."""
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ def console_url(tmp_path: Path) -> Iterator[str]:
 
     make_runs(tmp_path)
     server = subprocess.Popen(
-        [sys.executable, "-m", "mklang", "serve", "--store", f"sqlite:///{tmp_path}/runs.db", "--port", "0"],
+        [
+            *(sys.executable, "-m", "mklang", "serve", "--store", f"sqlite:///{tmp_path}/runs.db", "--port", "0"),
+            *("--script", "approval/fenced.yaml", "--scenario", "fenced"),  # the host of what it resumes and forks
+        ],
         cwd=tmp_path,
         env=cli_env(PATH=str(tmp_path / "no-programs")),
         stdout=subprocess.PIPE,
@@ -99,6 +102,14 @@ def test_the_console_in_a_browser(browser, console_url, tmp_path):
     expect(page.locator("img.graph")).to_be_visible()  # and drawn: loaded, as wide as a graph is
     page.wait_for_function("() => document.querySelector('img.graph').complete")
     assert page.locator("img.graph").evaluate("image => image.naturalWidth") > 200
+
+    page.locator("ol.trace a.fork").nth(2).click()  # fork from step 3: first what it may run again
+    page.wait_for_url(f"{base}/runs/ask/fork?at=3")
+    expect(page.locator(".effects")).to_contain_text("approval:publish (publish)")
+    page.locator("form button[type=submit]").click()
+    page.wait_for_url(f"{base}/runs/ask-fork-3")
+    expect(page.locator(".summary .status")).to_have_text("done", timeout=20_000)
+    expect(page.locator("ul.lineage")).to_contain_text("at step 3")
 
     page.goto(base + "/")  # the list follows the store: a run written now appears without a reload
     later = cli(
