@@ -171,6 +171,19 @@ class Edit(BaseModel):
     budget: int | None = Field(default=None, ge=0)
 
 
+class Action(BaseModel):
+    """What an operator did to the run, outside its machine (ADR 0068): `cancel` (it halted
+    `cancelled`) or `raise-budget` (it was resumed with the caps in `budgets`); `by` says from
+    where (`console`, `cli`), `at` when (ISO 8601, UTC)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["cancel", "raise-budget"]
+    by: str
+    at: str
+    budgets: dict[str, float | int] | None = None
+
+
 class Envelope(BaseModel):
     """Everything needed to continue a run, as one JSON document."""
 
@@ -210,6 +223,7 @@ class Envelope(BaseModel):
     lineage: list[Ancestor] = Field(default_factory=list)  # the runs it was forked from, oldest first
     # What each resume set, in order (ADR 0066); None in a run begun before they were recorded.
     edits: list[Edit] | None = None
+    actions: list[Action] = Field(default_factory=list)  # what operators did to it, oldest first
     # The W3C trace context (`traceparent`, ...) the run's spans continue under when it resumes
     # (ADR 0034). Display data, left out of the signature: a malformed one reads as none.
     trace: dict[str, str] | None = None

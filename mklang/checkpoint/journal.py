@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -62,6 +63,7 @@ from mklang.stores import Location, RunStore, SummaryStore
 from mklang.version import __version__
 
 MIN_COMPACT_BYTES = 256 * 1024
+WATCH_EVERY = 1.0  # seconds between a running run's looks for what was asked of it (a cancel)
 DURABILITY_VARIABLE = "MKLANG_DURABILITY"
 Durability = Literal["call", "step"]
 
@@ -99,6 +101,7 @@ class StoreJournal:
         durability: Durability = "call",
         paths: MachinePaths | None = None,
         new_run: bool = False,
+        watch: Callable[[], None] | None = None,
     ):
         self.store, self.run, self.anchor = location.store, location.run, location.anchor
         self.paths = paths or MachinePaths(None)  # how machine files are named in the files
@@ -120,6 +123,10 @@ class StoreJournal:
         self._threshold = MIN_COMPACT_BYTES
         self._key = checkpoint_key()
         self._mac = ""  # the MAC the next journal line chains from
+        # Called at a loop-top once every WATCH_EVERY seconds at most: how the process running the
+        # run learns what an operator asked of it through the store (a cancel, ADR 0068).
+        self.watch = watch
+        self._look_at = time.monotonic() + WATCH_EVERY
 
     # --- snapshots --------------------------------------------------------
 
@@ -203,6 +210,9 @@ class StoreJournal:
     def loop_top(self, chain: list[Frame]) -> None:
         if self._written >= self._threshold:
             self.snapshot(chain, status="running")
+        if self.watch is not None and (now := time.monotonic()) >= self._look_at:
+            self._look_at = now + WATCH_EVERY
+            self.watch()
 
     def enter(self, depth: int, frame: Frame) -> None:
         # A machine first loaded after the snapshot: its hash travels with the (signed) line.

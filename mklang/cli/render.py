@@ -208,6 +208,8 @@ def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> Non
                 style="dim",
             )
         )
+    for acted in summary.get("actions", []):
+        console.print(Text(printable(action_line(acted)), style="dim"))
     for label, key in (("tokens", "tokens"), ("dollars", "cost_usd")):
         spend = summary[key]
         limit = "(no budget)" if spend["budget"] is None else f"of {spend['budget']} ({spend['remaining']} left)"
@@ -333,3 +335,11 @@ class BatchProgress(Display):
 
     def _counts(self) -> str:
         return "  ".join(f"{key} {value}" for key, value in sorted(self.counts.items()))
+
+
+def action_line(acted: dict[str, Any]) -> str:
+    """An operator's action as `show` prints it: `cancelled from the console at T`."""
+    if acted["action"] == "cancel":
+        return f"cancelled from the {acted['by']} at {acted['at']}"
+    raised = ", ".join(f"{name} {value}" for name, value in acted.get("budgets", {}).items())
+    return f"budgets raised from the {acted['by']} at {acted['at']}: {raised}"

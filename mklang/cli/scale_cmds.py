@@ -233,6 +233,36 @@ def runs_prune(
         _report_removed(done, wants_json(format), pruned=True)
 
 
+@runs_app.command("cancel")
+def runs_cancel(
+    store: str = StoreOpt,
+    names: list[str] = typer.Argument(..., metavar="NAME...", help="The runs of the store to cancel."),
+    format: OutputFormat = FormatOpt,
+) -> None:
+    """Cancel runs by name: a parked one halts `cancelled` at once, a running one at its next
+    loop-top; a cancelled run cannot be resumed or answered (docs/runs.md).
+
+    One line each: cancelled, cancel requested (running), or refused (finished, busy, not
+    signed by you, no such run). Exit 0 when none was refused, else 1."""
+    with handle_errors(wants_json(format)):
+        from mklang.runs import location
+        from mklang.runs.cancelling import cancel
+        from mklang.stores import open_store, run_name
+
+        runs = [run_name(name) for name in names]  # every name checked before any run is cancelled
+        opened = open_store(store, create=False)
+        try:
+            done = [cancel(location(opened, store, run), by="cli") for run in runs]
+        finally:
+            opened.close()
+        if wants_json(format):
+            print_json({"store": redacted(store), "cancelled": [one.to_json() for one in done]})
+        for one in [] if wants_json(format) else done:
+            print(one.line(), file=sys.stderr if one.outcome == "refused" else sys.stdout)
+        if any(one.outcome == "refused" for one in done):
+            raise typer.Exit(exitcodes.HALT)
+
+
 @runs_app.command("sweep")
 @hosted()
 def runs_sweep(

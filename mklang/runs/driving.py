@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -98,11 +99,13 @@ def proceed(
     reply: dict[str, Any] | None = None,
     decision: Decision | None = None,
     budget: int | None = None,
+    raised_by: str | None = None,
     on_end: Callable[[Envelope], None] | None = None,
     tell: Tell = on_stderr,
     **options: Unpack[RunSettings],
 ) -> RunResult:
-    """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included.
+    """Continue an opened checkpoint with `host`; raised budgets are new totals, spend included,
+    and with `raised_by` (the console) recorded as that operator's `raise-budget` action.
 
     `reply` maps dotted context paths to the values set before the run continues (`--set`),
     the answer to a parked question among them. `decision` decides the human decision the run
@@ -144,6 +147,10 @@ def proceed(
         "set": dict(reply or {}),
         **({"decision": decided_now} if decided_now is not None else {}),
     }
+    if raised_by is not None:
+        raised = {name: value for name, value in {**change["budgets"], "budget": budget}.items() if value is not None}
+        at = decisions.stamp(decisions.now())
+        change["action"] = {"action": "raise-budget", "by": raised_by, "at": at, "budgets": raised}
     chain = resumable.chain
     envelope = apply_resume(envelope, chain, change)
     if host.state is not None and resumable.host_state:
@@ -246,12 +253,15 @@ def drive(
     `on_end` is handed the envelope the run ended with once it is written, its journal dropped.
     """
     from mklang.checkpoint.journal import StoreJournal, durability_setting
+    from mklang.runs import cancelling
 
+    control = control or Control()
+    watch = cancelling.Watch(location, control)
     provider, pool = host.provider, host.settings.get("pool")
     if pool is not None:
         from mklang.runs.pooling import pooled
 
-        provider = pooled(provider, location.store, pool, location.run, (control or Control()).interrupted)
+        provider = pooled(provider, location.store, pool, location.run, control.interrupted)
     with traced(observer, envelope.trace, location.run) as (observer, envelope.trace):
         budgets = envelope.budgets
         journal = StoreJournal(
@@ -263,6 +273,7 @@ def drive(
             durability=durability_setting(),
             paths=MachinePaths(chain[0].machine.path),
             new_run=not (resumed or recovered),
+            watch=watch,
         )
         if change is None:
             journal.snapshot(chain, status="running")
@@ -273,7 +284,11 @@ def drive(
         caps = Caps(budgets.max_tokens, budgets.max_cost)
         result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
         usage = result.usage.to_json()
-        if result.status == "suspended":
+        cancelled = watch.ended()
+        if result.status == "suspended" and cancelled is not None:  # an operator's cancel: it halts
+            cancelling.halt(journal, result.frames, cancelled, usage=usage)
+            result = replace(result, status="halted", error=cancelling.CANCELLED, detail=None)
+        elif result.status == "suspended":
             journal.finish(
                 result.frames,
                 status="suspended",

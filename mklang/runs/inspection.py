@@ -114,6 +114,8 @@ def describe(target: str | Path | Location, last: int = 5) -> dict[str, Any]:
             }
             for a in envelope.lineage
         ],
+        # What operators did to it from outside (a cancel, a raised budget), oldest first (ADR 0068).
+        "actions": [action.model_dump(exclude_none=True) for action in envelope.actions],
     }
     question = decisions.public(pending)
     if question is not None:  # a human decision: its id, choices, what it shows, its deadline

@@ -381,10 +381,11 @@ def apply_resume(envelope: Envelope, chain: list[Frame], change: dict[str, Any])
     """Apply what a resume changes (as its journal records it) to the frames and the envelope.
 
     `change`: the new budgets, hitl, untrusted-flow policy, concurrency and host record, the innermost
-    level's step `budget` (None keeps it), the `set` values that answer it and the `decision`
-    of the human decision it waits on, when one was given.
+    level's step `budget` (None keeps it), the `set` values that answer it, the `decision`
+    of the human decision it waits on, when one was given, and the operator's `action` it
+    records (a console's raised budget), when it is one.
     """
-    from mklang.checkpoint.envelope import Budgets, Edit, HostSettings
+    from mklang.checkpoint.envelope import Action, Budgets, Edit, HostSettings
 
     edits = envelope.edits
     if edits is not None and (change["set"] or change["budget"] is not None):  # a fork replays them (ADR 0066)
@@ -396,8 +397,10 @@ def apply_resume(envelope: Envelope, chain: list[Frame], change: dict[str, Any])
         innermost.inject(dotted, value)
     if change.get("decision") is not None:
         innermost.decide(change["decision"])
+    acted = [Action.model_validate(change["action"])] if change.get("action") is not None else []
     return envelope.model_copy(
         update=dict(
+            actions=[*envelope.actions, *acted],
             status="running",
             budgets=Budgets.model_validate(change["budgets"]),
             hitl=bool(change["hitl"]),

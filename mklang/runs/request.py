@@ -84,21 +84,23 @@ class RunRequest:
 
     `source`: the checkpoint to continue (a file, `STORE-URI#RUN`, a `Location`, or an `Envelope`
     first saved at `checkpoint`); `reply` the values set before it continues (`--set`), `decision`
-    the answer to the human decision it waits on (`--answer`, or its deadline), `budget` a
-    new step budget of its innermost level. The bounds (None: the checkpoint's, else the scenario's,
-    else the default) are new totals for a continued run. `checkpoint` is where the run persists
-    (default: where it was read from); `replace` lets it replace an unfinished run there. `force`,
-    `machine_path`, `trust`, `allow_rollback` and `kept_texts` are how its checkpoint is let
-    through (`opening.OpenOptions`). `hosting` holds the host settings chosen (`host.settings.given`,
-    None: not chosen), `provider` a provider object the caller keeps, `tools` and `hooks` its
-    callables; a dollar limit is given as `priced_for` (`max_cost`, or a batch's `batch_max_cost`).
-    `words` is how the caller names settings, in what is refused.
+    the answer to the human decision it waits on (`--answer`, or its deadline), `budget` a new step
+    budget of its innermost level; `raised_by` the operator raising its budgets from outside the run
+    (`console`), which the run records among its `actions`. The bounds (None: the checkpoint's, else
+    the scenario's, else the default) are new totals for a continued run. `checkpoint` is where the
+    run persists (default: where it was read from); `replace` lets it replace an unfinished run
+    there. `force`, `machine_path`, `trust`, `allow_rollback` and `kept_texts` are how its
+    checkpoint is let through (`opening.OpenOptions`). `hosting` holds the host settings chosen
+    (`host.settings.given`, None: not chosen), `provider` a provider object the caller keeps,
+    `tools` and `hooks` its callables; a dollar limit is given as `priced_for` (`max_cost`, or a
+    batch's `batch_max_cost`). `words` is how the caller names settings, in what is refused.
     """
 
     source: str | Path | Location | Envelope | None = None
     reply: Mapping[str, Any] = field(default_factory=dict)
     decision: Decision | None = None
     budget: int | None = None
+    raised_by: str | None = None
     max_tokens: int | None = None
     max_cost: float | None = None
     max_time: float | None = None

@@ -66,6 +66,7 @@ def resume(
                 reply=dict(request.reply),
                 decision=request.decision,
                 budget=request.budget,
+                raised_by=request.raised_by,
                 on_end=on_end,
                 tell=tell,
                 checkpoint=request.checkpoint,

@@ -531,6 +531,7 @@ def test_show_reports_each_level_its_spend_against_the_budgets_and_the_last_step
         "signature": {"seal": "signed", "text": "signed with your checkpoint key"},
         "host": {"script": str(path.parent / "s.yaml"), "scenario": "a"},  # recorded beside the checkpoint
         "lineage": [],  # made by no fork
+        "actions": [],  # no operator acted on it
         "ran_out": "the time budget of 30s ran out",
         "continue_with": f"mklang resume '{path}' --max-time 30s",
     }
