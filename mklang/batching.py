@@ -28,6 +28,7 @@ from mklang import exitcodes
 from mklang.checkpoint.texts import keep_texts
 from mklang.engine import Control
 from mklang.engine.events import EventSink
+from mklang.engine.runtime import Caps
 from mklang.errors import MklangError, RunBusy, UsageError, first_line
 from mklang.limits import COST_SLACK, load_json_object
 from mklang.model import Machine
@@ -61,6 +62,11 @@ class Ceilings:
             self.max_cost is not None and cost >= self.max_cost - COST_SLACK
         )
 
+    def overrun(self, tokens: int, cost: float) -> str | None:
+        """Which ceiling the batch's spend reached and by how much: `batch tokens 900 of 800`."""
+        words = Caps(self.max_tokens, self.max_cost).overrun(Usage(tokens, 0, cost))
+        return f"batch {words}" if words else None
+
     def to_json(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "max_cost": self.max_cost}
 
@@ -88,6 +94,10 @@ class Ledger:
         with self._guard:
             return self.ceilings.reached(self._tokens, self._cost)
 
+    def overrun(self) -> str | None:
+        with self._guard:
+            return self.ceilings.overrun(self._tokens, self._cost)
+
     def record(self, run: str, spent: Usage) -> bool:
         """Note that `run` has spent `spent` in all (it never goes down); True once a ceiling is reached."""
         with self._guard:
@@ -113,6 +123,9 @@ class StoreLedger(Ledger):
 
     def reached(self) -> bool:
         return self.ceilings.reached(*self.store.spend(self.batch))
+
+    def overrun(self) -> str | None:
+        return self.ceilings.overrun(*self.store.spend(self.batch))
 
     def record(self, run: str, spent: Usage) -> bool:
         self.store.record_spend(self.batch, run, spent.tokens, spent.cost_usd)
@@ -237,6 +250,7 @@ class Batch:
         control.interrupted = self.stop
         if self.ledger is not None:
             control.ceiling = functools.partial(self.ledger.record, item.run)
+            control.ceiling_detail = self.ledger.overrun
         try:
             with self.host_for() as host:
                 ended = held.run(

@@ -43,11 +43,14 @@ def exhausted(rt: Runtime, level: Level, launched: int = 0) -> str | None:
 
 def ran_out(rt: Runtime, frame: Frame, reason: str) -> str | None:
     """Which budget `reason` (of `exhausted`) names and how far it went, for the run's detail:
-    `steps 25 of 25`, `tokens 1,204 of 1,000`, `time 10.2s of 10s`; None for other reasons."""
+    `steps 25 of 25`, `tokens 1,204 of 1,000`, `time 10.2s of 10s`, `batch tokens 900 of 800`;
+    None for other reasons."""
     if reason == "budget-exhausted":
         return f"steps {frame.steps:,} of {frame.budget:,}"
     if reason == "cost-exhausted":
         return rt.caps.overrun(rt.spent_so_far())
+    if reason == "batch-ceiling" and rt.control.ceiling_detail is not None:
+        return rt.control.ceiling_detail()
     limit, deadline = rt.control.max_time, rt.control.deadline
     if reason == "time-exhausted" and limit is not None and deadline is not None:
         return f"time {round(limit + max(0.0, time.monotonic() - deadline), 3):g}s of {limit:g}s"

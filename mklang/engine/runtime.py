@@ -34,13 +34,15 @@ from mklang.vocabulary import DEFAULT_RUN_CONCURRENCY
 class Control:
     """Signals from outside the run: an interrupt request, a wall-clock deadline, and a
     shared ceiling (a batch's): told the run's live spend after every call and at every
-    budget check, it answers True once the ceiling is reached."""
+    budget check, it answers True once the ceiling is reached; `ceiling_detail` then says
+    which of its caps and how far, for the run's detail."""
 
     def __init__(self, deadline: float | None = None):
         self.interrupted = threading.Event()
         self.deadline = deadline
         self.max_time: float | None = None  # the seconds the deadline was set to, for messages
         self.ceiling: Callable[[Usage], bool] | None = None
+        self.ceiling_detail: Callable[[], str | None] | None = None
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline

@@ -189,11 +189,15 @@ class Priced:
 
 
 @pytest.mark.parametrize(
-    "ceiling",
-    [{"batch_max_cost": 1.75}, {"batch_max_tokens": 105}, {"batch_max_tokens": 91}],
+    ("ceiling", "detail"),
+    [
+        ({"batch_max_cost": 1.75}, "batch dollars $1.7500 of $1.7500"),
+        ({"batch_max_tokens": 105}, "batch tokens 105 of 105"),
+        ({"batch_max_tokens": 91}, "batch tokens 105 of 91"),
+    ],
     ids=["dollars", "tokens-reached-exactly", "tokens-crossed"],
 )
-def test_the_batch_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp_path, ceiling):
+def test_the_batch_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp_path, ceiling, detail):
     """Two calls a run of 15 tokens and $0.25 each, one run at a time: $1.75 and 105 tokens are
     reached by the seventh call, 91 tokens crossed by it, inside the fourth run, before its second
     call. That run and every later one are suspended; a pass with the same ceiling pays nothing (the
@@ -206,6 +210,8 @@ def test_the_batch_ceiling_stops_the_batch_where_its_summed_spend_reaches_it(tmp
     assert [(o.status, o.reason) for o in first] == [("done", None)] * 3 + [("suspended", "batch-ceiling")] * 7
     assert provider.calls == 7
     assert [Usage.from_json(o.usage).cost_usd for o in first] == [0.5] * 3 + [0.25] + [0.0] * 6
+    shown = json.loads(cli("show", str(tmp_path / "runs" / "item-3"), "--format", "json").stdout)
+    assert (shown["reason"], shown["detail"]) == ("batch-ceiling", detail)  # which ceiling, how far
     again = api.batch(tmp_path / "twostep.mk", inputs, **ceiling, **options)
     assert [o.status for o in again] == ["done"] * 3 + ["suspended"] * 7 and provider.calls == 7
     assert [o.usage for o in again] == [o.usage for o in first]  # what each run has spent, started or not

@@ -184,6 +184,13 @@ def test_the_batch_ceiling_bounds_the_spend_of_every_process_together(project, s
     # Over the ceiling by at most one call per run in flight over both processes (each alone would
     # allow the ceiling: together they would pay about twice it).
     assert ceiling <= server.count * per_call <= ceiling + in_flight * per_call
+    listed = json.loads(cli("runs", "--store", store, "--format", "json", cwd=project).stdout)["runs"]
+    cut = [run["checkpoint"] for run in listed if run["reason"] == "batch-ceiling"]  # each was started
+    assert cut, listed  # a run the ceiling stopped says which ceiling and how far
+    for checkpoint in cut:
+        detail = json.loads(cli("show", checkpoint, "--format", "json", cwd=project).stdout)["detail"]
+        spent = re.fullmatch(r"batch tokens (\d+) of 90", detail)
+        assert spent and ceiling <= int(spent.group(1)) <= server.count * per_call, detail
     again = cli(*BATCH, *options, "--batch-max-tokens", "1000", "--out", "out.jsonl", cwd=project)
     assert again.returncode == 0, again.stderr
     assert server.count == 10 * CALLS  # the re-run paid only what the first had not
