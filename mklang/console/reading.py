@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mklang.engine.decisions import digest
-from mklang.errors import MklangError
+from mklang.errors import MklangError, first_line, redacted
 from mklang.runs import location
 from mklang.runs.inspection import described, held
 from mklang.stores import RunQuery, RunStore, Tally, pools_of, summaries_of, tallies_of
@@ -247,6 +247,8 @@ def run_view(store: RunStore, uri: str, run: str) -> dict[str, Any]:
     summary = described(store, uri, run, last=WHOLE_TRACE)
     kept = held(store, uri, run) if summary["status"] != "failed" else {"context": {}, "result": None}
     view = {"run": run, **summary, **kept, "waiting": waits_for_reply(summary)}
+    if summary["status"] == "suspended":
+        view["migration"] = migration(store, uri, run)
     asked = summary.get("question")
     if view["waiting"] and isinstance(asked, dict):
         show = asked.get("show")
@@ -256,6 +258,22 @@ def run_view(store: RunStore, uri: str, run: str) -> dict[str, Any]:
         parked = RunSummary(run, machine=machine, status="suspended", asks=asks, deadline=epoch(asked.get("deadline")))
         view["card"] = card(parked, time.time())
     return view
+
+
+def migration(store: RunStore, uri: str, run: str) -> dict[str, str] | None:
+    """A parked run of an older version of its machine files (edited since it parked): the file
+    and its class against them as they are now, as `mklang runs migrate --dry-run` says it
+    (`runs.migrating.against_its_files`); None when its files are unchanged."""
+    from mklang.runs.migrating import against_its_files
+
+    try:
+        classified = against_its_files(location(store, uri, run))
+    except MklangError as error:
+        return {"kind": "refused", "text": f"refused: {redacted(first_line(error))}", "machine": ""}
+    if classified is None:
+        return None
+    root, verdict = classified
+    return {"kind": verdict.kind, "text": verdict.text(), "machine": str(root)}
 
 
 def fork_preview(store: RunStore, uri: str, run: str, at: str) -> dict[str, Any]:

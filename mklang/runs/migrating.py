@@ -55,19 +55,48 @@ def migrate(
     renamed by each new machine's `moved` lines, then by `renames`) and, if `write` and it is
     not incompatible, write it migrated.
 
-    Under the run's lock: `held` when the caller took it (and keeps it), else taken and released here.
+    A write holds the run's lock: `held` when the caller took it (and keeps it), else taken and
+    released here. A classification alone (`write` False: `runs migrate --dry-run`, the console)
+    reads without it, as `show` does, so it never makes a resume of the run find it busy.
     Raises CheckpointError for a run that is not a parked, signed, unchanged one.
     """
     location = locate(source)
-    lock = held if held is not None else location.store.lock(location.run)
+    lock = held if held is not None or not write else location.store.lock(location.run)
     try:
         examined = _examine(location, Path(machine), renames or {})
         if write and examined.verdict.movable:
             _write(location, examined)
         return examined.verdict
     finally:
-        if held is None:
+        if held is None and lock is not None:
             lock.release()
+
+
+def against_its_files(source: str | Path | Location) -> tuple[Path, Verdict] | None:
+    """A parked run whose machine files were edited since it parked, classified against them as
+    they are now (`migrate` without writing, renames from their `moved` lines): the root file and
+    the verdict. None for a run not parked, or whose files are as it recorded them or gone (it runs
+    from the texts its store keeps)."""
+    from mklang.checkpoint.envelope import load
+    from mklang.checkpoint.paths import MachinePaths, root_file
+    from mklang.syntax.machines import file_sha256
+
+    location = locate(source)
+    envelope = load(location)
+    if envelope.status != "suspended" or not envelope.machine.path:
+        return None
+    root = root_file(envelope.machine.path, location.anchor)
+    paths = MachinePaths(root)
+
+    def edited(name: str, digest: str) -> bool:
+        try:
+            return file_sha256(paths.file(name)) != digest
+        except OSError:
+            return False
+
+    if not any(edited(name, digest) for name, digest in envelope.machines.items()):
+        return None
+    return root, migrate(location, root, write=False)
 
 
 def resume_migrated(request: RunRequest, machine: str | Path, renames: dict[str, str], **options: Any) -> RunResult:
@@ -119,7 +148,8 @@ def _examine(location: Location, root: Path, renames: dict[str, str]) -> Examine
     old = open_run(location, lock=False, kept_texts=True)
     envelope = old.envelope
     if envelope.status != "suspended" or old.crashed:
-        raise CheckpointError(f"{location}: only a parked (suspended) run is migrated; this one is {envelope.status}")
+        status = "running (or its process died)" if old.crashed else envelope.status
+        raise CheckpointError(f"{location}: only a parked (suspended) run is migrated; this one is {status}")
     paths = MachinePaths(root)
     loader = MachineLoader()
     read = reader(location.store, location.run, str(location), trusted=True)

@@ -219,3 +219,50 @@ def test_a_migrated_run_is_signed_and_a_tampered_migration_record_is_refused(tmp
         (tmp_path / "cp.json").write_text(json.dumps(tampered))
         refused(cli("resume", "cp.json", *ANSWER, *HOST, cwd=tmp_path), "signed")
     assert server.count == 1
+
+
+def test_the_console_shows_a_parked_run_of_an_edited_machine_with_the_class_runs_migrate_gives(
+    parked, store, server, monkeypatch
+):
+    """The run page of a run parked on a machine edited in place since: its class against the file
+    as it is now, the very line `runs migrate --dry-run` prints for it (one classifier), each time."""
+    pytest.importorskip("starlette", reason="the console extra is not installed")
+    from markupsafe import escape
+    from starlette.testclient import TestClient
+
+    from mklang.console.web import Console, create_app
+    from mklang.stores import open_store
+
+    folder, _ = parked
+    monkeypatch.chdir(folder)
+    uri = str(folder / "runs") if store == "runs" else store
+    text = APPROVAL.read_text()
+    draft = text[text.index("state draft") : text.index("state publish")]
+    versions = {
+        "compatible": EDITED_PROMPT,
+        "migratable": MOVED,
+        "incompatible at frame 1: approval at draft: state 'draft' no longer exists": [
+            (draft, ""),
+            ("entry draft", "entry publish"),
+        ],
+    }
+    opened = open_store(uri, create=False)
+    try:
+        with TestClient(create_app(Console(opened, uri, "t")), follow_redirects=False) as browser:
+            assert browser.get("/?token=t").status_code == 303
+            assert "Its machine changed" not in browser.get("/runs/parked").text  # as it parked: nothing to say
+            for expected, edits in versions.items():
+                _new_version(folder, *edits)
+                shutil.copy(folder / "v2" / "approval.mk", folder / "approval.mk")  # edited in place
+                listed = cli("runs", "migrate", "--store", uri, "--machine", "approval.mk", "--dry-run", cwd=folder)
+                (line,) = listed.stdout.splitlines()
+                assert line.startswith(f"parked: {expected}"), line
+                page = browser.get("/runs/parked").text
+                assert "Its machine changed since it parked" in page, expected
+                assert f"<strong>{escape(line.removeprefix('parked: '))}</strong>" in page
+                shutil.copy(APPROVAL, folder / "approval.mk")
+    finally:
+        opened.close()
+    assert server.count == 1  # classifying pays nothing
+    shown = json.loads(cli("show", _target(store, "parked"), "--summary", "--format", "json", cwd=folder).stdout)
+    assert (shown["status"], shown["lineage"]) == ("suspended", [])  # and moves nothing
