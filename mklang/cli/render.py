@@ -143,25 +143,46 @@ class Display:
 
 class LiveView(Display):
     """The current state, steps and tokens against their budgets, on a terminal: an event sink
-    that shows each state entered outside fan-out branches. The token budget is the one the run
+    that shows each state entered outside fan-out branches, and under it the last line of the
+    answer its model call is writing, as the provider streams it (ADR 0060: the view asks for
+    the deltas' text, which the run's result shows anyway). The token budget is the one the run
     starts or resumes under, as its first event says."""
+
+    stream_text = True
 
     def __init__(self) -> None:
         self.max_tokens: int | None = None
         self.live = Live(Text(""), console=stderr, transient=True, refresh_per_second=8)
+        self._state = Text("")
+        self._answer = ""  # the answer streaming now, outside fan-out branches
         super().__init__(self.live)
 
     def emit(self, event: Event) -> None:
-        from mklang.engine.events import RunResumed, RunStarted, StateEntered
+        from mklang.engine.events import ModelDelta, ModelFinished, RunResumed, RunStarted, StateEntered
 
         if isinstance(event, (RunStarted, RunResumed)):
             self.max_tokens = event.max_tokens
-        if not isinstance(event, StateEntered) or event.in_branch:
+        if event.in_branch:
             return
-        path = printable(" › ".join(f"{level.machine}:{level.state}" for level in event.path))
-        budget = f"/{self.max_tokens}" if self.max_tokens else ""
-        steps = f"steps {event.steps}/{event.budget}"
-        self.live.update(Text(f"▶ {path}   {steps}   tokens {event.spent.tokens}{budget}"))
+        if isinstance(event, ModelDelta) and event.text is not None:
+            self._answer = (self._answer if event.offset else "") + event.text  # 0: a retried call starts anew
+        elif isinstance(event, ModelFinished):
+            self._answer = ""
+        elif isinstance(event, StateEntered):
+            path = printable(" › ".join(f"{level.machine}:{level.state}" for level in event.path))
+            budget = f"/{self.max_tokens}" if self.max_tokens else ""
+            self._state = Text(f"▶ {path}   steps {event.steps}/{event.budget}   tokens {event.spent.tokens}{budget}")
+        else:
+            return
+        self.live.update(self._shown_now())
+
+    def _shown_now(self) -> Text:
+        if not self._answer.strip():
+            return self._state
+        last = printable(self._answer.rstrip().rsplit("\n", 1)[-1])
+        width = max(10, stderr.width - 4)
+        tail = last if len(last) <= width else "…" + last[-(width - 1) :]
+        return Text.assemble(self._state, "\n  ", (tail, "dim"))
 
 
 def render_checkpoint(summary: dict[str, Any], console: Console = stdout) -> None:

@@ -1,10 +1,16 @@
 """`mklang run --stream` and `resume --stream` against the fake server: each answer is written to stderr
 as it arrives, stdout keeps the result, `--events` writes the pieces without their text unless
-`--trace-content`, and a resume streams only the answers it pays for."""
+`--trace-content`, and a resume streams only the answers it pays for. On a terminal the live view
+streams them too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
+import subprocess
+import sys
 
 import pytest
 from providers.test_providers_cli import KEY, mklang
@@ -102,3 +108,42 @@ def test_a_run_killed_mid_stream_pays_only_that_call_again(workdir, server):
     assert json.loads(resumed.stdout)["result"] == SECOND
     assert server.count == 3  # the first answer was journaled; only the one cut by the kill is bought again
     assert "five six" in resumed.stderr and FIRST not in resumed.stderr
+
+
+def on_a_terminal(workdir, server, *args: str) -> tuple[int, str, bytes]:
+    """`mklang run two.mk` in a subprocess whose stderr is a terminal (a pseudo-terminal, read as it is
+    written): its exit code, stdout and every byte drawn on the terminal."""
+    machine = workdir / "two.mk"
+    machine.write_text(TWO)
+    env = cli_env(OPENAI_API_KEY=KEY, OPENAI_BASE_URL=server.openai_url, TERM="xterm-256color", COLUMNS="100")
+    leader, follower = pty.openpty()
+    command = [sys.executable, "-m", "mklang", "run", str(machine), "--provider", "openai", "--model", "m", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=follower, env=env, text=True) as process:
+        os.close(follower)
+        drawn = b""
+        with contextlib.suppress(OSError):  # the terminal is gone once the process ended
+            while chunk := os.read(leader, 65536):
+                drawn += chunk
+        stdout = process.stdout.read() if process.stdout else ""
+    os.close(leader)
+    return process.returncode, stdout, drawn
+
+
+def test_the_live_view_on_a_terminal_streams_each_answer_as_it_is_written(workdir, server):
+    server.add(answer(FIRST, stream_pause=0.15), answer(SECOND, stream_pause=0.15))
+    code, stdout, drawn = on_a_terminal(workdir, server, "--format", "text")
+    assert code == 0, drawn
+    assert [request.body.get("stream") for request in server.requests] == [True, True]  # the view asked
+    assert "five six" in stdout  # the result, whole, on stdout
+    shown = drawn.decode("utf-8", "replace")
+    assert "▶ two:a" in shown and "▶ two:b" in shown
+    assert "one two three" in shown and "five six" in shown  # the answers' last lines, as they grew
+    assert "\\x1b[31mseven" in shown and "\x1b[31mseven" not in shown  # a model's escape shown, never obeyed
+
+
+def test_the_live_view_is_not_drawn_and_nothing_streams_when_stderr_is_not_a_terminal(workdir, server):
+    server.add(answer(FIRST), answer(SECOND))
+    done = run(workdir, server)
+    assert done.returncode == 0, done.stderr
+    assert "▶" not in done.stderr and FIRST not in done.stderr
+    assert [request.body.get("stream") for request in server.requests] == [None, None]

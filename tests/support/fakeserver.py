@@ -66,6 +66,7 @@ class Reply:
     cut: int | None = None  # send only this many bytes of the body, then close (a server dying mid-response)
     stream_cut: int | None = None  # streamed: send only this many events, then close (a stream cut mid-answer)
     stream_usage: bool = True  # streamed: say the usage (OpenAI's last chunk, Anthropic's message events)
+    stream_pause: float = 0.0  # streamed: seconds between two events (an answer written slowly)
 
 
 def answer(
@@ -78,10 +79,12 @@ def answer(
     delay: float = 0.0,
     stream_cut: int | None = None,
     stream_usage: bool = True,
+    stream_pause: float = 0.0,
 ) -> Reply:
     """A successful completion; `reasoning` goes to `reasoning_content` / a `thinking` block.
     Asked to stream (`"stream": true`), the server sends it as server-sent events, a word an
-    event, cut after `stream_cut` events when given, with no usage when `stream_usage` is False."""
+    event, cut after `stream_cut` events when given, with no usage when `stream_usage` is False,
+    `stream_pause` seconds between two events."""
     return Reply(
         text=text,
         reasoning=reasoning,
@@ -91,6 +94,7 @@ def answer(
         delay=delay,
         stream_cut=stream_cut,
         stream_usage=stream_usage,
+        stream_pause=stream_pause,
     )
 
 
@@ -421,6 +425,7 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                     encoded = frame.encode("utf-8")
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(encoded), encoded))
                     self.wfile.flush()
+                    time.sleep(reply.stream_pause)
                 if reply.stream_cut is not None:
                     self.close_connection = True  # no last chunk: the body ends mid-stream
                     return
