@@ -7,8 +7,9 @@ untrusted data and a decision is checked by `decisions.refusal` against the sign
 card it was made on is display only). The host that answers the resumed run is the one `mklang
 serve` was started with (its --script, --provider, --plugin ...), filled in from the run's own
 record as a resume fills it in. A fork from a run's page (`mklang fork STORE#RUN --at STEP --store
-STORE#NAME --set ...`) goes the same way, through `forking.fork`, with the same host. The run goes
-on in a thread of the console; the answer's verdict
+STORE#NAME --set ...`) goes the same way, through `forking.fork`, with the same host, and so does
+a raised budget (`mklang resume STORE#RUN --budget N --max-tokens N ...`), checked under the lock by
+`driving.require_raise`. The run goes on in a thread of the console; the answer's verdict
 (taken, or the one line that refused it) is known once the lock is held and the run read, so
 the page that sent it can say so, and the run page follows the rest.
 """
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from mklang.engine.events import Event
 from mklang.errors import MklangError, first_line, redacted
@@ -29,6 +30,18 @@ if TYPE_CHECKING:
     from mklang import runs
     from mklang.engine.decisions import Decision
     from mklang.session import Host
+
+
+CAPS = ("max_tokens", "max_cost", "max_time")  # the run's caps a raise may set, beside `budget`
+
+
+class Raised(TypedDict, total=False):
+    """Budgets a run page raises, as `RunRequest` takes them (new totals)."""
+
+    budget: int
+    max_tokens: int
+    max_cost: float
+    max_time: float
 
 
 @dataclass
@@ -65,29 +78,51 @@ class Replies:
         still waits on that question, showing that value, when its lock is held."""
         return self._deliver(run, {}, decision)
 
-    def _deliver(self, run: str, values: dict[str, object], decision: Decision | None) -> Delivery:
+    def raise_budget(self, run: str, raised: Raised) -> Delivery:
+        """Resume `run` with the budgets `raised` (new totals, as `mklang resume --budget
+        --max-tokens --max-cost --max-time` takes them), in the background, recorded as the
+        console's `raise-budget` action; refused, changing nothing, unless the run is parked on a
+        budget and one of them is above its own when its lock is held."""
+        return self._deliver(run, {}, None, raised)
+
+    def _deliver(
+        self, run: str, values: dict[str, object], decision: Decision | None, raised: Raised | None = None
+    ) -> Delivery:
         self.failures.pop(run, None)
         self.notes[run] = []
         delivery = Delivery(run)
         thread = threading.Thread(
-            target=self._resume, args=(delivery, values, decision), name=f"mklang-reply-{run}", daemon=True
+            target=self._resume, args=(delivery, values, decision, raised), name=f"mklang-reply-{run}", daemon=True
         )
         self._threads.append(thread)
         thread.start()
         return delivery
 
-    def _resume(self, delivery: Delivery, values: dict[str, object], decision: Decision | None) -> None:
+    def _resume(
+        self, delivery: Delivery, values: dict[str, object], decision: Decision | None, raised: Raised | None
+    ) -> None:
         from mklang import runs
-        from mklang.runs.driving import decided
+        from mklang.runs.driving import decided, require_raise
 
         run = delivery.run
         request = runs.RunRequest(
-            source=runs.location(self.store, self.uri, run), reply=values, decision=decision, hosting=self.hosting
+            source=runs.location(self.store, self.uri, run),
+            reply=values,
+            decision=decision,
+            hosting=self.hosting,
+            budget=(raised or {}).get("budget"),
+            max_tokens=(raised or {}).get("max_tokens"),
+            max_cost=(raised or {}).get("max_cost"),
+            max_time=(raised or {}).get("max_time"),
+            raised_by="console" if raised is not None else None,
         )
         with ExitStack() as hosts:
 
             def host_for(resumable: runs.Resumable) -> Host:
-                decided(resumable, values, decision)  # under the lock: refused here, nothing is changed
+                # Under the lock: refused here, nothing is changed.
+                if raised is not None:
+                    require_raise(resumable, request.budget, {name: getattr(request, name) for name in CAPS})
+                decided(resumable, values, decision)
                 delivery.decided.set()
                 return hosts.enter_context(runs.build_host(request, resumable, self.notes[run].append))
 

@@ -19,6 +19,7 @@ from typing import Any
 from mklang.engine.decisions import digest
 from mklang.errors import MklangError, first_line, redacted
 from mklang.runs import location
+from mklang.runs.driving import BUDGET_REASONS
 from mklang.runs.inspection import described, held
 from mklang.stores import RunQuery, RunStore, Tally, pools_of, summaries_of, tallies_of
 from mklang.stores.pools import Pool
@@ -249,6 +250,9 @@ def run_view(store: RunStore, uri: str, run: str) -> dict[str, Any]:
     view = {"run": run, **summary, **kept, "waiting": waits_for_reply(summary)}
     if summary["status"] == "suspended":
         view["migration"] = migration(store, uri, run)
+    # The run page's actions (ADR 0068): what the operator may do to it; each is decided again under its lock.
+    view["cancellable"] = summary["status"] in ("running", "suspended")
+    view["raisable"] = summary["status"] == "suspended" and summary.get("reason") in BUDGET_REASONS
     asked = summary.get("question")
     if view["waiting"] and isinstance(asked, dict):
         show = asked.get("show")

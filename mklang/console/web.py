@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, parse_qsl, urlencode
 
 import jinja2
@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mklang.console import reading
-from mklang.console.answers import Delivery, Replies
+from mklang.console.answers import Delivery, Raised, Replies
 from mklang.console.events import Change, StorePoller
 from mklang.errors import CheckpointError, MklangError, UsageError, first_line, redacted
 from mklang.forking import step_path
@@ -192,6 +192,39 @@ def create_app(console: Console) -> ASGIApp:
             return console.page("error.html", 409, message=delivery.verdict, here="runs")
         return RedirectResponse(f"/runs/{name}", 303)
 
+    async def cancel(request: Request) -> Response:
+        """Cancel the run (`mklang runs cancel`): a parked one halts `cancelled` now, a running one
+        at its next loop-top; the run's page, or the line that refused it."""
+        from mklang.runs import location
+        from mklang.runs.cancelling import cancel
+
+        run = await run_in_threadpool(_run, request, console)
+        form = await _form(request, console)
+        if isinstance(form, Response):
+            return form
+        done = await run_in_threadpool(cancel, location(console.store, console.uri, run), "console")
+        console.changes.tell(Change(frozenset({run})))
+        if done.outcome == "refused":
+            return console.page("error.html", 409, message=redacted(done.why or "not cancelled"), here="runs")
+        return RedirectResponse(f"/runs/{run}", 303)
+
+    async def raise_budget(request: Request) -> Response:
+        """Resume a run parked on a budget with the form's raised budgets (new totals, blank ones
+        kept), as `mklang resume --budget --max-tokens --max-cost --max-time` does."""
+        run = await run_in_threadpool(_run, request, console)
+        form = await _form(request, console)
+        if isinstance(form, Response):
+            return form
+        try:
+            raised = _raised(form)
+        except UsageError as error:
+            return PlainTextResponse(f"400: {first_line(error)}\n", 400)
+        delivery = console.replies.raise_budget(run, raised)
+        await run_in_threadpool(_verdicts, [delivery], "take the raised budgets")
+        if delivery.verdict is not None:
+            return console.page("error.html", 409, message=delivery.verdict, here="runs")
+        return RedirectResponse(f"/runs/{run}", 303)
+
     def inbox_page(request: Request) -> Response:
         page = reading.inbox_page(console.store, console.uri, _page_number(request), request.query_params)
         name = "inbox_list.html" if "fragment" in request.query_params else "inbox.html"
@@ -255,6 +288,8 @@ def create_app(console: Console) -> ASGIApp:
         Route("/runs/{run}/graph.svg", graph_svg),
         Route("/runs/{run}/fork", fork_page),
         Route("/runs/{run}/fork", fork, methods=["POST"]),
+        Route("/runs/{run}/cancel", cancel, methods=["POST"]),
+        Route("/runs/{run}/budget", raise_budget, methods=["POST"]),
         Route("/inbox", inbox_page),
         Route("/inbox/answer", answer, methods=["POST"]),
         Route("/inbox/{run}", reply, methods=["POST"]),
@@ -296,6 +331,26 @@ async def _form(request: Request, console: Console) -> dict[str, list[str]] | Re
 
 def _one(form: Mapping[str, list[str]], name: str) -> str:
     return form.get(name, [""])[0]
+
+
+def _raised(form: Mapping[str, list[str]]) -> Raised:
+    """The budgets a run page's form raises (blank fields are left out): whole steps and tokens,
+    dollars and seconds above 0; UsageError for a field that is none, or when every one is blank."""
+    raised: dict[str, float] = {}
+    for name, kind in (("budget", int), ("max_tokens", int), ("max_cost", float), ("max_time", float)):
+        text = _one(form, name).strip()
+        if not text:
+            continue
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < 10**15:
+            raise UsageError(f"{name} must be a {'whole ' if kind is int else ''}number above 0, not {text[:40]!r}")
+        raised[name] = value
+    if not raised:
+        raise UsageError("the form raises no budget: give a step budget, tokens, dollars or seconds")
+    return cast(Raised, raised)
 
 
 QUESTION_ID = re.compile(r"[0-9a-f]{1,64}")

@@ -228,6 +228,28 @@ def decided(resumable: Resumable, reply: dict[str, Any], decision: Decision | No
     return {**decision, "question": frame.ask["question"], "at": decisions.stamp(at)}
 
 
+BUDGET_REASONS = ("budget-exhausted", "cost-exhausted", "time-exhausted", "batch-ceiling")  # a raise goes on
+
+
+def require_raise(resumable: Resumable, budget: int | None, bounds: dict[str, Any]) -> None:
+    """Refuse, before anything is changed, a raise of budgets (`budget` the innermost level's steps,
+    `bounds` the run's caps by name) that cannot take effect: the run is not parked on a budget, or
+    no budget given is above the run's (it would suspend again at once)."""
+    envelope = resumable.envelope
+    if envelope.status != "suspended" or envelope.reason not in BUDGET_REASONS:
+        why = envelope.reason if envelope.status == "suspended" else envelope.status
+        raise CheckpointError(f"{resumable.location}: the run is not parked on a budget ({why}): no budget raised")
+    caps = envelope.budgets
+    current = {"budget": resumable.chain[-1].budget, **{name: getattr(caps, name) for name in bounds}}
+    given = {"budget": budget, **bounds}
+    if not any(value is not None and _above(value, current[name]) for name, value in given.items()):
+        raise CheckpointError(f"{resumable.location}: no budget given is above the run's: it would park again at once")
+
+
+def _above(value: float, current: float | None) -> bool:
+    return current is not None and value > current
+
+
 def drive(
     envelope: Envelope,
     chain: list[Frame],

@@ -328,7 +328,7 @@ state two {
 def test_a_forked_runs_page_shows_its_parent_and_what_it_inherited(tmp_path: Path):
     """Lineage on the run page, as `show` prints it: the parent, the step, the inherited spend."""
     (tmp_path / "pair.mk").write_text(TWO_STEPS)
-    (tmp_path / "pair.yaml").write_text(json.dumps({"scenarios": [{"name": "s", "llm": {"produce": ["a", "b"]}}]}))
+    (tmp_path / "pair.yaml").write_text(json.dumps(TIGHT_SCRIPT))
     uri = f"sqlite:///{tmp_path}/runs.db"
     script = ("--script", "pair.yaml", "--scenario", "s")
     assert cli("run", "pair.mk", *script, "--checkpoint", f"{uri}#source", cwd=tmp_path).returncode == 0
@@ -393,3 +393,72 @@ def test_fork_from_here_previews_what_it_may_run_again_then_forks_behind_the_csr
     assert [(a.run_id, a.step) for a in forked.lineage] == [(source.run_id, "2")]
     assert forked.frames[0]["context"]["approval"] == {"answer": "Yes, ship it."}
     assert "approval" in forked.frames[0]["tainted"]  # set by the form: untrusted data
+
+
+TIGHT = """\
+mklang 0.4
+machine tight
+entry first
+budget 2
+state first {
+  structure "Any text."
+  prompt "Say something."
+  output said
+  when "it is done" -> END
+  otherwise -> first
+}
+"""
+TIGHT_SCRIPT = {"scenarios": [{"name": "s", "llm": {"produce": ["a", "b", "c"], "judge": ["none", "none", 0]}}]}
+
+
+def test_cancel_on_a_run_page_halts_a_parked_run_behind_the_csrf_token(client, console, store):
+    page = signed_in(client).get("/runs/ask").text
+    assert 'action="/runs/ask/cancel"' in page and "Cancel this run" in page
+    assert 'action="/runs/echo/cancel"' not in client.get("/runs/echo").text  # a finished run has none
+    before = load(locate(f"{store}#ask")).model_dump_json()
+    for forged in ({}, {"csrf": "forged"}, {"csrf": console.csrf[:-1]}):
+        assert client.post("/runs/ask/cancel", data=forged).status_code == 403
+    assert load(locate(f"{store}#ask")).model_dump_json() == before  # a forged form changes nothing
+    done = client.post("/runs/ask/cancel", data={"csrf": console.csrf})
+    assert done.status_code == 303 and done.headers["location"] == "/runs/ask"
+    stopped = load(locate(f"{store}#ask"))
+    assert (stopped.status, stopped.error) == ("halted", "cancelled")
+    assert [(acted.action, acted.by) for acted in stopped.actions] == [("cancel", "console")]
+    page = client.get("/runs/ask").text
+    assert "cancelled from the console at" in page and 'action="/runs/ask/cancel"' not in page
+    again = client.post("/runs/ask/cancel", data={"csrf": console.csrf})
+    assert again.status_code == 409 and "already halted (cancelled): not cancelled" in again.text
+    replied = client.post("/inbox/ask", data={"reply": "yes", "csrf": console.csrf})
+    assert replied.status_code == 409  # a cancelled run takes no reply
+    assert load(locate(f"{store}#ask")).model_dump_json() == stopped.model_dump_json()
+
+
+def test_a_run_parked_on_its_budget_resumes_with_raised_budgets_from_its_page(client, console, store):
+    folder = Path(store.removeprefix("sqlite:///")).parent
+    (folder / "tight.mk").write_text(TIGHT, encoding="utf-8")
+    (folder / "tight.yaml").write_text(json.dumps(TIGHT_SCRIPT))
+    parked = cli(
+        "run", "tight.mk", "--script", "tight.yaml", "--scenario", "s", "--checkpoint", f"{store}#tight", cwd=folder
+    )
+    assert parked.returncode == 3, parked.stderr
+    page = signed_in(client).get("/runs/tight").text
+    assert 'action="/runs/tight/budget"' in page and 'placeholder="2"' in page
+    assert 'action="/runs/ask/budget"' not in client.get("/runs/ask").text  # parked on a question, not a budget
+    before = load(locate(f"{store}#tight")).model_dump_json()
+    assert client.post("/runs/tight/budget", data={"budget": "5"}).status_code == 403
+    for bad in ({"budget": "0"}, {"budget": "x"}, {"max_cost": "nan"}, {"max_cost": "inf"}, {}):
+        assert client.post("/runs/tight/budget", data={**bad, "csrf": console.csrf}).status_code == 400, bad
+    same = client.post("/runs/tight/budget", data={"budget": "2", "csrf": console.csrf})
+    assert same.status_code == 409 and "no budget given is above the run&#39;s" in same.text
+    question = client.post("/runs/ask/budget", data={"budget": "9", "csrf": console.csrf})
+    assert question.status_code == 409 and "not parked on a budget (escalated)" in question.text
+    assert load(locate(f"{store}#tight")).model_dump_json() == before
+    raised = client.post("/runs/tight/budget", data={"budget": "5", "csrf": console.csrf})
+    assert raised.status_code == 303 and raised.headers["location"] == "/runs/tight"
+    console.replies.wait(timeout=30)
+    assert "tight" not in console.replies.failures
+    done = load(locate(f"{store}#tight"))
+    assert (done.status, done.result) == ("done", "c")
+    [acted] = done.actions
+    assert (acted.action, acted.by, acted.budgets) == ("raise-budget", "console", {"budget": 5})
+    assert "budgets raised from the console at" in client.get("/runs/tight").text

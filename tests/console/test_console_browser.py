@@ -138,7 +138,8 @@ def thousand(tmp_path: Path) -> Iterator[tuple[str, str]]:
     uri = park_many(tmp_path, 1_000)
     park_soon(tmp_path, f"{uri}#due-soon", within="6s")
     server = subprocess.Popen(
-        [sys.executable, "-m", "mklang", "serve", "--store", uri, "--port", "0", "--sweep", "0.5"],
+        # Named from its folder, so the page header (and a screenshot) shows no temporary path.
+        [sys.executable, "-m", "mklang", "serve", "--store", "sqlite:///parked.db", "--port", "0", "--sweep", "0.5"],
         cwd=tmp_path, env=cli_env(PATH=str(tmp_path / "no-programs")), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -160,7 +161,9 @@ def shot(page: object, tmp_path: Path, name: str) -> None:
 
 def test_an_inbox_of_a_thousand_parked_runs_in_a_browser(browser, thousand, tmp_path):
     """The first page of 1,000 parked runs, a bulk answer to a page of one question, and an answer
-    racing the sweep that takes a run at its deadline: the sweep wins, the answer is told."""
+    racing the sweep that takes a run at its deadline: the sweep wins, the answer is told. Then a
+    run cancelled from its page (an answer from a card shown before is refused), forged forms
+    refused, and two cancels and two answers racing on one run: one wins each time."""
     from playwright.sync_api import expect
 
     from mklang.checkpoint.envelope import load
@@ -211,3 +214,81 @@ def test_an_inbox_of_a_thousand_parked_runs_in_a_browser(browser, thousand, tmp_
     assert load(locate(f"{store}#due-soon")).status == "halted"
     page.goto(f"{base}/inbox")
     expect(page.locator("p.count").first).to_contain_text(f"{1001 - 25 - 1} waiting")
+
+    # Cancel from a run page; the card another tab still shows is then refused.
+    stale = page.context.new_page()
+    stale.goto(f"{base}/runs/parked-0000")
+    stale.wait_for_timeout(1000)  # the page's live part caught up once with the store (the stream opened)
+    stale.locator("article.question-card input[name=note]").fill("ship it")  # a card being written on stays
+    page.goto(f"{base}/runs/parked-0000")
+    expect(page.locator("form.cancel button")).to_be_visible()
+    page.evaluate("() => document.querySelector('section.operator').scrollIntoView({block: 'center'})")
+    shot(page, tmp_path, "cancel.png")
+    page.locator("form.cancel button").click()
+    page.wait_for_url(f"{base}/runs/parked-0000")
+    expect(page.locator(".summary .status")).to_have_text("halted")
+    expect(page.locator(".summary")).to_contain_text("cancelled")
+    expect(page.locator("ul.actions-done")).to_contain_text("cancelled from the console at")
+    assert page.locator("form.cancel").count() == 0
+    shot(page, tmp_path, "cancelled.png")
+    stale.locator("article.question-card button[value=approve]").click()
+    expect(stale.locator("ul.answers .failure")).to_contain_text("the run already halted (cancelled)")
+    assert (load(locate(f"{store}#parked-0000")).status, load(locate(f"{store}#parked-0000")).error) == (
+        "halted",
+        "cancelled",
+    )
+
+    # A forged form (no CSRF token, a wrong one) is refused and changes nothing, though the cookie is sent.
+    before = locate(f"{store}#parked-0002").store.read("parked-0002")
+    for forged in ({}, {"csrf": "forged"}):
+        answer = page.request.post(f"{base}/runs/parked-0002/cancel", form=forged, max_redirects=0)
+        assert answer.status == 403
+    assert locate(f"{store}#parked-0002").store.read("parked-0002") == before
+
+    # Two cancels, then two answers, racing on one run: exactly one wins each time.
+    page.goto(f"{base}/runs/parked-0006")
+    csrf = page.locator("input[name=csrf]").first.get_attribute("value")
+    pick = page.locator("article.question-card input[name=pick]").first.get_attribute("value")
+    assert csrf and pick
+    token = url.split("token=", 1)[1]
+    cancels = racing(base, token, "/runs/parked-0004/cancel", {"csrf": csrf})
+    assert sorted(cancels) == [303, 409], cancels
+    assert len(load(locate(f"{store}#parked-0004")).actions) == 1
+    answers = racing(base, token, "/inbox/answer", {"csrf": csrf, "pick": pick, "choice": "approve"})
+    assert sorted(answers) == [303, 409], answers
+    for _ in range(200):
+        if load(locate(f"{store}#parked-0006")).status == "done":
+            break
+        page.wait_for_timeout(100)
+    decided = [step for step in load(locate(f"{store}#parked-0006")).frames[0]["trace"] if step.get("decision")]
+    assert len(decided) == 1 and decided[0]["decision"]["choice"] == "approve"
+
+
+def racing(base: str, token: str, path: str, form: dict[str, str]) -> list[int]:
+    """The status codes of two POSTs of `form` to `path`, sent at once from two threads with the
+    console's cookie (no redirect followed)."""
+    import hashlib
+    import http.client
+    import threading
+    from urllib.parse import urlencode, urlsplit
+
+    where = urlsplit(base)
+    cookie = f"mklang-{hashlib.sha256(token.encode()).hexdigest()[:12]}={token}"
+    body = urlencode(form)
+    ready = threading.Barrier(2)
+    codes: list[int] = []
+
+    def post() -> None:
+        connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
+        headers = {"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"}
+        ready.wait()
+        connection.request("POST", path, body, headers)
+        codes.append(connection.getresponse().status)
+        connection.close()
+
+    threads = [threading.Thread(target=post) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return codes
