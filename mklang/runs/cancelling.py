@@ -55,39 +55,28 @@ def cancel(location: Location, by: str) -> Cancel:
     """Cancel the run at `location` for the operator `by` (`console`, `cli`): halted now when it is
     parked, asked of its process when it is running; refused when it is finished, busy (another
     process holds it without running it), not signed with this user's key, or not there."""
-    from mklang.checkpoint.envelope import parse
-    from mklang.checkpoint.journal import resume_change
     from mklang.runs.opening import open_run
 
     store, run = location.store, location.run
     shown = printable(str(location))
-    raw = store.read(run)
-    if raw is None:
+    if store.read(run) is None:
         return Cancel(shown, "refused", f"{shown}: no such run")
     try:
         lock = store.lock(run)
     except RunBusy:
-        try:
-            envelope = parse(raw, shown)
-        except CheckpointError as unreadable:
-            return Cancel(shown, "refused", first_line(unreadable))
-        running = envelope.status == "running" or resume_change(store, run, envelope) is not None
-        if not running or not isinstance(store, NoteStore):
-            holder = store.holder(run) or "another process"
-            return Cancel(
-                shown, "refused", f"{shown}: busy (held by {holder}, not running it): not cancelled, try again"
-            )
-        write_signed(store, note_key(run), {"run": run, "by": by, "at": decisions.stamp(decisions.now())})
-        return Cancel(shown, "requested")
+        return _ask_running(location, by, shown)
     except MklangError as error:
         return Cancel(shown, "refused", first_line(error))
     try:
         finished = _finished(location)
-        if finished is not None:
-            lock.release()
-            return Cancel(shown, "refused", f"{shown}: already {finished}: not cancelled")
-        resumable = open_run(location, held=lock, kept_texts=True)  # verified: signed by this user
     except MklangError as error:
+        finished = f"unreadable ({first_line(error)})"
+    if finished is not None:
+        lock.release()
+        return Cancel(shown, "refused", f"{shown}: {finished}: not cancelled")
+    try:
+        resumable = open_run(location, held=lock, kept_texts=True)  # verified: signed by this user
+    except MklangError as error:  # the lock is released
         return Cancel(shown, "refused", f"{first_line(error)}: not cancelled")
     try:
         from mklang.checkpoint.journal import StoreJournal
@@ -107,15 +96,37 @@ def cancel(location: Location, by: str) -> Cancel:
     return Cancel(shown, "cancelled")
 
 
+def _ask_running(location: Location, by: str, shown: str) -> Cancel:
+    """The cancel of a run whose lock another process holds: asked of it when it is running the
+    run (the envelope says running, or a resume of it began), else refused as busy."""
+    from mklang.checkpoint.envelope import parse
+    from mklang.checkpoint.journal import resume_change
+
+    store, run = location.store, location.run
+    raw = store.read(run)
+    try:
+        envelope = parse(raw, shown) if raw is not None else None
+    except CheckpointError as error:
+        return Cancel(shown, "refused", first_line(error))
+    holder = store.holder(run) or "another process"
+    if envelope is None or (envelope.status != "running" and resume_change(store, run, envelope) is None):
+        return Cancel(shown, "refused", f"{shown}: busy (held by {holder}, not running it): not cancelled, try again")
+    if not isinstance(store, NoteStore):
+        why = f"{shown}: running in {holder}, and this store keeps no notes to ask it: not cancelled"
+        return Cancel(shown, "refused", why)
+    write_signed(store, note_key(run), {"run": run, "by": by, "at": decisions.stamp(decisions.now())})
+    return Cancel(shown, "requested")
+
+
 def _finished(location: Location) -> str | None:
-    """How the run at `location` finished (`done`, `halted (gate-fail)`), read under its lock; None
-    when it has not."""
+    """How the run at `location` finished (`already done`, `already halted (gate-fail)`), read under
+    its lock; None when it has not."""
     from mklang.checkpoint.envelope import load
 
     envelope = load(location)
     if envelope.status == "done":
-        return "done"
-    return f"halted ({envelope.error})" if envelope.status == "halted" else None
+        return "already done"
+    return f"already halted ({envelope.error})" if envelope.status == "halted" else None
 
 
 class Watch:

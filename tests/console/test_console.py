@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -462,3 +463,39 @@ def test_a_run_parked_on_its_budget_resumes_with_raised_budgets_from_its_page(cl
     [acted] = done.actions
     assert (acted.action, acted.by, acted.budgets) == ("raise-budget", "console", {"budget": 5})
     assert "budgets raised from the console at" in client.get("/runs/tight").text
+
+
+def test_a_run_the_console_is_running_is_cancelled_from_its_page_at_its_next_loop_top(client, console, store):
+    """The console resumes a run with raised budgets in a thread of its own; its page's cancel finds
+    the lock held by that thread, asks the run to stop, and the run halts `cancelled` at a loop-top."""
+    folder = Path(store.removeprefix("sqlite:///")).parent
+    (folder / "tight.mk").write_text(TIGHT, encoding="utf-8")
+    slow = {"scenarios": [{"name": "s", "llm": {"delay_ms": 20, "produce": ["a"], "judge": ["none"]}}]}
+    (folder / "slow.yaml").write_text(json.dumps(slow))
+    parked = cli(
+        "run", "tight.mk", "--script", "slow.yaml", "--scenario", "s", "--checkpoint", f"{store}#spin", cwd=folder
+    )
+    assert parked.returncode == 3, parked.stderr
+    signed_in(client)
+    raised = client.post("/runs/spin/budget", data={"budget": "100000", "csrf": console.csrf})
+    assert raised.status_code == 303
+    opened = open_store(store, create=False)
+    try:
+        for _ in range(300):
+            if b'"status":"running"' in (opened.read("spin") or b"") or console.replies.failures:
+                break
+            time.sleep(0.01)
+    finally:
+        opened.close()
+    assert "spin" not in console.replies.failures
+    assert "Cancelling a running run stops it at its next loop-top" in client.get("/runs/spin").text
+    cancelled = client.post("/runs/spin/cancel", data={"csrf": console.csrf})
+    assert cancelled.status_code == 303
+    console.replies.wait(timeout=30)
+    stopped = load(locate(f"{store}#spin"))
+    assert (stopped.status, stopped.error) == ("halted", "cancelled")
+    assert [(acted.action, acted.by) for acted in stopped.actions] == [
+        ("raise-budget", "console"),
+        ("cancel", "console"),
+    ]
+    assert 2 < stopped.frames[0]["steps"] < 100000

@@ -4,15 +4,18 @@ run is finished: it cannot be resumed or answered. Refusals change nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import forks
 from support.commands import cli, cli_env, error_of, wait_for
 from support.examples import EXAMPLES
+from support.services import postgres_schema
 
 from mklang.checkpoint.envelope import load
 from mklang.runs import location
@@ -117,33 +120,59 @@ def test_two_cancels_at_once_exactly_one_cancels(approval):
     assert len(envelope(approval, "sqlite:///runs.db#a").actions) == 1
 
 
-def test_a_running_run_in_another_process_halts_cancelled_at_its_next_loop_top(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_running_run_in_another_process_halts_cancelled_at_its_next_loop_top(tmp_path, backend):
     (tmp_path / "loop.mk").write_text(LOOP)
     (tmp_path / "slow.yaml").write_text(SLOW)
-    target = "sqlite:///runs.db#spin"
-    command = ["run", "loop.mk", "--checkpoint", target, "--script", "slow.yaml", "--scenario", "slow"]
-    process = forks.start([*command, "--format", "json"], cli_env(), tmp_path)
-    store_uri = f"sqlite:///{tmp_path}/runs.db"
+    with backend_store(backend, tmp_path) as uri:
+        target = f"{uri}#spin"
+        command = ["run", "loop.mk", "--checkpoint", target, "--script", "slow.yaml", "--scenario", "slow"]
+        process = forks.start([*command, "--format", "json"], cli_env(), tmp_path)
+        store = open_store(uri)
+        try:
+            wait_for(lambda: b'"status":"running"' in (store.read("spin") or b""), process, "the run started")
+            done = cli("runs", "cancel", "--store", uri, "spin", "--format", "json", cwd=tmp_path)
+            assert done.returncode == 0, done.stdout
+            assert json.loads(done.stdout)["cancelled"] == [{"run": target, "outcome": "requested", "why": None}]
+            ended = process.wait(timeout=30)
+            assert ended.returncode == 1, ended.stderr
+            result = json.loads(ended.stdout)
+            assert (result["status"], result["error"], result["at"]) == ("halted", "cancelled", "s")
+            stopped = load(locate(target))
+            assert (stopped.status, stopped.error) == ("halted", "cancelled")
+            assert [acted.by for acted in stopped.actions] == ["cli"]
+            assert 0 < stopped.frames[0]["steps"] < 100000
+            assert store.read_note(note_key("spin")) is None  # honoured, then dropped
+            again = cli("resume", target, "--script", "slow.yaml", "--scenario", "slow", cwd=tmp_path)
+            assert again.returncode == 2 and "already halted (cancelled)" in error_of(again)
+        finally:
+            store.close()
 
-    def running() -> bool:
-        raw = (tmp_path / "runs.db").exists() and open_store(store_uri).read("spin")
-        return bool(raw) and b'"status":"running"' in raw
 
-    wait_for(running, process, "the run started")
-    done = cli("runs", "cancel", "--store", "sqlite:///runs.db", "spin", "--format", "json", cwd=tmp_path)
-    assert done.returncode == 0, done.stdout
-    assert json.loads(done.stdout)["cancelled"] == [{"run": target, "outcome": "requested", "why": None}]
-    stdout, stderr = process.communicate(timeout=30)
-    assert process.returncode == 1, stderr
-    ended = json.loads(stdout)
-    assert (ended["status"], ended["error"], ended["at"]) == ("halted", "cancelled", "s")
-    stopped = load(locate(f"{store_uri}#spin"))
-    assert (stopped.status, stopped.error) == ("halted", "cancelled")
-    assert [acted.by for acted in stopped.actions] == ["cli"]
-    steps = stopped.frames[0]["steps"]
-    assert 0 < steps < 100000
-    store = open_store(store_uri)
-    try:
-        assert store.read_note(note_key("spin")) is None  # honoured, then dropped
-    finally:
-        store.close()
+@contextlib.contextmanager
+def backend_store(backend: str, folder: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield f"sqlite:///{folder}/race.db"
+    else:
+        with postgres_schema() as uri:
+            yield uri
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_cancel_processes_racing_on_each_parked_run_exactly_one_cancels(approval, backend):
+    """Real processes: for each of four parked runs two `runs cancel` at once; each run is halted
+    `cancelled` once, by the one process that said so; the other was refused (busy or already halted)."""
+    with backend_store(backend, approval) as store:
+        runs = [f"r{n}" for n in range(4)]
+        for run in runs:
+            done = cli("run", "approval/approval.mk", "--checkpoint", f"{store}#{run}", *SCRIPT, cwd=approval)
+            assert done.returncode == 3, done.stderr
+        command = ["runs", "cancel", "--store", store, *runs, "--format", "json"]
+        racers = [forks.start(command, cli_env(), approval) for _ in range(2)]
+        said = [json.loads(process.wait().stdout)["cancelled"] for process in racers]
+        for n, run in enumerate(runs):
+            outcomes = sorted([said[0][n]["outcome"], said[1][n]["outcome"]])
+            assert outcomes == ["cancelled", "refused"], (run, said)
+            stopped = load(locate(f"{store}#{run}"))
+            assert (stopped.status, stopped.error, len(stopped.actions)) == ("halted", "cancelled", 1)
