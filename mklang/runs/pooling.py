@@ -30,8 +30,9 @@ from typing import Any, TypeVar
 
 from mklang.errors import CheckpointError, PoolExhausted, PoolWaitInterrupted, ProviderError, UsageError
 from mklang.providers.base import Usage, call_key, seconds_left, throttling
+from mklang.runs.request import on_stderr
 from mklang.stores import PoolStore, RunStore
-from mklang.stores.pools import Hold, Pool
+from mklang.stores.pools import COST_SLACK, Hold, Pool
 
 LEASE_SECONDS = 300.0  # a hold not settled by then is charged in full: longer than any call's retries
 POLL_SECONDS = 0.05  # how often a call waiting for room in its pool asks again (jittered)
@@ -119,6 +120,13 @@ class PooledProvider:
             raise
         usage: Usage = getattr(answer, "usage", None) or Usage()
         self._store.settle(self._pool, key, usage.cost_usd, usage.tokens)
+        if usage.cost_usd > worst.cost_usd + COST_SLACK or usage.tokens > worst.tokens:
+            on_stderr(
+                f"warning: pool {self._pool}: a call of tier {tier} cost ${usage.cost_usd:,.4f} "
+                f"({usage.tokens:,} tokens), more than its worst case ${worst.cost_usd:,.4f} "
+                f"({worst.tokens:,} tokens): the pool counts no more than its cap, and the provider's bill may "
+                "be past it (an answer cap not kept, or prices wrong)"
+            )
         return answer
 
     def _reserve(self, key: str, worst: Usage) -> None:

@@ -394,14 +394,21 @@ RESERVE = (
 HOLD_COLUMNS = "pool, key, run, cost, tokens, expires"
 # Releasing holds (`{held}`: the holds released): their reservations go, and what they cost is
 # charged: the call's actual spend when the first two arguments give it, else the full reservation.
-# Dollars reserved are float sums: with no hold left nothing is reserved, and a sum never drops below
-# 0 (a residue of -1e-17 would make the row one no reservation fits, and `Pool.from_row` refuses).
+# A charge is never more than the room the cap leaves beside the other holds: a call that cost more
+# than its worst case (a provider billing past its answer cap, a price table wrong) leaves the pool
+# full, never past its cap (`runs.pooling` says so). Dollars reserved are float sums: with no hold
+# left nothing is reserved, and a sum never drops below 0 (a residue of -1e-17 would make the row one
+# no reservation fits, and `Pool.from_row` refuses).
 RELEASE = (
     "UPDATE mklang_pools SET reserved_cost = CASE WHEN in_flight = g.n THEN 0 "
     "ELSE {greatest}(reserved_cost - g.cost, 0) END, reserved_tokens = reserved_tokens - g.tokens, "
-    "in_flight = in_flight - g.n, spent_cost = spent_cost + CASE WHEN g.n > 0 THEN COALESCE(?, g.cost) ELSE 0 END, "
-    "spent_tokens = spent_tokens + CASE WHEN g.n > 0 THEN COALESCE(?, g.tokens) ELSE 0 END "
-    "FROM (SELECT COALESCE(SUM(cost), 0) AS cost, COALESCE(SUM(tokens), 0) AS tokens, COUNT(*) AS n FROM {held}) AS g "
+    "in_flight = in_flight - g.n, spent_cost = spent_cost + CASE WHEN max_cost IS NULL THEN g.charge "
+    "ELSE {least}(g.charge, {greatest}(max_cost - spent_cost - reserved_cost + g.cost, 0)) END, "
+    "spent_tokens = spent_tokens + CASE WHEN max_tokens IS NULL THEN g.charged_tokens "
+    "ELSE {least}(g.charged_tokens, {greatest}(max_tokens - spent_tokens - reserved_tokens + g.tokens, 0)) END "
+    "FROM (SELECT COALESCE(SUM(cost), 0) AS cost, COALESCE(SUM(tokens), 0) AS tokens, COUNT(*) AS n, "
+    "CASE WHEN COUNT(*) > 0 THEN COALESCE(?, SUM(cost)) ELSE 0 END AS charge, "
+    "CASE WHEN COUNT(*) > 0 THEN COALESCE(?, SUM(tokens)) ELSE 0 END AS charged_tokens FROM {held}) AS g "
     "WHERE name = ?"
 )
 
@@ -495,7 +502,7 @@ class SqlPools:
     def _release(self, pool: str, where: str, args: tuple[object, ...], charged: tuple[object, object]) -> int:
         """Release the pool's holds that `where` picks, charging `charged` (None: their reservations)."""
         picked = f"mklang_pool_holds WHERE pool = ? AND {where}"
-        release = RELEASE.replace("{greatest}", self.GREATEST)
+        release = RELEASE.replace("{greatest}", self.GREATEST).replace("{least}", self.LEAST)
         if self.WRITABLE_CTE:
             sql = f"WITH gone AS (DELETE FROM {picked} RETURNING cost, tokens) {release.replace('{held}', 'gone')}"
             rows = self._rows(sql + " RETURNING g.n", pool, *args, *charged, pool)

@@ -396,3 +396,23 @@ def test_every_command_hosting_runs_refuses_a_pool_it_cannot_draw_from(project, 
             if command[0] == "worker" and store == str(folder):
                 continue  # a worker refuses a folder store whatever its options
             refused(mk(project, *command, "--pool", pool), why)
+
+
+def test_a_call_that_costs_more_than_its_worst_case_leaves_the_pool_full_never_past_it(project, store, server):
+    """A server billing 100,000 prompt tokens for a prompt of a few hundred bytes (past the bound a call
+    reserves): the settle charges what the cap leaves, so the pool is full, not past it; the run says
+    so, keeps its own true spend, and its next call does not fit: it suspends `pool-exhausted`."""
+    server.handler = lambda _request: answer("fine", input_tokens=100_000, output_tokens=5)
+    made = cli("pool", "create", "p", "--store", store, "--max-cost", "0.5", "--max-tokens", "1000")
+    assert made.returncode == 0
+    ran = run_one(project, store, "r")
+    assert ran.returncode == 3 and server.count == 1, ran.stderr
+    outcome = json.loads(ran.stdout)
+    assert (outcome["status"], outcome["reason"]) == ("suspended", "pool-exhausted")
+    assert outcome["usage"]["cost_usd"] == pytest.approx(100.01)  # the run's spend is what it was billed
+    assert "warning: pool p: a call of tier balanced cost $100.0100 (100,005 tokens), more than its worst case" in (
+        ran.stderr
+    )
+    pool = pool_of(store)
+    assert (pool["spent"]["cost_usd"], pool["spent"]["tokens"]) == (pytest.approx(0.5), 1000)
+    assert (pool["reserved"]["cost_usd"], pool["reserved"]["tokens"], pool["in_flight"]) == (0, 0, 0)
