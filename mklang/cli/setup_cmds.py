@@ -157,8 +157,9 @@ def _store_line(uri: str) -> tuple[str, str]:
             count = len(store.runs())
         finally:
             store.close()
-    except MklangError as error:
-        return "error", f"store {redacted(uri)}: {error}"
+    except MklangError as error:  # its message names the store already: `URI: what is wrong`
+        shown = redacted(uri)
+        return "error", f"store {shown}: {str(error).removeprefix(shown + ': ')}"
     return (
         "ok",
         f"store {redacted(uri)}: reachable, {count} run{'' if count == 1 else 's'} (mklang runs --store lists them)",

@@ -115,7 +115,12 @@ def test_doctor_says_what_is_set_and_what_to_do_about_what_is_not(tmp_path):
 def test_doctor_fails_on_a_store_it_cannot_reach_or_a_broken_config(tmp_path):
     unreachable = doctor(tmp_path, "--store", "sqlite:///missing/runs.db")
     assert unreachable.returncode == 2
-    assert any(line.startswith("error   store sqlite:///missing/runs.db: ") for line in unreachable.stdout.splitlines())
+    (line,) = [line for line in unreachable.stdout.splitlines() if " store " in line]
+    assert line.startswith("error   store sqlite:///missing/runs.db: ") and line.count("missing/runs.db") == 2, line
+    refused = doctor(tmp_path, "--store", "postgresql://u:secret@127.0.0.1:1/test")  # nothing listens on port 1
+    (line,) = [line for line in refused.stdout.splitlines() if " store " in line]
+    assert refused.returncode == 2 and line.count("postgresql://u:***@127.0.0.1:1/test") == 1, line
+    assert "secret" not in refused.stdout + refused.stderr
     (tmp_path / "mklang.toml").write_text("[tiers\n")
     broken = doctor(tmp_path)
     assert broken.returncode == 2
