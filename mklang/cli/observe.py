@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from collections.abc import Iterator
@@ -38,9 +37,6 @@ StreamOpt = typer.Option(
 )
 
 
-_LINE = json.JSONEncoder(ensure_ascii=False, default=str, allow_nan=False)  # made once, not per event
-
-
 class JsonLines:
     """An event sink writing each event as one JSON line, flushed as it is written, so a reader
     following the file sees every event as it happens. Thread-safe: a batch's runs share it."""
@@ -51,11 +47,12 @@ class JsonLines:
         self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
-        document = event.to_json(self.trace_content)  # content only when asked, whatever else watches
         try:
-            line = _LINE.encode(document)
+            line = event.to_line(self.trace_content)  # content only when asked, whatever else watches
         except ValueError:  # a NaN or an infinity, which only a host's value brings: walked only then
-            line = _LINE.encode(finite(document))
+            from mklang.engine.events import json_text
+
+            line = json_text(finite(event.to_json(self.trace_content)))
         with self._lock:
             self._stream.write(line + "\n")
             self._stream.flush()

@@ -24,22 +24,28 @@ import time
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from json.encoder import JSONEncoder, c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 from mklang.providers.base import Usage
 
 SCHEMA_VERSION = 1  # raised when an event's meaning or a field changes; new kinds or fields keep it (docs/events.md)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class PathLevel:
     """One level of a run in an event's path: its machine, the state it runs (the
-    state's step number) and, inside a fan-out of that state, the branch's index."""
+    state's step number) and, inside a fan-out of that state, the branch's index.
+    Made every step of an observed run: its `__init__` fills its dict, as `Usage`'s does."""
 
     machine: str
     state: str
     step: int
     branch: int | None = None
+
+    def __init__(self, machine: str, state: str, step: int, branch: int | None = None):
+        kept = self.__dict__
+        kept["machine"], kept["state"], kept["step"], kept["branch"] = machine, state, step, branch
 
     def to_json(self) -> dict[str, Any]:
         return {"machine": self.machine, "state": self.state, "step": self.step, "branch": self.branch}
@@ -78,16 +84,65 @@ class Event:
         out when not given. The path's maps are shared by the events of one path."""
         data: dict[str, Any] = {"schema": SCHEMA_VERSION, "event": self.kind, **self.__dict__}
         data["time"] = utc_text(self.time)
-        data["path"] = _path_json(self.path)
+        path = _path  # read once: a batch's threads replace it
+        data["path"] = (path if path[0] is self.path else _made_path(self.path))[1]
         if self.run is None:
             del data["run"]
-        spends, contents = _shape(type(self))
-        for name in spends:
+        shape = _shape(type(self))
+        for name in shape.spends:
             data[name] = data[name].to_json()
-        for name in contents:
+        for name in shape.contents:
             if not content or data[name] is None:
                 del data[name]
         return data
+
+    def to_line(self, content: bool = True) -> str:
+        """`to_json(content)` as one line of JSON, the text `json_text` makes of it: the envelope's
+        text is put together here (the path's made once a path, the run id's once a run), only
+        the kind's own fields are encoded. Raises ValueError on a NaN or an infinity, as
+        `json_text` does."""
+        shape = _SHAPES.get(type(self)) or _shape(type(self))
+        fields = self.__dict__
+        rest = {name: fields[name] for name in shape.own}
+        for name in shape.spends:
+            rest[name] = rest[name].to_json()
+        for name in shape.contents:
+            if not content or rest[name] is None:
+                del rest[name]
+        run_id, path = _run_id, _path  # each read once: a batch's threads replace them
+        if run_id[0] != self.run_id:
+            run_id = _quote_run_id(self.run_id)
+        if path[0] is not self.path:
+            path = _made_path(self.path)
+        line = f'{shape.head}{run_id[1]}, "seq": {self.seq}, "time": "{utc_text(self.time)}", "path": {path[2]}'
+        if self.run is not None:
+            line += f', "run": {encode_basestring(self.run)}'
+        body = "".join(_encoder(rest, False))
+        return f"{line}, {body[1:]}" if len(body) > 2 else f"{line}}}"
+
+
+_run_id: tuple[str, str] = ("", '""')  # the last run id, and its JSON text
+
+
+def _quote_run_id(run_id: str) -> tuple[str, str]:
+    """A run id and its JSON text, kept for the next event: each event of a run carries it."""
+    global _run_id
+    _run_id = quoted = (run_id, encode_basestring(run_id))
+    return quoted
+
+
+# The C encoder `json.dumps` makes for each call, made once: `json_text(value)` is the text of
+# `json.dumps(value, ensure_ascii=False, default=str, allow_nan=False, check_circular=False)`.
+_encoder = (
+    c_make_encoder(None, str, encode_basestring, None, ": ", ", ", False, False, False)
+    if c_make_encoder is not None
+    else JSONEncoder(ensure_ascii=False, default=str, allow_nan=False, check_circular=False).iterencode
+)
+
+
+def json_text(value: Any) -> str:
+    """`value` as JSON text, as `--events` writes it (a NaN or an infinity raises ValueError)."""
+    return "".join(_encoder(value, False))  # False: the C encoder's indent level 0, iterencode's not one-shot
 
 
 _second: tuple[int, str] = (0, "1970-01-01T00:00:00")  # the last whole second written, as text
@@ -112,30 +167,43 @@ _ENVELOPE = frozenset(item.name for item in dataclasses.fields(Event))
 CONTENT = frozenset({"prompt", "output", "arguments", "text"})  # the fields only traced content fills in (ADR 0032)
 
 
-_SHAPES: dict[type[Event], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+class _Shape(NamedTuple):
+    """What `to_json` and `to_line` read of an event kind, named once per kind (`--events` writes
+    every event): its own fields in order, those holding a spend, those that are content, and the
+    text its lines begin with."""
+
+    own: tuple[str, ...]
+    spends: tuple[str, ...]
+    contents: tuple[str, ...]
+    head: str
 
 
-def _shape(kind: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The fields of an event kind that hold a spend, and those that are content (named once per
-    kind: `--events` writes every event)."""
+_SHAPES: dict[type[Event], _Shape] = {}
+
+
+def _shape(kind: type[Event]) -> _Shape:
     known = _SHAPES.get(kind)
     if known is None:
         named = [item for item in dataclasses.fields(kind) if item.name not in _ENVELOPE]
-        spends = tuple(item.name for item in named if item.type in ("Usage", Usage))
-        known = _SHAPES[kind] = (spends, tuple(item.name for item in named if item.name in CONTENT))
+        known = _SHAPES[kind] = _Shape(
+            tuple(item.name for item in named),
+            tuple(item.name for item in named if item.type in ("Usage", Usage)),
+            tuple(item.name for item in named if item.name in CONTENT),
+            f'{{"schema": {SCHEMA_VERSION}, "event": {encode_basestring(kind.kind)}, "run_id": ',
+        )
     return known
 
 
-_path: tuple[tuple[PathLevel, ...], list[dict[str, Any]]] = ((), [])  # the last path written, and its maps
+_path: tuple[tuple[PathLevel, ...], list[dict[str, Any]], str] = ((), [], "[]")  # the last path: maps, text
 
 
-def _path_json(path: tuple[PathLevel, ...]) -> list[dict[str, Any]]:
-    """`path` as maps, made once for the events of one path (the engine sets a path once a state)."""
+def _made_path(path: tuple[PathLevel, ...]) -> tuple[tuple[PathLevel, ...], list[dict[str, Any]], str]:
+    """`path`, its maps and their JSON text, kept for the events of one path (the engine sets a
+    path once a state)."""
     global _path
-    last = _path
-    if last[0] is not path:
-        last = _path = (path, [segment.to_json() for segment in path])
-    return last[1]
+    maps = [segment.to_json() for segment in path]
+    _path = made = (path, maps, json_text(maps))
+    return made
 
 
 CallOutcome = Literal["paid", "replayed", "failed"]
@@ -437,7 +505,10 @@ class Named:
         self.stream_deltas, self.stream_text = wants_deltas(sink), wants_text(sink)
 
     def emit(self, event: Event) -> None:
-        self.sink.emit(dataclasses.replace(event, run=self.run))
+        # Named in place, as `Runtime.emit` stamps the envelope: made for this emit, the event is
+        # no other sink's yet (a run's observer is wrapped whole, `Named(Tee(...))`).
+        event.run = self.run
+        self.sink.emit(event)
 
 
 def joined(*sinks: EventSink | None) -> EventSink | None:

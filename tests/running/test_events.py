@@ -481,3 +481,70 @@ def test_with_trace_content_a_call_starts_with_its_prompts_or_the_conditions_it_
     produce, judge = sink.of(events.ModelStarted)
     assert (produce.call, produce.prompt["user"]) == ("produce", "Write it.")
     assert (judge.call, judge.prompt) == ("judge", {"conditions": ["it is fine", "it is rude"]})
+
+
+ODD_VALUES = [
+    None, True, False, 0, -5, 10**30, 1.5, 0.1, 1e300, -0.0, 5e-324, "", "x\u2028é\"\\\n\x00", [1, None, "a"],
+    {"k": 1.5, 2: "x", None: [], True: {}}, (1, 2), object, Usage(1, 2, 0.5),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(events.KINDS))
+def test_an_events_line_is_the_json_of_its_event_whatever_its_fields_hold(kind):
+    """`--events` puts a line's envelope together itself: it must say what `to_json` says, in the
+    text `json.dumps` writes (names, paths and run ids quoted, a Usage outside a spend's field
+    written as text, as json.dumps's `default=str` writes it), and refuse a NaN as json.dumps does."""
+    cls = events.KINDS[kind]
+    shape = events._shape(cls)
+    paths = [(events.PathLevel('a"é', "s\u2028", 1), events.PathLevel("b", "t", 2, 3)), ()]
+    for offset, _ in enumerate(ODD_VALUES):
+        fields = {
+            name: Usage(offset, place, offset / 7) if name in shape.spends else ODD_VALUES[(offset + place) % 18]
+            for place, name in enumerate(shape.own)
+        }
+        event = cls(**fields)  # type: ignore[arg-type]
+        event.run_id, event.seq, event.time = ['r"1', "é", ""][offset % 3], offset, 1764757000 + offset / 3
+        event.path = paths[offset % 2]
+        for run in (None, "batch/\u00e9"):
+            event.run = run
+            for content in (True, False):
+                expected = json.dumps(event.to_json(content), ensure_ascii=False, default=str, allow_nan=False)
+                assert event.to_line(content) == expected
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            events.CallFinished(machine="m", status="done", usage=Usage(1, 2, bad)).to_line()
+
+
+def test_lines_written_by_many_threads_each_keep_their_own_run_id_and_path(tmp_path):
+    """A batch's runs share one `--events` sink, each in its thread: the run id and path a line
+    begins with are its own event's, not those the line before kept, however the threads interleave."""
+    import sys
+
+    from mklang.cli.observe import JsonLines
+
+    out = tmp_path / "events.jsonl"
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        with open(out, "w", encoding="utf-8") as stream:
+            sink = JsonLines(stream, False)
+
+            def emit_many(name: str) -> None:
+                for step in range(1, 2001):
+                    event = events.HookCalled(hook="h", result=True, duration_ms=0.5, error=None)
+                    event.run_id, event.seq, event.path = name, step, (events.PathLevel(name, "s", step),)
+                    sink.emit(event)
+
+            threads = [threading.Thread(target=emit_many, args=(f"run-{n}",)) for n in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    documents = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(documents) == 4 * 2000
+    for document in documents:
+        assert document["path"] == [
+            {"machine": document["run_id"], "state": "s", "step": document["seq"], "branch": None}
+        ]
