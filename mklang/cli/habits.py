@@ -47,6 +47,9 @@ FLAGS_1X = {
     "--user": "the user's config is $XDG_CONFIG_HOME/mklang/config.toml (mklang config shows where it looks)",
     "--dir": "name the folder as the argument: mklang init DIR",
 }
+# How alike a typo is to the 1.x flag it is taken for (difflib's ratio): `--max-step` and `--colour`
+# are, at 0.95 and 0.93; `--config` is no `--continue` (0.67), `--version` no `--session` (0.78).
+TYPO = 0.85
 # The 1.x standard library's machines and their nearest here; their inputs differ.
 LIBRARY_1X = {
     "std_cot": "chain_of_thought",
@@ -78,7 +81,7 @@ def flag_1x(option: str, options: Iterable[str]) -> str | None:
     named only where the command has it."""
     options = list(options)
     if option not in RENAMED_1X and option not in FLAGS_1X:
-        close = difflib.get_close_matches(option, [*options, *RENAMED_1X, *FLAGS_1X], n=1)
+        close = difflib.get_close_matches(option, [*options, *RENAMED_1X, *FLAGS_1X], n=1, cutoff=TYPO)
         if not close or close[0] in options:
             return None
         option = close[0]

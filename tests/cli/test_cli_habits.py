@@ -49,6 +49,15 @@ def test_a_1x_flag_or_command_is_pointed_to_the_way_here_not_to_a_lookalike(tmp_
     assert args[0] == "resume" or '"--budget"' not in line, line  # named only where the command has it
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["test", "m.mk", "--config", "c.toml"], ["run", "m.mk", "--version"], ["test", "m.mk", "--max-tokens", "3"]],
+)
+def test_an_option_merely_like_a_1x_name_gets_no_1x_pointer(tmp_path, args):
+    """`--config` is no `--continue`, `--version` no `--session`, `--max-tokens` no `--max-steps`."""
+    assert "is a mklang 1.x option" not in refused(cli(*args, "--format", "text", cwd=tmp_path), "unknown option")
+
+
 def test_a_typo_that_is_no_1x_name_still_gets_did_you_mean(tmp_path):
     done = cli("run", "m.mk", "--max-token", "3", "--format", "text", cwd=tmp_path)
     assert done.returncode == 2 and 'did you mean "--max-tokens"?' in done.stderr
