@@ -416,3 +416,66 @@ def test_a_call_that_costs_more_than_its_worst_case_leaves_the_pool_full_never_p
     pool = pool_of(store)
     assert (pool["spent"]["cost_usd"], pool["spent"]["tokens"]) == (pytest.approx(0.5), 1000)
     assert (pool["reserved"]["cost_usd"], pool["reserved"]["tokens"], pool["in_flight"]) == (0, 0, 0)
+
+
+DECIDED = """\
+mklang 0.5
+machine decided
+entry draft
+budget 6
+
+state draft {
+  structure "One word."
+  prompt "first {{topic}}"
+  output a
+  otherwise escalate ask "Go on?" show a reply_to approval {
+    choice "approve" -> finish
+    choice "reject" fail
+  }
+}
+
+state finish {
+  structure "One word."
+  prompt "second {{a}}"
+  output b
+  otherwise -> END
+}
+"""
+
+
+@pytest.mark.slow
+def test_serve_with_a_pool_draws_the_calls_of_the_runs_its_answers_resume(project, tmp_path, server):
+    """`mklang serve --pool p` in a process of its own: a run parked on a decision (started with no pool)
+    is answered over HTTP, and the call it makes next is reserved and settled in the pool."""
+    import httpx
+
+    store = f"sqlite:///{tmp_path}/runs.db"
+    (project / "decided.mk").write_text(DECIDED, encoding="utf-8")
+    parked = here(
+        project, "run", "decided.mk", "--config", "mklang.toml", "--set", "topic=t", "--checkpoint", f"{store}#d"
+    )
+    assert parked.returncode == 3 and server.count == 1, parked.stderr
+    assert cli("pool", "create", "p", "--store", store, "--max-cost", "1").returncode == 0
+    serving_ = launched(project, "serve", "--store", store, "--port", "0", "--config", "mklang.toml", "--pool", "p")
+    try:
+        address = serving_.stdout.readline().split(": ", 1)[1].strip()
+        base = address.split("/?", 1)[0]
+        with httpx.Client(base_url=base, follow_redirects=False, timeout=30) as client:
+            assert client.get(address.removeprefix(base)).status_code == 303
+            page = client.get("/inbox").text
+            pick = page[page.index('name="pick" value="d ') :].split('value="', 1)[1].split('"', 1)[0]
+            csrf = page[page.index('name="csrf" value="') :].split('value="', 1)[1].split('"', 1)[0]
+            answered = client.post("/inbox/answer", data={"csrf": csrf, "choice": "approve", "pick": pick})
+            assert answered.status_code == 303, answered.text
+            opened = open_store(store)
+            try:
+                wait_for(
+                    lambda: json.loads(opened.read("d") or b"{}").get("status") == "done", serving_, "the run ends"
+                )
+            finally:
+                opened.close()
+    finally:
+        stop(serving_)
+    assert server.count == 2
+    pool = pool_of(store)
+    assert pool["spent"]["cost_usd"] == pytest.approx(CALL_COST) and pool["in_flight"] == 0
