@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
 
-from mklang.vocabulary import Tier
+from mklang.vocabulary import Tier, root_key
 
 Policy = Literal["ok", "repair", "escalate", "fail"]
 DEFAULT_REPLY_TO = "human.reply"
@@ -226,6 +226,11 @@ class State(Node):
     def fans_out(self) -> bool:
         """Kept once read, as `Gate.via` is."""
         return self.sample is not None or self.over is not None
+
+    @cached_property
+    def output_key(self) -> str:
+        """The context key the output goes into (`vocabulary.root_key`), kept once read: a step reads it."""
+        return root_key(self.output)
 
 
 @dataclass(kw_only=True, eq=False)

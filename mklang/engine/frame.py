@@ -135,7 +135,7 @@ class Frame:
         if "output" in step or "branches" in step:  # the output joins the context, tainted (SPEC section 4)
             value = step_output(step) if "branches" in step else step["output"]
             deposit_into(self.context, state, value)
-            key = root_key(state.output)
+            key = state.output_key
             self.tainted.add(key)
             if record.get("external", True):
                 self.external.add(key)
