@@ -480,3 +480,21 @@ def test_serve_with_a_pool_draws_the_calls_of_the_runs_its_answers_resume(projec
     assert server.count == 2
     pool = pool_of(store)
     assert pool["spent"]["cost_usd"] == pytest.approx(CALL_COST) and pool["in_flight"] == 0
+
+
+def test_the_api_draws_from_a_pool_suspends_pool_exhausted_and_finishes_after_a_top_up(project, store, server):
+    import mklang
+
+    assert cli("pool", "create", "p", "--store", store, "--max-cost", "0.3").returncode == 0
+    config = project / "mklang.toml"
+    suspended = mklang.run(
+        project / "twostep.mk", {"topic": "t"}, config=config, pool="p", checkpoint=f"{store}#api"
+    )  # a call's worst case is a few tenths of a dollar: the second call does not fit
+    assert (suspended.status, suspended.reason) == ("suspended", "pool-exhausted")
+    assert server.count < CALLS and pool_of(store)["waiting"] == 1
+    assert cli("pool", "topup", "p", "--store", store, "--cost", "10").returncode == 0
+    finished = mklang.resume(f"{store}#api", config=config, pool="p")
+    assert finished.status == "done" and server.count == CALLS  # no call paid twice
+    assert pool_of(store)["spent"]["cost_usd"] == pytest.approx(CALLS * CALL_COST)
+    with pytest.raises(mklang.UsageError, match="q: no such pool in the run"):
+        mklang.run(project / "twostep.mk", {"topic": "t"}, config=config, pool="q", checkpoint=f"{store}#other")
