@@ -149,7 +149,7 @@ class EnteredFrame(FrameRecord):
 
 
 class Ancestor(BaseModel):
-    """A run a fork was made from (ADR 0054): which run, where it was read, the step the fork
+    """A run a fork was made from (ADR 0058): which run, where it was read, the step the fork
     starts at, the sha256 of that run's machine files, and what its prefix had spent (inherited)."""
 
     run_id: str
@@ -218,7 +218,7 @@ class Envelope(BaseModel):
     # in the snapshot itself, so that no crash between snapshot and journal loses them,
     # and in a suspended envelope for the fan-out branches a ceiling stopped mid-way.
     answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # The context the run started with, its host's inputs, so a fork starts as it did (ADR 0054).
+    # The context the run started with, its host's inputs, so a fork starts as it did (ADR 0058).
     input: dict[str, Any] | None = None
     lineage: list[Ancestor] = Field(default_factory=list)  # the runs it was forked from, oldest first
     # What each resume set, in order (ADR 0066); None in a run begun before they were recorded.
