@@ -412,7 +412,7 @@ def batch(
         items = batching.read_inputs(inputs)
         host_settings = hosting.settings
         if executor == "celery":  # the workers host the runs, with their own options
-            _refuse_host_settings(host_settings)
+            _say_host_settings_unused(host_settings)
         budgets: dict[str, Any] = dict(
             max_tokens=max_tokens,
             max_cost=max_cost,
@@ -503,16 +503,16 @@ def _say_failed(outcomes: list[Any], out: Path | None) -> None:
         print(f"mklang: and {len(failed) - FAILED_SHOWN} more failed run(s): {where}", file=sys.stderr)
 
 
-def _refuse_host_settings(host_settings: dict[str, Any]) -> None:
-    """`batch --executor celery` hosts nothing: a provider option (or a pool) of this command line
-    could not take effect, so it is refused rather than ignored."""
+def _say_host_settings_unused(host_settings: dict[str, Any]) -> None:
+    """`batch --executor celery` hosts nothing: the provider options of this command line would not be used."""
     from mklang.host.settings import BY_NAME
 
     given = [BY_NAME[name].option for name, value in host_settings.items() if value]
     if given:
-        raise fail(
-            f"{', '.join(given)} cannot take effect with --executor celery: each worker runs with its own "
-            "(mklang worker --provider/--config/--pool ...)"
+        print(
+            f"mklang: {', '.join(given)} not used with --executor celery: each worker runs with its own "
+            "(mklang worker --provider/--config ...)",
+            file=sys.stderr,
         )
 
 
