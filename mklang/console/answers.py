@@ -88,12 +88,15 @@ class Replies:
     def _deliver(
         self, run: str, values: dict[str, object], decision: Decision | None, raised: Raised | None = None
     ) -> Delivery:
+        return self._in_background(run, "reply", self._resume, values, decision, raised)
+
+    def _in_background(self, run: str, kind: str, work: Callable[..., None], *args: object) -> Delivery:
+        """Start `work(delivery, *args)` on a thread of its own for the store's run `run`, its
+        earlier failure and notes forgotten, and return the delivery it decides."""
         self.failures.pop(run, None)
         self.notes[run] = []
         delivery = Delivery(run)
-        thread = threading.Thread(
-            target=self._resume, args=(delivery, values, decision, raised), name=f"mklang-reply-{run}", daemon=True
-        )
+        thread = threading.Thread(target=work, args=(delivery, *args), name=f"mklang-{kind}-{run}", daemon=True)
         self._threads.append(thread)
         thread.start()
         return delivery
@@ -140,15 +143,7 @@ class Replies:
         """Fork `run` at the step `at` into the store's run `name`, `values` set there, in the
         background; decided once its prefix replayed this run's (its live part begins: `name` is in
         the store) or it was refused."""
-        self.failures.pop(name, None)
-        self.notes[name] = []
-        delivery = Delivery(name)
-        thread = threading.Thread(
-            target=self._fork, args=(delivery, run, at, values), name=f"mklang-fork-{name}", daemon=True
-        )
-        self._threads.append(thread)
-        thread.start()
-        return delivery
+        return self._in_background(name, "fork", self._fork, run, at, values)
 
     def _fork(self, delivery: Delivery, run: str, at: tuple[int, ...], values: dict[str, object]) -> None:
         from mklang import runs
