@@ -125,6 +125,35 @@ def test_the_console_in_a_browser(browser, console_url, tmp_path):
     context.close()
 
 
+def test_a_reply_typed_while_the_live_refresh_is_on_its_way_is_kept(browser, console_url):
+    """The inbox's first refresh (the event stream opening) is held until a reply is typed, then let
+    through: the page keeps what was typed, and the reply it sends is that one."""
+    from playwright.sync_api import expect
+
+    base = console_url.split("/?", 1)[0]
+    page = browser.new_context().new_page()
+    page.goto(console_url)
+    held: list[object] = []
+    page.route("**/inbox?*fragment=1*", lambda route: held.append(route))  # the live part, fetched by script
+    page.goto(f"{base}/inbox")
+    page.wait_for_function("() => true")
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the inbox never refreshed itself"
+    card = page.locator("article.question-card")
+    card.locator("textarea").fill("yes, ship it")
+    for route in held:
+        route.continue_()  # type: ignore[attr-defined]
+    page.unroute("**/inbox?*fragment=1*")
+    page.wait_for_timeout(500)  # the refresh's answer has arrived and was looked at
+    expect(card.locator("textarea")).to_have_value("yes, ship it")
+    card.locator("button[type=submit]").click()
+    page.wait_for_url(f"{base}/runs/ask")
+    expect(page.locator(".summary .status")).to_have_text("done", timeout=20_000)
+
+
 SHOTS = os.environ.get("MKLANG_CONSOLE_SHOTS")  # a folder (docs/console) the screenshots are kept in
 
 

@@ -41,8 +41,11 @@
     fetching = true;
     try {
       const response = await fetch(live.dataset.live, { credentials: "same-origin" });
-      if (response.ok) {
-        live.innerHTML = await response.text();
+      const html = response.ok ? await response.text() : null;
+      // Asked again once the answer is here: a field filled, or a run picked, while it was on its
+      // way (the page's first refresh races the operator's first click) is kept, not replaced.
+      if (html !== null && !typing()) {
+        live.innerHTML = html;
       }
     } finally {
       fetching = false;
