@@ -185,8 +185,10 @@ def test_the_batch_ceiling_bounds_the_spend_of_every_process_together(project, s
     # allow the ceiling: together they would pay about twice it).
     assert ceiling <= server.count * per_call <= ceiling + in_flight * per_call
     listed = json.loads(cli("runs", "--store", store, "--format", "json", cwd=project).stdout)["runs"]
-    cut = [run["checkpoint"] for run in listed if run["reason"] == "batch-ceiling"]  # each was started
-    assert cut, listed  # a run the ceiling stopped says which ceiling and how far
+    # A run the ceiling stopped after it started says which ceiling and how far. Whether any run was in
+    # the middle when the ceiling was reached depends on how the two processes' calls interleave (with
+    # whole runs done at 90 tokens none is); test_batch.py's one-process test always makes one.
+    cut = [run["checkpoint"] for run in listed if run["reason"] == "batch-ceiling"]
     for checkpoint in cut:
         detail = json.loads(cli("show", checkpoint, "--format", "json", cwd=project).stdout)["detail"]
         spent = re.fullmatch(r"batch tokens (\d+) of 90", detail)
