@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, overload
 
 from mklang.errors import Diagnostic
+from mklang.vocabulary import FlowPolicy
 
 if TYPE_CHECKING:
     from mklang.effects import ToolFunction
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from mklang.session import Host
 
 StrPath = str | os.PathLike[str]
-FlowPolicy = Literal["report", "halt"]
 
 
 def load(path: StrPath) -> Machine:

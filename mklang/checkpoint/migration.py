@@ -68,7 +68,7 @@ def renamed(record: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:
         **record,
         "state": name(record["state"]),
         "visits": {name(state): count for state, count in record["visits"].items()},
-        "repair_left": [[name(state), index, left] for state, index, left in record["repair_left"]],
+        "repair_left": [(name(state), index, left) for state, index, left in record["repair_left"]],
     }
 
 

@@ -21,7 +21,7 @@ from mklang.engine import RunResult
 from mklang.engine.frame import Frame
 from mklang.errors import CheckpointError, LoadError
 from mklang.model import Machine
-from mklang.runs.opening import Resumable, open_run
+from mklang.runs.opening import Resumable, loop_top, open_run
 from mklang.runs.places import location as stored
 from mklang.runs.request import RunRequest
 from mklang.runs.resuming import resume
@@ -184,7 +184,7 @@ def _write(location: Location, examined: Examined) -> None:
 
     envelope = examined.old.envelope
     root_machine = examined.chain[0].machine
-    step = ".".join(str(frame.steps + 1) for frame in examined.chain)
+    step = loop_top(examined.chain)
     migration = Ancestor(
         run_id=envelope.run_id,
         checkpoint=str(location),

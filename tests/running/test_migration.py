@@ -192,9 +192,9 @@ def test_runs_migrate_classifies_every_parked_run_of_the_machine_and_moves_the_m
         assert shown["signature"]["seal"] == "signed"
         assert [(frame["state"]) for frame in shown["frames"]] == ["compose"]
         (entry,) = shown["lineage"]
-        assert (entry["run_id"], entry["step"]) == (shown["run_id"], "2")
+        assert (entry["run_id"], entry["step"]) == (shown["run_id"], "1")  # parked on step 1's question
     text = cli("show", target, "--summary", "--format", "text", cwd=folder).stdout
-    assert "migrated to a new machine version at step 2" in text and "forked" not in text
+    assert "migrated to a new machine version at step 1" in text and "forked" not in text
     done = cli("resume", target, *ANSWER, *HOST, "--format", "json", cwd=folder)
     assert done.returncode == 0, done.stderr
     assert server.count == 2  # the two drafts: nothing paid again
@@ -266,3 +266,32 @@ def test_the_console_shows_a_parked_run_of_an_edited_machine_with_the_class_runs
     assert server.count == 1  # classifying pays nothing
     shown = json.loads(cli("show", _target(store, "parked"), "--summary", "--format", "json", cwd=folder).stdout)
     assert (shown["status"], shown["lineage"]) == ("suspended", [])  # and moves nothing
+
+
+SELF_CONSISTENCY = ROOT / "examples" / "self-consistency"
+SCENARIO = ("--script", "scenarios.yaml", "--scenario", "majority-agrees")
+
+
+def test_a_run_with_fan_out_and_a_repair_gate_is_compatible_with_its_prompt_edited_and_keeps_its_step(
+    tmp_path: Path,
+):
+    """Five samples charge five calls to one step, and `solve`'s gate keeps a repair count: the
+    migration records the loop-top (step 2, not the calls made), and a repair count read back from
+    the envelope compares equal to the new machine's, so the run is compatible, not migratable."""
+    for name in ("word_problem.mk", "scenarios.yaml"):
+        shutil.copy(SELF_CONSISTENCY / name, tmp_path / name)
+    parked = cli("run", "word_problem.mk", *SCENARIO, "--checkpoint", "cp.json", "--max-tokens", "500", cwd=tmp_path)
+    assert parked.returncode == 3, parked.stderr
+    text = (tmp_path / "word_problem.mk").read_text()
+    assert "Keep the answer most attempts reached." in text
+    (tmp_path / "v2.mk").write_text(text.replace("Keep the answer most attempts reached.", "Keep the majority answer."))
+    moved = cli("runs", "migrate", "--store", ".", "--machine", "v2.mk", cwd=tmp_path)
+    assert (moved.returncode, moved.stdout) == (0, "cp.json: compatible\n"), moved.stderr
+    shown = json.loads(cli("show", "cp.json", "--summary", "--format", "json", cwd=tmp_path).stdout)
+    (entry,) = shown["lineage"]
+    assert (entry["run_id"], entry["step"]) == (shown["run_id"], "2")
+    done = cli("resume", "cp.json", *SCENARIO, "--max-tokens", "1000", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["result"] == {"answer": 42, "expression": "6 * 7"}
+    assert [step["state"] for step in result["trace"]] == ["solve", "vote", "verify"]
