@@ -59,4 +59,5 @@ class Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.console.changes.close()
+        self.console.stopping.set()
         super().handle_exit(sig, frame)

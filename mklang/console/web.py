@@ -7,11 +7,15 @@ text is escaped by Jinja2; the Content-Security-Policy allows no inline script o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
 import re
 import secrets
+import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,7 +40,7 @@ from mklang.errors import CheckpointError, MklangError, UsageError, first_line, 
 from mklang.forking import step_path
 from mklang.host.settings import given
 from mklang.limits import NestingError, parse_assignments
-from mklang.stores import RunStore, run_name
+from mklang.stores import NoteStore, RunStore, run_name
 
 HERE = Path(__file__).parent
 HEADERS = {
@@ -49,6 +53,7 @@ HEADERS = {
 }
 MAX_FORM = 64 * 1024  # bytes of a reply form
 HEARTBEAT = 15.0  # seconds between keep-alive comments of the event stream
+ANSWERS_EVERY = 0.2  # seconds between two looks at the answers a watched run is writing
 VERDICT_WAIT = 30.0  # seconds an answer waits to be taken or refused under its run's lock
 UNAUTHORIZED = "401: open the console with the URL `mklang serve` printed (it carries the token)\n"
 
@@ -63,6 +68,7 @@ class Console:
     hosting: Mapping[str, Any] = field(default_factory=given)  # the host settings chosen (`host.settings.given`)
     interval: float = 0.5  # seconds between looks at the store
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    stopping: threading.Event = field(default_factory=threading.Event)  # the server stops: streams end
 
     def __post_init__(self) -> None:
         self.changes = StorePoller(self.store, self.interval)
@@ -277,6 +283,12 @@ def create_app(console: Console) -> ASGIApp:
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
 
+    async def answers(request: Request) -> Response:
+        run = await run_in_threadpool(_run, request, console)
+        return StreamingResponse(
+            _live_answers(console, run), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
+        )
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
@@ -290,6 +302,7 @@ def create_app(console: Console) -> ASGIApp:
         Route("/runs/{run}/fork", fork, methods=["POST"]),
         Route("/runs/{run}/cancel", cancel, methods=["POST"]),
         Route("/runs/{run}/budget", raise_budget, methods=["POST"]),
+        Route("/runs/{run}/answers", answers),
         Route("/inbox", inbox_page),
         Route("/inbox/answer", answer, methods=["POST"]),
         Route("/inbox/{run}", reply, methods=["POST"]),
@@ -298,6 +311,34 @@ def create_app(console: Console) -> ASGIApp:
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={MklangError: _store_error(console)})
     return Guard(app, console)
+
+
+async def _live_answers(console: Console, run: str) -> AsyncIterator[str]:
+    """The answers `run` is writing, as server-sent events, while the page that asked stays open
+    and the server runs: the run is asked to stream them (`live.watch`, written again before it
+    goes stale) and each change of what it wrote is sent (`{"calls": [...]}`, none once its calls
+    ended)."""
+    from mklang.runs import live
+
+    store = console.store
+    yield "retry: 2000\n\n"
+    sent: dict[str, Any] | None = None
+    watch_at = pinged = 0.0
+    while not console.stopping.is_set():
+        now = time.monotonic()
+        if now >= watch_at and isinstance(store, NoteStore):
+            with contextlib.suppress(MklangError):  # display only: the run page shows the store anyway
+                await run_in_threadpool(live.watch, store, run)
+            watch_at = now + live.WATCH_FOR / 3
+        written = await run_in_threadpool(live.read, store, run) if isinstance(store, NoteStore) else None
+        shown = {"calls": written["calls"] if written is not None else []}
+        if shown != sent:
+            sent, pinged = shown, now
+            yield f"event: answers\ndata: {json.dumps(shown)}\n\n"
+        elif now - pinged >= HEARTBEAT:
+            pinged = now
+            yield ": ping\n\n"
+        await asyncio.sleep(ANSWERS_EVERY)
 
 
 def _store_error(console: Console) -> Any:

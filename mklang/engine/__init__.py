@@ -16,7 +16,7 @@ from mklang.engine.frame import Frame
 from mklang.engine.launch import ran_out
 from mklang.engine.records import TraceStep
 from mklang.engine.runner import run_frame
-from mklang.engine.runtime import Caps, Control, Journal, Level, Runtime
+from mklang.engine.runtime import AnswerWatch, Caps, Control, Journal, Level, Runtime
 from mklang.engine.signals import Stop
 from mklang.host.registry import BUILTIN_TOOLS, HostCallables, as_registry
 from mklang.model import Machine
@@ -113,9 +113,11 @@ def make_runtime(
     journal: Journal | None = None,
     loader: MachineLoader | None = None,
     run_id: str | None = None,
+    answers: AnswerWatch | None = None,
     **options: Unpack[RunOptions],
 ) -> Runtime:
-    """Assemble what every level of a run shares; `max_time` starts counting now.
+    """Assemble what every level of a run shares; `max_time` starts counting now; `answers` is
+    told of produce answers as they stream while a page watches the run (`runs.live`).
 
     Tools and hooks may be registries or maps.
     """
@@ -136,6 +138,7 @@ def make_runtime(
         trace_content=events.traces_content(options.get("observer")),
         stream_deltas=events.wants_deltas(options.get("observer")),
         delta_text=events.traces_content(options.get("observer")) or events.wants_text(options.get("observer")),
+        answers=answers,
         run_id=run_id or uuid.uuid4().hex,
         untrusted_flow=check_policy(options.get("untrusted_flow") or "report"),
         read_only_tools=frozenset(options.get("read_only_tools") or ()),

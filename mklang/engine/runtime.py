@@ -185,6 +185,16 @@ class Journal(Protocol):
     def halt(self, depth: int, error: str, usage: Usage) -> None: ...
 
 
+class AnswerWatch(Protocol):
+    """Who watches a run's answers as they stream, outside its events (`runs.live.LiveAnswers`)."""
+
+    def deltas(self, key: str) -> Deltas | None:
+        """What takes produce call `key`'s answer as it streams; None when nobody watches now."""
+
+    def ended(self, key: str) -> None:
+        """Produce call `key` given `deltas` ended, answered or not."""
+
+
 @dataclass
 class Runtime:
     """Everything shared by all levels of one run."""
@@ -203,6 +213,7 @@ class Runtime:
     trace_content: bool = False  # events carry prompts, outputs and tool arguments (ADR 0032)
     stream_deltas: bool = False  # the observer asks for produce answers as they stream (ADR 0060)
     delta_text: bool = False  # and for their text: it traces content, or shows the answer (`stream_text`)
+    answers: AnswerWatch | None = None  # where a page watching the run reads its answers as they stream
     run_id: str = ""  # prefixes the idempotency keys hosts see, so two runs never share one
     untrusted_flow: FlowPolicy = "report"  # what a tainted decision reaching an effectful tool does
     read_only_tools: frozenset[str] = frozenset()  # the host config's read-only tools
@@ -249,8 +260,11 @@ class Runtime:
                 self.live_calls[kind] += 1
             if faults.watcher is not None:  # a crash point costs no call unless one is watched
                 faults.reach("call.before")
+            answers = self.answers if kind == "produce" else None
+            shown = answers.deltas(key) if answers is not None else None
             try:
-                deltas = self._deltas(told, key) if self.stream_deltas and kind == "produce" else None
+                streams = kind == "produce" and (self.stream_deltas or shown is not None)
+                deltas = self._deltas(told, key, shown) if streams else None
                 value = make_call(self.idempotency_key(key), self.control.deadline, deltas, live)
             except Exception as error:
                 usage = error.usage if isinstance(error, ProviderError) else None
@@ -259,6 +273,9 @@ class Runtime:
                 if isinstance(error, ProviderError):  # a failed call may still have been paid for
                     self._charge(calls, error.usage)
                 raise
+            finally:
+                if answers is not None and shown is not None:
+                    answers.ended(key)
             if faults.watcher is not None:
                 faults.reach("call.returned")
             if journal is not None:
@@ -268,15 +285,18 @@ class Runtime:
         self._charge(calls, getattr(value, "usage", None))
         return value
 
-    def _deltas(self, told: events.CallAbout | None, key: str) -> Deltas | None:
-        """What tells the observer of a produce call's answer as it streams (`model.delta`)."""
-        if not isinstance(told, events.ModelAbout):
-            return None
+    def _deltas(self, told: events.CallAbout | None, key: str, shown: Deltas | None) -> Deltas | None:
+        """What tells the observer of a produce call's answer as it streams (`model.delta`), and
+        the page watching the run (`shown`), when there is one."""
+        if not isinstance(told, events.ModelAbout) or not self.stream_deltas:
+            return shown
         about, content = told, self.delta_text
 
         def tell(offset: int, text: str) -> None:
             faults.reach("call.delta")
             self.emit(about.delta(key, offset, text, content))
+            if shown is not None:
+                shown(offset, text)
 
         return tell
 

@@ -276,6 +276,7 @@ def drive(
     """
     from mklang.checkpoint.journal import StoreJournal, durability_setting
     from mklang.runs import cancelling
+    from mklang.runs.live import LiveAnswers
 
     control = control or Control()
     watch = cancelling.Watch(location, control)
@@ -302,9 +303,13 @@ def drive(
         else:
             journal.resume(change, envelope.stored_bytes)
         options: RunOptions = {**host.toolbox(), **envelope.run_options(), "control": control, "observer": observer}
-        rt = make_runtime(provider, journal=journal, loader=loader, run_id=envelope.run_id, **options)
+        live = LiveAnswers(location)
+        rt = make_runtime(provider, journal=journal, loader=loader, run_id=envelope.run_id, answers=live, **options)
         caps = Caps(budgets.max_tokens, budgets.max_cost)
-        result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
+        try:
+            result = continue_run(rt, chain, caps, suspendable=True, resumed=resumed, recovered=recovered)
+        finally:
+            live.close()
         usage = result.usage.to_json()
         cancelled = watch.ended()
         if result.status == "suspended" and cancelled is not None:  # an operator's cancel: it halts

@@ -66,3 +66,27 @@
     }
   });
 })();
+
+// The answers a running run's model is writing, streamed while this page is open (ADR 0070):
+// shown as text, each call's answer so far, and hidden again once its calls end.
+(function () {
+  const answering = document.querySelector("[data-answers]");
+  if (!answering || !window.EventSource) {
+    return;
+  }
+  const list = answering.querySelector(".answers");
+  const source = new EventSource(answering.dataset.answers);
+  source.addEventListener("answers", (event) => {
+    const calls = JSON.parse(event.data).calls;
+    list.replaceChildren(
+      ...calls.map((call) => {
+        const answer = document.createElement("pre");
+        answer.className = "answer";
+        answer.dataset.call = call.key;
+        answer.textContent = call.text;
+        return answer;
+      })
+    );
+    answering.hidden = calls.length === 0;
+  });
+})();
