@@ -192,12 +192,26 @@ def test_a_run_nobody_watches_does_not_stream(folder, server):
 
 
 def test_a_watch_note_not_signed_with_the_checkpoint_key_watches_nothing(tmp_path: Path):
+    forged = {"runs": {"x": time.time() + 3600}}
+    locate(tmp_path / "x").store.write_note(live.WATCHING, json.dumps(forged).encode())
+    assert live.LiveAnswers(locate(tmp_path / "x")).deltas("k") is None  # forged (or another fleet's): not streamed
+    live.watch(locate(tmp_path / "x").store, "x")
+    assert live.LiveAnswers(locate(tmp_path / "x")).deltas("k") is not None
+    assert live.LiveAnswers(locate(tmp_path / "y")).deltas("k") is None  # the note names the runs watched
+
+
+def test_the_runs_of_a_process_on_one_store_share_one_look_a_second_at_the_watch_note(tmp_path: Path, monkeypatch):
     location = locate(tmp_path / "x")
     store = location.store
-    store.write_note(live.watching_key("x"), json.dumps({"until": time.time() + 3600}).encode())
-    assert live.LiveAnswers(location).deltas("k") is None  # forged (or another fleet's): not streamed
     live.watch(store, "x")
-    assert live.LiveAnswers(location).deltas("k") is not None
+    reads: list[str] = []
+    read_note = store.read_note
+    monkeypatch.setattr(store, "read_note", lambda key: reads.append(key) or read_note(key))
+    runs = [live.LiveAnswers(location) for _ in range(50)]  # a batch's runs, each at its produce call
+    assert all(run.deltas("k") is not None for run in runs)
+    assert reads == [live.WATCHING]
+    time.sleep(live.LOOK_EVERY)
+    assert runs[0].deltas("k") is not None and reads == [live.WATCHING] * 2
 
 
 def test_the_answers_so_far_are_a_signed_note_kept_until_the_call_ends(tmp_path: Path):
