@@ -115,6 +115,12 @@ def test_a_run_page_shows_budgets_the_trace_and_the_graph(client):
     assert client.get("/runs/no-such-run").status_code == 404
 
 
+def test_only_a_run_that_may_still_run_follows_the_answers_being_written(client):
+    parked, finished = signed_in(client).get("/runs/ask").text, client.get("/runs/echo").text
+    assert 'data-answers="/runs/ask/answers"' in parked  # it may resume: its page asks for its answers
+    assert "data-answers" not in finished  # done: nothing more is written, the page watches nothing
+
+
 def test_the_graph_is_an_svg_drawn_without_graphviz_with_the_path_taken(client, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     answer = signed_in(client).get("/runs/ask/graph.svg")
