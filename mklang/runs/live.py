@@ -36,10 +36,15 @@ def live_key(run: str) -> str:
 
 def watch(store: NoteStore, run: str) -> None:
     """Ask `run` to stream its answers for the next `WATCH_FOR` seconds (the other runs the note
-    names and that are still watched are kept)."""
-    now = time.time()
-    runs = {name: until for name, until in _watched(store).items() if until > now}
-    write_signed(store, WATCHING, {"runs": {**runs, run: now + WATCH_FOR}})
+    names and that are still watched are kept). The pages of one console take turns, so none
+    drops another's run; two consoles at the same instant may, until the next write."""
+    with _watch_lock:
+        now = time.time()
+        runs = {name: until for name, until in _watched(store).items() if until > now}
+        write_signed(store, WATCHING, {"runs": {**runs, run: now + WATCH_FOR}})
+
+
+_watch_lock = threading.Lock()
 
 
 def _watched(store: NoteStore) -> dict[str, float]:

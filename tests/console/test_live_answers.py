@@ -242,3 +242,13 @@ def test_the_answers_so_far_are_a_signed_note_kept_until_the_call_ends(tmp_path:
     assert live.read(store, "x") is None  # changed after it was signed: nothing is shown
     answers.close()
     assert store.read_note(live.live_key("x")) is None
+
+
+def test_pages_watching_runs_at_once_keep_each_others_runs(tmp_path: Path):
+    store = locate(tmp_path / "x").store
+    pages = [threading.Thread(target=live.watch, args=(store, f"run{n}")) for n in range(8)]
+    for page in pages:
+        page.start()
+    for page in pages:
+        page.join()
+    assert set(live._watched(store)) == {f"run{n}" for n in range(8)}
