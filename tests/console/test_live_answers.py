@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.cookiejar import CookieJar
 from pathlib import Path
 from urllib.request import HTTPCookieProcessor, build_opener
@@ -21,7 +21,7 @@ from support.commands import cli_env, model_config
 from support.fakeserver import answer
 
 from mklang.runs import live
-from mklang.stores import locate
+from mklang.stores import Location, locate
 
 ANSWER = "one two three four five six seven eight nine ten"
 WAITS = """\
@@ -191,17 +191,35 @@ def test_a_run_nobody_watches_does_not_stream(folder, server):
     assert not request.body.get("stream")
 
 
-def test_a_watch_note_not_signed_with_the_checkpoint_key_watches_nothing(tmp_path: Path):
+@pytest.fixture(params=["file", "sqlite", "postgres"])
+def place(request, tmp_path: Path) -> Iterator[Callable[[str], Location]]:
+    """What opens run RUN of one store (a folder, SQLite, a fresh PostgreSQL schema), each call
+    with a store object of its own, as two processes have."""
+    uri = {"file": None, "sqlite": f"sqlite:///{tmp_path}/runs.db"}.get(request.param)
+    if request.param == "postgres":
+        uri = request.getfixturevalue("postgres_uri")
+    opened: list[Location] = []
+
+    def at(run: str) -> Location:
+        opened.append(locate(tmp_path / run if uri is None else f"{uri}#{run}"))
+        return opened[-1]
+
+    yield at
+    for location in opened:
+        location.store.close()
+
+
+def test_a_watch_note_not_signed_with_the_checkpoint_key_watches_nothing(place):
     forged = {"runs": {"x": time.time() + 3600}}
-    locate(tmp_path / "x").store.write_note(live.WATCHING, json.dumps(forged).encode())
-    assert live.LiveAnswers(locate(tmp_path / "x")).deltas("k") is None  # forged (or another fleet's): not streamed
-    live.watch(locate(tmp_path / "x").store, "x")
-    assert live.LiveAnswers(locate(tmp_path / "x")).deltas("k") is not None
-    assert live.LiveAnswers(locate(tmp_path / "y")).deltas("k") is None  # the note names the runs watched
+    place("x").store.write_note(live.WATCHING, json.dumps(forged).encode())
+    assert live.LiveAnswers(place("x")).deltas("k") is None  # forged (or another fleet's): not streamed
+    live.watch(place("x").store, "x")
+    assert live.LiveAnswers(place("x")).deltas("k") is not None
+    assert live.LiveAnswers(place("y")).deltas("k") is None  # the note names the runs watched
 
 
-def test_the_runs_of_a_process_on_one_store_share_one_look_a_second_at_the_watch_note(tmp_path: Path, monkeypatch):
-    location = locate(tmp_path / "x")
+def test_the_runs_of_a_process_on_one_store_share_one_look_a_second_at_the_watch_note(place, monkeypatch):
+    location = place("x")
     store = location.store
     live.watch(store, "x")
     reads: list[str] = []
@@ -214,8 +232,8 @@ def test_the_runs_of_a_process_on_one_store_share_one_look_a_second_at_the_watch
     assert runs[0].deltas("k") is not None and reads == [live.WATCHING] * 2
 
 
-def test_the_answers_so_far_are_a_signed_note_kept_until_the_call_ends(tmp_path: Path):
-    location = locate(tmp_path / "x")
+def test_the_answers_so_far_are_a_signed_note_kept_until_the_call_ends(place):
+    location = place("x")
     store = location.store
     live.watch(store, "x")
     answers = live.LiveAnswers(location)
@@ -244,8 +262,8 @@ def test_the_answers_so_far_are_a_signed_note_kept_until_the_call_ends(tmp_path:
     assert store.read_note(live.live_key("x")) is None
 
 
-def test_pages_watching_runs_at_once_keep_each_others_runs(tmp_path: Path):
-    store = locate(tmp_path / "x").store
+def test_pages_watching_runs_at_once_keep_each_others_runs(place):
+    store = place("x").store
     pages = [threading.Thread(target=live.watch, args=(store, f"run{n}")) for n in range(8)]
     for page in pages:
         page.start()
