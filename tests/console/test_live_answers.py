@@ -83,7 +83,7 @@ def _start_run(folder: Path, run: str) -> subprocess.Popen[str]:
     command += ["--config", "mklang.toml", "--plugin", "tools.py", "--format", "json"]
     process = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(400):  # the run is in the store once its first snapshot is written
-        if (folder / "runs" / f"{run}.json").exists() or process.poll() is not None:
+        if (folder / "runs" / run).exists() or process.poll() is not None:
             break
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()
@@ -135,6 +135,16 @@ def _follow(url: str, run: str, seen: list[dict], stop: threading.Event) -> None
                 return
 
 
+def _wait_for_watch(folder: Path, run: str) -> None:
+    """Until the page's stream has asked `run` to stream: the store's watch note names it."""
+    store = locate(folder / "runs" / run).store
+    for _ in range(200):
+        if run in live._watched(store):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no page watches {run}")
+
+
 def test_a_watched_run_streams_its_answer_to_the_run_page_as_the_model_writes_it(folder, console, server):
     process = _start_run(folder, "counting")
     seen: list[dict] = []
@@ -172,7 +182,7 @@ def test_the_run_page_in_a_browser_shows_the_answer_as_it_is_written_then_the_st
     page.goto(f"{base}/runs/shown")
     answering = page.locator("section.answering")
     expect(answering).to_be_hidden()  # nothing is being written: the run waits in its tool
-    page.wait_for_timeout(500)  # the page's stream has asked the run to stream (its watch note)
+    _wait_for_watch(folder, "shown")
     (folder / "go_shown").touch()
     expect(answering.locator("pre.answer")).to_contain_text("one two three", timeout=10_000)
     written = answering.locator("pre.answer").inner_text()
