@@ -6,14 +6,12 @@ a new run live; a request without the token gets 401."""
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.commands import cli, cli_env
+from support.console import serving
 
 pytestmark = pytest.mark.slow
 
@@ -26,27 +24,10 @@ def console_url(tmp_path: Path) -> Iterator[str]:
     from support.console import make_runs
 
     make_runs(tmp_path)
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "mklang", "serve", "--store", f"sqlite:///{tmp_path}/runs.db", "--port", "0"),
-            *("--script", "approval/fenced.yaml", "--scenario", "fenced"),  # the host of what it resumes and forks
-        ],
-        cwd=tmp_path,
-        env=cli_env(PATH=str(tmp_path / "no-programs")),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        first = server.stdout.readline()
-        found = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", first)
-        assert found, (first, server.stderr.read() if server.poll() is not None else "")
-        yield found.group(0)
-    finally:
-        server.terminate()
-        _, errors = server.communicate(timeout=10)
-        assert "Traceback" not in errors, errors
+    host = ("--script", "approval/fenced.yaml", "--scenario", "fenced")  # the host of what it resumes and forks
+    env = cli_env(PATH=str(tmp_path / "no-programs"))
+    with serving(tmp_path, f"sqlite:///{tmp_path}/runs.db", *host, env=env) as url:
+        yield url
 
 
 def test_the_console_in_a_browser(browser, console_url, tmp_path):
@@ -143,21 +124,10 @@ def thousand(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
     uri = park_many(tmp_path, 1_000)
     park_soon(tmp_path, f"{uri}#due-soon", within="6s")
-    server = subprocess.Popen(
-        # Named from its folder, so the page header (and a screenshot) shows no temporary path.
-        [sys.executable, "-m", "mklang", "serve", "--store", "sqlite:///parked.db", "--port", "0", "--sweep", "0.5"],
-        cwd=tmp_path, env=cli_env(PATH=str(tmp_path / "no-programs")), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert server.stdout is not None
-        found = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", server.stdout.readline())
-        assert found, server.stderr.read() if server.poll() is not None else ""
-        yield found.group(0), uri
-    finally:
-        server.terminate()
-        _, errors = server.communicate(timeout=30)
-        assert "Traceback" not in errors, errors
+    # Named from its folder, so the page header (and a screenshot) shows no temporary path.
+    env = cli_env(PATH=str(tmp_path / "no-programs"))
+    with serving(tmp_path, "sqlite:///parked.db", "--sweep", "0.5", env=env) as url:
+        yield url, uri
 
 
 def shot(page: object, tmp_path: Path, name: str) -> None:

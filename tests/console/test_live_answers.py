@@ -6,7 +6,6 @@ nothing. Against `mklang serve` and `mklang run` as processes and a model server
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from urllib.request import HTTPCookieProcessor, build_opener
 
 import pytest
 from support.commands import cli_env, model_config
+from support.console import serving
 from support.fakeserver import answer
 
 from mklang.runs import live
@@ -100,23 +100,8 @@ def _finish(process: subprocess.Popen[str]) -> dict:
 def console(folder: Path) -> Iterator[str]:
     """`mklang serve` over the folder store on a free port: its URL with the token."""
     pytest.importorskip("starlette", reason="the console extra is not installed")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mklang", "serve", "--store", "runs", "--port", "0"],
-        cwd=folder,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        first = server.stdout.readline()
-        found = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", first)
-        assert found, (first, server.stderr.read() if server.poll() is not None else "")
-        yield found.group(0)
-    finally:
-        server.terminate()
-        server.communicate(timeout=10)
+    with serving(folder, "runs") as url:
+        yield url
 
 
 def _follow(url: str, run: str, seen: list[dict], stop: threading.Event) -> None:

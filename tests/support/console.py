@@ -4,10 +4,15 @@ finished run whose model output is a script; the system browser that photographs
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from support.commands import cli
+from support.commands import cli, cli_env
 from support.examples import EXAMPLES, HITL
 
 # The system's Chromium, as the browser tests and scripts/console_screenshots.py drive it
@@ -114,3 +119,23 @@ def park_soon(folder: Path, target: str, within: str = "2s", env: dict[str, str]
         "--checkpoint", target, cwd=folder, env=env,
     )  # fmt: skip
     assert parked.returncode == 3, parked.stderr
+
+
+@contextmanager
+def serving(folder: Path, store: str, *options: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`mklang serve --store STORE` on a free port of 127.0.0.1, run in `folder` as a process: the
+    URL it prints, with its token. Stopped at the end, which must leave no traceback."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mklang", "serve", "--store", store, "--port", "0", *options],
+        cwd=folder, env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", first)
+        assert found, (first, server.stderr.read() if server.poll() is not None else "")
+        yield found.group(0)
+    finally:
+        server.terminate()
+        _, errors = server.communicate(timeout=30)
+        assert "Traceback" not in errors, errors
