@@ -320,17 +320,17 @@ async def _live_answers(console: Console, run: str) -> AsyncIterator[str]:
     ended)."""
     from mklang.runs import live
 
-    store = console.store
+    store = console.store if isinstance(console.store, NoteStore) else None  # a store without notes shows none
     yield "retry: 2000\n\n"
     sent: dict[str, Any] | None = None
     watch_at = pinged = 0.0
     while not console.stopping.is_set():
         now = time.monotonic()
-        if now >= watch_at and isinstance(store, NoteStore):
+        if now >= watch_at and store is not None:
             with contextlib.suppress(MklangError):  # display only: the run page shows the store anyway
                 await run_in_threadpool(live.watch, store, run)
             watch_at = now + live.WATCH_FOR / 3
-        written = await run_in_threadpool(live.read, store, run) if isinstance(store, NoteStore) else None
+        written = await run_in_threadpool(live.read, store, run) if store is not None else None
         shown = {"calls": written["calls"] if written is not None else []}
         if shown != sent:
             sent, pinged = shown, now

@@ -20,6 +20,7 @@ import weakref
 from typing import Any
 
 from mklang.errors import MklangError
+from mklang.providers.base import Deltas
 from mklang.runs.notes import read_signed, write_signed
 from mklang.stores import Location, NoteStore
 
@@ -94,9 +95,9 @@ def read(store: NoteStore, run: str) -> dict[str, Any] | None:
     except MklangError:
         return None
     calls = document.get("calls") if document is not None else None
-    if not isinstance(calls, list) or not all(_is_call(call) for call in calls):
+    if document is None or not isinstance(calls, list) or not all(_is_call(call) for call in calls):
         return None
-    written = document.get("written") if document is not None else None
+    written = document.get("written")
     return {"calls": calls, "written": written if isinstance(written, (int, float)) else None}
 
 
@@ -117,7 +118,7 @@ class LiveAnswers:
         self._write_at = 0.0
         self._wrote = False
 
-    def deltas(self, key: str) -> Any:
+    def deltas(self, key: str) -> Deltas | None:
         """What takes call `key`'s answer as it streams (`providers.base.Deltas`), or None when no
         page watches the run."""
         if self.store is None or not is_watched(self.store, self.run):
